@@ -1,0 +1,23 @@
+# `make demo` and `make test` are the README's two commands; both set everything up first.
+VENV ?= $(HOME)/.cache/edgefl/venv
+export EDGEFL_VENV := $(VENV)
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test check lint typecheck bench
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/coordinator demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint:
+	$(BIN)/ruff check protocol models edge_agent coordinator export tests benchmarks
+
+typecheck:
+	$(BIN)/mypy protocol models edge_agent coordinator export
+
+check: lint typecheck

@@ -1,0 +1,12 @@
+"""Typed configs shared by both halves of every algorithm, registered by name."""
+
+from protocol.algorithms import baselines as _baselines  # noqa: F401  (registers configs)
+from protocol.algorithms.base import (
+    CONFIG_TYPES,
+    AlgorithmConfig,
+    TrainConfig,
+    config_type,
+    register_config,
+)
+
+__all__ = ["CONFIG_TYPES", "AlgorithmConfig", "TrainConfig", "config_type", "register_config"]

@@ -1,0 +1,125 @@
+"""Typed hyperparameters shared by both halves of an algorithm.
+
+Each algorithm declares one frozen dataclass here, derived from :class:`TrainConfig`. The
+coordinator builds it from the run's TOML (unknown keys and wrong types are errors) and sends it
+flattened into ``Task.config``; the agent rebuilds it with the same checks. Both halves thus
+agree on names and types by construction, not by convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, ClassVar, TypeVar
+
+from protocol.errors import ConfigError
+
+__all__ = ["CONFIG_TYPES", "AlgorithmConfig", "TrainConfig", "config_type", "register_config"]
+
+C = TypeVar("C", bound="AlgorithmConfig")
+Scalar = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Base of every algorithm config: flat scalar fields only."""
+
+    NAME: ClassVar[str] = ""
+
+    @classmethod
+    def from_dict(cls: type[C], values: dict[str, Any], *, where: str = "config") -> C:
+        """Build from a flat mapping, rejecting unknown keys and mistyped values."""
+        hints = _field_types(cls)
+        unknown = sorted(set(values) - set(hints))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {unknown} for {cls.NAME or cls.__name__}; "
+                              f"known: {sorted(hints)}")
+        kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Scalar]:
+        """Flat mapping of every field."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes`` applied and validated."""
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
+@cache
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    if typing.get_origin(tp) is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected bool, got {type(value).__name__} {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected int, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected float, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected str, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported config type {tp!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig(AlgorithmConfig):
+    """Settings of the one local training loop, common to every algorithm."""
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    optimizer: typing.Literal["sgd", "adam"] = "sgd"
+    grad_clip: float = 0.0  # max gradient norm; 0 = off
+    mixed_precision: bool = False  # autocast on CUDA; ignored on CPU
+
+    def __post_init__(self) -> None:
+        if self.local_epochs < 0 or self.batch_size < 1:
+            raise ValueError("local_epochs must be >= 0 and batch_size >= 1")
+        if self.lr <= 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("lr must be > 0, grad_clip and weight_decay >= 0")
+
+
+CONFIG_TYPES: dict[str, type[AlgorithmConfig]] = {}
+
+
+def register_config(name: str) -> typing.Callable[[type[C]], type[C]]:
+    """Class decorator: register ``cls`` as the config of algorithm ``name``."""
+
+    def deco(cls: type[C]) -> type[C]:
+        if name in CONFIG_TYPES:
+            raise ValueError(f"algorithm config {name!r} registered twice")
+        cls.NAME = name
+        CONFIG_TYPES[name] = cls
+        return cls
+
+    return deco
+
+
+def config_type(name: str) -> type[AlgorithmConfig]:
+    """The config class of algorithm ``name`` (a :class:`ConfigError` lists the known ones)."""
+    try:
+        return CONFIG_TYPES[name]
+    except KeyError:
+        raise ConfigError(f"unknown algorithm {name!r}; known: {sorted(CONFIG_TYPES)}") from None

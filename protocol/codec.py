@@ -1,0 +1,148 @@
+"""The one codec: envelope <-> bytes (msgpack), with hard limits and precise rejections.
+
+Frame layout (a msgpack map, keys in this order)::
+
+    {"v": 1, "k": kind, "f": federation, "s": sender, "i": message id, "r": round,
+     "t": unix time (float), "b": body map}
+
+A signed frame wraps the exact bytes of an unsigned one:
+``{"v": 1, "sm": <bin frame>, "g": <bin signature>, "kid": key id}`` (see ``protocol.signing``).
+Decoding never raises anything but :class:`~protocol.errors.ProtocolError` subclasses.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from protocol.errors import DecodeError, LimitError, ProtocolError, ValidationError
+from protocol.messages import MESSAGE_TYPES, Message
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE",
+    "SCHEMA_VERSION",
+    "Envelope",
+    "Limits",
+    "decode",
+    "decode_frame_map",
+    "encode",
+    "new_message_id",
+]
+
+SCHEMA_VERSION = 1
+DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Decoder limits; everything derives from the hard cap on one message's size."""
+
+    max_message: int = DEFAULT_MAX_MESSAGE
+    max_items: int = 1_000_000  # entries of any one msgpack array or map
+
+    def unpack_kwargs(self) -> dict[str, int]:
+        """Keyword arguments for ``msgpack.unpackb`` that enforce these limits."""
+        return {
+            "max_bin_len": self.max_message,
+            "max_str_len": min(self.max_message, 1 << 20),
+            "max_array_len": self.max_items,
+            "max_map_len": self.max_items,
+            "max_ext_len": 0,
+        }
+
+
+def new_message_id() -> str:
+    """16 hex characters (64 random bits); unique per sender in practice."""
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message with its routing metadata."""
+
+    body: Message
+    sender: str
+    federation: str = "default"
+    round: int = 0
+    msg_id: str = field(default_factory=new_message_id)
+    ts: float = field(default_factory=time.time)
+
+    @property
+    def kind(self) -> str:
+        """The body's kind tag."""
+        return type(self.body).KIND
+
+
+def encode(env: Envelope) -> bytes:
+    """Serialise ``env`` to its canonical unsigned frame."""
+    frame = {
+        "v": SCHEMA_VERSION,
+        "k": env.kind,
+        "f": env.federation,
+        "s": env.sender,
+        "i": env.msg_id,
+        "r": env.round,
+        "t": float(env.ts),
+        "b": env.body.to_wire(),
+    }
+    return msgpack.packb(frame, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_frame_map(data: bytes, limits: Limits = Limits()) -> dict[str, Any]:
+    """Unpack ``data`` into a map without interpreting it (used by signing and chunking)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DecodeError(f"frame: expected bytes, got {type(data).__name__}")
+    if len(data) > limits.max_message:
+        raise LimitError(f"frame: {len(data)} bytes exceeds the {limits.max_message}-byte cap")
+    try:
+        obj = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=True, **limits.unpack_kwargs()
+        )
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise DecodeError(f"frame: not a single msgpack value ({exc})") from exc
+    except (ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError) as exc:
+        raise DecodeError(f"frame: malformed msgpack ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(obj, dict):
+        raise DecodeError(f"frame: expected a map, got {type(obj).__name__}")
+    if obj.get("v") != SCHEMA_VERSION:
+        raise DecodeError(f"frame.v: expected schema version {SCHEMA_VERSION}, got {obj.get('v')!r}")
+    return obj
+
+
+def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
+    """Parse and validate an unsigned frame. Signed frames go through ``protocol.signing``."""
+    obj = decode_frame_map(data, limits)
+    if "sm" in obj:
+        raise DecodeError("frame: signed frame given to decode(); use a Verifier")
+    return envelope_from_map(obj)
+
+
+def envelope_from_map(obj: dict[str, Any]) -> Envelope:
+    """Validate an unpacked unsigned frame map and build its :class:`Envelope`."""
+    expected = {"v", "k", "f", "s", "i", "r", "t", "b"}
+    if set(obj) != expected:
+        raise ValidationError("frame", f"keys {sorted(expected)}", sorted(map(str, obj)))
+    kind = obj["k"]
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValidationError("frame.k", f"one of {sorted(MESSAGE_TYPES)}", kind)
+    for key, name in (("f", "federation"), ("s", "sender"), ("i", "msg_id")):
+        if not isinstance(obj[key], str) or not 0 < len(obj[key]) <= 128:
+            raise ValidationError(f"frame.{key} ({name})", "a string of 1..128 characters", obj[key])
+    if not isinstance(obj["r"], int) or isinstance(obj["r"], bool) or obj["r"] < 0:
+        raise ValidationError("frame.r (round)", "a non-negative int", obj["r"])
+    if not isinstance(obj["t"], float):
+        raise ValidationError("frame.t (timestamp)", "float", type(obj["t"]).__name__)
+    try:
+        body = cls.from_wire(obj["b"], kind)
+    except ProtocolError:
+        raise
+    except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
+        raise DecodeError(f"{kind}: {type(exc).__name__}: {exc}") from exc
+    return Envelope(
+        body=body, sender=obj["s"], federation=obj["f"], round=obj["r"], msg_id=obj["i"], ts=obj["t"]
+    )

@@ -1,0 +1,93 @@
+"""The MQTT topic layout, in one place (``WIRE.md`` §Topics).
+
+Device ids occupy their own topic level so that a broker ACL with ``%u`` can confine each
+device to its own subtree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from protocol.errors import ValidationError
+
+__all__ = ["Topics", "matches", "validate_id"]
+
+PREFIX = "edgefl/v1"
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def validate_id(value: str, field: str = "id") -> str:
+    """Ids used as topic levels: 1-64 of ``[A-Za-z0-9_.-]`` (no wildcards, no slashes)."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ValidationError(field, "1-64 characters from [A-Za-z0-9_.-]", value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names of one federation."""
+
+    federation: str = "default"
+
+    def __post_init__(self) -> None:
+        validate_id(self.federation, "federation")
+
+    @property
+    def base(self) -> str:
+        """``edgefl/v1/{fed}``."""
+        return f"{PREFIX}/{self.federation}"
+
+    @property
+    def coord_state(self) -> str:
+        """Coordinator status, retained, with last will."""
+        return f"{self.base}/coord/state"
+
+    @property
+    def coord_inbox(self) -> str:
+        """Messages addressed to the coordinator itself (chunk requests)."""
+        return f"{self.base}/coord/in"
+
+    @property
+    def round(self) -> str:
+        """Current round descriptor, retained."""
+        return f"{self.base}/round"
+
+    def bcast(self, kind: str) -> str:
+        """One payload for every agent."""
+        return f"{self.base}/bcast/{kind}"
+
+    def down(self, device_id: str, kind: str) -> str:
+        """Coordinator -> one agent."""
+        return f"{self.base}/dev/{validate_id(device_id, 'device_id')}/down/{kind}"
+
+    def up(self, device_id: str, kind: str) -> str:
+        """Agent -> coordinator."""
+        return f"{self.base}/dev/{validate_id(device_id, 'device_id')}/up/{kind}"
+
+    def status(self, device_id: str) -> str:
+        """Agent birth / last will, retained."""
+        return f"{self.base}/dev/{validate_id(device_id, 'device_id')}/status"
+
+    def progress(self, device_id: str) -> str:
+        """Training progress and heartbeats, QoS 0."""
+        return f"{self.base}/dev/{validate_id(device_id, 'device_id')}/progress"
+
+    def device_from(self, topic: str) -> str | None:
+        """The device id in a ``dev/{id}/...`` topic, else ``None``."""
+        parts = topic.split("/")
+        base = self.base.split("/")
+        if parts[: len(base)] == base and len(parts) > len(base) + 1 and parts[len(base)] == "dev":
+            return parts[len(base) + 1]
+        return None
+
+
+def matches(pattern: str, topic: str) -> bool:
+    """MQTT topic-filter matching with ``+`` and ``#``."""
+    p_parts, t_parts = pattern.split("/"), topic.split("/")
+    for i, p in enumerate(p_parts):
+        if p == "#":
+            return True
+        if i >= len(t_parts) or (p != "+" and p != t_parts[i]):
+            return False
+    return len(p_parts) == len(t_parts)

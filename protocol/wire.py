@@ -1,0 +1,215 @@
+"""Generic, type-driven conversion between frozen dataclasses and msgpack-ready values.
+
+Every wire message and payload is a frozen dataclass whose field annotations are drawn from a
+small vocabulary: ``bool``, ``int``, ``float``, ``str``, ``bytes``, ``numpy.ndarray``, another
+:class:`WireModel`, a union of tagged :class:`WireModel` types, ``X | None``, ``list[X]``,
+``tuple[X, ...]`` and ``dict[str, X]``. One converter walks those annotations in both directions,
+so adding a message never means writing another encoder or decoder. Decoding validates the type
+of every field and then runs the dataclass's ``__post_init__`` checks (shapes, ranges, finite).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from functools import cache
+from typing import Any, ClassVar, TypeVar, Union
+
+import numpy as np
+
+from protocol.arrays import Encoding, decode_array, encode_array
+from protocol.errors import ValidationError
+
+__all__ = ["WireModel", "from_wire", "to_wire"]
+
+T = TypeVar("T", bound="WireModel")
+
+
+class WireModel:
+    """Base of every wire dataclass. ``KIND`` tags it inside unions and envelopes."""
+
+    KIND: ClassVar[str] = ""
+    # Name of a field holding the lossy encoding applied to the model's float arrays, if any.
+    ENCODING_FIELD: ClassVar[str | None] = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """This object as a msgpack-ready map (field order = declaration order)."""
+        return _encode_model(self)
+
+    @classmethod
+    def from_wire(cls: type[T], obj: Any, path: str = "") -> T:
+        """Validate ``obj`` (as produced by msgpack) and build an instance of ``cls``."""
+        return _decode_model(cls, obj, path or cls.KIND or cls.__name__)
+
+
+def to_wire(model: WireModel) -> dict[str, Any]:
+    """Module-level alias of :meth:`WireModel.to_wire`."""
+    return model.to_wire()
+
+
+def from_wire(cls: type[T], obj: Any, path: str = "") -> T:
+    """Module-level alias of :meth:`WireModel.from_wire`."""
+    return cls.from_wire(obj, path)
+
+
+@cache
+def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+
+
+def _encode_model(model: WireModel) -> dict[str, Any]:
+    enc_field = type(model).ENCODING_FIELD
+    encoding: Encoding = getattr(model, enc_field) if enc_field else "raw"
+    out: dict[str, Any] = {}
+    for name, tp in _hints(type(model)):
+        out[name] = _encode_value(getattr(model, name), tp, encoding, name)
+    return out
+
+
+def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if tp is np.ndarray or origin is np.ndarray:
+        return encode_array(value, encoding, path)
+    if isinstance(value, WireModel):
+        body = value.to_wire()
+        if _is_union(tp):  # tagged: the receiver needs to know which member it is
+            return {"t": type(value).KIND, **body}
+        return body
+    if origin in (list, tuple):
+        (item_tp, *_rest) = typing.get_args(tp)
+        return [_encode_value(v, item_tp, encoding, f"{path}[]") for v in value]
+    if origin is dict:
+        _k, item_tp = typing.get_args(tp)
+        return {k: _encode_value(v, item_tp, encoding, f"{path}.{k}") for k, v in value.items()}
+    if _is_union(tp):  # X | None and scalar unions: encode by the value's own type
+        for member in typing.get_args(tp):
+            m_origin = typing.get_origin(member) or member
+            if isinstance(m_origin, type) and isinstance(value, m_origin):
+                return _encode_value(value, member, encoding, path)
+    return value
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def _decode_model(cls: type[T], obj: Any, path: str) -> T:
+    if not isinstance(obj, dict):
+        raise ValidationError(path, f"map for {cls.__name__}", type(obj).__name__)
+    hints = _hints(cls)
+    names = {n for n, _ in hints}
+    unknown = set(obj) - names - {"t"}
+    if unknown:
+        raise ValidationError(path, f"fields of {cls.__name__}", f"unknown {sorted(map(str, unknown))}")
+    kwargs: dict[str, Any] = {}
+    for name, tp in hints:
+        if name not in obj:
+            if _field_has_default(cls, name):
+                continue
+            raise ValidationError(f"{path}.{name}", "a value (required field)", "missing")
+        kwargs[name] = _decode_value(obj[name], tp, f"{path}.{name}")
+    try:
+        return cls(**kwargs)
+    except ValidationError:
+        raise
+    except (TypeError, ValueError, OverflowError, IndexError) as exc:
+        raise ValidationError(path, f"valid {cls.__name__}", str(exc)) from exc
+
+
+@cache
+def _defaults(cls: type) -> frozenset[str]:
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    )
+
+
+def _field_has_default(cls: type, name: str) -> bool:
+    return name in _defaults(cls)
+
+
+_SCALARS: dict[Any, tuple[type, ...]] = {
+    bool: (bool,),
+    int: (int,),
+    float: (float, int),
+    str: (str,),
+    bytes: (bytes,),
+}
+
+
+def _decode_value(obj: Any, tp: Any, path: str) -> Any:  # noqa: PLR0911 - one branch per kind
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if not isinstance(obj, str) or obj not in allowed:
+            raise ValidationError(path, f"one of {list(allowed)}", obj)
+        return obj
+    if _is_union(tp):
+        return _decode_union(obj, tp, path)
+    if tp is np.ndarray or origin is np.ndarray:
+        return decode_array(obj, path)
+    if isinstance(tp, type) and issubclass(tp, WireModel):
+        return _decode_model(tp, obj, path)
+    if origin in (list, tuple):
+        if not isinstance(obj, list):
+            raise ValidationError(path, "list", type(obj).__name__)
+        item_tp = typing.get_args(tp)[0]
+        items = [_decode_value(v, item_tp, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(obj, dict):
+            raise ValidationError(path, "map", type(obj).__name__)
+        _k, item_tp = typing.get_args(tp)
+        for k in obj:
+            if not isinstance(k, str):
+                raise ValidationError(path, "string keys", k)
+        return {k: _decode_value(v, item_tp, f"{path}.{k}") for k, v in obj.items()}
+    return _decode_scalar(obj, tp, path)
+
+
+def _decode_scalar(obj: Any, tp: Any, path: str) -> Any:
+    if tp is Any:
+        if isinstance(obj, (bool, int, float, str)):
+            return obj
+        raise ValidationError(path, "bool, int, float or str", type(obj).__name__)
+    allowed = _SCALARS.get(tp)
+    if allowed is None:
+        raise ValidationError(path, f"a supported type (not {tp!r})", type(obj).__name__)
+    if not isinstance(obj, allowed) or (tp is not bool and isinstance(obj, bool)):
+        raise ValidationError(path, tp.__name__, type(obj).__name__)
+    if tp is float:
+        if not math.isfinite(obj):
+            raise ValidationError(path, "a finite float", obj)
+        return float(obj)
+    return obj
+
+
+def _decode_union(obj: Any, tp: Any, path: str) -> Any:
+    members = [a for a in typing.get_args(tp) if a is not type(None)]
+    if obj is None:
+        if len(members) < len(typing.get_args(tp)):
+            return None
+        raise ValidationError(path, "a value", None)
+    models = [m for m in members if isinstance(m, type) and issubclass(m, WireModel)]
+    if len(models) > 1 or (models and len(members) == 1 and isinstance(obj, dict) and "t" in obj):
+        if not isinstance(obj, dict):
+            raise ValidationError(path, "tagged map", type(obj).__name__)
+        by_kind = {m.KIND: m for m in models}
+        kind = obj.get("t")
+        if kind not in by_kind:
+            raise ValidationError(f"{path}.t", f"one of {sorted(by_kind)}", kind)
+        return _decode_model(by_kind[kind], obj, path)
+    if len(members) == 1:
+        return _decode_value(obj, members[0], path)
+    for member in members:  # scalar unions like int | float | str | bool: first exact type wins
+        try:
+            return _decode_value(obj, member, path)
+        except ValidationError:
+            continue
+    raise ValidationError(path, " | ".join(getattr(m, "__name__", str(m)) for m in members), obj)
