@@ -96,7 +96,11 @@ class MemoryBroker:
                     self._retained[topic] = payload
                 else:
                     self._retained.pop(topic, None)
-            targets = [h for c, f, h in self._subs if c.connected and matches(f, topic)]
+            # A handler registered under several matching filters gets the message once, as an
+            # MQTT client receives one copy per message however many of its filters match.
+            targets = list(dict.fromkeys(
+                h for c, f, h in self._subs if c.connected and matches(f, topic)
+            ))
         for handler in targets:
             try:
                 handler(topic, payload)

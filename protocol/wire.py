@@ -91,6 +91,8 @@ def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
             m_origin = typing.get_origin(member) or member
             if isinstance(m_origin, type) and isinstance(value, m_origin):
                 return _encode_value(value, member, encoding, path)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # canonical: a float field is always a msgpack float64 on the wire
     return value
 
 

@@ -1,0 +1,141 @@
+"""``coordinator``: serve a run, simulate a fleet, run the demo, render a report.
+
+No torch import happens before the arguments are parsed, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+
+def _run_options(p: argparse.ArgumentParser, default_algorithm: str | None = None) -> None:
+    p.add_argument("--config", type=Path, default=None, help="run config TOML ([run], [hyper])")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=V",
+                   help="override a config value, e.g. --set run.rounds=5 --set hyper.lr=0.05")
+    p.add_argument("--algorithm", default=default_algorithm, help="algorithm name")
+    p.add_argument("--rounds", type=int, default=None, help="training rounds")
+    p.add_argument("--run-dir", default=None, help="where state, metrics and exports go")
+    p.add_argument("--seed", type=int, default=None, help="run seed")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``coordinator`` argument parser."""
+    p = argparse.ArgumentParser(prog="coordinator",
+                                description="Coordinate a model-heterogeneous federated run over MQTT.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the coordinator for a fleet of edge agents")
+    _run_options(serve)
+    serve.add_argument("--broker", default=None, help="MQTT broker HOST[:PORT]; none = embedded")
+    serve.add_argument("--port", type=int, default=None, help="embedded broker port (default 1883)")
+    serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
+    demo = sub.add_parser("demo", help="the whole system on this machine with bundled data")
+    _run_options(demo)
+    demo.add_argument("--agents", type=int, default=4, help="number of edge-agent processes")
+    demo.add_argument("--no-export", action="store_true", help="skip the ONNX export")
+    sim = sub.add_parser("simulate", help="many agents in one process (in-memory transport)")
+    _run_options(sim)
+    sim.add_argument("--agents", type=int, default=10, help="simulated devices")
+    sim.add_argument("--family", default="tiny", help="model family assigned round-robin")
+    sim.add_argument("--models", default=None, help="comma-separated architectures (overrides --family)")
+    sim.add_argument("--data", default="digits", help="dataset")
+    sim.add_argument("--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K")
+    sim.add_argument("--feature-dim", type=int, default=64, help="shared feature size (0 = native)")
+    sim.add_argument("--image-size", type=int, default=None, help="resize images")
+    sim.add_argument("--export", action="store_true", help="export ONNX bundles at the end")
+    rep = sub.add_parser("report", help="markdown table and PNG plot of a run directory")
+    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("--png", type=Path, default=None, help="plot path (default RUN_DIR/report.png)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``coordinator``."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from protocol.errors import EdgeFLError
+
+    try:
+        return _COMMANDS[args.command](args)
+    except EdgeFLError as exc:
+        print(f"coordinator: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _config(args: argparse.Namespace, **extra: object) -> object:
+    from coordinator.config import load_config
+
+    run_dir = args.run_dir or f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return load_config(args.config, args.overrides, algorithm=args.algorithm, rounds=args.rounds,
+                       run_dir=run_dir, seed=args.seed, **extra)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from coordinator.runner import coordinator_will, run_coordinator
+    from protocol.mqtt import MqttTransport, parse_broker
+
+    cfg = _config(args, broker=args.broker, min_agents=args.min_agents, embedded_port=args.port)
+    if cfg.broker:  # type: ignore[attr-defined]
+        host, port = parse_broker(cfg.broker)  # type: ignore[attr-defined]
+        transport = MqttTransport(host=host, port=port, client_id="edgefl-coordinator",
+                                  will=coordinator_will(cfg))  # type: ignore[arg-type]
+        run_coordinator(cfg, transport)  # type: ignore[arg-type]
+        return 0
+    from protocol.broker import EmbeddedBroker
+
+    with EmbeddedBroker(host="0.0.0.0", port=cfg.embedded_port) as broker:  # type: ignore[attr-defined]
+        logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
+        transport = MqttTransport(host="127.0.0.1", port=broker.port, client_id="edgefl-coordinator",
+                                  will=coordinator_will(cfg))  # type: ignore[arg-type]
+        try:
+            run_coordinator(cfg, transport)  # type: ignore[arg-type]
+        finally:
+            transport.close()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from coordinator.demo import DemoSpec, run_demo
+
+    cfg = _config(args)
+    run_demo(cfg, DemoSpec(agents=args.agents, export=not args.no_export))  # type: ignore[arg-type]
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from coordinator.simulate import FleetSpec, simulate
+    from models.families import family_models
+
+    cfg = _config(args, min_agents=args.agents)
+    models = tuple(args.models.split(",")) if args.models else tuple(family_models(args.family, args.agents))
+    fleet = FleetSpec(num_agents=args.agents, models=models, data=args.data, partition=args.partition,
+                      feature_dim=args.feature_dim or None, image_size=args.image_size,
+                      export=args.export)
+    from coordinator.demo import summarize
+
+    result = simulate(cfg, fleet)  # type: ignore[arg-type]
+    print(summarize(result, Path(cfg.run_dir)))  # type: ignore[attr-defined]
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from coordinator.report import plot_report, render_report
+
+    print(render_report(args.run_dir))
+    png = args.png or args.run_dir / "report.png"
+    plot_report(args.run_dir, png)
+    print(f"\nplot: {png}")
+    return 0
+
+
+_COMMANDS = {"serve": _serve, "demo": _demo, "simulate": _simulate, "report": _report}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The run configuration: one TOML file plus ``--set section.key=value`` overrides.
+
+```toml
+[run]
+algorithm = "fedproto"
+rounds = 10
+
+[hyper]          # the algorithm's typed hyperparameters (protocol.algorithms)
+lr = 0.05
+```
+
+Unknown keys and wrong types are errors, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.algorithms import AlgorithmConfig, config_type
+from protocol.algorithms.base import _coerce
+from protocol.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (JetPack 6)
+    import tomli as tomllib
+
+__all__ = ["RunConfig", "load_config", "parse_override"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a run is driven: algorithm, rounds, participation, quorum, deadlines, storage."""
+
+    algorithm: str = "fedproto"
+    rounds: int = 10
+    fraction: float = 1.0  # share of online agents selected each training round
+    min_agents: int = 2  # agents that must have registered before the first round
+    min_replies: int = 1  # quorum: valid replies needed to aggregate a step
+    quorum_fraction: float = 0.5  # quorum: share of the selected agents that must reply
+    deadline_s: float = 120.0  # per step, from the tasks' dispatch
+    grace_s: float = 2.0  # extra wait after the deadline for replies already in flight
+    wait_agents_s: float = 300.0  # how long to wait for min_agents before giving up
+    max_retries: int = 2  # re-runs of a step that missed quorum before the run stops
+    seed: int = 0
+    num_classes: int = 10
+    federation: str = "default"
+    run_id: str = "run"
+    run_dir: str = "runs/run"
+    broker: str = ""  # host[:port]; empty = start the embedded broker
+    embedded_port: int = 1883
+    hyper: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.rounds < 0 or self.min_agents < 1 or self.min_replies < 1 or self.max_retries < 0:
+            raise ConfigError("run: rounds >= 0, min_agents >= 1, min_replies >= 1, max_retries >= 0")
+        if not 0 < self.fraction <= 1 or not 0 <= self.quorum_fraction <= 1:
+            raise ConfigError("run: fraction must be in (0, 1] and quorum_fraction in [0, 1]")
+        if self.deadline_s <= 0 or self.grace_s < 0 or self.num_classes < 1:
+            raise ConfigError("run: deadline_s > 0, grace_s >= 0, num_classes >= 1")
+        self.algorithm_config()  # validates the hyperparameters against the algorithm
+
+    def algorithm_config(self) -> AlgorithmConfig:
+        """The typed hyperparameters of the chosen algorithm."""
+        return config_type(self.algorithm).from_dict(self.hyper, where="hyper")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A validated copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (recorded with the run)."""
+        out = dataclasses.asdict(self)
+        out["hyper"] = self.algorithm_config().to_dict()
+        return out
+
+
+def _run_fields() -> dict[str, Any]:
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name != "hyper"}
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``"run.rounds=5"`` -> ``("run", "rounds", 5)``; values are TOML literals or bare strings."""
+    key, sep, raw = text.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or section not in ("run", "hyper") or not name:
+        raise ConfigError(f"--set {text!r}: expected run.KEY=VALUE or hyper.KEY=VALUE")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, name, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                **direct: Any) -> RunConfig:
+    """Read ``path`` (optional), apply ``--set`` overrides, then ``direct`` keyword values."""
+    data: dict[str, Any] = {"run": {}, "hyper": {}}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
+        unknown = sorted(set(loaded) - {"run", "hyper"})
+        if unknown:
+            raise ConfigError(f"{p}: unknown section(s) {unknown}; expected [run] and [hyper]")
+        for section in ("run", "hyper"):
+            data[section].update(loaded.get(section, {}))
+    for text in overrides:
+        section, name, value = parse_override(text)
+        data[section][name] = value
+    data["run"].update({k: v for k, v in direct.items() if v is not None})
+    fields = _run_fields()
+    unknown = sorted(set(data["run"]) - set(fields))
+    if unknown:
+        raise ConfigError(f"[run]: unknown key(s) {unknown}; known: {sorted(fields)}")
+    run = {k: _coerce(v, fields[k], f"run.{k}") for k, v in data["run"].items()}
+    return RunConfig(**run, hyper=dict(data["hyper"]))

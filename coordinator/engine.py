@@ -1,0 +1,337 @@
+"""The round engine, written once: selection, dispatch, deadlines, quorum, persistence, metrics.
+
+Every step of a run (each training round, then each final phase) goes through
+:meth:`Coordinator.run_step`. The algorithm only fills the strategy's hooks. Messages from the
+transport thread are queued; this thread alone touches the store and the strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import RunConfig
+from coordinator.store import StepRecord, Store
+from coordinator.strategies import AgentInfo, Step, Strategy
+from protocol.codec import Envelope, decode, encode
+from protocol.endpoint import Endpoint
+from protocol.errors import AggregationError, EdgeFLError, ProtocolError, ValidationError
+from protocol.messages import (
+    Ack,
+    CoordinatorState,
+    ErrorReply,
+    Progress,
+    Register,
+    Reply,
+    RoundDescriptor,
+    Status,
+    Task,
+)
+from protocol.topics import Topics
+
+__all__ = ["Coordinator", "QuorumError", "RunResult"]
+
+
+class QuorumError(EdgeFLError):
+    """A step missed its quorum more often than ``max_retries`` allows."""
+
+
+@dataclass
+class StepOutcome:
+    """Replies of one step attempt and what happened to the others."""
+
+    replies: dict[str, Reply] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # device -> reason
+    late: int = 0
+
+
+@dataclass
+class RunResult:
+    """Summary of a finished run."""
+
+    run_id: str
+    steps: int
+    metrics: list[dict[str, Any]]
+    rejected: dict[str, int]
+
+
+class Coordinator:
+    """Drives one run of one strategy over the agents of one federation."""
+
+    def __init__(self, cfg: RunConfig, endpoint: Endpoint, store: Store, strategy: Strategy[Any],
+                 logger: logging.Logger | None = None) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.store = store
+        self.strategy = strategy
+        self.topics = Topics(cfg.federation)
+        self.log = logger or logging.getLogger("edgefl.coordinator")
+        self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()
+        self.agents: dict[str, AgentInfo] = {}
+        self.online: set[str] = set()
+        self.rejected: dict[str, int] = {}
+        self.plan = strategy.plan(cfg.rounds)
+        self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
+        self._outstanding: dict[str, Task] = {}  # device -> task of the open step
+        self._restore()
+
+    # ----- start-up -------------------------------------------------------------------------
+    def _restore(self) -> None:
+        for device_id, blob in self.store.agents():
+            try:
+                reg = decode(blob).body
+            except ProtocolError:
+                continue
+            if isinstance(reg, Register):
+                self.agents[device_id] = AgentInfo(device_id, reg)
+        self.strategy.load_state_dict(self.store.global_state())
+        if self.store.get_meta("run_id") is None:
+            self.store.set_meta("run_id", self.cfg.run_id)
+            self.store.set_meta("config", self.cfg.to_dict())
+
+    def start(self) -> None:
+        """Subscribe to the agents' topics and announce the coordinator."""
+        base = self.topics.base
+        for pattern in (f"{base}/dev/+/up/#", f"{base}/dev/+/status", f"{base}/dev/+/progress"):
+            self.endpoint.subscribe(pattern, lambda env, topic: self.inbox.put((env, topic)))
+        self._publish_state("starting", 0)
+
+    def _publish_state(self, state: str, round_: int) -> None:
+        body = CoordinatorState(state=state, run_id=self.cfg.run_id,  # type: ignore[arg-type]
+                                algorithm=self.strategy.name, round=round_,
+                                total_rounds=self.cfg.rounds)
+        self.endpoint.send(self.topics.coord_state, body, retain=True)
+
+    # ----- the run --------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Wait for agents, then run every remaining step of the plan."""
+        first = self.store.last_done_step() + 1
+        if first < len(self.plan):
+            self.wait_for_agents(self.cfg.min_agents, self.cfg.wait_agents_s)
+            self._publish_state("running", self.plan[first].round)
+        if first:
+            self.log.info("resuming at step %d of %d", first + 1, len(self.plan))
+        for idx in range(first, len(self.plan)):
+            self.run_step(idx, self.plan[idx])
+        self._publish_state("finished", self.cfg.rounds)
+        return RunResult(self.cfg.run_id, len(self.plan), self.store.metrics(), dict(self.rejected))
+
+    def wait_for_agents(self, count: int, timeout: float) -> None:
+        """Process messages until ``count`` agents are registered and online."""
+        end = time.monotonic() + timeout
+        while len(self._online_agents()) < count:
+            if time.monotonic() > end:
+                raise QuorumError(f"only {len(self._online_agents())} of {count} required agents "
+                                  f"registered within {timeout:.0f} s")
+            self._pump(min(0.5, max(0.0, end - time.monotonic())))
+        self.log.info("%d agents online: %s", len(self._online_agents()),
+                      ", ".join(self._online_agents()))
+
+    def _online_agents(self) -> list[str]:
+        return sorted(d for d in self.agents if d in self.online)
+
+    def run_step(self, idx: int, step: Step) -> None:
+        """One step: select, dispatch, collect until quorum and deadline, aggregate, persist."""
+        rec = self.store.step(idx)
+        if rec is None or rec.status != "open":
+            rec = self._open(idx, step, attempt=0)
+        while True:
+            started, traffic0 = time.time(), self.endpoint.traffic.snapshot()
+            outcome = self.collect(rec, step)
+            needed = max(self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * len(rec.participants)))
+            if len(outcome.replies) >= needed:
+                self._finish(rec, step, outcome, started, traffic0)
+                return
+            self.log.warning("step %d (%s round %d) missed quorum: %d of %d needed valid replies; "
+                             "failed: %s", idx + 1, step.phase, step.round, len(outcome.replies),
+                             needed, outcome.failed or "none")
+            if rec.attempt >= self.cfg.max_retries:
+                self.store.complete_step(idx, "failed", {}, {"round": step.round, "phase": step.phase,
+                                                              "quorum_met": False})
+                self._publish_state("finished", step.round)
+                raise QuorumError(f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
+                                  f"{rec.attempt + 1} times; stopping the run")
+            self.store.clear_updates(idx)
+            rec = self._open(idx, step, attempt=rec.attempt + 1)
+
+    def _open(self, idx: int, step: Step, attempt: int) -> StepRecord:
+        participants = self.strategy.select(idx, step, self._online_agents(), self.cfg.fraction)
+        rec = StepRecord(idx, step.round, step.phase, participants, "open", attempt)
+        self.store.open_step(rec)
+        return rec
+
+    # ----- collecting replies ---------------------------------------------------------------
+    def collect(self, rec: StepRecord, step: Step) -> StepOutcome:
+        """Send tasks to participants without a stored update and wait for their replies."""
+        outcome = StepOutcome()
+        for device_id, msg_id, blob in self.store.updates(rec.idx):  # resumed step
+            body = decode(blob).body
+            if isinstance(body, Reply):
+                outcome.replies[device_id] = body
+        deadline = time.time() + self.cfg.deadline_s
+        self._outstanding = {}
+        for device_id in rec.participants:
+            if device_id not in outcome.replies:
+                self._send_task(rec, step, device_id, deadline)
+        self.endpoint.send(self.topics.round, RoundDescriptor(
+            run_id=self.cfg.run_id, round=step.round, phase=step.phase, deadline=deadline,
+            selected=rec.participants), retain=True)
+        end = deadline + self.cfg.grace_s
+        while set(self._outstanding) - set(outcome.replies) - set(outcome.failed):
+            remaining = end - time.time()
+            if remaining <= 0:
+                missing = set(self._outstanding) - set(outcome.replies) - set(outcome.failed)
+                for d in missing:
+                    outcome.failed[d] = "deadline"
+                break
+            self._pump(min(remaining, 0.5), rec, step, outcome)
+        self._outstanding = {}
+        return outcome
+
+    def _send_task(self, rec: StepRecord, step: Step, device_id: str, deadline: float) -> None:
+        agent = self.agents[device_id]
+        task = Task(
+            task_id=f"{self.cfg.run_id}.{rec.idx}.{rec.attempt}.{device_id}", run_id=self.cfg.run_id,
+            round=step.round, phase=step.phase, deadline=deadline, algorithm=self.strategy.name,
+            config=self.strategy.config.to_dict(), payloads=self.strategy.configure(step, agent),
+        )
+        self._outstanding[device_id] = task
+        self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
+
+    def _pump(self, timeout: float, rec: StepRecord | None = None, step: Step | None = None,
+              outcome: StepOutcome | None = None) -> None:
+        try:
+            env, topic = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return
+        device = self.topics.device_from(topic)
+        if device is None or device != env.sender:
+            self._reject("sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}")
+            return
+        body = env.body
+        if isinstance(body, Register):
+            self._on_register(env, body, rec, step)
+        elif isinstance(body, Status):
+            if body.state in ("online", "busy"):
+                self.online.add(device)
+            else:
+                self.online.discard(device)
+        elif isinstance(body, Reply):
+            self._on_reply(env, body, rec, step, outcome)
+        elif isinstance(body, ErrorReply):
+            if outcome is not None and device in self._outstanding and \
+                    body.task_id == self._outstanding[device].task_id:
+                outcome.failed[device] = f"{body.code}: {body.reason}"
+            self.log.warning("agent %s reported %s: %s", device, body.code, body.reason)
+        elif isinstance(body, Progress):
+            self.log.debug("%s round %d %s: %d/%d loss %.4f", device, body.round, body.phase,
+                           body.step, body.total, body.loss)
+        else:
+            self._reject("unexpected_kind", f"{env.kind} from {device}")
+
+    def _on_register(self, env: Envelope, reg: Register, rec: StepRecord | None,
+                     step: Step | None) -> None:
+        if reg.device_id != env.sender:
+            self._reject("sender_mismatch", f"register for {reg.device_id} sent by {env.sender}")
+            return
+        if reg.algorithm != self.strategy.name or reg.num_classes != self.cfg.num_classes:
+            self._reject("incompatible_agent", f"{reg.device_id} runs {reg.algorithm} with "
+                         f"{reg.num_classes} classes; run is {self.strategy.name} with "
+                         f"{self.cfg.num_classes}")
+            return
+        known = reg.device_id in self.agents
+        self.agents[reg.device_id] = AgentInfo(reg.device_id, reg)
+        self.online.add(reg.device_id)
+        self.store.upsert_agent(reg.device_id, encode(env), online=True)
+        if not known:
+            self.log.info("agent %s registered: %s, %d params, %d samples", reg.device_id, reg.arch,
+                          reg.num_params, sum(reg.counts_by_class().values()))
+        task = self._outstanding.get(reg.device_id)
+        if task is not None:  # a restarted agent lost its task: send it again
+            self.endpoint.send(self.topics.down(reg.device_id, "task"), task, round=task.round)
+
+    def _on_reply(self, env: Envelope, reply: Reply, rec: StepRecord | None, step: Step | None,
+                  outcome: StepOutcome | None) -> None:
+        device = env.sender
+        ack_topic = self.topics.down(device, "ack")
+        task = self._outstanding.get(device)
+        if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
+            self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
+            return
+        if rec is None or step is None or outcome is None or task is None or \
+                reply.task_id != task.task_id:
+            self._reject("late", f"reply {reply.task_id} from {device} matches no open task")
+            self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
+                                              accepted=False, reason="late or unknown task"))
+            return
+        try:
+            if reply.phase != step.phase or reply.round != step.round:
+                raise ValidationError("reply.phase/round", f"{step.phase}/{step.round}",
+                                      f"{reply.phase}/{reply.round}")
+            self.strategy.validate(step, self.agents[device], reply)
+        except ValidationError as exc:
+            self._reject("invalid_reply", f"{device}: {exc}")
+            outcome.failed[device] = str(exc)
+            self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
+                                              accepted=False, reason=str(exc)))
+            return
+        self.store.add_update(rec.idx, device, env.msg_id, reply.task_id, encode(env))
+        outcome.replies[device] = reply  # durable before the ack leaves
+        self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self.log.warning("rejected (%s): %s", reason, detail)
+
+    # ----- closing a step -------------------------------------------------------------------
+    def _finish(self, rec: StepRecord, step: Step, outcome: StepOutcome, started: float,
+                traffic0: dict[str, int]) -> None:
+        ordered = [(self.agents[d], outcome.replies[d]) for d in sorted(outcome.replies)]
+        try:
+            agg = self.strategy.aggregate(step, ordered)
+            agg.update(self.strategy.server_train(step))
+        except AggregationError as exc:
+            self.log.error("step %d aggregation failed: %s", rec.idx + 1, exc)
+            raise
+        traffic = self.endpoint.traffic.snapshot()
+        delta = {k: v - traffic0.get(k, 0) for k, v in traffic.items() if v - traffic0.get(k, 0)}
+        record = self._metrics_record(rec, step, outcome, ordered, agg, started, delta)
+        self.store.complete_step(rec.idx, "done", self.strategy.state_dict(), record)
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        self.log.info("step %d/%d %s round %d: %d/%d replies, local acc %s, global acc %s, %d bytes",
+                      rec.idx + 1, len(self.plan), step.phase, step.round, len(outcome.replies),
+                      len(rec.participants), _fmt(record["mean_acc_local"]),
+                      _fmt(record["mean_acc_global"]), record["bytes_total"])
+
+    def _metrics_record(self, rec: StepRecord, step: Step, outcome: StepOutcome,
+                        ordered: list[tuple[AgentInfo, Reply]], agg: dict[str, float],
+                        started: float, traffic: dict[str, int]) -> dict[str, Any]:
+        agents = {a.device_id: {"acc_local": r.metrics.get("acc_local"),
+                                "acc_global": r.metrics.get("acc_global"),
+                                "loss": r.metrics.get("train_loss"), "num_samples": r.num_samples,
+                                "arch": a.register.arch, **{k: v for k, v in r.metrics.items()}}
+                  for a, r in ordered}
+        record: dict[str, Any] = {
+            "round": step.round, "phase": step.phase, "time": time.time(),
+            "duration_s": time.time() - started, "participants": rec.participants,
+            "quorum_met": True, "failed": outcome.failed, "agents": agents, "aggregate": agg,
+            "bytes": traffic, "bytes_total": sum(traffic.values()),
+        }
+        for key in ("acc_local", "acc_global"):
+            vals = [v[key] for v in agents.values() if v[key] is not None]
+            mean = sum(vals) / len(vals) if vals else None
+            std = (sum((x - mean) ** 2 for x in vals) / len(vals)) ** 0.5 if vals and mean is not None else None
+            record[f"mean_{key}"], record[f"std_{key}"] = mean, std
+        return record
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -1,0 +1,103 @@
+"""Many agents in one process, same code paths as a real fleet (``coordinator simulate``).
+
+Agents run in threads over the in-memory transport by default, or over a real broker when one
+is given. Each agent computes its own shard from the shared partition spec, exactly as separate
+``edge-agent`` processes do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import RunConfig
+from coordinator.engine import RunResult
+from coordinator.runner import coordinator_will, run_coordinator
+from protocol.codec import Envelope, encode
+from protocol.messages import Status
+from protocol.topics import Topics
+from protocol.transport import MemoryBroker, MemoryTransport, Transport, Will
+
+__all__ = ["FleetSpec", "simulate"]
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """The simulated devices: architectures, data and its partition."""
+
+    num_agents: int
+    models: tuple[str, ...]
+    data: str = "digits"
+    partition: str = "dirichlet:0.5"
+    feature_dim: int | None = 64
+    image_size: int | None = None
+    global_test_size: int = 360
+    export: bool = False
+
+
+def agent_will(federation: str, device_id: str) -> Will:
+    """Retained ``offline`` status for an agent's last will."""
+    return Will(Topics(federation).status(device_id),
+                encode(Envelope(body=Status(state="offline"), sender=device_id, federation=federation)))
+
+
+def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
+    """The :class:`~edge_agent.factory.AgentOptions` of simulated device ``index``."""
+    from edge_agent.data import PartitionSpec, parse_partition
+    from edge_agent.factory import AgentOptions
+
+    device_id = f"agent{index}"
+    spec = PartitionSpec(**{**parse_partition(fleet.partition), "num_clients": fleet.num_agents,
+                            "seed": cfg.seed, "global_test_size": fleet.global_test_size})
+    run_dir = Path(cfg.run_dir)
+    return AgentOptions(
+        device_id=device_id, algorithm=cfg.algorithm, model=fleet.models[index % len(fleet.models)],
+        feature_dim=fleet.feature_dim, data=fleet.data, image_size=fleet.image_size, partition=spec,
+        client_index=index, federation=cfg.federation, state_dir=run_dir / "agents" / device_id,
+        export_dir=run_dir / "export" / device_id if fleet.export else None, device="cpu",
+        seed=cfg.seed,
+    )
+
+
+def simulate(cfg: RunConfig, fleet: FleetSpec, *, transport_factory: Any = None,
+             logger: logging.Logger | None = None) -> RunResult:
+    """Run ``cfg`` with ``fleet.num_agents`` in-process agents; returns the coordinator's result.
+
+    ``transport_factory(client_id, will) -> Transport`` selects a real broker; by default all
+    parties share one :class:`MemoryBroker`.
+    """
+    from edge_agent.factory import build_agent
+
+    broker = MemoryBroker()
+
+    def make(client_id: str, will: Will) -> Transport:
+        if transport_factory is not None:
+            return transport_factory(client_id, will)  # type: ignore[no-any-return]
+        return MemoryTransport(broker, client_id, will=will)
+
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    agents = []
+    for i in range(fleet.num_agents):
+        opts = agent_options(cfg, fleet, i)
+        transport = make(opts.device_id, agent_will(cfg.federation, opts.device_id))
+        agent = build_agent(opts, transport)
+        transport.connect()
+        agent.start()
+        agents.append((agent, transport))
+        t = threading.Thread(target=agent.run, args=(stop,), name=opts.device_id, daemon=True)
+        t.start()
+        threads.append(t)
+    coord_transport = make("coordinator", coordinator_will(cfg))
+    try:
+        return run_coordinator(cfg, coord_transport, logger)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        for _, transport in agents:
+            transport.close()
+        coord_transport.close()

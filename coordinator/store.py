@@ -1,0 +1,178 @@
+"""Durable coordinator state in SQLite (WAL): agents, steps, accepted updates, global state.
+
+An update is acknowledged on the wire only after :meth:`Store.add_update` has committed it.
+Aggregation and the step's completion commit in one transaction (:meth:`Store.complete_step`),
+so a restarted coordinator resumes the open step with the updates it already has and never
+aggregates an update twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from protocol.payloads import PAYLOAD_TYPES, Payload
+
+__all__ = ["StepRecord", "Store", "pack_payloads", "unpack_payloads"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS agents (device_id TEXT PRIMARY KEY, register BLOB NOT NULL,
+    online INTEGER NOT NULL, last_seen REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (idx INTEGER PRIMARY KEY, round INTEGER NOT NULL,
+    phase TEXT NOT NULL, participants TEXT NOT NULL, status TEXT NOT NULL,
+    attempt INTEGER NOT NULL, started REAL NOT NULL, finished REAL);
+CREATE TABLE IF NOT EXISTS updates (step INTEGER NOT NULL, device_id TEXT NOT NULL,
+    msg_id TEXT NOT NULL, task_id TEXT NOT NULL, envelope BLOB NOT NULL, received REAL NOT NULL,
+    PRIMARY KEY (step, device_id));
+CREATE TABLE IF NOT EXISTS global_state (name TEXT PRIMARY KEY, blob BLOB NOT NULL,
+    step INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS metrics (step INTEGER PRIMARY KEY, record TEXT NOT NULL);
+"""
+
+
+def pack_payloads(payloads: dict[str, Payload]) -> bytes:
+    """Serialise named payloads with the wire converter (no pickle)."""
+    obj = {k: {"t": type(p).KIND, **p.to_wire()} for k, p in payloads.items()}
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack_payloads(blob: bytes) -> dict[str, Payload]:
+    """Inverse of :func:`pack_payloads`."""
+    obj = msgpack.unpackb(blob, raw=False)
+    out: dict[str, Payload] = {}
+    for k, v in obj.items():
+        cls = PAYLOAD_TYPES[v.pop("t")]
+        out[k] = cls.from_wire(v, k)  # type: ignore[assignment]
+    return out
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step (a training round or a final phase) of the run."""
+
+    idx: int
+    round: int
+    phase: str
+    participants: list[str]
+    status: str  # open | done | failed
+    attempt: int
+
+
+class Store:
+    """The coordinator's SQLite database (single writer: the engine's thread)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # an acked update must survive power loss
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        """Close the database."""
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """All-or-nothing block."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # ----- meta -----------------------------------------------------------------------------
+    def get_meta(self, key: str) -> Any:
+        """A JSON value stored under ``key`` (``None`` if absent)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store a JSON value."""
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    # ----- agents ---------------------------------------------------------------------------
+    def upsert_agent(self, device_id: str, register: bytes, online: bool) -> None:
+        """Remember an agent's registration (encoded envelope)."""
+        self.db.execute("INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?)",
+                        (device_id, register, int(online), time.time()))
+
+    def agents(self) -> list[tuple[str, bytes]]:
+        """All registrations ever received."""
+        return list(self.db.execute("SELECT device_id, register FROM agents ORDER BY device_id"))
+
+    # ----- steps and updates ----------------------------------------------------------------
+    def open_step(self, rec: StepRecord) -> None:
+        """Record a step's start and its participants (before any task leaves)."""
+        self.db.execute(
+            "INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+            (rec.idx, rec.round, rec.phase, json.dumps(rec.participants), rec.status, rec.attempt,
+             time.time()),
+        )
+
+    def step(self, idx: int) -> StepRecord | None:
+        """The record of step ``idx``."""
+        row = self.db.execute(
+            "SELECT idx, round, phase, participants, status, attempt FROM steps WHERE idx=?", (idx,)
+        ).fetchone()
+        if row is None:
+            return None
+        return StepRecord(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5])
+
+    def last_done_step(self) -> int:
+        """Index of the last completed step, -1 if none."""
+        row = self.db.execute("SELECT MAX(idx) FROM steps WHERE status='done'").fetchone()
+        return -1 if row[0] is None else int(row[0])
+
+    def add_update(self, step: int, device_id: str, msg_id: str, task_id: str, envelope: bytes) -> bool:
+        """Store an accepted reply durably; ``False`` if this device already has one for ``step``."""
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?)",
+            (step, device_id, msg_id, task_id, envelope, time.time()),
+        )
+        return cur.rowcount == 1
+
+    def updates(self, step: int) -> list[tuple[str, str, bytes]]:
+        """(device_id, msg_id, envelope) of every stored reply of ``step``."""
+        return list(self.db.execute(
+            "SELECT device_id, msg_id, envelope FROM updates WHERE step=? ORDER BY device_id", (step,)
+        ))
+
+    def has_update_msg(self, msg_id: str) -> bool:
+        """Whether a reply with this message id is already stored (any step)."""
+        return self.db.execute("SELECT 1 FROM updates WHERE msg_id=?", (msg_id,)).fetchone() is not None
+
+    def clear_updates(self, step: int) -> None:
+        """Drop a failed attempt's updates before the step is retried."""
+        self.db.execute("DELETE FROM updates WHERE step=?", (step,))
+
+    def complete_step(self, step: int, status: str, state: dict[str, Payload],
+                      metrics: dict[str, Any]) -> None:
+        """Atomically close the step with the new global state and its metrics."""
+        with self.transaction() as db:
+            db.execute("UPDATE steps SET status=?, finished=? WHERE idx=?", (status, time.time(), step))
+            if state:
+                db.execute("INSERT OR REPLACE INTO global_state VALUES ('strategy', ?, ?)",
+                           (pack_payloads(state), step))
+            db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, json.dumps(metrics)))
+
+    def global_state(self) -> dict[str, Payload]:
+        """The strategy state of the last completed step (empty before the first)."""
+        row = self.db.execute("SELECT blob FROM global_state WHERE name='strategy'").fetchone()
+        return unpack_payloads(row[0]) if row else {}
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every step's metrics record, in order."""
+        return [json.loads(r[0]) for r in self.db.execute("SELECT record FROM metrics ORDER BY step")]

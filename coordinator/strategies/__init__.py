@@ -1,0 +1,14 @@
+"""Server halves of the algorithms, registered by name (importing this registers them all)."""
+
+from coordinator.strategies import baselines as _baselines  # noqa: F401
+from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
+from coordinator.strategies.base import (
+    STRATEGIES,
+    AgentInfo,
+    Step,
+    Strategy,
+    create_strategy,
+    register_strategy,
+)
+
+__all__ = ["STRATEGIES", "AgentInfo", "Step", "Strategy", "create_strategy", "register_strategy"]

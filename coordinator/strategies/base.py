@@ -1,0 +1,158 @@
+"""The server half of an algorithm: hooks the one round engine calls, registered by name.
+
+The engine owns selection, dispatch, deadlines, quorum, persistence and metrics. A strategy
+only says what each step is (:meth:`Strategy.plan`), what each selected agent receives
+(:meth:`configure`), whether a reply is acceptable (:meth:`validate`), how replies become the
+new global state (:meth:`aggregate`), what the server trains between steps
+(:meth:`server_train`), and how its state is saved (:meth:`state_dict`).
+
+The seams were drawn against all five seed algorithms (see ``docs/strategy-seams.md``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
+from protocol.errors import ConfigError, ValidationError
+from protocol.messages import Register, Reply
+from protocol.payloads import Payload, PrototypeSet
+
+__all__ = [
+    "STRATEGIES",
+    "AgentInfo",
+    "Step",
+    "Strategy",
+    "create_strategy",
+    "register_strategy",
+]
+
+C = TypeVar("C", bound=TrainConfig)
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What the coordinator knows about a registered agent (never its data)."""
+
+    device_id: str
+    register: Register
+
+    @property
+    def classes(self) -> list[int]:
+        """Classes present in the agent's training data."""
+        return sorted(c for c, n in self.register.counts_by_class().items() if n > 0)
+
+    @property
+    def num_samples(self) -> int:
+        """Training samples the agent holds."""
+        return sum(self.register.counts_by_class().values())
+
+
+@dataclass(frozen=True)
+class Step:
+    """One unit of the run plan: a training round or a phase after the rounds."""
+
+    round: int
+    phase: str
+    participation: Literal["sample", "all"] = "sample"
+
+
+class Strategy(Generic[C]):
+    """Base strategy: no knowledge exchanged; subclasses fill the hooks."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: C, *, num_classes: int, seed: int = 0) -> None:
+        self.config = config
+        self.num_classes = num_classes
+        self.seed = seed
+
+    # ----- the plan -------------------------------------------------------------------------
+    def plan(self, rounds: int) -> list[Step]:
+        """Training rounds 1..rounds, then :meth:`final_steps`."""
+        return [Step(r, "train") for r in range(1, rounds + 1)] + self.final_steps(rounds)
+
+    def final_steps(self, rounds: int) -> list[Step]:
+        """After the rounds: every agent evaluates and exports (``final``)."""
+        return [Step(rounds + 1, "final", "all")]
+
+    def select(self, step_index: int, step: Step, online: list[str], fraction: float) -> list[str]:
+        """Seeded choice of participants among online agents (all for ``participation=all``)."""
+        ids = sorted(online)
+        if step.participation == "all" or fraction >= 1.0:
+            return ids
+        k = max(1, round(fraction * len(ids)))
+        return sorted(random.Random(f"{self.seed}:{step_index}").sample(ids, k))
+
+    # ----- hooks ----------------------------------------------------------------------------
+    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """Payloads for one selected agent (default: none)."""
+        return {}
+
+    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Reject a reply that cannot be aggregated (raise :class:`ValidationError`)."""
+
+    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """Fold valid replies into the global state; return scalar metrics (default: none)."""
+        return {}
+
+    def server_train(self, step: Step) -> dict[str, float]:
+        """Server-side training after aggregation (Velo's CVAE, FedKTL's F); default none."""
+        return {}
+
+    def state_dict(self) -> dict[str, Payload]:
+        """The global state to persist after each step."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Payload]) -> None:
+        """Restore what :meth:`state_dict` produced."""
+
+    # ----- shared validation helpers --------------------------------------------------------
+    def check_prototypes(self, agent: AgentInfo, reply: Reply, key: str, dim: int | None
+                         ) -> PrototypeSet:
+        """A reply's prototype payload, checked against the federation and the agent's classes."""
+        protos = reply.payloads.get(key)
+        if not isinstance(protos, PrototypeSet):
+            got = "nothing" if protos is None else type(protos).KIND
+            raise ValidationError(f"reply.payloads.{key}", "a prototype set", got)
+        ids = protos.class_ids.tolist()
+        if ids and max(ids) >= self.num_classes:
+            raise ValidationError(f"reply.payloads.{key}.class_ids", f"ids < {self.num_classes}", ids)
+        unknown = sorted(set(ids) - set(agent.classes))
+        if unknown:
+            raise ValidationError(f"reply.payloads.{key}.class_ids",
+                                  f"classes the agent registered {agent.classes}", unknown)
+        if dim is not None and protos.class_ids.size and protos.dim != dim:
+            raise ValidationError(f"reply.payloads.{key}.vectors", f"dimension {dim}", protos.dim)
+        return protos
+
+
+STRATEGIES: dict[str, type[Strategy[Any]]] = {}
+S = TypeVar("S", bound=type[Strategy[Any]])
+
+
+def register_strategy(name: str) -> Callable[[S], S]:
+    """Class decorator registering the server half of algorithm ``name``."""
+
+    def deco(cls: S) -> S:
+        if name in STRATEGIES:
+            raise ValueError(f"strategy {name!r} registered twice")
+        config_type(name)  # both halves share one registered config
+        cls.name = name
+        STRATEGIES[name] = cls
+        return cls
+
+    return deco
+
+
+def create_strategy(name: str, config: AlgorithmConfig, *, num_classes: int, seed: int = 0
+                    ) -> Strategy[Any]:
+    """Instantiate the server half of ``name``."""
+    try:
+        cls = STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown algorithm {name!r}; known: {sorted(STRATEGIES)}") from None
+    return cls(config, num_classes=num_classes, seed=seed)

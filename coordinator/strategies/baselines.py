@@ -1,0 +1,139 @@
+"""Server halves of the baselines: local-only, FedAvg and FedProto."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
+from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
+from protocol.errors import AggregationError, ValidationError
+from protocol.messages import Reply
+from protocol.payloads import Payload, PrototypeSet, TensorMap
+
+__all__ = ["FedAvgStrategy", "FedProtoStrategy", "LocalStrategy", "mean_prototypes"]
+
+
+@register_strategy("local")
+class LocalStrategy(Strategy[LocalConfig]):
+    """Agents train alone; the coordinator only schedules and records."""
+
+
+@register_strategy("fedavg")
+class FedAvgStrategy(Strategy[FedAvgConfig]):
+    """Sample-weighted average of full weights; requires one architecture across the fleet."""
+
+    def __init__(self, config: FedAvgConfig, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        self.weights: TensorMap | None = None
+
+    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """The current global weights (none before the first aggregation)."""
+        return {} if self.weights is None else {"weights": self.weights}
+
+    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Weights must be present and, once a global model exists, match its tensors."""
+        if step.phase != "train":
+            return
+        w = reply.payloads.get("weights")
+        if not isinstance(w, TensorMap):
+            raise ValidationError("reply.payloads.weights", "tensors", "nothing" if w is None else w.KIND)
+        if self.weights is not None:
+            ref = self.weights.tensors
+            bad = [k for k in ref if k not in w.tensors or w.tensors[k].shape != ref[k].shape]
+            if bad or len(w.tensors) != len(ref):
+                raise ValidationError("reply.payloads.weights", "the global model's tensors",
+                                      f"mismatch in {bad[:5] or 'tensor names'}")
+
+    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """Weights averaged by sample count (integer buffers: taken from the largest client)."""
+        if step.phase != "train":
+            return {}
+        maps = [r.payloads["weights"] for _, r in replies]
+        names = [set(m.tensors) for m in maps if isinstance(m, TensorMap)]
+        if any(n != names[0] for n in names):
+            raise AggregationError("fedavg: replies carry different tensors (heterogeneous models?)")
+        n = np.array([max(r.num_samples, 1) for _, r in replies], dtype=np.float64)
+        w = n / n.sum()
+        out: dict[str, np.ndarray] = {}
+        for name in sorted(names[0]):
+            arrs = [m.tensors[name] for m in maps if isinstance(m, TensorMap)]
+            if arrs[0].dtype.kind == "f":
+                out[name] = sum(wi * a.astype(np.float64) for wi, a in zip(w, arrs)).astype(np.float32)
+            else:  # e.g. num_batches_tracked: not meaningful to average
+                out[name] = arrs[int(np.argmax(n))]
+        self.weights = TensorMap(out, encoding=self.config.weight_encoding)  # type: ignore[arg-type]
+        return {"aggregated": float(len(replies))}
+
+    def state_dict(self) -> dict[str, Payload]:
+        """The global weights."""
+        return {} if self.weights is None else {"weights": self.weights}
+
+    def load_state_dict(self, state: dict[str, Payload]) -> None:
+        """Restore the global weights."""
+        w = state.get("weights")
+        self.weights = w if isinstance(w, TensorMap) else None
+
+
+def mean_prototypes(current: PrototypeSet | None, sets: list[PrototypeSet], num_classes: int,
+                    encoding: str = "raw", sd: np.ndarray | None = None) -> PrototypeSet | None:
+    """Per-class plain mean over the sets holding the class; classes held by none keep
+    their previous value (FedProto's and FedVTC's rule)."""
+    dims = {s.dim for s in sets if s.class_ids.size}
+    if not dims:
+        return current
+    if len(dims) > 1 or (current is not None and current.class_ids.size and current.dim not in dims):
+        raise AggregationError(f"prototype dimensions differ across replies: {sorted(dims)}")
+    dim = dims.pop()
+    table = np.zeros((num_classes, dim), np.float64)
+    hits = np.zeros(num_classes, np.int64)
+    counts = np.zeros(num_classes, np.int64)
+    for s in sets:
+        table[s.class_ids] += s.vectors
+        hits[s.class_ids] += 1
+        counts[s.class_ids] += s.counts
+    new = hits > 0
+    table[new] /= hits[new, None]
+    if current is not None:
+        for i, c in enumerate(current.class_ids):
+            if not new[c]:
+                table[c], new[c], counts[c] = current.vectors[i], True, current.counts[i]
+    ids = np.nonzero(new)[0]
+    return PrototypeSet(ids, table[ids].astype(np.float32), counts[ids], sd=sd,
+                        encoding=encoding)  # type: ignore[arg-type]
+
+
+@register_strategy("fedproto")
+class FedProtoStrategy(Strategy[FedProtoConfig]):
+    """Per-class plain mean of the participants' prototypes."""
+
+    def __init__(self, config: FedProtoConfig, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        self.protos: PrototypeSet | None = None
+
+    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """Global prototypes (all known classes: FedProto also uses them at inference)."""
+        return {} if self.protos is None else {"protos": self.protos}
+
+    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Prototypes of the agent's own classes, with the fleet's feature dimension."""
+        if step.phase == "train":
+            dim = self.protos.dim if self.protos is not None and self.protos.class_ids.size else None
+            self.check_prototypes(agent, reply, "protos", dim)
+
+    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """c^y <- mean of c_k^y over participants holding y (unweighted, as in FedProto)."""
+        if step.phase != "train":
+            return {}
+        sets = [r.payloads["protos"] for _, r in replies]
+        self.protos = mean_prototypes(self.protos, [s for s in sets if isinstance(s, PrototypeSet)],
+                                      self.num_classes, self.config.proto_encoding)
+        return {"classes_with_prototype": float(0 if self.protos is None else self.protos.class_ids.size)}
+
+    def state_dict(self) -> dict[str, Payload]:
+        """The global prototypes."""
+        return {} if self.protos is None else {"protos": self.protos}
+
+    def load_state_dict(self, state: dict[str, Payload]) -> None:
+        """Restore the global prototypes."""
+        p = state.get("protos")
+        self.protos = p if isinstance(p, PrototypeSet) else None

@@ -1,0 +1,134 @@
+"""FedVTC, server half: per-class prototype means, SD mean, one-shot generator averaging.
+
+Plan: T training rounds (prototypes + SD both ways, only the classes each agent holds), then
+``upload_generator`` (every agent once, spec M3), then ``final`` (the averaged generator, all
+prototypes and the SD to everyone, who fine-tune locally and report, spec M4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
+from coordinator.strategies.baselines import mean_prototypes
+from protocol.algorithms.fedvtc import FedVTCConfig
+from protocol.errors import AggregationError, ValidationError
+from protocol.messages import Reply
+from protocol.payloads import Payload, PrototypeSet, TensorMap
+
+__all__ = ["FedVTCStrategy", "average_tensor_maps"]
+
+
+def average_tensor_maps(maps: list[TensorMap], encoding: str = "raw") -> TensorMap:
+    """Element-wise plain mean of float tensors (BN running stats included, D11); integer
+    tensors such as ``num_batches_tracked`` take the maximum."""
+    if not maps:
+        raise AggregationError("no generator weights to average")
+    names = set(maps[0].tensors)
+    if any(set(m.tensors) != names for m in maps):
+        raise AggregationError("generator uploads carry different tensor names")
+    out = {}
+    for name in sorted(names):
+        arrs = [m.tensors[name] for m in maps]
+        if any(a.shape != arrs[0].shape for a in arrs):
+            raise AggregationError(f"generator tensor {name} has different shapes across uploads")
+        if arrs[0].dtype.kind == "f":
+            out[name] = np.mean(np.stack(arrs).astype(np.float64), axis=0).astype(np.float32)
+        else:
+            out[name] = np.max(np.stack(arrs), axis=0)
+    return TensorMap(out, encoding=encoding)  # type: ignore[arg-type]
+
+
+@register_strategy("fedvtc")
+class FedVTCStrategy(Strategy[FedVTCConfig]):
+    """The server half of FedVTC."""
+
+    def __init__(self, config: FedVTCConfig, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        self.protos: PrototypeSet | None = None  # global c^y of classes ever prototyped + sigma
+        self.generator: TensorMap | None = None
+
+    def final_steps(self, rounds: int) -> list[Step]:
+        """One-shot generator upload, then broadcast and local fine-tuning."""
+        return [Step(rounds + 1, "upload_generator", "all"), Step(rounds + 1, "final", "all")]
+
+    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """Training: prototypes of the agent's classes + sigma. Final: everything + generator."""
+        out: dict[str, Payload] = {}
+        if step.phase == "train":
+            if self.protos is not None:
+                out["protos"] = self._subset(self.protos, agent.classes)
+            if self.config.generator_exchange == "every_round" and self.generator is not None:
+                out["generator"] = self.generator
+        elif step.phase == "final":
+            if self.protos is not None:
+                out["protos"] = self.protos
+            if self.generator is not None:
+                out["generator"] = self.generator
+        return out
+
+    def _subset(self, protos: PrototypeSet, classes: list[int]) -> PrototypeSet:
+        keep = np.isin(protos.class_ids, classes)
+        return PrototypeSet(protos.class_ids[keep], protos.vectors[keep], protos.counts[keep],
+                            sd=protos.sd, encoding=self.config.proto_encoding)
+
+    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Prototypes with an SD of the fleet's dimension; generators with the known layout."""
+        if step.phase == "train":
+            dim = self.protos.dim if self.protos is not None and self.protos.class_ids.size else None
+            protos = self.check_prototypes(agent, reply, "protos", dim)
+            if protos.sd is None:
+                raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)
+            if protos.sd.shape[0] != protos.dim and protos.class_ids.size:
+                raise ValidationError("reply.payloads.protos.sd", f"length {protos.dim}", protos.sd.shape[0])
+        if step.phase == "upload_generator" or (step.phase == "train" and
+                                                self.config.generator_exchange == "every_round"):
+            gen = reply.payloads.get("generator")
+            if not isinstance(gen, TensorMap):
+                raise ValidationError("reply.payloads.generator", "tensors", None if gen is None else gen.KIND)
+            if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
+                raise ValidationError("reply.payloads.generator", "the fleet's generator layout",
+                                      sorted(set(gen.tensors) ^ set(self.generator.tensors))[:5])
+
+    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """Per-class plain means and the plain SD mean; generator mean over trained uploads."""
+        if step.phase == "train":
+            sets = [r.payloads["protos"] for _, r in replies]
+            protos = [s for s in sets if isinstance(s, PrototypeSet)]
+            sds = [s.sd for s in protos if s.sd is not None]
+            sd = np.mean(np.stack(sds), axis=0).astype(np.float32) if sds else None
+            if sd is None and self.protos is not None:
+                sd = self.protos.sd
+            self.protos = mean_prototypes(self.protos, protos, self.num_classes,
+                                          self.config.proto_encoding, sd=sd)
+            if self.config.generator_exchange == "every_round":
+                self._average_generators(replies, require_trained=False)
+            return {"classes_with_prototype": float(0 if self.protos is None else self.protos.class_ids.size),
+                    "sigma_mean": float(sd.mean()) if sd is not None else 1.0}
+        if step.phase == "upload_generator":
+            return {"generators_averaged": float(self._average_generators(replies, True))}
+        return {}
+
+    def _average_generators(self, replies: list[tuple[AgentInfo, Reply]], require_trained: bool) -> int:
+        # D10: average only generators that were trained at least once
+        maps = [r.payloads["generator"] for _, r in replies
+                if not require_trained or r.metrics.get("generator_trained", 1.0) > 0]
+        maps = [m for m in maps if isinstance(m, TensorMap)]
+        if maps:
+            self.generator = average_tensor_maps(maps, self.config.generator_encoding)
+        return len(maps)
+
+    def state_dict(self) -> dict[str, Payload]:
+        """Global prototypes (with sigma) and the averaged generator."""
+        out: dict[str, Payload] = {}
+        if self.protos is not None:
+            out["protos"] = self.protos
+        if self.generator is not None:
+            out["generator"] = self.generator
+        return out
+
+    def load_state_dict(self, state: dict[str, Payload]) -> None:
+        """Restore :meth:`state_dict`."""
+        p, g = state.get("protos"), state.get("generator")
+        self.protos = p if isinstance(p, PrototypeSet) else None
+        self.generator = g if isinstance(g, TensorMap) else None

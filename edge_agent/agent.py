@@ -1,0 +1,256 @@
+"""The device runtime: register, receive tasks, train, evaluate, reply, checkpoint, resume.
+
+Messages from the transport thread land in a queue; one thread (the caller of :meth:`run`)
+does all the work, so the model is never touched concurrently. Replies are written to the
+on-disk outbox before they are sent and removed only when the coordinator acknowledges them:
+a restarted agent resends them with the same message id, and the coordinator deduplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edge_agent.algorithms import EdgeAlgorithm
+from edge_agent.state import AgentState
+from edge_agent.trainer import evaluate
+from models.checkpoint import Checkpoint, ModelSpec, load_checkpoint, save_checkpoint
+from protocol.codec import Envelope
+from protocol.endpoint import Endpoint
+from protocol.errors import EdgeFLError
+from protocol.messages import (
+    Ack,
+    Capabilities,
+    CoordinatorState,
+    ErrorReply,
+    InputSpec,
+    Progress,
+    Register,
+    Reply,
+    Status,
+    Task,
+)
+from protocol.topics import Topics
+
+__all__ = ["AgentSettings", "EdgeAgent"]
+
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Identity and behaviour of one agent."""
+
+    device_id: str
+    state_dir: Path
+    federation: str = "default"
+    exit_when_finished: bool = True
+    export_dir: Path | None = None
+    class_names: tuple[str, ...] = ()
+    progress_interval_s: float = 1.0
+    extra_register: dict[str, Any] = field(default_factory=dict)
+
+
+class EdgeAgent:
+    """One device of the federation."""
+
+    def __init__(self, endpoint: Endpoint, algorithm: EdgeAlgorithm[Any], spec: ModelSpec,
+                 settings: AgentSettings, logger: logging.Logger | None = None) -> None:
+        self.endpoint = endpoint
+        self.algorithm = algorithm
+        self.ctx = algorithm.ctx
+        self.spec = spec
+        self.settings = settings
+        self.topics = Topics(settings.federation)
+        self.state = AgentState(settings.state_dir)
+        self.log = logger or logging.getLogger(f"edgefl.agent.{settings.device_id}")
+        self.inbox: queue.Queue[Envelope] = queue.Queue()
+        self.history: list[dict[str, float]] = []
+        self.finished = threading.Event()
+        self._current: Task | None = None
+        self._last_progress = 0.0
+        self.ctx.on_progress = self._progress
+        self._restore()
+
+    # ----- set-up ---------------------------------------------------------------------------
+    def _restore(self) -> None:
+        path = self.state.checkpoint_path
+        if not path.exists():
+            return
+        ckpt = load_checkpoint(path)
+        self.ctx.model.load_state_dict(ckpt.state_dict)
+        self.algorithm.load_extra_state(dict(ckpt.extra))
+        self.log.info("resumed from %s (round %s)", path, ckpt.meta.get("round"))
+
+    def start(self) -> None:
+        """Subscribe, announce ourselves and resend anything not yet acknowledged."""
+        me = self.settings.device_id
+        self.endpoint.subscribe(f"{self.topics.base}/dev/{me}/down/#", self._enqueue)
+        self.endpoint.subscribe(self.topics.coord_state, self._enqueue)
+        self.endpoint.send(self.topics.status(me), Status(state="online"), retain=True)
+        self.register()
+        for topic, env in self.state.pending():
+            self.log.info("resending unacknowledged %s %s", env.kind, env.msg_id)
+            self.endpoint.send_envelope(topic, env)
+
+    def register(self) -> None:
+        """Tell the coordinator who we are and what data we hold (counts, never data)."""
+        ctx = self.ctx
+        cuda = ctx.device.type == "cuda"
+        caps = Capabilities(
+            device=ctx.device.type,
+            accelerator=torch.cuda.get_device_name(ctx.device) if cuda else "",
+            memory_mb=(torch.cuda.get_device_properties(ctx.device).total_memory >> 20) if cuda else 0,
+            cpu_count=torch.get_num_threads(),
+        )
+        h, w = self.spec.input_size
+        counts = {str(c): n for c, n in enumerate(ctx.class_counts) if n > 0}
+        body = Register(
+            device_id=self.settings.device_id, arch=self.spec.name,
+            num_params=sum(p.numel() for p in ctx.model.parameters()), capabilities=caps,
+            input_spec=InputSpec(self.spec.in_chans, h, w), num_classes=ctx.num_classes,
+            class_counts=counts, algorithm=self.algorithm.name, agent_version=VERSION,
+        )
+        self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
+
+    def _enqueue(self, env: Envelope, topic: str) -> None:
+        self.inbox.put(env)
+
+    # ----- main loop ------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None, idle_timeout: float | None = None) -> None:
+        """Process messages until the run finishes, ``stop`` is set or ``idle_timeout`` passes."""
+        stop = stop or threading.Event()
+        last_activity = time.monotonic()
+        while not stop.is_set() and not self.finished.is_set():
+            try:
+                env = self.inbox.get(timeout=0.2)
+            except queue.Empty:
+                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
+                    self.log.warning("no message for %.0f s; stopping", idle_timeout)
+                    return
+                continue
+            last_activity = time.monotonic()
+            self.dispatch(env)
+
+    def dispatch(self, env: Envelope) -> None:
+        """Handle one message."""
+        body = env.body
+        if isinstance(body, Task):
+            self.on_task(body, env)
+        elif isinstance(body, Ack):
+            if self.state.ack(body.ref_id):
+                self.log.debug("reply %s acknowledged", body.ref_id)
+            if not body.accepted:
+                self.log.warning("coordinator refused %s: %s", body.ref_id, body.reason)
+        elif isinstance(body, CoordinatorState):
+            self.on_coordinator_state(body)
+        else:
+            self.log.debug("ignoring %s from %s", env.kind, env.sender)
+
+    def on_coordinator_state(self, state: CoordinatorState) -> None:
+        """Re-register when a coordinator (re)starts; stop when the run is finished."""
+        if state.state in ("starting", "running"):
+            self.register()
+            for topic, env in self.state.pending():
+                self.endpoint.send_envelope(topic, env)
+        elif state.state == "finished" and self.settings.exit_when_finished:
+            self.log.info("run %s finished", state.run_id)
+            self.endpoint.send(self.topics.status(self.settings.device_id), Status(state="done"),
+                               retain=True)
+            self.finished.set()
+
+    def on_task(self, task: Task, env: Envelope) -> None:
+        """Run a task once; a repeated task id gets the stored reply again."""
+        reply_topic = self.topics.up(self.settings.device_id, "reply")
+        done_id = self.state.completed_reply(task.task_id)
+        if done_id is not None:
+            for topic, pending in self.state.pending():
+                if pending.msg_id == done_id:
+                    self.endpoint.send_envelope(topic, pending)
+            return
+        self._current = task
+        self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)
+        try:
+            result = self.algorithm.handle(task)
+            metrics = {**result.metrics, **self._evaluate()}
+            if task.phase == "final":
+                metrics.update(self._export(task))
+        except EdgeFLError as exc:
+            self.log.error("task %s failed: %s", task.task_id, exc)
+            self.endpoint.send(reply_topic, ErrorReply(code=type(exc).__name__, reason=str(exc),
+                                                       task_id=task.task_id), round=task.round)
+            return
+        finally:
+            self._current = None
+        self.history.append({"round": float(task.round), **metrics})
+        self._save_checkpoint(task)
+        reply = Reply(task_id=task.task_id, round=task.round, phase=task.phase,
+                      num_samples=result.num_samples, payloads=result.payloads, metrics=metrics)
+        out = Envelope(body=reply, sender=self.settings.device_id,
+                       federation=self.settings.federation, round=task.round)
+        self.state.put_outbox(reply_topic, out)  # durable before it leaves
+        self.state.mark_completed(task.task_id, out.msg_id)
+        self.endpoint.send_envelope(reply_topic, out)
+
+    # ----- evaluation, checkpoint, export ---------------------------------------------------
+    def _evaluate(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        local = evaluate(self.ctx.model, self.ctx.test, self.algorithm.scores)
+        if local.samples:
+            out.update(acc_local=local.accuracy, loss_local=local.loss)
+        if self.ctx.global_test is not None:
+            glob = evaluate(self.ctx.model, self.ctx.global_test, self.algorithm.scores)
+            out.update(acc_global=glob.accuracy, loss_global=glob.loss)
+        return out
+
+    def _checkpoint(self, task: Task) -> Checkpoint:
+        model_state = {k: v.detach().cpu() for k, v in self.ctx.model.state_dict().items()}
+        meta = {"algorithm": self.algorithm.name, "round": task.round, "phase": task.phase,
+                "federation": self.settings.federation, "run_id": task.run_id,
+                "device_id": self.settings.device_id, "class_names": list(self.settings.class_names),
+                "toolkit_version": VERSION,
+                "metrics": dict(self.history[-1]) if self.history else {}}
+        return Checkpoint(model_spec=self.spec, state_dict=model_state,
+                          head=self.algorithm.head_spec(), meta=meta,
+                          extra=self.algorithm.extra_state())
+
+    def _save_checkpoint(self, task: Task) -> None:
+        save_checkpoint(self.state.checkpoint_path, self._checkpoint(task))
+
+    def _export(self, task: Task) -> dict[str, float]:
+        """Export the final model to ONNX (with its inference head) and verify it."""
+        if self.settings.export_dir is None:
+            return {}
+        from export import export_bundle  # lazy: onnx is only needed at the end of a run
+
+        self._save_checkpoint(task)
+        samples = self.ctx.test if len(self.ctx.test) else self.ctx.train
+        x = samples.x[:64].cpu().numpy()
+        y = samples.y[:64].cpu().numpy()
+        manifest = export_bundle(self.state.checkpoint_path, self.settings.export_dir,
+                                 samples=x, labels=y)
+        self.log.info("exported ONNX bundle to %s", self.settings.export_dir)
+        verified = manifest.get("verification", {}) if isinstance(manifest, dict) else {}
+        agree = verified.get("argmax_agreement") if isinstance(verified, dict) else None
+        return {"onnx_exported": 1.0, **({"onnx_argmax_agreement": float(agree)} if agree is not None else {})}
+
+    def _progress(self, step: int, total: int, loss: float) -> None:
+        task = self._current
+        now = time.monotonic()
+        if task is None or (now - self._last_progress < self.settings.progress_interval_s
+                            and step != total):
+            return
+        self._last_progress = now
+        body = Progress(task_id=task.task_id, round=task.round, phase=task.phase, step=step,
+                        total=total, loss=loss if loss == loss else 0.0)
+        try:
+            self.endpoint.send(self.topics.progress(self.settings.device_id), body, qos=0)
+        except EdgeFLError:
+            pass  # progress is best effort; the reply is what counts

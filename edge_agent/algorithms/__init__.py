@@ -1,0 +1,21 @@
+"""Edge halves of the algorithms, registered by name (importing this registers them all)."""
+
+from edge_agent.algorithms import baselines as _baselines  # noqa: F401
+from edge_agent.algorithms import fedvtc as _fedvtc  # noqa: F401
+from edge_agent.algorithms.base import (
+    EDGE_ALGORITHMS,
+    EdgeAlgorithm,
+    EdgeContext,
+    PhaseResult,
+    create_edge_algorithm,
+    register_edge_algorithm,
+)
+
+__all__ = [
+    "EDGE_ALGORITHMS",
+    "EdgeAlgorithm",
+    "EdgeContext",
+    "PhaseResult",
+    "create_edge_algorithm",
+    "register_edge_algorithm",
+]

