@@ -20,7 +20,7 @@ def as_array(value: Any, dtype: str, field: str) -> npt.NDArray[Any]:
     target = np.dtype(dtype)
     if target.kind in "iu" and arr.dtype.kind == "f":
         raise ValidationError(field, f"integer array ({dtype})", arr.dtype.str)
-    return np.ascontiguousarray(arr, dtype=target)
+    return np.asarray(arr, dtype=target, order="C")  # keeps 0-d (ascontiguousarray would not)
 
 
 def check_shape(arr: npt.NDArray[Any], shape: tuple[int | None, ...], field: str) -> None:

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, PhaseResult, register_edge_algorithm
 from edge_agent.knowledge import class_prototypes, prototype_table
 from edge_agent.trainer import TensorData
-from models.vtc import vtc_for
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.errors import ValidationError
 from protocol.messages import Task
@@ -52,6 +51,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
 
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
+        from models.vtc import vtc_for
+
         p = ctx.model.num_features
         c, h, _ = ctx.train.x.shape[1:]
         self.generator: nn.Module = vtc_for(p, int(c), int(h)).to(ctx.device)

@@ -107,7 +107,9 @@ def _as_nchw_uint8(x: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
 
 
 def _scale_uint8(x: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
-    return x.astype(np.float32) / np.float32(255.0)
+    out = np.asarray(x, dtype=np.float32)
+    out /= np.float32(255.0)
+    return out
 
 
 def load_image_folder(path: Path, image_size: int | None) -> ArrayDataset:
@@ -129,7 +131,8 @@ def load_image_folder(path: Path, image_size: int | None) -> ArrayDataset:
     try:
         folder = ImageFolder(str(path))
     except (FileNotFoundError, OSError) as exc:
-        raise ConfigError(f"image folder {path}: {exc} (expected {path}/CLASS/IMAGE files)") from exc
+        raise ConfigError(f"image folder {path}: {exc} (expected {path}/CLASS/IMAGE files)"
+                          ) from exc
     images = []
     for file, _ in folder.samples:
         try:

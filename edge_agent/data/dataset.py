@@ -136,11 +136,11 @@ def resize_images(x: npt.NDArray[np.float32], image_size: int) -> npt.NDArray[np
         raise ValidationError("image_size", "an int >= 1", image_size)
     _, _, h, w = x.shape
     if (h, w) == (image_size, image_size):
-        return x.copy()
+        return np.array(x, dtype=np.float32)
     rows = _interp_matrix(h, image_size)  # [out, h]
     cols = _interp_matrix(w, image_size)  # [out, w]
     out = np.einsum("oh,nchw,pw->ncop", rows, x, cols, optimize=True)
-    return np.clip(out, 0.0, 1.0).astype(np.float32)
+    return np.asarray(np.clip(out, 0.0, 1.0), dtype=np.float32)
 
 
 def _interp_matrix(size_in: int, size_out: int) -> npt.NDArray[np.float32]:

@@ -125,7 +125,8 @@ def _digits_arrays() -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
-        raise ConfigError("dataset 'digits' needs scikit-learn: pip install 'edgefl[data]'") from exc
+        raise ConfigError("dataset 'digits' needs scikit-learn: pip install 'edgefl[data]'"
+                          ) from exc
     x, y = load_digits(return_X_y=True)
     return np.asarray(x, np.float64).reshape(-1, 1, 8, 8), np.asarray(y, np.int64)
 

@@ -16,7 +16,15 @@ import numpy.typing as npt
 
 from protocol.errors import ConfigError
 
-__all__ = ["MAX_DIRICHLET_DRAWS", "SCHEMES", "SCHEME_NAMES", "Scheme", "partition", "partition_with"]
+__all__ = [
+    "MAX_DIRICHLET_DRAWS",
+    "SCHEMES",
+    "SCHEME_NAMES",
+    "IndexArray",
+    "Scheme",
+    "partition",
+    "partition_with",
+]
 
 Scheme = Literal["iid", "dirichlet", "pathological"]
 IndexArray = npt.NDArray[np.int64]

@@ -15,8 +15,19 @@ from models import Classifier, create_model, list_models, model_info
 
 # Cheap enough to run at every size; everything else runs at 32 px only.
 LIGHT = {
-    "mlp_s", "mlp_m", "cnn_t1", "cnn_t2", "cnn_t3", "cnn2", "cnn4",
-    "resnet4", "resnet6", "resnet8", "resnet10", "mobilenet_v3_small", "shufflenet_v2",
+    "mlp_s",
+    "mlp_m",
+    "cnn_t1",
+    "cnn_t2",
+    "cnn_t3",
+    "cnn2",
+    "cnn4",
+    "resnet4",
+    "resnet6",
+    "resnet8",
+    "resnet10",
+    "mobilenet_v3_small",
+    "shufflenet_v2",
 }
 SIZES = (8, 28, 32, 64)
 ALL = list_models()
@@ -130,8 +141,12 @@ def test_resnet_native_dims(name: str, dim: int) -> None:
 def test_resnet_depths_follow_spec() -> None:
     """felo_velo.md §5.1 block counts."""
     expected = {
-        "resnet10": [1, 1, 1, 1], "resnet14": [1, 2, 2, 1], "resnet18": [2, 2, 2, 2],
-        "resnet22": [2, 3, 3, 2], "resnet26": [3, 3, 3, 3], "resnet34": [3, 4, 6, 3],
+        "resnet10": [1, 1, 1, 1],
+        "resnet14": [1, 2, 2, 1],
+        "resnet18": [2, 2, 2, 2],
+        "resnet22": [2, 3, 3, 2],
+        "resnet26": [3, 3, 3, 3],
+        "resnet34": [3, 4, 6, 3],
     }
     for name, blocks in expected.items():
         trunk = _build(name).trunk

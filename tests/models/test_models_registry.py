@@ -107,10 +107,20 @@ def test_rgb_statistics_collapse_for_greyscale() -> None:
 def test_families_round_robin() -> None:
     assert {"tiny", "htfe8", "fedvtc", "felo", "felo_extreme"} <= set(list_families())
     assert family_models("tiny", 7) == [
-        "mlp_s", "cnn_t1", "cnn_t2", "mlp_m", "cnn_t3", "mlp_s", "cnn_t1",
+        "mlp_s",
+        "cnn_t1",
+        "cnn_t2",
+        "mlp_m",
+        "cnn_t3",
+        "mlp_s",
+        "cnn_t1",
     ]
     assert family_models("felo_extreme", 5) == [
-        "resnet10", "resnet18", "resnet26", "resnet34", "resnet50",
+        "resnet10",
+        "resnet18",
+        "resnet26",
+        "resnet34",
+        "resnet50",
     ]
     assert family_models("htfe8", 8)[1:3] == ["googlenet", "mobilenet_v2"]
     for family in list_families():

@@ -1,0 +1,342 @@
+"""``coordinator report RUN_DIR``: a markdown summary and a PNG of a run's ``metrics.jsonl``.
+
+The coordinator appends one JSON object per completed step to ``RUN_DIR/metrics.jsonl``. The
+reader is lenient: missing or null fields show as ``-``, and a line that is not a JSON object
+(typically a last line cut short by a crash) is skipped and named in the report.
+matplotlib is imported only by :func:`plot_report`, with the Agg canvas and no pyplot state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.errors import ConfigError
+
+__all__ = ["AgentPoint", "MetricsLog", "StepRow", "load_metrics", "plot_report", "render_report"]
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class AgentPoint:
+    """One agent's numbers in one step."""
+
+    acc_local: float | None
+    acc_global: float | None
+    arch: str
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One completed step, with every field optional except where it came from."""
+
+    line: int
+    round: int | None
+    phase: str
+    participants: int
+    mean_local: float | None
+    std_local: float | None
+    mean_global: float | None
+    std_global: float | None
+    bytes_step: int
+    bytes_by_kind: dict[str, int]
+    agents: dict[str, AgentPoint]
+
+
+@dataclass(frozen=True)
+class MetricsLog:
+    """A parsed run directory.
+
+    Attributes:
+        run_dir: The directory read.
+        steps: The steps in file order.
+        skipped: ``(line number, reason)`` of every line that could not be used.
+        config: The run configuration from ``run.json``, if present and readable.
+        config_error: Why ``run.json`` could not be read, if it exists but is broken.
+    """
+
+    run_dir: Path
+    steps: list[StepRow]
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+    config_error: str | None = None
+
+
+# ----- reading ------------------------------------------------------------------------------------
+def load_metrics(run_dir: str | Path) -> MetricsLog:
+    """Parse ``RUN_DIR/metrics.jsonl`` (and ``RUN_DIR/run.json`` when present).
+
+    Raises:
+        ConfigError: ``RUN_DIR`` or its ``metrics.jsonl`` does not exist.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        raise ConfigError(f"no {METRICS_FILE} in {run_dir} (is it a run directory?)")
+    steps: list[StepRow] = []
+    skipped: list[tuple[int, str]] = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            last = "truncated last line" if number == len(lines) else "invalid JSON"
+            skipped.append((number, f"{last} ({exc.msg} at column {exc.colno})"))
+            continue
+        if not isinstance(record, dict):
+            skipped.append((number, f"a JSON {type(record).__name__}, not an object"))
+            continue
+        steps.append(_step(number, record))
+    config, config_error = _read_config(run_dir / CONFIG_FILE)
+    return MetricsLog(run_dir, steps, skipped, config, config_error)
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    if not path.is_file():
+        return None, None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{path.name} unreadable: {exc}"
+    if not isinstance(data, dict):
+        return None, f"{path.name} holds a JSON {type(data).__name__}, not an object"
+    return data, None
+
+
+def _num(obj: Mapping[str, Any], key: str) -> float | None:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _step(line: int, rec: Mapping[str, Any]) -> StepRow:
+    raw_agents = rec.get("agents")
+    agents = {
+        str(device): AgentPoint(_num(info, "acc_local"), _num(info, "acc_global"),
+                                str(info.get("arch") or "-"))
+        for device, info in (raw_agents.items() if isinstance(raw_agents, dict) else ())
+        if isinstance(info, dict)
+    }
+    raw_bytes = rec.get("bytes")
+    by_kind = {str(k): v for k, v in (raw_bytes.items() if isinstance(raw_bytes, dict) else ())
+               if _int(v) is not None}
+    total = _int(rec.get("bytes_total"))
+    participants = rec.get("participants")
+    local = _mean_std(rec, "acc_local", [a.acc_local for a in agents.values()])
+    global_ = _mean_std(rec, "acc_global", [a.acc_global for a in agents.values()])
+    return StepRow(
+        line=line, round=_int(rec.get("round")), phase=str(rec.get("phase") or "-"),
+        participants=len(participants) if isinstance(participants, list) else len(agents),
+        mean_local=local[0], std_local=local[1], mean_global=global_[0], std_global=global_[1],
+        bytes_step=total if total is not None else sum(by_kind.values()),
+        bytes_by_kind=by_kind, agents=agents,
+    )
+
+
+def _mean_std(rec: Mapping[str, Any], key: str, values: list[float | None]
+              ) -> tuple[float | None, float | None]:
+    """The recorded mean and std, or else those of the agents' values (population std)."""
+    mean, std = _num(rec, f"mean_{key}"), _num(rec, f"std_{key}")
+    present = [v for v in values if v is not None]
+    if mean is None and present:
+        mean = sum(present) / len(present)
+    if std is None and present and mean is not None:
+        std = math.sqrt(sum((v - mean) ** 2 for v in present) / len(present))
+    return mean, std
+
+
+# ----- markdown ---------------------------------------------------------------------------------
+def render_report(run_dir: str | Path) -> str:
+    """A markdown report: one row per step, a first-vs-last table per agent, traffic by kind.
+
+    Raises:
+        ConfigError: ``RUN_DIR/metrics.jsonl`` does not exist.
+    """
+    log = load_metrics(run_dir)
+    out = [f"# Run report: {_title(log)}", ""]
+    out += _config_lines(log)
+    if log.steps:
+        out += [*_steps_table(log.steps), "", *_agents_table(log.steps), ""]
+        out += _traffic_table(log.steps)
+    else:
+        out.append(f"No completed step in {METRICS_FILE}.")
+    if log.skipped:
+        out += ["", "Skipped lines of metrics.jsonl:"]
+        out += [f"- line {number}: {reason}" for number, reason in log.skipped]
+    return "\n".join(out) + "\n"
+
+
+def _title(log: MetricsLog) -> str:
+    cfg = log.config or {}
+    run = cfg.get("run") if isinstance(cfg.get("run"), dict) else cfg
+    name = run.get("run_id") if isinstance(run, dict) else None
+    return str(name) if name else log.run_dir.name
+
+
+def _config_lines(log: MetricsLog) -> list[str]:
+    if log.config_error:
+        return [f"Configuration: {log.config_error}", ""]
+    if not log.config:
+        return []
+    flat = _flatten(log.config)
+    return ["Configuration: " + ", ".join(f"`{k}={v}`" for k, v in flat.items()), ""]
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _steps_table(steps: list[StepRow]) -> list[str]:
+    rows = ["| step | round | phase | participants | local acc | global acc | bytes (step) "
+            "| bytes (total) |",
+            "|---:|---:|---|---:|---|---|---:|---:|"]
+    cumulative = 0
+    for i, s in enumerate(steps, start=1):
+        cumulative += s.bytes_step
+        rows.append(f"| {i} | {_fmt(s.round)} | {s.phase} | {s.participants} "
+                    f"| {_pm(s.mean_local, s.std_local)} | {_pm(s.mean_global, s.std_global)} "
+                    f"| {_fmt_bytes(s.bytes_step)} | {_fmt_bytes(cumulative)} |")
+    return rows
+
+
+def _agents_table(steps: list[StepRow]) -> list[str]:
+    rows = ["## Agents (first vs last step)", "",
+            "| agent | arch | steps | local acc first | local acc last | global acc first "
+            "| global acc last | global acc change |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    devices = sorted({d for s in steps for d in s.agents})
+    for device in devices:
+        points = [s.agents[device] for s in steps if device in s.agents]
+        local = [p.acc_local for p in points if p.acc_local is not None]
+        glob = [p.acc_global for p in points if p.acc_global is not None]
+        change = glob[-1] - glob[0] if glob else None
+        rows.append(f"| {device} | {points[-1].arch} | {len(points)} "
+                    f"| {_fmt(local[0] if local else None)} | {_fmt(local[-1] if local else None)} "
+                    f"| {_fmt(glob[0] if glob else None)} | {_fmt(glob[-1] if glob else None)} "
+                    f"| {_fmt(change, signed=True)} |")
+    if not devices:
+        rows.append("| - | - | 0 | - | - | - | - | - |")
+    return rows
+
+
+def _traffic_table(steps: list[StepRow]) -> list[str]:
+    kinds: dict[str, int] = {}
+    for s in steps:
+        for kind, n in s.bytes_by_kind.items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    total = sum(s.bytes_step for s in steps)
+    rows = ["## Traffic", "", f"{len(steps)} steps, {_fmt_bytes(total)} in total.", ""]
+    if kinds:
+        rows += ["| direction.kind | bytes |", "|---|---:|"]
+        rows += [f"| {k} | {_fmt_bytes(n)} |" for k, n in sorted(kinds.items())]
+    return rows
+
+
+def _fmt(value: float | None, *, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def _pm(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.3f} ± {std:.3f}" if std is not None else f"{mean:.3f}"
+
+
+def _fmt_bytes(n: int) -> str:
+    """Decimal units, three significant digits: ``950 B``, ``12.3 kB``, ``1.50 MB``."""
+    if n < 1000:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("kB", "MB", "GB", "TB"):
+        value /= 1000.0
+        if value < 999.5 or unit == "TB":
+            break
+    decimals = 2 if value < 9.995 else 1 if value < 99.95 else 0
+    return f"{value:.{decimals}f} {unit}"
+
+
+# ----- plot --------------------------------------------------------------------------------------
+def plot_report(run_dir: str | Path, out_png: str | Path) -> Path:
+    """Write a PNG with accuracy per step (top) and cumulative traffic (bottom).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: No metrics, no completed step, or matplotlib is not installed.
+    """
+    log = load_metrics(run_dir)
+    if not log.steps:
+        raise ConfigError(f"{Path(run_dir) / METRICS_FILE} has no completed step to plot")
+    figure_cls, canvas_cls = _matplotlib()
+    fig = figure_cls(figsize=(8.0, 6.5), layout="constrained")
+    canvas_cls(fig)
+    acc, traffic = fig.subplots(2, 1, sharex=True)
+    xs = list(range(1, len(log.steps) + 1))
+    for key, label in (("local", "mean local acc"), ("global", "mean global acc")):
+        means = [getattr(s, f"mean_{key}") for s in log.steps]
+        stds = [getattr(s, f"std_{key}") for s in log.steps]
+        if all(m is None for m in means):
+            continue
+        ys = [math.nan if m is None else m for m in means]
+        (line,) = acc.plot(xs, ys, marker="o", markersize=3, label=label)
+        lo = [math.nan if m is None or d is None else m - d for m, d in zip(ys, stds, strict=True)]
+        hi = [math.nan if m is None or d is None else m + d for m, d in zip(ys, stds, strict=True)]
+        acc.fill_between(xs, lo, hi, alpha=0.2, color=line.get_color())
+    for i in range(1, len(log.steps)):
+        if log.steps[i].phase != log.steps[i - 1].phase:  # phase boundary, e.g. fine-tuning
+            for ax in (acc, traffic):
+                ax.axvline(i + 0.5, color="grey", linestyle="--", linewidth=1)
+            acc.annotate(log.steps[i].phase, (i + 0.6, 0.02), xycoords=("data", "axes fraction"),
+                         fontsize=8, color="grey")
+    acc.set_ylabel("accuracy")
+    acc.set_title(f"Run {_title(log)}")
+    acc.grid(alpha=0.3)
+    if acc.lines:
+        acc.legend(loc="lower right")
+    cumulative, total = [], 0
+    for s in log.steps:
+        total += s.bytes_step
+        cumulative.append(total / 1e6)
+    traffic.plot(xs, cumulative, marker="o", markersize=3, color="tab:purple")
+    traffic.set_ylabel("cumulative traffic (MB)")
+    traffic.set_xlabel("step")
+    traffic.grid(alpha=0.3)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=100)
+    return out
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    try:
+        import matplotlib  # noqa: F401 - fails first, and clearly, when matplotlib is absent
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ConfigError("plotting a report needs matplotlib: pip install 'edgefl[report]'"
+                          ) from exc
+    return Figure, FigureCanvasAgg

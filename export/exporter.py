@@ -1,0 +1,227 @@
+"""Export a classifier with its inference head to one ONNX file (timm's ONNX path, split in two).
+
+The trunk (``forward_features``) and the head are exported separately with the same torch
+exporter and opset, then joined at the ``features`` tensor (see :mod:`export.heads` for why).
+The result has input ``input`` ``[batch, C, H, W]`` float32 in [0, 1] and outputs ``scores``
+``[batch, num_classes]`` float32 and ``label`` ``[batch]`` int64.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+from torch import Tensor, nn
+
+from export._graph import (
+    BATCH_DIM,
+    FEATURES,
+    INPUT,
+    OUTPUTS,
+    check_model,
+    join,
+    name_batch_dim,
+    prune_opsets,
+    save_atomic,
+    set_metadata,
+)
+from export.heads import with_head
+from models import Classifier
+from models.checkpoint import HeadSpec, file_sha256, toolkit_version
+from protocol.errors import ExportError
+
+__all__ = ["DEFAULT_DYNAMO", "DEFAULT_OPSET", "PIXEL_SCALING", "ExportResult", "export_model"]
+
+# Opset 18: the dynamo exporter's native opset (onnxscript's torchlib implements ops at 18; a
+# request for 17 goes through the version converter, which on torch 2.14 fails on Reduce* axes
+# and *silently* keeps 18). The legacy exporter supports 18 too, ORT has run it since 1.14,
+# TensorRT 8.6+ parses it, and the quantisation tools need >= 13 for per-channel QDQ.
+DEFAULT_OPSET = 18
+# dynamo=True (torch.export + onnxscript): exports every registry model here and matches
+# PyTorch as closely as the legacy TorchScript exporter, which torch 2.9+ deprecates and warns
+# will be removed. Legacy stays available (it is ~20x faster to export, needs only `onnx`).
+# Measured per model in docs/export.md.
+DEFAULT_DYNAMO = True
+PIXEL_SCALING = "[0,1] float, normalisation inside the graph"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_model` wrote.
+
+    Attributes:
+        path: The ONNX file.
+        sha256: Its SHA-256.
+        size_bytes: Its size.
+        opset: Default-domain opset of the graph.
+        exporter: ``"dynamo"`` or ``"legacy"``.
+        input_shape: ``(C, H, W)``; the batch dimension is dynamic.
+        head_type: ``"logits"``, ``"prototype"`` or ``"cosine"``.
+        num_classes: Width of ``scores``.
+        seconds: Wall time of the export.
+        metadata: The ``metadata_props`` written into the file.
+    """
+
+    path: Path
+    sha256: str
+    size_bytes: int
+    opset: int
+    exporter: str
+    input_shape: tuple[int, int, int]
+    head_type: str
+    num_classes: int
+    seconds: float
+    metadata: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        out = asdict(self)
+        out["path"] = str(self.path)
+        out["input_shape"] = list(self.input_shape)
+        return out
+
+
+def export_model(
+    model: Classifier,
+    head: HeadSpec,
+    out_path: str | os.PathLike[str],
+    *,
+    input_shape: Sequence[int],
+    opset: int = DEFAULT_OPSET,
+    dynamo: bool = DEFAULT_DYNAMO,
+    metadata: Mapping[str, str] | None = None,
+) -> ExportResult:
+    """Export ``model`` with the inference ``head`` to ``out_path`` (written atomically).
+
+    Args:
+        model: The classifier; exported in eval mode, its train/eval mode is restored after.
+        head: The head the algorithm predicts with (baked in as constants).
+        out_path: Destination ``.onnx`` file.
+        input_shape: ``(C, H, W)`` of one image.
+        opset: Default-domain ONNX opset (see ``DEFAULT_OPSET``).
+        dynamo: True for torch's ``torch.export`` exporter, False for the legacy one.
+        metadata: Extra ``metadata_props`` (class names, algorithm, source hash, ...); keys
+            here override the exporter's own.
+
+    Returns:
+        The file's path, hash, size and the settings used.
+
+    Raises:
+        ExportError: torch cannot export the model (e.g. an unsupported op), the head does not
+            fit the model, the exporter produced another opset, or the checker rejects it.
+    """
+    shape = _image_shape(input_shape)
+    start = time.perf_counter()
+    was_training = model.training
+    reference = with_head(model, head)
+    exporter = "dynamo" if dynamo else "legacy"
+    try:
+        # A private generator: exporting must not advance the caller's global RNG stream.
+        gen = torch.Generator().manual_seed(0)
+        # Batch 2: torch.export specialises dimensions of size 1, which would pin the batch.
+        example = torch.rand(2, *shape, generator=gen)
+        with torch.no_grad():
+            features = reference.trunk(example)
+        with tempfile.TemporaryDirectory(prefix="edgefl-export-") as tmp:
+            trunk = _torch_export(reference.trunk, example, Path(tmp, "trunk.onnx"), INPUT,
+                                  (FEATURES,), opset, dynamo)
+            head_graph = _torch_export(reference.head, features, Path(tmp, "head.onnx"),
+                                       FEATURES, OUTPUTS, opset, dynamo)
+    finally:
+        model.train(was_training)
+    merged = join(trunk, head_graph)
+    name_batch_dim(merged)
+    prune_opsets(merged)
+    num_classes = int(merged.graph.output[0].type.tensor_type.shape.dim[1].dim_value)
+    props = {
+        "input_name": INPUT,
+        "input_shape": json.dumps([BATCH_DIM, *shape]),
+        "in_chans": str(shape[0]),
+        "pixel_scaling": PIXEL_SCALING,
+        "outputs": f"scores [batch, {num_classes}] float32; label [batch] int64 (argmax)",
+        "head_type": head.type,
+        "num_classes": str(num_classes),
+        "precision": "fp32",
+        "opset": str(opset),
+        "exporter": f"torch.onnx {exporter} (torch {torch.__version__})",
+        "toolkit_version": toolkit_version(),
+        **dict(metadata or {}),
+    }
+    set_metadata(merged, props)
+    path = save_atomic(merged, out_path)
+    check_model(path)
+    return ExportResult(
+        path=path,
+        sha256=file_sha256(path),
+        size_bytes=path.stat().st_size,
+        opset=opset,
+        exporter=exporter,
+        input_shape=shape,
+        head_type=head.type,
+        num_classes=num_classes,
+        seconds=time.perf_counter() - start,
+        metadata=props,
+    )
+
+
+def _image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
+    dims = tuple(input_shape)
+    if len(dims) != 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+        raise ExportError(f"input_shape: expected (C, H, W) positive ints, got {input_shape!r}")
+    return dims[0], dims[1], dims[2]
+
+
+def _torch_export(module: nn.Module, example: Tensor, path: Path, input_name: str,
+                  output_names: Sequence[str], opset: int, dynamo: bool) -> onnx.ModelProto:
+    """Run one torch exporter on ``module`` and load the result; foreign errors -> ExportError."""
+    what = f"{type(module).__name__} with torch.onnx ({'dynamo' if dynamo else 'legacy'} exporter)"
+    try:
+        with warnings.catch_warnings():
+            # The legacy exporter's deprecation notice is noise when legacy was asked for;
+            # TracerWarnings (data-dependent control flow) still show.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            if dynamo:
+                torch.onnx.export(
+                    module, (example,), path, input_names=[input_name],
+                    output_names=list(output_names), opset_version=opset, dynamo=True,
+                    external_data=False, dynamic_shapes=({0: torch.export.Dim.DYNAMIC},),
+                    optimize=True, verbose=False,
+                )
+            else:
+                axes = {name: {0: BATCH_DIM} for name in (input_name, *output_names)}
+                torch.onnx.export(
+                    module, (example,), path, input_names=[input_name],
+                    output_names=list(output_names), opset_version=opset, dynamo=False,
+                    dynamic_axes=axes, do_constant_folding=True,
+                )
+    except ModuleNotFoundError as exc:
+        raise ExportError(
+            f"cannot export {what}: missing module {exc.name!r} (the dynamo exporter needs "
+            "onnxscript; or use the legacy exporter)"
+        ) from exc
+    except Exception as exc:  # torch.onnx/torch.export raise many unrelated types
+        raise ExportError(f"cannot export {what}: {_first_line(exc)}") from exc
+    model = onnx.load(os.fspath(path))
+    got = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if got != opset:
+        raise ExportError(
+            f"{what} produced opset {got} instead of the requested {opset} (the dynamo "
+            "exporter cannot convert below 18 reliably: use opset 18 or the legacy exporter)"
+        )
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,0 +1,199 @@
+"""Verify an ONNX export against its PyTorch reference on real samples.
+
+The criterion, per score element, is numpy's ``allclose``: ``|onnx - torch| <= atol + rtol *
+|torch|``, plus the fraction of samples whose ``label`` agrees. fp32 defaults: ``atol=1e-4``,
+``rtol=1e-5`` (about 100 float32 ulps: prototype scores are squared distances in the
+hundreds, where a pure ``atol`` would only measure summation order), 100 % agreement.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from export._graph import check_model
+from export.runtime import check_images, make_session, run_batches
+from protocol.errors import ExportError
+
+__all__ = [
+    "FP32_TOLERANCE",
+    "InputKind",
+    "Tolerance",
+    "VerificationError",
+    "VerifyReport",
+    "compare_onnx",
+    "verify_onnx",
+]
+
+InputKind = Literal["real", "random"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass criterion: ``|d| <= atol + rtol * |ref|`` per score, label agreement >= min_agreement."""
+
+    atol: float
+    rtol: float
+    min_agreement: float
+
+
+FP32_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-5, min_agreement=1.0)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of comparing ONNX Runtime with PyTorch.
+
+    Attributes:
+        path: The ONNX file.
+        passed: Whether every criterion held.
+        num_samples: Samples compared.
+        inputs: ``"real"`` (caller's samples) or ``"random"`` (uniform [0, 1] noise).
+        max_abs_diff: Largest ``|onnx - torch|`` over all scores.
+        worst_ratio: Largest ``|d| / (atol + rtol |ref|)``; the scores pass when <= 1.
+        agreement: Fraction of samples with the same label.
+        tolerance: The criterion applied.
+        providers_requested: Execution providers asked for.
+        providers_used: Providers the session actually got.
+        seconds: Wall time of the comparison.
+        failures: Human-readable reasons when not passed.
+    """
+
+    path: str
+    passed: bool
+    num_samples: int
+    inputs: InputKind
+    max_abs_diff: float
+    worst_ratio: float
+    agreement: float
+    tolerance: Tolerance
+    providers_requested: list[str]
+    providers_used: list[str]
+    seconds: float
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+class VerificationError(ExportError):
+    """The export disagrees with PyTorch beyond the stated tolerance."""
+
+    def __init__(self, report: VerifyReport) -> None:
+        self.report = report
+        super().__init__(f"{report.path}: ONNX does not match PyTorch on {report.num_samples} "
+                         f"{report.inputs} samples: " + "; ".join(report.failures))
+
+
+def compare_onnx(
+    path: str | os.PathLike[str],
+    model_with_head: nn.Module,
+    samples: np.ndarray,
+    *,
+    tolerance: Tolerance = FP32_TOLERANCE,
+    providers: Sequence[str] | None = None,
+    inputs: InputKind = "real",
+    batch_size: int = 64,
+) -> VerifyReport:
+    """Run ONNX Runtime and PyTorch on ``samples`` and measure their agreement (never raises on
+    a mismatch; see :func:`verify_onnx`)."""
+    start = time.perf_counter()
+    sess = make_session(path, providers)
+    x = check_images(samples, _image_shape(sess.session.get_inputs()[0].shape, path))
+    got_scores, got_labels = run_batches(sess, x, batch_size)
+    ref_scores, ref_labels = _torch_outputs(model_with_head, x, batch_size)
+    failures: list[str] = []
+    if got_scores.shape != ref_scores.shape:
+        failures.append(f"scores shape {list(got_scores.shape)} vs PyTorch {list(ref_scores.shape)}")
+        diff, ratio = float("inf"), float("inf")
+    else:
+        err = np.abs(got_scores.astype(np.float64) - ref_scores.astype(np.float64))
+        bound = tolerance.atol + tolerance.rtol * np.abs(ref_scores.astype(np.float64))
+        err = np.where(np.isnan(err), np.inf, err)  # NaN in either output is a failure
+        diff, ratio = float(err.max()), float((err / bound).max())
+        if ratio > 1.0:
+            failures.append(f"max |score diff| {diff:.3g} exceeds atol {tolerance.atol:g} + "
+                            f"rtol {tolerance.rtol:g}·|ref| (worst ratio {ratio:.3g})")
+    agreement = float(np.mean(got_labels.reshape(-1) == ref_labels.reshape(-1)))
+    if agreement < tolerance.min_agreement:
+        failures.append(f"label agreement {agreement:.2%} < {tolerance.min_agreement:.2%}")
+    return VerifyReport(
+        path=str(Path(path)), passed=not failures, num_samples=len(x), inputs=inputs,
+        max_abs_diff=diff, worst_ratio=ratio, agreement=agreement, tolerance=tolerance,
+        providers_requested=list(sess.requested), providers_used=list(sess.used),
+        seconds=time.perf_counter() - start, failures=failures,
+    )
+
+
+def verify_onnx(
+    path: str | os.PathLike[str],
+    model_with_head: nn.Module,
+    samples: np.ndarray,
+    *,
+    atol: float = FP32_TOLERANCE.atol,
+    rtol: float = FP32_TOLERANCE.rtol,
+    min_agreement: float = FP32_TOLERANCE.min_agreement,
+    providers: Sequence[str] | None = None,
+    inputs: InputKind = "real",
+) -> VerifyReport:
+    """Check the file with the ONNX checker, then compare ORT with PyTorch on ``samples``.
+
+    Args:
+        path: The exported ONNX file.
+        model_with_head: The PyTorch reference returning ``(scores, label)``
+            (:func:`export.heads.with_head`).
+        samples: ``[N, C, H, W]`` float images in [0, 1]; real data wherever available.
+        atol: Absolute score tolerance.
+        rtol: Relative score tolerance (against the PyTorch score).
+        min_agreement: Minimum fraction of equal labels.
+        providers: ORT execution providers (default CPU); see ``providers_used`` in the report.
+        inputs: Recorded in the report: whether ``samples`` are real data or random noise.
+
+    Returns:
+        The report (``passed`` is always True when this returns).
+
+    Raises:
+        ExportError: The checker rejects the file, ORT cannot run it, or the samples are
+            malformed.
+        VerificationError: The outputs disagree beyond the tolerance.
+    """
+    check_model(path)
+    report = compare_onnx(path, model_with_head, samples,
+                          tolerance=Tolerance(atol, rtol, min_agreement),
+                          providers=providers, inputs=inputs)
+    if not report.passed:
+        raise VerificationError(report)
+    return report
+
+
+def _image_shape(shape: Sequence[Any], path: str | os.PathLike[str]) -> tuple[int, ...]:
+    dims = tuple(shape[1:])
+    if len(dims) != 3 or not all(isinstance(d, int) for d in dims):
+        raise ExportError(f"{path}: input shape {list(shape)} is not [batch, C, H, W] with static C, H, W")
+    return dims
+
+
+@torch.no_grad()
+def _torch_outputs(model: nn.Module, x: np.ndarray, batch_size: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    was_training = model.training
+    model.eval()
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    scores, labels = [], []
+    try:
+        for start in range(0, len(x), batch_size):
+            s, lab = model(torch.from_numpy(x[start : start + batch_size]).to(device))
+            scores.append(s.float().cpu().numpy())
+            labels.append(lab.cpu().numpy())
+    finally:
+        model.train(was_training)
+    return np.concatenate(scores), np.concatenate(labels)

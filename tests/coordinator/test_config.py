@@ -1,0 +1,47 @@
+"""Run config: TOML + overrides, unknown keys and wrong types are errors."""
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.config import load_config, parse_override
+from protocol.errors import ConfigError
+
+
+def test_toml_and_overrides(tmp_path: Path) -> None:
+    # Prepare
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nalgorithm = "fedproto"\nrounds = 3\n[hyper]\nlr = 0.05\n')
+    # Execute
+    cfg = load_config(path, ["run.rounds=7", "hyper.proto_weight=0.5"], seed=4)
+    # Assert
+    assert (cfg.rounds, cfg.seed) == (7, 4)
+    hyper = cfg.algorithm_config().to_dict()
+    assert hyper["lr"] == 0.05 and hyper["proto_weight"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('[run]\nround = 3\n', "unknown key"),
+        ('[run]\nrounds = "three"\n', "expected int"),
+        ('[hyper]\nlr = "fast"\n', "expected float"),
+        ('[hyper]\nlearning_rate = 0.1\n', "unknown key"),
+        ('[other]\nx = 1\n', "unknown section"),
+        ('[run]\nalgorithm = "fedmagic"\n', "unknown algorithm"),
+        ('[run\n', "invalid TOML"),
+    ],
+)
+def test_bad_config_is_rejected(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_config(path)
+
+
+def test_missing_file_and_bad_override(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="run.KEY=VALUE"):
+        parse_override("rounds=3")
+    assert parse_override("hyper.optimizer=adam") == ("hyper", "optimizer", "adam")

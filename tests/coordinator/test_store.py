@@ -1,0 +1,40 @@
+"""The SQLite store: durable updates, atomic step completion, resume."""
+
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.store import StepRecord, Store, pack_payloads, unpack_payloads
+from protocol.payloads import PrototypeSet, TensorMap
+
+
+def test_update_is_stored_once_and_survives_reopen(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.open_step(StepRecord(0, 1, "train", ["a", "b"], "open", 0))
+    assert store.add_update(0, "a", "m1", "t1", b"env")
+    assert not store.add_update(0, "a", "m2", "t1", b"env2")  # one update per device and step
+    store.close()
+    again = Store(tmp_path / "s.sqlite")
+    assert [u[:2] for u in again.updates(0)] == [("a", "m1")]
+    assert again.has_update_msg("m1") and not again.has_update_msg("m2")
+    rec = again.step(0)
+    assert rec is not None and rec.status == "open" and rec.participants == ["a", "b"]
+    assert again.last_done_step() == -1
+
+
+def test_complete_step_persists_state_and_metrics(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.open_step(StepRecord(0, 1, "train", ["a"], "open", 0))
+    state = {"protos": PrototypeSet(np.array([1]), np.ones((1, 3)), np.array([2]), sd=np.ones(3)),
+             "w": TensorMap({"x": np.arange(4.0)})}
+    store.complete_step(0, "done", state, {"round": 1})
+    assert store.last_done_step() == 0
+    back = store.global_state()
+    assert isinstance(back["protos"], PrototypeSet) and back["protos"].class_ids.tolist() == [1]
+    assert store.metrics() == [{"round": 1}]
+
+
+def test_payload_blob_round_trip() -> None:
+    blob = pack_payloads({"w": TensorMap({"a": np.ones((2, 2), np.float32)}, encoding="f16")})
+    out = unpack_payloads(blob)["w"]
+    assert isinstance(out, TensorMap) and out.tensors["a"].dtype == np.float32

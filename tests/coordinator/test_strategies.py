@@ -1,0 +1,121 @@
+"""Aggregation maths of the strategies, with fake replies (no transport, no torch)."""
+
+import numpy as np
+import pytest
+
+from coordinator.strategies import STRATEGIES, AgentInfo, Step, create_strategy
+from coordinator.strategies.baselines import mean_prototypes
+from coordinator.strategies.fedvtc import average_tensor_maps
+from protocol.algorithms import config_type
+from protocol.errors import AggregationError, ValidationError
+from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.payloads import PrototypeSet, TensorMap
+
+
+def agent(device_id: str, classes: dict[int, int], algorithm: str = "fedproto") -> AgentInfo:
+    reg = Register(device_id=device_id, arch="cnn_t1", num_params=10,
+                   capabilities=Capabilities(device="cpu"), input_spec=InputSpec(1, 8, 8),
+                   num_classes=4, class_counts={str(c): n for c, n in classes.items()},
+                   algorithm=algorithm)
+    return AgentInfo(device_id, reg)
+
+
+def protos(ids: list[int], vecs: list[list[float]], sd: list[float] | None = None) -> PrototypeSet:
+    return PrototypeSet(np.array(ids), np.array(vecs, np.float32), np.ones(len(ids), np.int32),
+                        sd=None if sd is None else np.array(sd, np.float32))
+
+
+def reply(payloads: dict, n: int = 10, metrics: dict | None = None, phase: str = "train") -> Reply:
+    return Reply(task_id="t", round=1, phase=phase, num_samples=n, payloads=payloads,
+                 metrics=metrics or {})
+
+
+def test_mean_prototypes_per_class_over_holders_only() -> None:
+    # Prepare: class 0 held by both, class 1 by a only, class 2 by nobody (kept from before)
+    before = protos([2], [[9.0, 9.0]])
+    a = protos([0, 1], [[1.0, 1.0], [4.0, 0.0]])
+    b = protos([0], [[3.0, 5.0]])
+    # Execute
+    out = mean_prototypes(before, [a, b], num_classes=4)
+    # Assert
+    assert out is not None
+    table = out.as_dict()
+    assert sorted(table) == [0, 1, 2]  # class 3: held by none, never set
+    np.testing.assert_allclose(table[0], [2.0, 3.0])  # unweighted mean of holders
+    np.testing.assert_allclose(table[1], [4.0, 0.0])
+    np.testing.assert_allclose(table[2], [9.0, 9.0])
+
+
+def test_mean_prototypes_rejects_mixed_dimensions() -> None:
+    with pytest.raises(AggregationError, match="dimensions differ"):
+        mean_prototypes(None, [protos([0], [[1.0]]), protos([1], [[1.0, 2.0]])], num_classes=4)
+
+
+def test_fedproto_validates_classes_and_dimension() -> None:
+    s = create_strategy("fedproto", config_type("fedproto")(), num_classes=4)
+    a = agent("a", {0: 5, 1: 5})
+    step = Step(1, "train")
+    with pytest.raises(ValidationError, match="classes the agent registered"):
+        s.validate(step, a, reply({"protos": protos([3], [[1.0, 1.0]])}))
+    with pytest.raises(ValidationError, match="prototype set"):
+        s.validate(step, a, reply({}))
+    s.aggregate(step, [(a, reply({"protos": protos([0], [[1.0, 1.0]])}))])
+    with pytest.raises(ValidationError, match="dimension 2"):
+        s.validate(step, a, reply({"protos": protos([0], [[1.0, 1.0, 1.0]])}))
+
+
+def test_fedavg_weighted_by_samples() -> None:
+    s = create_strategy("fedavg", config_type("fedavg")(), num_classes=4)
+    a, b = agent("a", {0: 1}, "fedavg"), agent("b", {1: 1}, "fedavg")
+    ra = reply({"weights": TensorMap({"w": np.zeros(2), "n": np.array(3)})}, n=30)
+    rb = reply({"weights": TensorMap({"w": np.ones(2) * 4, "n": np.array(5)})}, n=10)
+    s.aggregate(Step(1, "train"), [(a, ra), (b, rb)])
+    w = s.state_dict()["weights"]
+    assert isinstance(w, TensorMap)
+    np.testing.assert_allclose(w.tensors["w"], [1.0, 1.0])
+    assert int(w.tensors["n"]) == 3  # integer buffer from the largest client, not averaged
+
+
+def test_fedvtc_sigma_mean_and_subset_sent_down() -> None:
+    s = create_strategy("fedvtc", config_type("fedvtc")(), num_classes=4)
+    a, b = agent("a", {0: 5, 1: 5}, "fedvtc"), agent("b", {1: 5, 2: 5}, "fedvtc")
+    step = Step(1, "train")
+    ra = reply({"protos": protos([0, 1], [[0.0, 0.0], [2.0, 2.0]], sd=[1.0, 3.0])})
+    rb = reply({"protos": protos([1, 2], [[4.0, 4.0], [6.0, 6.0]], sd=[3.0, 1.0])})
+    s.validate(step, a, ra)
+    s.aggregate(step, [(a, ra), (b, rb)])
+    sent = s.configure(Step(2, "train"), a)["protos"]
+    assert isinstance(sent, PrototypeSet)
+    assert sent.class_ids.tolist() == [0, 1]  # only the classes a holds
+    np.testing.assert_allclose(sent.as_dict()[1], [3.0, 3.0])
+    assert sent.sd is not None
+    np.testing.assert_allclose(sent.sd, [2.0, 2.0])  # plain mean over all participants
+    with pytest.raises(ValidationError, match="SD vector"):
+        s.validate(step, a, reply({"protos": protos([0], [[1.0, 1.0]])}))
+
+
+def test_generator_averaging_includes_bn_buffers_and_skips_untrained() -> None:
+    s = create_strategy("fedvtc", config_type("fedvtc")(), num_classes=4)
+    a, b, c = (agent(x, {0: 1}, "fedvtc") for x in "abc")
+
+    def gen(v: float, n: int) -> TensorMap:
+        return TensorMap({"bn.running_mean": np.full(3, v), "conv.weight": np.full((2, 2), v),
+                          "bn.num_batches_tracked": np.array(n)})
+
+    replies = [(a, reply({"generator": gen(1.0, 5)}, metrics={"generator_trained": 1.0})),
+               (b, reply({"generator": gen(3.0, 9)}, metrics={"generator_trained": 1.0})),
+               (c, reply({"generator": gen(100.0, 0)}, metrics={"generator_trained": 0.0}))]
+    out = s.aggregate(Step(3, "upload_generator", "all"), replies)
+    assert out["generators_averaged"] == 2
+    g = s.configure(Step(3, "final", "all"), a)["generator"]
+    assert isinstance(g, TensorMap)
+    np.testing.assert_allclose(g.tensors["bn.running_mean"], 2.0)
+    assert int(g.tensors["bn.num_batches_tracked"]) == 9
+    with pytest.raises(AggregationError, match="different tensor names"):
+        average_tensor_maps([gen(1.0, 1), TensorMap({"x": np.zeros(1)})])
+
+
+def test_every_strategy_has_an_edge_half_with_the_same_name() -> None:
+    from edge_agent.algorithms import EDGE_ALGORITHMS
+
+    assert sorted(STRATEGIES) == sorted(EDGE_ALGORITHMS)
