@@ -81,11 +81,8 @@ def make_variant(variant: Variant, src: str | os.PathLike[str], dst: str | os.Pa
     with tempfile.TemporaryDirectory(prefix="edgefl-variant-") as tmp:
         if variant == "fp16":
             trunk = _fp16(trunk)
-        elif variant == "int8-static":
-            assert calibration is not None  # checked above; narrows the type for mypy
-            trunk = _int8(trunk, Path(tmp), calibration)
         else:
-            trunk = _int8(trunk, Path(tmp), None)
+            trunk = _int8(trunk, Path(tmp), calibration if variant == "int8-static" else None)
     out = join(trunk, head)
     name_batch_dim(out)
     prune_opsets(out)
