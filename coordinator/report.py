@@ -68,7 +68,7 @@ class MetricsLog:
     config_error: str | None = None
 
 
-# ----- reading ------------------------------------------------------------------------------------
+# ----- reading -----------------------------------------------------------------------------------
 def load_metrics(run_dir: str | Path) -> MetricsLog:
     """Parse ``RUN_DIR/metrics.jsonl`` (and ``RUN_DIR/run.json`` when present).
 
@@ -158,7 +158,7 @@ def _mean_std(rec: Mapping[str, Any], key: str, values: list[float | None]
     return mean, std
 
 
-# ----- markdown ---------------------------------------------------------------------------------
+# ----- markdown ----------------------------------------------------------------------------------
 def render_report(run_dir: str | Path) -> str:
     """A markdown report: one row per step, a first-vs-last table per agent, traffic by kind.
 
@@ -169,6 +169,7 @@ def render_report(run_dir: str | Path) -> str:
     out = [f"# Run report: {_title(log)}", ""]
     out += _config_lines(log)
     if log.steps:
+        out += ["## Steps", ""]
         out += [*_steps_table(log.steps), "", *_agents_table(log.steps), ""]
         out += _traffic_table(log.steps)
     else:
@@ -306,17 +307,19 @@ def plot_report(run_dir: str | Path, out_png: str | Path) -> Path:
         lo = [math.nan if m is None or d is None else m - d for m, d in zip(ys, stds, strict=True)]
         hi = [math.nan if m is None or d is None else m + d for m, d in zip(ys, stds, strict=True)]
         acc.fill_between(xs, lo, hi, alpha=0.2, color=line.get_color())
-    for i in range(1, len(log.steps)):
-        if log.steps[i].phase != log.steps[i - 1].phase:  # phase boundary, e.g. fine-tuning
+    for i, step in enumerate(log.steps):
+        if i and step.phase == log.steps[i - 1].phase:
+            continue
+        if i:  # a phase boundary, e.g. into fine-tuning: dashed, as in the papers' curves
             for ax in (acc, traffic):
                 ax.axvline(i + 0.5, color="grey", linestyle="--", linewidth=1)
-            acc.annotate(log.steps[i].phase, (i + 0.6, 0.02), xycoords=("data", "axes fraction"),
-                         fontsize=8, color="grey")
+        acc.annotate(step.phase, (i + 0.6, 0.97), xycoords=("data", "axes fraction"),
+                     va="top", fontsize=8, color="grey")
     acc.set_ylabel("accuracy")
     acc.set_title(f"Run {_title(log)}")
     acc.grid(alpha=0.3)
     if acc.lines:
-        acc.legend(loc="lower right")
+        acc.legend(loc="lower right", fontsize=8)
     cumulative, total = [], 0
     for s in log.steps:
         total += s.bytes_step

@@ -32,6 +32,7 @@ __all__ = [
     "save_atomic",
     "set_metadata",
     "split",
+    "toposort",
 ]
 
 INPUT = "input"
@@ -66,6 +67,10 @@ def join(trunk: ModelProto, head: ModelProto) -> ModelProto:
     ir_version = max(trunk.ir_version, head.ir_version)
     trunk.ir_version = head.ir_version = ir_version
     _merge_opsets(trunk, head)
+    for part in (trunk, head):  # `features` is an output/input; a value_info copy clashes
+        kept = [v for v in part.graph.value_info if v.name != FEATURES]
+        del part.graph.value_info[:]
+        part.graph.value_info.extend(kept)
     if not any(n.name.startswith(HEAD_PREFIX) for n in head.graph.node):
         head = compose.add_prefix(head, HEAD_PREFIX, rename_inputs=False, rename_outputs=False)
     try:
@@ -74,6 +79,32 @@ def join(trunk: ModelProto, head: ModelProto) -> ModelProto:
         raise ExportError(f"cannot join trunk and head graphs: {exc}") from exc
     merged.graph.name = "edgefl"
     return merged
+
+
+def toposort(model: ModelProto) -> None:
+    """Reorder nodes topologically (the fp16 converter appends its input Casts at the end)."""
+    nodes = list(model.graph.node)
+    producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+    order: list[int] = []
+    state = [0] * len(nodes)  # 0 unvisited, 1 on the stack, 2 placed
+    for root in range(len(nodes)):
+        stack = [(root, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if expanded:
+                if state[i] != 2:
+                    state[i] = 2
+                    order.append(i)
+                continue
+            if state[i]:
+                continue
+            state[i] = 1
+            stack.append((i, True))
+            # Inputs without a producer are graph inputs, initializers or outer-scope names.
+            deps = (producer[x] for x in nodes[i].input if x in producer)
+            stack.extend((d, False) for d in deps if state[d] == 0)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes[i] for i in order)
 
 
 def split(model: ModelProto) -> tuple[ModelProto, ModelProto]:
@@ -93,17 +124,24 @@ def split(model: ModelProto) -> tuple[ModelProto, ModelProto]:
 
 
 def prune_opsets(model: ModelProto) -> None:
-    """Drop opset imports no node uses (ORT's optimiser adds a dozen, e.g. ``org.pytorch.aten``).
+    """One import per domain, and none that no node uses.
 
-    Runtimes other than ORT (TensorRT, OpenVINO) may refuse unknown domains even when unused.
+    ``compose.merge_models`` repeats the default domain (which ORT's quantiser rejects), and
+    ORT's optimiser adds a dozen unused domains (``org.pytorch.aten``, ...) that runtimes other
+    than ORT (TensorRT, OpenVINO) may refuse.
     """
     used = {n.domain for n in model.graph.node}
     for fn in model.functions:
         used.add(fn.domain)
         used.update(n.domain for n in fn.node)
-    keep = [o for o in model.opset_import if o.domain in used or o.domain in ("", "ai.onnx")]
+    versions: dict[str, int] = {}
+    for entry in model.opset_import:
+        domain = "" if entry.domain == "ai.onnx" else entry.domain
+        if domain in used or domain == "":
+            versions[domain] = max(versions.get(domain, 0), int(entry.version))
     del model.opset_import[:]
-    model.opset_import.extend(keep)
+    for domain, version in versions.items():
+        model.opset_import.add(domain=domain, version=version)
 
 
 def set_metadata(model: ModelProto, metadata: Mapping[str, str]) -> None:

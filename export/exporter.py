@@ -22,6 +22,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
+from export._defaults import DEFAULT_DYNAMO, DEFAULT_OPSET
 from export._graph import (
     BATCH_DIM,
     FEATURES,
@@ -41,16 +42,6 @@ from protocol.errors import ExportError
 
 __all__ = ["DEFAULT_DYNAMO", "DEFAULT_OPSET", "PIXEL_SCALING", "ExportResult", "export_model"]
 
-# Opset 18: the dynamo exporter's native opset (onnxscript's torchlib implements ops at 18; a
-# request for 17 goes through the version converter, which on torch 2.14 fails on Reduce* axes
-# and *silently* keeps 18). The legacy exporter supports 18 too, ORT has run it since 1.14,
-# TensorRT 8.6+ parses it, and the quantisation tools need >= 13 for per-channel QDQ.
-DEFAULT_OPSET = 18
-# dynamo=True (torch.export + onnxscript): exports every registry model here and matches
-# PyTorch as closely as the legacy TorchScript exporter, which torch 2.9+ deprecates and warns
-# will be removed. Legacy stays available (it is ~20x faster to export, needs only `onnx`).
-# Measured per model in docs/export.md.
-DEFAULT_DYNAMO = True
 PIXEL_SCALING = "[0,1] float, normalisation inside the graph"
 
 

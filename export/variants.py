@@ -34,6 +34,7 @@ from export._graph import (
     save_atomic,
     set_metadata,
     split,
+    toposort,
 )
 from protocol.errors import ExportError
 
@@ -103,6 +104,7 @@ def _fp16(trunk: onnx.ModelProto) -> onnx.ModelProto:
         converted: onnx.ModelProto = convert_float_to_float16(trunk, keep_io_types=True)
     except Exception as exc:  # converter raises ValueError/onnx errors on odd graphs
         raise ExportError(f"fp16 conversion failed: {exc}") from exc
+    toposort(converted)
     return converted
 
 

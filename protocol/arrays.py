@@ -49,7 +49,9 @@ def _wire_dtype(a: npt.NDArray[Any], field: str) -> np.dtype[Any]:
     return dt
 
 
-def encode_array(a: npt.NDArray[Any], encoding: Encoding = "raw", field: str = "array") -> dict[str, Any]:
+def encode_array(
+    a: npt.NDArray[Any], encoding: Encoding = "raw", field: str = "array"
+) -> dict[str, Any]:
     """Encode ``a`` as a wire map, applying ``encoding`` when ``a`` is floating point."""
     if a.dtype.kind == "f" and encoding != "raw":
         return _encode_lossy(np.asarray(a, dtype=np.float32), encoding, field)
@@ -65,7 +67,8 @@ def _encode_lossy(a: npt.NDArray[np.float32], encoding: Encoding, field: str) ->
     if encoding == "f16":
         h = a.astype("<f2")
         if not np.isfinite(h).all():  # |x| > 65504 overflows to inf, which receivers reject
-            raise ValidationError(field, "|values| <= 65504 for f16 encoding", float(np.abs(a).max()))
+            amax = float(np.abs(a).max())
+            raise ValidationError(field, "|values| <= 65504 for f16 encoding", amax)
         return {"dt": "<f2", "sh": shape, "d": h.tobytes(), "as": "<f4"}
     if encoding == "u8":
         if a.size and (float(a.min()) < 0.0 or float(a.max()) > 1.0):
@@ -116,7 +119,8 @@ def decode_array(obj: Any, field: str = "array", max_bytes: int = 1 << 30) -> np
         if count * dtype.itemsize > max_bytes:
             raise LimitError(f"{field}: array of shape {shape} exceeds {max_bytes} bytes")
     if count * dtype.itemsize != len(data):
-        raise ValidationError(f"{field}.d", f"{count * dtype.itemsize} bytes for {dt}{shape}", len(data))
+        want = f"{count * dtype.itemsize} bytes for {dt}{shape}"
+        raise ValidationError(f"{field}.d", want, len(data))
     arr = np.frombuffer(data, dtype=dtype).reshape(shape)
     target = obj.get("as")
     if target is None:
@@ -132,10 +136,11 @@ def _dequantize(arr: npt.NDArray[Any], obj: dict[str, Any], field: str) -> npt.N
             raise ValidationError(field, "no sc/zp for a float array", sorted(obj))
         return arr.astype(np.float32)
     if arr.dtype.kind not in "iu":
-        raise ValidationError(f"{field}.dt", "an integer dtype for a quantised array", arr.dtype.str)
+        raise ValidationError(f"{field}.dt", "an integer dtype when quantised", arr.dtype.str)
     sc, zp = obj.get("sc"), obj.get("zp")
     if not isinstance(sc, float) or not np.isfinite(sc) or sc <= 0:
         raise ValidationError(f"{field}.sc", "a positive finite float", sc)
     if not isinstance(zp, int) or isinstance(zp, bool) or not -256 <= zp <= 255:
         raise ValidationError(f"{field}.zp", "an int in [-256, 255]", zp)
-    return ((arr.astype(np.float32) - np.float32(zp)) * np.float32(sc)).astype(np.float32)
+    out: npt.NDArray[np.float32] = (arr.astype(np.float32) - np.float32(zp)) * np.float32(sc)
+    return out.astype(np.float32, copy=False)

@@ -109,7 +109,8 @@ def decode_frame_map(data: bytes, limits: Limits = Limits()) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise DecodeError(f"frame: expected a map, got {type(obj).__name__}")
     if obj.get("v") != SCHEMA_VERSION:
-        raise DecodeError(f"frame.v: expected schema version {SCHEMA_VERSION}, got {obj.get('v')!r}")
+        got = obj.get("v")
+        raise DecodeError(f"frame.v: expected schema version {SCHEMA_VERSION}, got {got!r}")
     return obj
 
 
@@ -132,7 +133,8 @@ def envelope_from_map(obj: dict[str, Any]) -> Envelope:
         raise ValidationError("frame.k", f"one of {sorted(MESSAGE_TYPES)}", kind)
     for key, name in (("f", "federation"), ("s", "sender"), ("i", "msg_id")):
         if not isinstance(obj[key], str) or not 0 < len(obj[key]) <= 128:
-            raise ValidationError(f"frame.{key} ({name})", "a string of 1..128 characters", obj[key])
+            want = "a string of 1..128 characters"
+            raise ValidationError(f"frame.{key} ({name})", want, obj[key])
     if not isinstance(obj["r"], int) or isinstance(obj["r"], bool) or obj["r"] < 0:
         raise ValidationError("frame.r (round)", "a non-negative int", obj["r"])
     if not isinstance(obj["t"], float):
@@ -144,5 +146,6 @@ def envelope_from_map(obj: dict[str, Any]) -> Envelope:
     except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
         raise DecodeError(f"{kind}: {type(exc).__name__}: {exc}") from exc
     return Envelope(
-        body=body, sender=obj["s"], federation=obj["f"], round=obj["r"], msg_id=obj["i"], ts=obj["t"]
+        body=body, sender=obj["s"], federation=obj["f"], round=obj["r"], msg_id=obj["i"],
+        ts=obj["t"],
     )

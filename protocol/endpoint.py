@@ -1,42 +1,85 @@
-"""Typed messaging over a byte transport: encode, count, dedupe, validate, dispatch.
+"""Typed messaging over a byte transport: encode, sign, chunk, count, dedupe, verify, dispatch.
 
 An :class:`Endpoint` is what coordinator and agents use: ``send(topic, body)`` and
-``subscribe(filter, handler)`` with :class:`~protocol.codec.Envelope` objects. Rejected input
-(undecodable, invalid, oversized, duplicated) is logged and counted, never delivered and never
-raised into the transport's thread.
+``subscribe(filter, handler)`` with :class:`~protocol.codec.Envelope` objects. Below that API
+it signs frames (optional), splits large frames into chunks and reassembles them, answers and
+issues chunk requests, and counts the bytes on the wire. Rejected input (undecodable, invalid,
+oversized, unsigned, tampered, replayed, duplicated) is logged and counted in
+:attr:`Endpoint.rejected`, never delivered and never raised into the transport's thread.
+
+Byte accounting (``WIRE.md`` §Byte accounting): :attr:`Endpoint.traffic` counts the encoded
+bytes of every frame published or received, under the kind of the message the frame carries;
+chunk frames count under the kind of the message they are pieces of, with the number of
+chunk frames in ``traffic.chunks``. Received chunks count under ``chunk`` until their message
+is complete (bytes of messages never completed stay there), and rejected frames under
+``invalid``, so the per-kind totals always add up to the bytes on the wire.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from protocol.codec import Envelope, Limits, decode, encode
-from protocol.errors import ProtocolError
-from protocol.messages import Message
+from protocol.chunking import (
+    DEFAULT_CHUNK_POLICY,
+    ChunkPolicy,
+    Reassembler,
+    SentCache,
+    SentFrame,
+    request_filter,
+    request_topic,
+    split_frame,
+)
+from protocol.codec import Envelope, Limits, decode_frame_map, encode, envelope_from_map
+from protocol.errors import LimitError, ProtocolError, SignatureError, TransportError
+from protocol.messages import Chunk, ChunkRequest, Message
+from protocol.signing import Signer, Verifier
+from protocol.topics import Topics, matches
 from protocol.transport import Transport
 
 __all__ = ["Endpoint", "EnvelopeHandler", "TrafficCounter"]
 
 EnvelopeHandler = Callable[[Envelope, str], None]
+MQTT_HEADROOM = 64  # fixed header, packet id and MQTT 5 properties around a PUBLISH payload
+INVALID = "invalid"  # traffic kind of frames rejected before their kind was known
 
 
 @dataclass
 class TrafficCounter:
-    """Encoded bytes and message counts per (direction, kind); thread-safe."""
+    """Encoded bytes, message and chunk counts per (direction, kind); thread-safe."""
 
     bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     messages: Counter[tuple[str, str]] = field(default_factory=Counter)
+    chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, direction: str, kind: str, size: int) -> None:
-        """Record one message of ``size`` encoded bytes."""
+    def add(
+        self, direction: str, kind: str, size: int, *, messages: int = 1, chunks: int = 0
+    ) -> None:
+        """Record ``size`` encoded bytes of ``messages`` messages (sent as ``chunks`` chunks)."""
         with self._lock:
             self.bytes[(direction, kind)] += size
-            self.messages[(direction, kind)] += 1
+            self.messages[(direction, kind)] += messages
+            if chunks:
+                self.chunks[(direction, kind)] += chunks
+
+    def move(self, direction: str, src: str, dst: str, size: int, *, chunks: int = 0) -> None:
+        """Re-attribute ``size`` bytes (and ``chunks`` chunk frames) from kind ``src`` to ``dst``.
+
+        Received chunk frames count under ``chunk`` until their message is complete and its
+        kind known; then they move to that kind and count as one message of it.
+        """
+        with self._lock:
+            self.bytes[(direction, src)] -= size
+            self.bytes[(direction, dst)] += size
+            self.messages[(direction, dst)] += 1
+            if chunks:
+                self.chunks[(direction, src)] -= chunks
+                self.chunks[(direction, dst)] += chunks
 
     def snapshot(self) -> dict[str, int]:
         """``{"tx.reply": bytes, "rx.task": bytes, ...}``."""
@@ -50,7 +93,21 @@ class TrafficCounter:
 
 
 class Endpoint:
-    """Send and receive typed envelopes for one participant (``sender``) of a federation."""
+    """Send and receive typed envelopes for one participant (``sender``) of a federation.
+
+    Args:
+        transport: The byte transport (MQTT or in-memory).
+        sender: This participant's id (device id, or the coordinator's id); also the key id
+            of ``signer``.
+        federation: Federation id, for envelopes and the topic layout.
+        limits: Decoder limits; ``limits.max_message`` also caps reassembled messages.
+        dedupe_window: How many ``(sender, msg_id)`` pairs are remembered to drop duplicates.
+        chunking: Chunk threshold, reassembly bounds and timeouts.
+        signer: Signs every outgoing frame (chunks included) when given.
+        verifier: Verifies signed incoming frames; a signed frame without one is rejected.
+        require_signatures: Reject unsigned frames.
+        clock: Monotonic clock for chunk timeouts (tests inject a fake one).
+    """
 
     def __init__(
         self,
@@ -58,20 +115,46 @@ class Endpoint:
         *,
         sender: str,
         federation: str = "default",
-        limits: Limits = Limits(),
+        limits: Limits = Limits(),  # noqa: B008 - frozen dataclass, safe as a default
         dedupe_window: int = 4096,
         logger: logging.Logger | None = None,
+        chunking: ChunkPolicy = DEFAULT_CHUNK_POLICY,
+        signer: Signer | None = None,
+        verifier: Verifier | None = None,
+        require_signatures: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if signer is not None and signer.key_id != sender:
+            raise SignatureError(
+                f"signer key id {signer.key_id!r} must equal the sender {sender!r}"
+            )
+        if require_signatures and verifier is None:
+            raise SignatureError("require_signatures=True needs a verifier")
         self.transport = transport
         self.sender = sender
         self.federation = federation
+        self.topics = Topics(federation)
         self.limits = limits
+        self.chunking = chunking
+        self.signer = signer
+        self.verifier = verifier
+        self.require_signatures = require_signatures
         self.traffic = TrafficCounter()
         self.rejected: Counter[str] = Counter()
         self.log = logger or logging.getLogger(f"edgefl.endpoint.{sender}")
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._seen_lock = threading.Lock()
         self._dedupe_window = dedupe_window
+        self._handlers: list[tuple[str, EnvelopeHandler]] = []
+        self._handlers_lock = threading.Lock()
+        self._reassembler = Reassembler(chunking, limits.max_message, clock)
+        self._sent = SentCache(chunking.sent_cache_bytes)
+        self._request_filters: set[str] = set()
+        self._sweeper: threading.Thread | None = None
+        self._sweeper_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -- sending ---------------------------------------------------------------------------
 
     def send(
         self,
@@ -84,42 +167,159 @@ class Endpoint:
         msg_id: str | None = None,
     ) -> Envelope:
         """Encode ``body`` in an envelope from this endpoint and publish it."""
-        kwargs = {"msg_id": msg_id} if msg_id else {}
-        env = Envelope(body=body, sender=self.sender, federation=self.federation, round=round, **kwargs)
+        env = Envelope(body=body, sender=self.sender, federation=self.federation, round=round)
+        if msg_id:
+            env = replace(env, msg_id=msg_id)
         self.send_envelope(topic, env, qos=qos, retain=retain)
         return env
 
-    def send_envelope(self, topic: str, env: Envelope, *, qos: int = 1, retain: bool = False) -> None:
-        """Publish an already built envelope (e.g. a reply resent from an outbox)."""
-        data = encode(env)
-        self.transport.publish(topic, data, qos=qos, retain=retain)
-        self.traffic.add("tx", env.kind, len(data))
+    def send_envelope(
+        self, topic: str, env: Envelope, *, qos: int = 1, retain: bool = False
+    ) -> None:
+        """Publish an already built envelope (e.g. a reply resent from an outbox).
+
+        Raises:
+            LimitError: the frame exceeds ``limits.max_message``, or would need chunking but
+                ``retain`` is set (bulk data is never retained).
+            TransportError: the transport could not queue a frame.
+        """
+        frame = self._seal(encode(env))
+        if len(frame) > self.limits.max_message:
+            raise LimitError(
+                f"{env.kind}: {len(frame)}-byte frame exceeds the "
+                f"{self.limits.max_message}-byte cap"
+            )
+        limit = self._frame_limit(topic)
+        if len(frame) <= limit:
+            self.transport.publish(topic, frame, qos=qos, retain=retain)
+            self.traffic.add("tx", env.kind, len(frame))
+            return
+        if retain:
+            raise LimitError(
+                f"{env.kind} on {topic}: a {len(frame)}-byte frame would be chunked, "
+                "and chunked messages cannot be retained"
+            )
+        self._send_chunked(topic, env, frame, qos, limit)
+
+    def _seal(self, frame: bytes) -> bytes:
+        return self.signer.sign(frame) if self.signer is not None else frame
+
+    def _frame_limit(self, topic: str) -> int:
+        limit = self.chunking.threshold
+        broker_max = self.transport.max_packet_size
+        if broker_max is not None:
+            limit = min(limit, broker_max - MQTT_HEADROOM - len(topic.encode()))
+        return limit
+
+    def _chunk_frame(self, chunk: Chunk, round: int) -> bytes:
+        env = Envelope(body=chunk, sender=self.sender, federation=self.federation, round=round)
+        return self._seal(encode(env))
+
+    def _piece_size(self, frame_len: int, limit: int, round: int) -> int:
+        # Measure, not guess, what a chunk envelope (and its signature) adds around the data:
+        # the largest index/count and the exact total size, with 8 bytes for the bin header.
+        probe = Chunk(
+            digest=bytes(32), index=frame_len - 1, count=frame_len, total_size=frame_len, data=b""
+        )
+        piece = limit - len(self._chunk_frame(probe, round)) - 8
+        if piece < 1024:
+            raise LimitError(
+                f"chunk frames of at most {limit} bytes leave only {piece} bytes of data"
+            )
+        return piece
+
+    def _send_chunked(self, topic: str, env: Envelope, frame: bytes, qos: int, limit: int) -> None:
+        self._listen_for_requests(topic)
+        piece = self._piece_size(len(frame), limit, env.round)
+        chunks = split_frame(frame, piece)
+        self._sent.put(SentFrame(topic, qos, env.round, env.kind, frame, piece, chunks[0].digest))
+        total = 0
+        try:
+            for chunk in chunks:
+                data = self._chunk_frame(chunk, env.round)
+                self.transport.publish(topic, data, qos=qos)
+                total += len(data)
+        finally:  # count what reached the transport, even if a later chunk failed
+            self.traffic.add("tx", env.kind, total, chunks=len(chunks))
+        self.log.debug(
+            "sent %s %s as %d chunks (%d bytes)", env.kind, env.msg_id, len(chunks), total
+        )
+
+    def _listen_for_requests(self, topic: str) -> None:
+        flt = request_filter(self.topics, topic)
+        if flt is None or flt in self._request_filters:
+            return
+        self._request_filters.add(flt)
+        self.transport.subscribe(flt, self._on_bytes, 1)
+
+    # -- receiving -------------------------------------------------------------------------
 
     def subscribe(self, topic_filter: str, handler: EnvelopeHandler, qos: int = 1) -> None:
-        """Deliver valid, first-seen envelopes matching ``topic_filter`` to ``handler``."""
+        """Deliver valid, first-seen envelopes matching ``topic_filter`` to ``handler``.
 
-        def on_bytes(topic: str, data: bytes) -> None:
-            env = self._accept(topic, data)
-            if env is not None:
-                handler(env, topic)
+        Chunks and chunk requests are handled inside the endpoint; handlers see whole
+        messages only. Handlers run on the transport's thread and must not block.
+        """
+        with self._handlers_lock:
+            self._handlers.append((topic_filter, handler))
+        self.transport.subscribe(topic_filter, self._on_bytes, qos)
 
-        self.transport.subscribe(topic_filter, on_bytes, qos)
-
-    def _accept(self, topic: str, data: bytes) -> Envelope | None:
+    def _on_bytes(self, topic: str, data: bytes) -> None:
         if not data:  # an empty retained message clears a topic; nothing to deliver
-            return None
-        try:
-            env = decode(data, self.limits)
-        except ProtocolError as exc:
-            self.rejected[type(exc).__name__] += 1
-            self.log.warning("rejected %d bytes on %s: %s", len(data), topic, exc)
-            return None
+            return
+        env = self._open(topic, data)
+        if env is None:
+            return
+        if isinstance(env.body, Chunk):
+            self._on_chunk(env, env.body, topic, len(data))
+            return
         self.traffic.add("rx", env.kind, len(data))
+        self._deliver(env, topic)
+
+    def _open(self, topic: str, data: bytes, *, count: bool = True) -> Envelope | None:
+        """Verify and decode one frame; count and log a rejection instead of raising.
+
+        ``count=False`` for reassembled frames, whose bytes were counted chunk by chunk.
+        """
+        try:
+            obj = decode_frame_map(data, self.limits)
+            if "sm" in obj:
+                if self.verifier is None:
+                    raise SignatureError(
+                        f"signed frame (key {obj.get('kid')!r}) but this endpoint has no verifier"
+                    )
+                return self.verifier.open(obj, self.limits)
+            if self.require_signatures:
+                raise SignatureError(
+                    f"unsigned {obj.get('k')!r} frame from {obj.get('s')!r}: "
+                    "signatures are required"
+                )
+            return envelope_from_map(obj)
+        except ProtocolError as exc:
+            self._reject(exc, topic, len(data) if count else 0)
+            return None
+
+    def _reject(self, exc: ProtocolError, topic: str, size: int) -> None:
+        self.rejected[type(exc).__name__] += 1
+        if size:
+            self.traffic.add("rx", INVALID, size)
+        self.log.warning("rejected a frame on %s: %s", topic, exc)
+
+    def _deliver(self, env: Envelope, topic: str) -> None:
         if self._is_duplicate(env):
             self.rejected["duplicate"] += 1
             self.log.debug("duplicate %s %s from %s", env.kind, env.msg_id, env.sender)
-            return None
-        return env
+            return
+        if isinstance(env.body, ChunkRequest):
+            self._on_chunk_request(env.body, env.sender)
+            return
+        with self._handlers_lock:
+            targets = [h for f, h in self._handlers if matches(f, topic)]
+        for handler in targets:
+            try:
+                handler(env, topic)
+            except Exception:  # one failing handler must not starve the others
+                self.log.exception("handler for %s %s failed", env.kind, topic)
 
     def _is_duplicate(self, env: Envelope) -> bool:
         key = (env.sender, env.msg_id)
@@ -130,3 +330,117 @@ class Endpoint:
             if len(self._seen) > self._dedupe_window:
                 self._seen.popitem(last=False)
         return False
+
+    # -- chunks ----------------------------------------------------------------------------
+
+    def _on_chunk(self, env: Envelope, chunk: Chunk, topic: str, size: int) -> None:
+        late = self._reassembler.late_kind(env.sender, chunk.digest)
+        if late is not None:  # a duplicate of a message already delivered
+            self.traffic.add("rx", late or "chunk", size, messages=0, chunks=1)
+            return
+        self.traffic.add("rx", "chunk", size, messages=0, chunks=1)
+        try:
+            done = self._reassembler.add(chunk, env.sender, topic, size)
+        except ProtocolError as exc:
+            self._reject(exc, topic, 0)
+            return
+        self._ensure_sweeper()
+        if done is None:
+            return
+        frame, wire_bytes, frames = done
+        inner = self._open(topic, frame, count=False)
+        if inner is None:
+            return
+        if isinstance(inner.body, Chunk) or inner.sender != env.sender:
+            self._reject(
+                ProtocolError(
+                    f"chunked message from {env.sender} carries a {inner.kind} from {inner.sender}"
+                ),
+                topic,
+                0,
+            )
+            return
+        self._reassembler.mark_kind(env.sender, chunk.digest, inner.kind)
+        self.traffic.move("rx", "chunk", inner.kind, wire_bytes, chunks=frames)
+        self._deliver(inner, topic)
+
+    def _on_chunk_request(self, req: ChunkRequest, requester: str) -> None:
+        sent = self._sent.get(req.digest)
+        if sent is None:
+            self.log.info(
+                "chunk request from %s for unknown or evicted %s", requester, req.digest.hex()[:16]
+            )
+            return
+        indices = sorted({i for i in req.missing if 0 <= i < sent.count})
+        total = 0
+        try:
+            for i in indices:
+                data = self._chunk_frame(sent.chunk(i), sent.round)
+                self.transport.publish(sent.topic, data, qos=sent.qos)
+                total += len(data)
+        except TransportError as exc:
+            self.log.warning("resending chunks of %s failed: %s", req.digest.hex()[:16], exc)
+        self.traffic.add("tx", sent.kind, total, messages=0, chunks=len(indices))
+        self.log.info(
+            "resent %d chunks of %s to %s", len(indices), req.digest.hex()[:16], requester
+        )
+
+    def sweep_chunks(self, now: float | None = None) -> None:
+        """Request missing chunks of stalled partial messages and drop expired ones.
+
+        Runs every ``chunking.sweep_interval`` seconds on a background thread while partial
+        messages exist; call it directly when ``sweep_interval`` is ``None``.
+        """
+        requests, dropped = self._reassembler.sweep(now)
+        for part in dropped:
+            self.rejected["incomplete"] += 1
+            self.log.warning(
+                "dropped incomplete message %s from %s on %s (%d chunks missing)",
+                part.digest.hex()[:16],
+                part.sender,
+                part.topic,
+                len(part.missing),
+            )
+        for part in requests:
+            target = request_topic(self.topics, part.topic, self.sender)
+            if target is None:
+                self.log.info("no request topic for chunks on %s; waiting", part.topic)
+                continue
+            try:
+                self.send(target, ChunkRequest(digest=part.digest, missing=part.missing))
+            except TransportError as exc:
+                self.log.warning("chunk request on %s failed: %s", target, exc)
+
+    def _ensure_sweeper(self) -> None:
+        interval = self.chunking.sweep_interval
+        if interval is None:
+            return
+        with self._sweeper_lock:
+            if self._sweeper is not None and self._sweeper.is_alive():
+                return
+            self._sweeper = threading.Thread(
+                target=self._sweep_loop,
+                args=(interval,),
+                name=f"edgefl-chunks-{self.sender}",
+                daemon=True,
+            )
+            self._sweeper.start()
+
+    def _sweep_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.sweep_chunks()
+            except Exception:  # keep sweeping; a failure here must not leak partials
+                self.log.exception("chunk sweep failed")
+            if self._reassembler.pending == 0:
+                with self._sweeper_lock:
+                    if self._reassembler.pending == 0:
+                        self._sweeper = None
+                        return
+
+    def close(self) -> None:
+        """Stop the background chunk sweeper (the transport is closed by its owner)."""
+        self._stop.set()
+        sweeper = self._sweeper
+        if sweeper is not None and sweeper is not threading.current_thread():
+            sweeper.join(timeout=5)

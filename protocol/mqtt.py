@@ -13,6 +13,7 @@ handler cannot stop the network thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import socket
@@ -47,7 +48,9 @@ def parse_broker(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
     if not text:
         raise ConfigError(f"broker address: expected 'host[:port]', got {address!r}")
     if "/" in text:
-        raise ConfigError(f"broker address: expected 'host[:port]' without scheme or path, got {address!r}")
+        raise ConfigError(
+            f"broker address: expected 'host[:port]' without scheme or path, got {address!r}"
+        )
     port_text: str | None = None
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
@@ -65,7 +68,9 @@ def parse_broker(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
     if port_text is None:
         return host, default_port
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ConfigError(f"broker port: expected an int in 1..65535, got {port_text!r} in {address!r}")
+        raise ConfigError(
+            f"broker port: expected an int in 1..65535, got {port_text!r} in {address!r}"
+        )
     return host, int(port_text)
 
 
@@ -111,7 +116,8 @@ class MqttTransport(Transport):
             raise ConfigError("client_id: expected a non-empty string, got ''")
         if not 0 < reconnect_min <= reconnect_max:
             raise ConfigError(
-                f"reconnect delays: expected 0 < min <= max, got min={reconnect_min}, max={reconnect_max}"
+                "reconnect delays: expected 0 < min <= max, got "
+                f"min={reconnect_min}, max={reconnect_max}"
             )
         self.client_id = client_id
         self.host = host
@@ -146,23 +152,34 @@ class MqttTransport(Transport):
         self, username: str | None, password: str | None, tls: TlsOptions | None, max_inflight: int
     ) -> paho.Client:
         if self.protocol == "5":
-            client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                 protocol=paho.MQTTv5)
+            client = paho.Client(
+                CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5
+            )
         else:
-            client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                 clean_session=self.clean_session, protocol=paho.MQTTv311)
+            client = paho.Client(
+                CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                clean_session=self.clean_session,
+                protocol=paho.MQTTv311,
+            )
         client.connect_timeout = self.connect_timeout
         client.max_inflight_messages_set(max_inflight)
         client.max_queued_messages_set(0)  # unbounded: QoS 1 messages wait out a reconnect
         if username is not None:
             client.username_pw_set(username, password)
         if tls is not None:
-            client.tls_set(ca_certs=tls.ca_certs, certfile=tls.certfile, keyfile=tls.keyfile,
-                           cert_reqs=ssl.CERT_REQUIRED, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+            client.tls_set(
+                ca_certs=tls.ca_certs,
+                certfile=tls.certfile,
+                keyfile=tls.keyfile,
+                cert_reqs=ssl.CERT_REQUIRED,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
             client.tls_insecure_set(tls.insecure)
         if self.will is not None:
-            client.will_set(self.will.topic, self.will.payload, qos=self.will.qos,
-                            retain=self.will.retain)
+            client.will_set(
+                self.will.topic, self.will.payload, qos=self.will.qos, retain=self.will.retain
+            )
         client.on_socket_open = self._on_socket_open
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
@@ -198,7 +215,7 @@ class MqttTransport(Transport):
         self._connack_error = None
         kwargs: dict[str, Any] = {}
         if self.protocol == "5":
-            props = Properties(PacketTypes.CONNECT)
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = 0 if self.clean_session else self.session_expiry
             kwargs = {"clean_start": self.clean_session, "properties": props}
         try:
@@ -215,7 +232,9 @@ class MqttTransport(Transport):
             )
         if self._connack_error is not None:
             self._abandon()
-            raise ConnectError(f"MQTT broker at {self.where} refused the session: {self._connack_error}")
+            raise ConnectError(
+                f"MQTT broker at {self.where} refused the session: {self._connack_error}"
+            )
 
     def close(self) -> None:
         """Flush queued QoS 1 messages (up to ``flush_timeout``), then disconnect cleanly.
@@ -226,10 +245,9 @@ class MqttTransport(Transport):
             return
         info = self._last_info
         if info is not None and self._connected:
-            try:
+            # RuntimeError/ValueError: it was never queued, so there is nothing to wait for
+            with contextlib.suppress(RuntimeError, ValueError):
                 info.wait_for_publish(self.flush_timeout)
-            except (RuntimeError, ValueError):  # never queued: nothing to wait for
-                pass
         self._closing = True
         self._client.disconnect()
         self._client.loop_stop()
@@ -246,10 +264,8 @@ class MqttTransport(Transport):
         self._closing = self._aborting = True
         sock = self._client.socket()
         if isinstance(sock, socket.socket):
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self._client.loop_stop()
         self._started = False
         self._connected = False
@@ -273,7 +289,9 @@ class MqttTransport(Transport):
                 packet size, or paho could not queue it (QoS 0 while disconnected, bad topic).
         """
         if not self._started:
-            raise TransportError(f"publish to {topic}: mqtt transport {self.client_id} is not connected")
+            raise TransportError(
+                f"publish to {topic}: mqtt transport {self.client_id} is not connected"
+            )
         limit = self.max_packet_size
         if limit is not None and len(payload) + len(topic.encode()) + 16 > limit:
             raise TransportError(
@@ -309,7 +327,9 @@ class MqttTransport(Transport):
         with self._lock:
             self._subs.append((topic_filter, handler, qos))
         if self._connected:
-            self._send_subscribe([(topic_filter, qos)], wait=threading.get_ident() != self._loop_ident)
+            self._send_subscribe(
+                [(topic_filter, qos)], wait=threading.get_ident() != self._loop_ident
+            )
 
     def _send_subscribe(self, filters: list[tuple[str, int]], *, wait: bool) -> None:
         event = threading.Event()
@@ -334,8 +354,9 @@ class MqttTransport(Transport):
         except (OSError, AttributeError) as exc:
             self.log.debug("TCP_NODELAY not set: %s", exc)
 
-    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
-                    properties: Any) -> None:
+    def _on_connect(
+        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
+    ) -> None:
         self._loop_ident = threading.get_ident()
         if reason.is_failure:
             self._connack_error = str(reason)
@@ -356,8 +377,9 @@ class MqttTransport(Transport):
             self._send_subscribe(sorted(best.items()), wait=False)
         self._connack.set()
 
-    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
-                       properties: Any) -> None:
+    def _on_disconnect(
+        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
+    ) -> None:
         self._connected = False
         if self._aborting:
             client.disconnect()  # marks the state so paho's loop ends instead of reconnecting
@@ -366,7 +388,9 @@ class MqttTransport(Transport):
             self.log.info("disconnected from %s", self.where)
             return
         delay = self._next_delay()
-        self.log.warning("lost connection to %s (%s); reconnecting in %.2f s", self.where, reason, delay)
+        self.log.warning(
+            "lost connection to %s (%s); reconnecting in %.2f s", self.where, reason, delay
+        )
 
     def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
         delay = self._next_delay()
@@ -374,15 +398,16 @@ class MqttTransport(Transport):
 
     def _next_delay(self) -> float:
         """Capped exponential backoff with jitter in [d/2, d] (spreads a fleet's reconnects)."""
-        cap = min(self.reconnect_max, self.reconnect_min * 2.0**min(self._attempt, 30))
+        cap = min(self.reconnect_max, self.reconnect_min * 2.0 ** min(self._attempt, 30))
         delay = cap / 2 + random.uniform(0.0, cap / 2)
         self._attempt += 1
         # paho waits exactly min_delay after reconnect_delay_set (it resets its own doubling)
         self._client.reconnect_delay_set(delay, delay)  # type: ignore[arg-type]
         return delay
 
-    def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: list[Any],
-                      properties: Any) -> None:
+    def _on_subscribe(
+        self, client: paho.Client, userdata: Any, mid: int, reasons: list[Any], properties: Any
+    ) -> None:
         with self._lock:
             entry = self._suback.pop(mid, None)
         if entry is None:
@@ -390,7 +415,9 @@ class MqttTransport(Transport):
         event, failures = entry
         failures.extend(str(r) for r in reasons if r.is_failure)
         if failures:
-            self.log.error("broker at %s refused subscription (mid %d): %s", self.where, mid, failures)
+            self.log.error(
+                "broker at %s refused subscription (mid %d): %s", self.where, mid, failures
+            )
         event.set()
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:

@@ -25,7 +25,8 @@ def as_array(value: Any, dtype: str, field: str) -> npt.NDArray[Any]:
 
 def check_shape(arr: npt.NDArray[Any], shape: tuple[int | None, ...], field: str) -> None:
     """Require ``arr.shape`` to match ``shape`` (``None`` matches any size)."""
-    if arr.ndim != len(shape) or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
+    pairs = zip(shape, arr.shape, strict=False)  # lengths compared first
+    if arr.ndim != len(shape) or any(s is not None and s != a for s, a in pairs):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValidationError(field, f"shape {want}", list(arr.shape))
 

@@ -14,7 +14,6 @@ import dataclasses
 import math
 import types
 import typing
-from functools import cache
 from typing import Any, ClassVar, TypeVar, Union
 
 import numpy as np
@@ -54,10 +53,16 @@ def from_wire(cls: type[T], obj: Any, path: str = "") -> T:
     return cls.from_wire(obj, path)
 
 
-@cache
+_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+_DEFAULTS: dict[type, frozenset[str]] = {}
+
+
 def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
-    hints = typing.get_type_hints(cls)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    found = _HINTS.get(cls)
+    if found is None:  # resolved once per class (a plain dict: functools.cache trips mypy here)
+        hints = typing.get_type_hints(cls)
+        found = _HINTS[cls] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    return found
 
 
 def _encode_model(model: WireModel) -> dict[str, Any]:
@@ -107,7 +112,8 @@ def _decode_model(cls: type[T], obj: Any, path: str) -> T:
     names = {n for n, _ in hints}
     unknown = set(obj) - names - {"t"}
     if unknown:
-        raise ValidationError(path, f"fields of {cls.__name__}", f"unknown {sorted(map(str, unknown))}")
+        shown = f"unknown {sorted(map(str, unknown))}"
+        raise ValidationError(path, f"fields of {cls.__name__}", shown)
     kwargs: dict[str, Any] = {}
     for name, tp in hints:
         if name not in obj:
@@ -123,13 +129,15 @@ def _decode_model(cls: type[T], obj: Any, path: str) -> T:
         raise ValidationError(path, f"valid {cls.__name__}", str(exc)) from exc
 
 
-@cache
 def _defaults(cls: type) -> frozenset[str]:
-    return frozenset(
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-    )
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        found = _DEFAULTS[cls] = frozenset(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        )
+    return found
 
 
 def _field_has_default(cls: type, name: str) -> bool:
@@ -145,7 +153,7 @@ _SCALARS: dict[Any, tuple[type, ...]] = {
 }
 
 
-def _decode_value(obj: Any, tp: Any, path: str) -> Any:  # noqa: PLR0911 - one branch per kind
+def _decode_value(obj: Any, tp: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
@@ -185,7 +193,7 @@ def _decode_scalar(obj: Any, tp: Any, path: str) -> Any:
         raise ValidationError(path, f"a supported type (not {tp!r})", type(obj).__name__)
     if not isinstance(obj, allowed) or (tp is not bool and isinstance(obj, bool)):
         raise ValidationError(path, tp.__name__, type(obj).__name__)
-    if tp is float:
+    if tp is float and isinstance(obj, (int, float)):
         if not math.isfinite(obj):
             raise ValidationError(path, "a finite float", obj)
         return float(obj)

@@ -9,6 +9,7 @@ images per class and fine-tune the whole model on them, with no further communic
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 
 from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, PhaseResult, register_edge_algorithm
 from edge_agent.knowledge import class_prototypes, prototype_table
-from edge_agent.trainer import TensorData
+from edge_agent.trainer import TensorData, TrainStats
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.errors import ValidationError
 from protocol.messages import Task
@@ -63,6 +64,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         # class-balanced weights w_y = n_k / |D_k^y| (D4); absent classes never occur in batches
         self.class_weight = torch.where(counts > 0, counts.sum() / counts.clamp(min=1), 0.0)
         self.generator_trained = False
+        # latent noise from the agent's own seeded stream: runs are reproducible per device
+        self.noise = torch.Generator(device=ctx.device).manual_seed(int(ctx.generator.initial_seed()))
         self._finetuning = False
         self._gen_opt: torch.optim.Optimizer | None = None
 
@@ -126,7 +129,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def _tc(self, x: Tensor, y: Tensor, z: Tensor) -> Tensor:
         protos, mask, weight = self._targets(y)
         sigma = self.rho.exp()
-        v = z + sigma * torch.randn(z.shape, device=z.device, generator=None)
+        v = z + sigma * torch.randn(z.shape, device=z.device, generator=self.noise)
         x_gen = self.generator(v)
         z_gen = self.ctx.model.forward_features(x_gen) if self.config.use_dm else None
         elbo, dm = tc_losses(x, z, x_gen, z_gen, protos, mask, self.rho, self.config.kl_sigma_weight)
@@ -207,13 +210,46 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         synthetic = self.synthesize(self.config.synthetic_per_class)
         if len(synthetic) == 0:
             return PhaseResult(metrics=before, num_samples=0)
+        diagnostics = self._diagnostics(synthetic) if self.config.diagnostics else {}
+        stats = self._finetune(synthetic)
+        metrics = {**before, **diagnostics, "finetune_loss": stats.mean_loss,
+                   "synthetic_samples": float(len(synthetic))}
+        return PhaseResult(metrics=metrics, num_samples=len(synthetic))
+
+    def _finetune(self, data: TensorData) -> TrainStats:
         self._finetuning = True
         try:
-            stats = self.local_train(synthetic, epochs=self.config.finetune_epochs)
+            return self.local_train(data, epochs=self.config.finetune_epochs)
         finally:
             self._finetuning = False
-        metrics = {**before, "finetune_loss": stats.mean_loss, "synthetic_samples": float(len(synthetic))}
-        return PhaseResult(metrics=metrics, num_samples=len(synthetic))
+
+    def _diagnostics(self, synthetic: TensorData) -> dict[str, float]:
+        """Noise control and synthetic-only probe (spec §10.1), on copies: the model is untouched."""
+        model = self.ctx.model
+        saved = copy.deepcopy(model.state_dict())
+        noise = TensorData(torch.rand(synthetic.x.shape, generator=self.ctx.generator).to(self.ctx.device),
+                           synthetic.y)
+        self._finetune(noise)
+        out = {k.replace("before_ft", "noise_control"): v for k, v in self._eval_metrics("before_ft").items()}
+        model.load_state_dict(saved)
+        out.update(self._probe(synthetic))
+        return out
+
+    def _probe(self, synthetic: TensorData) -> dict[str, float]:
+        from edge_agent.trainer import evaluate, make_optimizer, train_epochs
+        from models import create_model
+
+        c, h, _ = synthetic.x.shape[1:]
+        probe = create_model("mlp_m", num_classes=self.ctx.num_classes, in_chans=int(c),
+                             input_size=int(h)).to(self.ctx.device)
+        cfg = self.config.replace(optimizer="adam", lr=1e-3, grad_clip=0.0)
+        train_epochs(probe, synthetic, cfg, _CrossEntropy(), optimizer=make_optimizer(
+            list(probe.parameters()), cfg), epochs=max(5, self.config.finetune_epochs),
+            generator=self.ctx.generator)
+        out = {"probe_acc_local": evaluate(probe, self.ctx.test).accuracy}
+        if self.ctx.global_test is not None:
+            out["probe_acc_global"] = evaluate(probe, self.ctx.global_test).accuracy
+        return {k: v for k, v in out.items() if v == v}
 
     @torch.no_grad()
     def synthesize(self, per_class: int) -> TensorData:
@@ -262,6 +298,16 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             self.valid = state["proto_valid"].to(self.ctx.device).bool()
         if "generator_trained" in state:
             self.generator_trained = bool(state["generator_trained"])
+
+
+class _CrossEntropy:
+    """Plain CE hooks for the probe classifier."""
+
+    def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y)
+
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
+        return None
 
 
 def _set_trainable(module: nn.Module, flag: bool) -> None:

@@ -96,7 +96,8 @@ def load_torchvision(key: str, split: str, root: Path | None) -> ArrayDataset:
     x = np.concatenate([_as_nchw_uint8(np.asarray(p.data)) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
     names = class_names_for(len(parts[0].classes), parts[0].classes)
-    return ArrayDataset(_scale_uint8(x), y, len(names), names, key)
+    name = key if split == "train" else f"{key}:{split}"
+    return ArrayDataset(_scale_uint8(x), y, len(names), names, name)
 
 
 def _as_nchw_uint8(x: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:

@@ -106,7 +106,7 @@ def _resolve(name: str, root: Path | None, size: int | None) -> tuple[str, LoadR
     )
 
 
-# ----- built-in sources -------------------------------------------------------------------------
+# ----- built-in sources --------------------------------------------------------------------------
 def _no_arg(request: LoadRequest) -> None:
     if request.arg:
         raise ConfigError(f"dataset {request.name!r}: this dataset takes no ':' argument")
@@ -170,7 +170,7 @@ def mnist5k_path() -> Path:
     return path
 
 
-# ----- .npz ---------------------------------------------------------------------------------------
+# ----- .npz --------------------------------------------------------------------------------------
 def _load_npz_request(request: LoadRequest) -> ArrayDataset:
     return load_npz(request.arg)
 
@@ -214,7 +214,7 @@ def save_npz(dataset: ArrayDataset, path: str | Path) -> Path:
     return path
 
 
-# ----- torchvision files and image folders --------------------------------------------------
+# ----- torchvision files and image folders -------------------------------------------------------
 def _load_torchvision(key: str, request: LoadRequest) -> ArrayDataset:
     return _sources.load_torchvision(key, request.arg or "train", request.root)
 

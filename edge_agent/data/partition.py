@@ -119,31 +119,32 @@ def _check_int(name: str, value: object, low: int) -> None:
         raise ConfigError(f"partition {name} must be an int >= {low}, got {value!r}")
 
 
-# ----- schemes ----------------------------------------------------------------------------------
+# ----- schemes -----------------------------------------------------------------------------------
 def _iid(y: IndexArray, k: int, rng: np.random.Generator, _: _Params) -> list[IndexArray]:
     return list(np.array_split(rng.permutation(len(y)), k))
 
 
 def _dirichlet(y: IndexArray, k: int, rng: np.random.Generator, p: _Params) -> list[IndexArray]:
-    smallest = 0
+    by_class = [np.flatnonzero(y == cls) for cls in np.unique(y)]
+    best = 0
     for _ in range(MAX_DIRICHLET_DRAWS):
-        parts = _dirichlet_draw(y, k, rng, p.alpha)
+        parts = _dirichlet_draw(by_class, len(y), k, rng, p.alpha)
         smallest = min(len(part) for part in parts)
         if smallest >= p.min_size:
             return parts
+        best = max(best, smallest)
     raise ConfigError(
         f"no Dirichlet(alpha={p.alpha}) partition of {len(y)} samples over {k} clients gave "
-        f"every client >= {p.min_size} samples in {MAX_DIRICHLET_DRAWS} draws (best smallest "
-        f"client of the last draw: {smallest}); raise alpha, lower min_size or use fewer clients")
+        f"every client >= {p.min_size} samples in {MAX_DIRICHLET_DRAWS} draws (the best draw's "
+        f"smallest client had {best}); raise alpha, lower min_size or use fewer clients")
 
 
-def _dirichlet_draw(y: IndexArray, k: int, rng: np.random.Generator, alpha: float
-                    ) -> list[IndexArray]:
-    n = len(y)
+def _dirichlet_draw(by_class: list[IndexArray], n: int, k: int, rng: np.random.Generator,
+                    alpha: float) -> list[IndexArray]:
     pieces: list[list[IndexArray]] = [[] for _ in range(k)]
     sizes = np.zeros(k, dtype=np.int64)
-    for cls in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == cls))
+    for members in by_class:
+        idx = rng.permutation(members)
         # CCVR / NIID-Bench: a client that already holds its fair share N/K gets no more
         open_ = sizes < n / k
         share = rng.dirichlet(np.full(k, alpha)) * open_

@@ -150,21 +150,21 @@ def stratified_take(labels: IndexArray, pool: IndexArray, n: int, rng: np.random
     """
     pool_labels = labels[pool]
     classes, counts = np.unique(pool_labels, return_counts=True)
-    take = _allocate(counts, n, counts - 1 if keep_one else counts)
+    take = _allocate(counts, n, counts - 1 if keep_one else counts, rng)
     chosen = [rng.permutation(pool[pool_labels == cls])[:t]
               for cls, t in zip(classes, take, strict=True)]
     taken = np.sort(np.concatenate([np.empty(0, np.int64), *chosen])).astype(np.int64)
     return taken, np.setdiff1d(pool, taken).astype(np.int64)
 
 
-def _allocate(counts: npt.NDArray[np.int64], n: int, caps: npt.NDArray[np.int64]
-              ) -> npt.NDArray[np.int64]:
+def _allocate(counts: npt.NDArray[np.int64], n: int, caps: npt.NDArray[np.int64],
+              rng: np.random.Generator) -> npt.NDArray[np.int64]:
     """Per-class draws summing to ``n`` (or to ``caps.sum()``), proportional to ``counts``."""
     total = int(counts.sum())
     quota = n * counts / total if total else np.zeros(len(counts))
     take = np.minimum(np.floor(quota).astype(np.int64), caps)
-    # leftover draws go to the largest fractional parts first; ties by class order
-    order = np.argsort(-(quota - np.floor(quota)), kind="stable")
+    # leftover draws go to the largest fractional parts first, ties in a seeded random order
+    order = np.lexsort((rng.permutation(len(counts)), -(quota - np.floor(quota))))
     while (short := n - int(take.sum())) > 0:
         room = [c for c in order if take[c] < caps[c]]
         if not room:

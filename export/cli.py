@@ -1,0 +1,131 @@
+"""``edge-export CHECKPOINT -o DIR``: re-export an agent checkpoint as an ONNX bundle.
+
+Only argparse is imported at module level; torch, onnx and onnxruntime load inside
+:func:`main` after the arguments parse, so ``--help`` and usage errors are instant.
+
+Exit codes: 0 success; 2 bad input (missing/corrupt checkpoint, architecture mismatch,
+unsupported op, bad data file) with one ``edge-export: error: ...`` line on stderr; 3 the
+export was written but does not match PyTorch within tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from export._defaults import DEFAULT_DYNAMO, DEFAULT_OPSET
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from export.bundle import Manifest
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK, EXIT_ERROR, EXIT_MISMATCH = 0, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``edge-export`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="edge-export",
+        description="Export an edgefl agent checkpoint to ONNX (model + inference head), verify "
+        "it against PyTorch and write a deployment bundle with manifest.json.",
+    )
+    p.add_argument("checkpoint", type=Path, help="agent checkpoint file (.pt)")
+    p.add_argument("-o", "--out-dir", type=Path, required=True, help="bundle directory")
+    p.add_argument("--fp16", action="store_true", help="also write model.fp16.onnx")
+    p.add_argument("--int8", action="append", choices=("static", "dynamic"), default=[],
+                   help="also write an int8 variant (static needs --data for calibration)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="compare every file with PyTorch (default: on)")
+    p.add_argument("--providers", default="CPUExecutionProvider",
+                   help="comma-separated ORT execution providers (default: %(default)s)")
+    p.add_argument("--data", type=Path, default=None,
+                   help=".npz with x [N,C,H,W] in [0,1] (or uint8 0..255) and optional y; "
+                   "without it verification uses random inputs")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help="ONNX opset (default: %(default)s)")
+    p.add_argument("--exporter", choices=("dynamo", "legacy"),
+                   default="dynamo" if DEFAULT_DYNAMO else "legacy",
+                   help="torch exporter (default: %(default)s)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``edge-export``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from protocol.errors import EdgeFLError
+
+    try:
+        manifest = _run(args)
+    except EdgeFLError as exc:
+        from export.verify import VerificationError
+
+        print(f"edge-export: error: {exc}", file=sys.stderr)
+        return EXIT_MISMATCH if isinstance(exc, VerificationError) else EXIT_ERROR
+    except OSError as exc:  # unwritable output directory, unreadable data file
+        print(f"edge-export: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    _print_summary(manifest)
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> Manifest:
+    from export.bundle import export_bundle
+
+    x, y = _load_data(args.data) if args.data is not None else (None, None)
+    variants = ["fp32", *(["fp16"] if args.fp16 else []), *(f"int8-{m}" for m in args.int8)]
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    return export_bundle(
+        args.checkpoint, args.out_dir, variants=variants, verify=args.verify,
+        providers=providers, samples=x, labels=y, opset=args.opset,
+        dynamo=args.exporter == "dynamo",
+    )
+
+
+def _load_data(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """``x`` (uint8 pixels are scaled to [0, 1]; ``[N, H, W]`` gets a channel axis), ``y``."""
+    import numpy as np
+
+    from protocol.errors import ExportError
+
+    if not path.is_file():
+        raise ExportError(f"--data: file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays: dict[str, Any] = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"--data: {path} is not a readable .npz: {exc}") from exc
+    if "x" not in arrays:
+        raise ExportError(f"--data: {path} has no array 'x' (found {sorted(arrays)})")
+    x = arrays["x"]
+    if x.dtype == np.uint8:
+        x = x.astype(np.float32) / 255.0
+    if x.ndim == 3:
+        x = x[:, None]
+    y = arrays.get("y")
+    return x, None if y is None else np.asarray(y)
+
+
+def _print_summary(manifest: Manifest) -> None:
+    print(f"bundle: {manifest.path.parent}  (verification inputs: "
+          f"{manifest.verification_inputs}, {manifest.num_samples} samples)")
+    for rec in manifest.files:
+        parts = [f"{rec.file:<26}", f"{rec.size_bytes / 1e6:7.2f} MB"]
+        if rec.verification is not None:
+            v = rec.verification
+            parts.append(f"{'ok' if v.passed else 'DIFFERS'} max|d| {v.max_abs_diff:.2g} "
+                         f"agree {v.agreement:.1%}")
+        if rec.accuracy is not None:
+            drop = "" if rec.accuracy_drop is None else f" ({-rec.accuracy_drop:+.1f} pt)"
+            parts.append(f"acc {rec.accuracy:.1%}{drop}")
+        parts.append(f"b1 {rec.latency_ms_b1:.3f} ms on {','.join(rec.providers_used)}")
+        print("  ".join(parts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

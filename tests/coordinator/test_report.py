@@ -1,0 +1,126 @@
+"""`coordinator report`: the markdown tables and the PNG, from synthetic metrics files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.report import load_metrics, plot_report, render_report
+from protocol.errors import ConfigError
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _agent(local: float | None, glob: float | None, arch: str = "cnn_s") -> dict[str, Any]:
+    return {"acc_local": local, "acc_global": glob, "loss": 0.5, "num_samples": 100, "arch": arch}
+
+
+def _step(round_: int, phase: str, agents: dict[str, Any], nbytes: dict[str, int],
+          **extra: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "round": round_, "phase": phase, "time": 1.0e9 + round_, "duration_s": 0.5,
+        "participants": sorted(agents), "quorum_met": True, "agents": agents,
+        "bytes": nbytes, "bytes_total": sum(nbytes.values()),
+    }
+    record.update(extra)
+    return record
+
+
+def _write_run(run_dir: Path, records: list[dict[str, Any]], tail: str = "",
+               config: dict[str, Any] | None = None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records) + tail
+    (run_dir / "metrics.jsonl").write_text(text)
+    if config is not None:
+        (run_dir / "run.json").write_text(json.dumps(config))
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    records = [
+        _step(1, "train", {"a": _agent(0.4, None, "mlp"), "b": _agent(0.6, None)},
+              {"tx.task": 1000, "rx.reply": 2000},
+              mean_acc_local=0.5, std_acc_local=0.1, mean_acc_global=None, std_acc_global=None),
+        # no mean/std fields: computed from the agents
+        _step(2, "train", {"a": _agent(0.6, 0.3, "mlp"), "b": _agent(0.8, 0.5)},
+              {"tx.task": 1000, "rx.reply": 2500}),
+        _step(3, "finetune", {"a": _agent(None, 0.7, "mlp")}, {"tx.task": 500},
+              mean_acc_local=None, mean_acc_global=0.7, std_acc_global=0.0),
+    ]
+    config = {"run": {"run_id": "demo-7", "algorithm": "fedvtc", "rounds": 2}}
+    return _write_run(tmp_path / "run", records, tail='{"round": 4, "phase": "tr', config=config)
+
+
+def test_step_table(run_dir: Path) -> None:
+    report = render_report(run_dir)
+    assert report.startswith("# Run report: demo-7\n")
+    assert "`run.algorithm=fedvtc`" in report
+    assert "| 1 | 1 | train | 2 | 0.500 ± 0.100 | - | 3.00 kB | 3.00 kB |" in report
+    assert "| 2 | 2 | train | 2 | 0.700 ± 0.100 | 0.400 ± 0.100 | 3.50 kB | 6.50 kB |" in report
+    assert "| 3 | 3 | finetune | 1 | - | 0.700 ± 0.000 | 500 B | 7.00 kB |" in report
+
+
+def test_agent_table_first_vs_last(run_dir: Path) -> None:
+    report = render_report(run_dir)
+    assert "| a | mlp | 3 | 0.400 | 0.600 | 0.300 | 0.700 | +0.400 |" in report
+    assert "| b | cnn_s | 2 | 0.600 | 0.800 | 0.500 | 0.500 | +0.000 |" in report
+
+
+def test_traffic_by_kind_and_skipped_line(run_dir: Path) -> None:
+    report = render_report(run_dir)
+    assert "3 steps, 7.00 kB in total." in report
+    assert "| rx.reply | 4.50 kB |" in report and "| tx.task | 2.50 kB |" in report
+    assert "- line 4: truncated last line" in report
+
+
+def test_invalid_middle_lines_and_null_fields(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "r", [{"round": None, "agents": None, "bytes": None}])
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write("[1, 2]\n{broken\n\n")
+        fh.write(json.dumps({"phase": "eval", "bytes_total": 10, "participants": ["x"]}) + "\n")
+    log = load_metrics(run)
+    assert len(log.steps) == 2 and [n for n, _ in log.skipped] == [2, 3]
+    report = render_report(run)
+    assert "| 1 | - | - | 0 | - | - | 0 B | 0 B |" in report
+    assert "| 2 | - | eval | 1 | - | - | 10 B | 10 B |" in report
+    assert "- line 2: a JSON list, not an object" in report
+    assert "- line 3: invalid JSON" in report
+    assert "| - | - | 0 | - | - | - | - | - |" in report  # no agent ever reported
+
+
+def test_broken_run_json_is_reported_not_fatal(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "r", [_step(1, "train", {"a": _agent(0.5, 0.5)}, {})])
+    (run / "run.json").write_text("{nope")
+    report = render_report(run)
+    assert "Configuration: run.json unreadable" in report
+    assert report.startswith("# Run report: r\n")
+
+
+def test_empty_and_missing_runs(tmp_path: Path) -> None:
+    empty = _write_run(tmp_path / "empty", [])
+    assert "No completed step in metrics.jsonl." in render_report(empty)
+    with pytest.raises(ConfigError, match="no completed step to plot"):
+        plot_report(empty, tmp_path / "x.png")
+    with pytest.raises(ConfigError, match=r"no metrics.jsonl in .*absent"):
+        render_report(tmp_path / "absent")
+
+
+def test_plot_writes_a_valid_png(run_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = plot_report(run_dir, tmp_path / "plots" / "report.png")
+    data = out.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (800, 650)
+
+
+def test_plot_without_matplotlib_names_the_extra(run_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ConfigError, match=r"pip install 'edgefl\[report\]'"):
+        plot_report(run_dir, tmp_path / "x.png")
