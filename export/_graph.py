@@ -32,6 +32,7 @@ __all__ = [
     "save_atomic",
     "set_metadata",
     "split",
+    "strip_debug_info",
     "toposort",
 ]
 
@@ -142,6 +143,15 @@ def prune_opsets(model: ModelProto) -> None:
     del model.opset_import[:]
     for domain, version in versions.items():
         model.opset_import.add(domain=domain, version=version)
+
+
+def strip_debug_info(model: ModelProto) -> None:
+    """Drop per-node debug metadata (dynamo records Python stack traces with the build
+    machine's file paths and the fx graph: bytes and paths that do not belong in a deployment)."""
+    for fn_nodes in (model.graph.node, *(f.node for f in model.functions)):
+        for node in fn_nodes:
+            del node.metadata_props[:]
+            node.doc_string = ""
 
 
 def set_metadata(model: ModelProto, metadata: Mapping[str, str]) -> None:

@@ -120,6 +120,7 @@ def export_bundle(
     providers: Sequence[str] | None = None,
     samples: np.ndarray | None = None,
     labels: np.ndarray | None = None,
+    calibration: np.ndarray | None = None,
     opset: int = DEFAULT_OPSET,
     dynamo: bool = DEFAULT_DYNAMO,
 ) -> Manifest:
@@ -135,6 +136,8 @@ def export_bundle(
         samples: ``[N, C, H, W]`` images in [0, 1] from the agent's data; without them
             verification uses uniform random inputs and the manifest says so.
         labels: ``[N]`` class indices of ``samples`` for accuracy figures.
+        calibration: Images for ``int8-static`` calibration (default: ``samples``); pass
+            training images here when ``samples`` is a held-out test set.
         opset: ONNX opset.
         dynamo: torch exporter (True: dynamo, False: legacy).
 
@@ -152,7 +155,9 @@ def export_bundle(
     spec = ckpt.model_spec
     shape = (spec.in_chans, *spec.input_size)
     x, y, kind = _inputs(samples, labels, shape, spec.num_classes)
-    if "int8-static" in chosen and kind != "real":
+    calib = check_images(calibration, shape, "calibration") if calibration is not None else (
+        x if kind == "real" else None)
+    if "int8-static" in chosen and calib is None:
         raise ExportError("int8-static needs calibration samples from the agent's data "
                           "(--data file.npz); without data use int8-dynamic")
     sha = file_sha256(source)
@@ -164,7 +169,7 @@ def export_bundle(
     records: list[VariantRecord] = []
     for variant in chosen:
         path = result.path if variant == "fp32" else make_variant(
-            variant, result.path, out / VARIANT_FILES[variant], calibration=x if kind == "real" else None)
+            variant, result.path, out / VARIANT_FILES[variant], calibration=calib)
         fp32_acc = records[0].accuracy if records else None
         records.append(_record(variant, path, reference, x, y, kind, verify, providers, fp32_acc))
     manifest = Manifest(

@@ -29,13 +29,13 @@ from export._graph import (
     INPUT,
     OUTPUTS,
     check_model,
-    join,
     name_batch_dim,
     prune_opsets,
     save_atomic,
     set_metadata,
+    strip_debug_info,
 )
-from export.heads import with_head
+from export.heads import InferenceModel, with_head
 from models import Classifier
 from models.checkpoint import HeadSpec, file_sha256, toolkit_version
 from protocol.errors import ExportError
@@ -113,24 +113,25 @@ def export_model(
     shape = _image_shape(input_shape)
     start = time.perf_counter()
     was_training = model.training
-    reference = with_head(model, head)
     exporter = "dynamo" if dynamo else "legacy"
     try:
+        wrapper = _WithFeatures(with_head(model, head)).eval()
         # A private generator: exporting must not advance the caller's global RNG stream.
         gen = torch.Generator().manual_seed(0)
         # Batch 2: torch.export specialises dimensions of size 1, which would pin the batch.
         example = torch.rand(2, *shape, generator=gen)
-        with torch.no_grad():
-            features = reference.trunk(example)
         with tempfile.TemporaryDirectory(prefix="edgefl-export-") as tmp:
-            trunk = _torch_export(reference.trunk, example, Path(tmp, "trunk.onnx"), INPUT,
-                                  (FEATURES,), opset, dynamo)
-            head_graph = _torch_export(reference.head, features, Path(tmp, "head.onnx"),
-                                       FEATURES, OUTPUTS, opset, dynamo)
+            merged = _torch_export(wrapper, example, Path(tmp, "model.onnx"), opset, dynamo)
     finally:
         model.train(was_training)
-    merged = join(trunk, head_graph)
+    # `features` was exported as a third output only to name the trunk/head boundary (variants
+    # split there); the deliverable has two outputs, and `features` stays an internal tensor.
     name_batch_dim(merged)
+    strip_debug_info(merged)
+    outputs = list(merged.graph.output)
+    del merged.graph.output[:]
+    merged.graph.output.extend(o for o in outputs if o.name != FEATURES)
+    merged.graph.value_info.extend(o for o in outputs if o.name == FEATURES)
     prune_opsets(merged)
     num_classes = int(merged.graph.output[0].type.tensor_type.shape.dim[1].dim_value)
     props = {
@@ -171,10 +172,26 @@ def _image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
     return dims[0], dims[1], dims[2]
 
 
-def _torch_export(module: nn.Module, example: Tensor, path: Path, input_name: str,
-                  output_names: Sequence[str], opset: int, dynamo: bool) -> onnx.ModelProto:
+class _WithFeatures(nn.Module):
+    """The inference model returning ``(scores, label, features)``: one torch export (dynamo
+    costs seconds per call) that still names the trunk/head boundary."""
+
+    def __init__(self, inner: InferenceModel) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Images -> scores, label, features."""
+        features = self.inner.trunk(x)
+        scores, label = self.inner.head(features)
+        return scores, label, features
+
+
+def _torch_export(module: nn.Module, example: Tensor, path: Path, opset: int, dynamo: bool
+                  ) -> onnx.ModelProto:
     """Run one torch exporter on ``module`` and load the result; foreign errors -> ExportError."""
-    what = f"{type(module).__name__} with torch.onnx ({'dynamo' if dynamo else 'legacy'} exporter)"
+    input_name, output_names = INPUT, (*OUTPUTS, FEATURES)
+    what = f"{_model_name(module)} with torch.onnx ({'dynamo' if dynamo else 'legacy'} exporter)"
     try:
         with warnings.catch_warnings():
             # The legacy exporter's deprecation notice is noise when legacy was asked for;
@@ -210,6 +227,12 @@ def _torch_export(module: nn.Module, example: Tensor, path: Path, input_name: st
             "exporter cannot convert below 18 reliably: use opset 18 or the legacy exporter)"
         )
     return model
+
+
+def _model_name(module: nn.Module) -> str:
+    inner = getattr(getattr(getattr(module, "inner", None), "trunk", None), "model", None)
+    name = getattr(inner, "model_name", None)
+    return str(name) if name else type(inner or module).__name__
 
 
 def _first_line(exc: BaseException) -> str:

@@ -73,12 +73,13 @@ class PrototypeHead(nn.Module):
         self.register_buffer("protos_t", p.t().contiguous())
         self.register_buffer("proto_sq", (p * p).sum(dim=1))
         self.register_buffer("valid", valid.detach().to(torch.bool))
+        self.masked = not bool(self.valid.all())
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """``[B, D]`` -> (``-|f - p_c|^2`` ``[B, C]``, nearest valid class ``[B]``)."""
         f_sq = (features * features).sum(dim=1, keepdim=True)
         dist = f_sq - 2.0 * (features @ self.protos_t) + self.proto_sq
-        scores = torch.where(self.valid, -dist, torch.full_like(dist, MASKED_SCORE))
+        scores = _mask(-dist, self.valid) if self.masked else -dist
         return scores, scores.argmax(dim=1)
 
 
@@ -94,14 +95,20 @@ class CosineHead(nn.Module):
         v = v / v.norm(dim=1, keepdim=True).clamp_min(eps)
         self.register_buffer("vectors_t", v.t().contiguous())
         self.register_buffer("valid", valid.detach().to(torch.bool))
+        self.masked = not bool(self.valid.all())
         self.eps = eps
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """``[B, D]`` -> (cosine similarities ``[B, C]``, argmax ``[B]``)."""
         norm = features.norm(dim=1, keepdim=True).clamp_min(self.eps)
         scores = (features / norm) @ self.vectors_t
-        scores = torch.where(self.valid, scores, torch.full_like(scores, MASKED_SCORE))
+        scores = _mask(scores, self.valid) if self.masked else scores
         return scores, scores.argmax(dim=1)
+
+
+def _mask(scores: Tensor, valid: Tensor) -> Tensor:
+    """Invalid classes get ``MASKED_SCORE`` (heads skip this when every class is valid)."""
+    return torch.where(valid, scores, MASKED_SCORE)
 
 
 class InferenceModel(nn.Module):

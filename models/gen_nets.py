@@ -13,8 +13,8 @@ Both follow the generator-module convention of :mod:`models.generators`: attribu
 be absent for a Gaussian latent prior) and ``synthesis(w)``. Both are TorchScript-compatible.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: TorchScript needs the class-level ``grid: Tensor``
+# annotation as a real type, not a string.
 import math
 
 import torch

@@ -29,6 +29,7 @@ import importlib
 import importlib.util
 import json
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,7 +199,11 @@ def load_torchscript(path: str | Path) -> Generator:
     """Load a TorchScript generator file (see the module docstring for the convention)."""
     p = _existing(path, "torchscript generator")
     try:
-        module = torch.jit.load(str(p), map_location="cpu")  # type: ignore[no-untyped-call]
+        # torch >= 2.9 flags TorchScript as deprecated; it is still the format StyleGAN
+        # conversions produce (fedktl.md §9.1), so the warning is not the user's concern.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            module = torch.jit.load(str(p), map_location="cpu")  # type: ignore[no-untyped-call]
     except (RuntimeError, ValueError) as exc:
         raise GeneratorError(f"{p}: not a loadable TorchScript file: {exc}") from exc
     return _from_module(module, {str(p): sha256_file(p)}, str(p))
@@ -312,6 +317,14 @@ class _Method(nn.Module):
         return getattr(self.inner, self.method)(x)  # type: ignore[no-any-return]
 
 
+def _export_legacy(module: nn.Module, args: tuple[Tensor, ...], path: str, **kwargs: Any) -> None:
+    # The TorchScript-based exporter needs only ``onnx`` (no onnxscript) and handles these
+    # small static graphs; torch >= 2.9 marks it deprecated, which is not the caller's concern.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(module, args, path, dynamo=False, **kwargs)
+
+
 def save_onnx_generator(module: nn.Module, directory: str | Path, opset: int = 17) -> Path:
     """Export a generator module of the convention to ``directory`` for :func:`load_onnx`.
 
@@ -327,7 +340,7 @@ def save_onnx_generator(module: nn.Module, directory: str | Path, opset: int = 1
     if callable(getattr(module, "mapping", None)):
         parts["mapping"] = dims["z_dim"]
     for method, width in parts.items():
-        torch.onnx.export(
+        _export_legacy(
             _Method(module, method),
             (torch.zeros(2, width),),
             str(out / f"{method}.onnx"),
@@ -335,7 +348,6 @@ def save_onnx_generator(module: nn.Module, directory: str | Path, opset: int = 1
             output_names=["output"],
             dynamic_axes={"input": {0: "n"}, "output": {0: "n"}},
             opset_version=opset,
-            dynamo=False,
         )
         spec[method] = f"{method}.onnx"
     manifest = out / "generator.json"

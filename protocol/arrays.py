@@ -65,7 +65,8 @@ def _encode_lossy(a: npt.NDArray[np.float32], encoding: Encoding, field: str) ->
     if not np.isfinite(a).all():
         raise ValidationError(field, f"finite values for {encoding} encoding", "NaN/inf entries")
     if encoding == "f16":
-        h = a.astype("<f2")
+        with np.errstate(over="ignore"):  # overflow is reported below, with the field name
+            h = a.astype("<f2")
         if not np.isfinite(h).all():  # |x| > 65504 overflows to inf, which receivers reject
             amax = float(np.abs(a).max())
             raise ValidationError(field, "|values| <= 65504 for f16 encoding", amax)

@@ -84,7 +84,7 @@ class TrafficCounter:
     def snapshot(self) -> dict[str, int]:
         """``{"tx.reply": bytes, "rx.task": bytes, ...}``."""
         with self._lock:
-            return {f"{d}.{k}": n for (d, k), n in sorted(self.bytes.items())}
+            return {f"{d}.{k}": n for (d, k), n in sorted(self.bytes.items()) if n}
 
     def total(self, direction: str | None = None) -> int:
         """Total bytes, optionally for one direction (``tx`` or ``rx``)."""
@@ -106,6 +106,9 @@ class Endpoint:
         signer: Signs every outgoing frame (chunks included) when given.
         verifier: Verifies signed incoming frames; a signed frame without one is rejected.
         require_signatures: Reject unsigned frames.
+        unsigned_kinds: Kinds still accepted unsigned when signatures are required, such as
+            ``{"status"}`` for the last will, which the broker publishes long after it was made
+            (a signed will would be stale; treat status as a hint, not as evidence).
         clock: Monotonic clock for chunk timeouts (tests inject a fake one).
     """
 
@@ -122,6 +125,7 @@ class Endpoint:
         signer: Signer | None = None,
         verifier: Verifier | None = None,
         require_signatures: bool = False,
+        unsigned_kinds: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if signer is not None and signer.key_id != sender:
@@ -139,6 +143,7 @@ class Endpoint:
         self.signer = signer
         self.verifier = verifier
         self.require_signatures = require_signatures
+        self.unsigned_kinds = unsigned_kinds
         self.traffic = TrafficCounter()
         self.rejected: Counter[str] = Counter()
         self.log = logger or logging.getLogger(f"edgefl.endpoint.{sender}")
@@ -289,7 +294,7 @@ class Endpoint:
                         f"signed frame (key {obj.get('kid')!r}) but this endpoint has no verifier"
                     )
                 return self.verifier.open(obj, self.limits)
-            if self.require_signatures:
+            if self.require_signatures and obj.get("k") not in self.unsigned_kinds:
                 raise SignatureError(
                     f"unsigned {obj.get('k')!r} frame from {obj.get('s')!r}: "
                     "signatures are required"

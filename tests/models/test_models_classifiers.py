@@ -14,21 +14,11 @@ from torch import nn
 from models import Classifier, create_model, list_models, model_info
 
 # Cheap enough to run at every size; everything else runs at 32 px only.
-LIGHT = {
-    "mlp_s",
-    "mlp_m",
-    "cnn_t1",
-    "cnn_t2",
-    "cnn_t3",
-    "cnn2",
-    "cnn4",
-    "resnet4",
-    "resnet6",
-    "resnet8",
-    "resnet10",
-    "mobilenet_v3_small",
-    "shufflenet_v2",
-}
+LIGHT = (
+    set(list_models(family="mlp"))
+    | set(list_models(family="cnn"))
+    | {"resnet4", "resnet6", "resnet8", "resnet10", "mobilenet_v3_small", "shufflenet_v2"}
+)
 SIZES = (8, 28, 32, 64)
 ALL = list_models()
 
@@ -167,3 +157,17 @@ def test_small_stem_switch() -> None:
 def test_feature_act_relu_makes_features_non_negative() -> None:
     model = create_model("mlp_m", num_classes=4, in_chans=1, feature_dim=8, feature_act="relu")
     assert (model.forward_features(torch.rand(2, 1, 8, 8)) >= 0).all()
+
+
+def test_fedtype_toy_proxy_has_2410_parameters() -> None:
+    """fedtype.md §10: the MLP 64→32→10 proxy has 2,410 parameters."""
+    proxy = create_model("mlp_xs", num_classes=10, in_chans=1, input_size=8)
+    assert sum(p.numel() for p in proxy.parameters()) == 2410
+
+
+@pytest.mark.parametrize(("name", "millions"), [("resnet18", 11.17), ("mobilenet_v1", 3.21)])
+def test_fedtype_proxy_sizes_match_paper(name: str, millions: float) -> None:
+    """fedtype.md §5: CIFAR ResNet-18 11.17 M and MobileNet-V1 3.21 M parameters (C = 10)."""
+    model = create_model(name, num_classes=10, input_size=32)
+    count = sum(p.numel() for p in model.parameters()) / 1e6
+    assert count == pytest.approx(millions, rel=0.01)

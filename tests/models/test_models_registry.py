@@ -19,7 +19,8 @@ def test_list_models_sorted_and_filtered() -> None:
     assert names == sorted(names)
     assert {"mlp_s", "mlp_m", "cnn2", "cnn4", "cnn_t1", "cnn_t2", "cnn_t3"} <= set(names)
     assert resnets and all(n.startswith("resnet") for n in resnets)
-    assert models.list_models(family="mlp") == ["mlp_m", "mlp_s"]
+    assert {"mlp_m", "mlp_s"} <= set(models.list_models(family="mlp"))
+    assert all(model_info(n).family == "mlp" for n in models.list_models(family="mlp"))
 
 
 def test_is_model_and_info() -> None:

@@ -1,0 +1,264 @@
+"""Brokers to run next to a coordinator: embedded amqtt (pure Python) or a local Mosquitto.
+
+:class:`EmbeddedBroker` runs amqtt (MQTT 3.1.1) in-process on its own asyncio loop in a
+background thread: zero set-up, good for demos and small federations (~2k QoS 1 msg/s).
+:class:`MosquittoBroker` starts the ``mosquitto`` executable on a loopback port from a
+generated config file: the fast, real broker used by the integration tests and benchmarks.
+Both are context managers exposing ``host`` and ``port``; ``port=0`` picks a free port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from protocol.errors import ConfigError, EdgeFLError
+
+__all__ = ["EmbeddedBroker", "MosquittoBroker", "free_port", "mosquitto_executable"]
+
+_QUIET_LOGGERS = ("amqtt", "transitions")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_listening(
+    host: str, port: int, deadline: float, alive: Callable[[], bool] | None = None
+) -> bool:
+    """Poll until ``host:port`` accepts connections, the deadline passes or ``alive()`` is false."""
+    probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            return False
+        try:
+            with socket.create_connection((probe_host, port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.01)
+    return False
+
+
+class EmbeddedBroker:
+    """amqtt running in a background thread with its own event loop.
+
+    Args:
+        host: Interface to listen on (``0.0.0.0`` for every interface).
+        port: TCP port; ``0`` picks a free one (read it back from :attr:`port`).
+        start_timeout: Seconds to wait for the listener.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, start_timeout: float = 10.0,
+                 logger: logging.Logger | None = None) -> None:
+        self.host = host
+        self.port = port
+        self._requested_port = port
+        self.start_timeout = start_timeout
+        self.log = logger or logging.getLogger("edgefl.broker")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._broker: Any = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker is serving."""
+        return self._broker is not None
+
+    def start(self) -> EmbeddedBroker:
+        """Start listening; returns ``self``.
+
+        Raises:
+            EdgeFLError: amqtt is not installed, or the port could not be bound.
+        """
+        if self._broker is not None:
+            return self
+        broker_cls = _import_amqtt()
+        for level_name in _QUIET_LOGGERS:  # amqtt logs every connection at INFO
+            logging.getLogger(level_name).setLevel(logging.WARNING)
+        attempts = 3 if self._requested_port == 0 else 1
+        for attempt in range(attempts):
+            port = self._requested_port or free_port(self.host)
+            try:
+                self._start_on(broker_cls, port)
+                break
+            except EdgeFLError:
+                if attempt == attempts - 1:
+                    raise  # a free port taken between probe and bind: try another one
+        self.log.info("embedded MQTT broker (amqtt) listening on %s:%d", self.host, self.port)
+        return self
+
+    def _start_on(self, broker_cls: Any, port: int) -> None:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="edgefl-embedded-broker",
+                                  daemon=True)
+        thread.start()
+        config = {
+            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{port}"}},
+            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin":
+                        {"allow_anonymous": True}},
+        }
+
+        async def boot() -> Any:
+            broker = broker_cls(config)  # binds to the running loop: build it on that loop
+            await broker.start()
+            return broker
+
+        try:
+            self._broker = asyncio.run_coroutine_threadsafe(boot(), loop).result(self.start_timeout)
+        except Exception as exc:  # amqtt wraps bind errors in its own BrokerError
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            loop.close()
+            raise EdgeFLError(
+                f"embedded MQTT broker could not listen on {self.host}:{port}: {exc}"
+            ) from exc
+        self._loop, self._thread, self.port = loop, thread, port
+
+    def stop(self) -> None:
+        """Shut the broker down and end its thread. Idempotent."""
+        broker, loop, thread = self._broker, self._loop, self._thread
+        if broker is None or loop is None or thread is None:
+            return
+        self._broker = None
+        try:
+            asyncio.run_coroutine_threadsafe(broker.shutdown(), loop).result(10)
+        except Exception as exc:  # a broken shutdown must not hide the caller's own error
+            self.log.warning("embedded broker shutdown: %s", exc)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        if not thread.is_alive():
+            loop.close()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _import_amqtt() -> Any:
+    try:
+        from amqtt.broker import Broker
+    except ImportError as exc:
+        raise EdgeFLError(
+            "the embedded MQTT broker needs amqtt: pip install edgefl[broker] "
+            "(or point --broker at a running broker such as mosquitto)"
+        ) from exc
+    return Broker
+
+
+def mosquitto_executable() -> str | None:
+    """Path of the ``mosquitto`` executable, if installed (Debian puts it in /usr/sbin)."""
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    debian = Path("/usr/sbin/mosquitto")
+    return str(debian) if debian.exists() else None
+
+
+class MosquittoBroker:
+    """A ``mosquitto`` process on a loopback port, for tests, benchmarks and demos.
+
+    The config keeps no state (``persistence false``), logs to a file in its private
+    temporary directory (readable through :meth:`log_text`), sets TCP_NODELAY and lifts the
+    queue limit so persistent sessions keep every QoS 1 message while a client is away.
+    :meth:`stop` then :meth:`start` restarts it on the same port.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
+                 max_packet_size: int | None = None, extra_config: str = "",
+                 start_timeout: float = 10.0, executable: str | None = None) -> None:
+        exe = executable or mosquitto_executable()
+        if exe is None:
+            raise ConfigError("mosquitto is not installed (Debian: apt-get install mosquitto)")
+        self.executable = exe
+        self.host = host
+        self.port = port or free_port(host)
+        self.max_packet_size = max_packet_size
+        self.extra_config = extra_config
+        self.start_timeout = start_timeout
+        self._dir = Path(tempfile.mkdtemp(prefix="edgefl-mosquitto-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def config_text(self) -> str:
+        """The mosquitto.conf this broker runs with."""
+        lines = [
+            f"listener {self.port} {self.host}",
+            "allow_anonymous true",
+            "persistence false",
+            "set_tcp_nodelay true",
+            "max_queued_messages 100000",
+            "log_dest stderr",  # as root mosquitto drops to its own user: no root-owned log file
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
+        ]
+        if self.max_packet_size is not None:
+            lines.append(f"max_packet_size {self.max_packet_size}")
+        return "\n".join(lines) + "\n" + self.extra_config
+
+    def start(self) -> MosquittoBroker:
+        """Start the process and wait until it accepts connections; returns ``self``."""
+        if self.running:
+            return self
+        conf = self._dir / "mosquitto.conf"
+        conf.write_text(self.config_text())
+        with (self._dir / "mosquitto.log").open("ab") as log:
+            self._proc = subprocess.Popen([self.executable, "-c", str(conf)],
+                                          stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + self.start_timeout
+        if not _wait_listening(self.host, self.port, deadline, alive=lambda: self.running):
+            self.stop()
+            raise EdgeFLError(
+                f"mosquitto did not start on {self.host}:{self.port}; its log:\n{self.log_text()}"
+            )
+        return self
+
+    def stop(self) -> None:
+        """Terminate the process (SIGTERM, then SIGKILL after 5 s). Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    def log_text(self) -> str:
+        """What mosquitto wrote to its log so far."""
+        path = self._dir / "mosquitto.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def cleanup(self) -> None:
+        """Stop and delete the temporary directory."""
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> MosquittoBroker:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cleanup()

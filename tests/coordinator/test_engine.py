@@ -1,0 +1,114 @@
+"""The round engine over the in-memory transport: quorum, rejection of bad input, resume."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from coordinator.engine import QuorumError
+from coordinator.runner import coordinator_will, make_coordinator
+from coordinator.strategies.baselines import FedProtoStrategy
+from protocol.codec import Envelope, encode
+from protocol.messages import Progress, Task
+from protocol.topics import Topics
+from protocol.transport import MemoryBroker, MemoryTransport
+from tests.helpers_runtime import InProcessAgent, run_config
+
+
+def start_agents(cfg, broker, n=3):
+    return [InProcessAgent(cfg, broker, i).start() for i in range(n)]
+
+
+def test_garbage_and_wrong_messages_are_rejected_while_the_run_goes_on(tmp_path: Path) -> None:
+    # Prepare
+    cfg = run_config(tmp_path, rounds=2)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    topics = Topics(cfg.federation)
+    rogue = MemoryTransport(broker, "rogue")
+    rogue.connect()
+    # Execute: garbage bytes, a truncated frame, a wrongly typed message, a spoofed sender
+    rogue.publish(topics.up("agent0", "reply"), b"\x00\xffnot msgpack")
+    good = encode(Envelope(body=Progress(task_id="x", round=1, phase="train", step=1, total=2),
+                           sender="agent0"))
+    rogue.publish(topics.up("agent0", "progress"), good[:-5])
+    task = Task(task_id="t", run_id="r", round=1, phase="train", deadline=1.0, algorithm="fedproto")
+    rogue.publish(topics.up("agent1", "task"), encode(Envelope(body=task, sender="agent1")))
+    rogue.publish(topics.up("agent2", "reply"), encode(Envelope(body=task, sender="agent0")))
+    result = coord.run()
+    # Assert
+    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
+    assert coord.endpoint.rejected["DecodeError"] >= 2
+    assert result.rejected["unexpected_kind"] == 1 and result.rejected["sender_mismatch"] == 1
+    for a in agents:
+        a.close()
+
+
+def test_missing_quorum_is_an_explicit_error(tmp_path: Path) -> None:
+    cfg = run_config(tmp_path, rounds=1, min_replies=3, deadline_s=3.0, grace_s=0.5, max_retries=1)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    transport = MemoryTransport(broker, "coordinator")
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    coord.wait_for_agents(3, 60)
+    agents[2].kill()  # vanishes before the first task
+    with pytest.raises(QuorumError, match="missed quorum 2 times"):
+        coord.run()
+    rec = coord.store.step(0)
+    assert rec is not None and rec.status == "failed"
+    for a in agents[:2]:
+        a.close()
+
+
+class CrashOnce(Exception):
+    pass
+
+
+def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, monkeypatch) -> None:
+    # Prepare: the coordinator dies in aggregation of round 2, after all its updates are stored
+    cfg = run_config(tmp_path, rounds=3)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    seen: list[tuple[int, list[str]]] = []
+    original = FedProtoStrategy.aggregate
+    crashed = threading.Event()
+
+    def aggregate(self, step, replies):
+        if step.round == 2 and not crashed.is_set():
+            crashed.set()
+            raise CrashOnce
+        seen.append((step.round, [a.device_id for a, _ in replies]))
+        return original(self, step, replies)
+
+    monkeypatch.setattr(FedProtoStrategy, "aggregate", aggregate)
+    t1 = MemoryTransport(broker, "coordinator")
+    first = make_coordinator(cfg, t1)
+    t1.connect()
+    first.start()
+    with pytest.raises(CrashOnce):
+        first.run()
+    t1.kill()
+    first.store.close()
+    # Execute: a new coordinator on the same run directory
+    t2 = MemoryTransport(broker, "coordinator")
+    second = make_coordinator(cfg, t2)
+    updates_before = [u[1] for u in second.store.updates(1)]
+    t2.connect()
+    second.start()
+    result = second.run()
+    # Assert: round 2 aggregated once, from the stored updates, with no update counted twice
+    assert len(updates_before) == 3
+    assert [r for r, _ in seen] == [1, 2, 3, 4]  # 4 = the final phase
+    assert seen[1] == (2, ["agent0", "agent1", "agent2"])
+    assert [m["round"] for m in result.metrics] == [1, 2, 3, 4]
+    assert [u[1] for u in second.store.updates(1)] == updates_before
+    for a in agents:
+        a.close()

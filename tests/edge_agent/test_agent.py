@@ -1,0 +1,111 @@
+"""The edge agent: durable outbox, duplicate tasks, acknowledgements, restart and resume."""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.simulate import agent_options
+from edge_agent.factory import build_agent
+from protocol.algorithms import config_type
+from protocol.codec import Envelope, decode
+from protocol.messages import Ack, ErrorReply, Register, Reply, Task
+from protocol.payloads import PrototypeSet
+from protocol.topics import Topics
+from protocol.transport import MemoryBroker, MemoryTransport
+from tests.helpers_runtime import FLEET, run_config
+
+
+class FakeCoordinator:
+    """Records what the agent sends up."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.transport = MemoryTransport(broker, "coordinator")
+        self.transport.connect()
+        self.inbox: queue.Queue[Envelope] = queue.Queue()
+        # raw frames, not an Endpoint: a resent reply keeps its message id, which an Endpoint
+        # would (rightly) drop as a duplicate
+        self.transport.subscribe(f"{Topics().base}/dev/+/up/#",
+                                 lambda t, data: self.inbox.put(decode(data)))
+
+    def next(self, kind: type) -> Envelope:
+        while True:
+            env = self.inbox.get(timeout=30)
+            if isinstance(env.body, kind):
+                return env
+
+
+def make(tmp_path: Path, broker: MemoryBroker):
+    cfg = run_config(tmp_path)
+    opts = agent_options(cfg, FLEET, 0)
+    transport = MemoryTransport(broker, opts.device_id)
+    agent = build_agent(opts, transport)
+    transport.connect()
+    return agent
+
+
+def task(task_id: str = "run.0.0.agent0", payloads: dict | None = None) -> Task:
+    cfg = config_type("fedproto")(local_epochs=1).to_dict()
+    return Task(task_id=task_id, run_id="run", round=1, phase="train", deadline=1e12,
+                algorithm="fedproto", config=cfg, payloads=payloads or {})
+
+
+def test_task_reply_outbox_and_ack(tmp_path: Path) -> None:
+    # Prepare
+    broker = MemoryBroker()
+    coord = FakeCoordinator(broker)
+    agent = make(tmp_path, broker)
+    agent.start()
+    reg = coord.next(Register).body
+    assert isinstance(reg, Register) and reg.algorithm == "fedproto"
+    held = sorted(reg.counts_by_class())
+    # Execute
+    agent.dispatch(Envelope(body=task(), sender="coordinator"))
+    env = coord.next(Reply)
+    # Assert: prototypes of exactly the held classes, metrics, a pending outbox entry
+    reply = env.body
+    assert isinstance(reply, Reply)
+    protos = reply.payloads["protos"]
+    assert isinstance(protos, PrototypeSet) and protos.class_ids.tolist() == held
+    assert protos.dim == 16 and 0.0 <= reply.metrics["acc_global"] <= 1.0
+    assert [e.msg_id for _, e in agent.state.pending()] == [env.msg_id]
+    # the same task again (e.g. re-sent after a coordinator restart): same reply, no retraining
+    agent.dispatch(Envelope(body=task(), sender="coordinator"))
+    assert coord.next(Reply).msg_id == env.msg_id
+    agent.dispatch(Envelope(body=Ack(ref_id=env.msg_id), sender="coordinator"))
+    assert agent.state.pending() == []
+
+
+def test_restart_resends_unacknowledged_reply_and_restores_model(tmp_path: Path) -> None:
+    broker = MemoryBroker()
+    coord = FakeCoordinator(broker)
+    agent = make(tmp_path, broker)
+    agent.start()
+    agent.dispatch(Envelope(body=task(), sender="coordinator"))
+    sent = coord.next(Reply)
+    weights = {k: v.clone() for k, v in agent.ctx.model.state_dict().items()}
+    agent.endpoint.transport.close()
+    # Execute: a fresh process on the same state directory
+    again = make(tmp_path, broker)
+    again.start()
+    # Assert: the reply is resent with its message id, and the trained weights are back
+    assert coord.next(Reply).msg_id == sent.msg_id
+    for k, v in again.ctx.model.state_dict().items():
+        assert np.allclose(v.cpu().numpy(), weights[k].cpu().numpy())
+
+
+def test_bad_payload_gives_error_reply_not_a_crash(tmp_path: Path) -> None:
+    broker = MemoryBroker()
+    coord = FakeCoordinator(broker)
+    agent = make(tmp_path, broker)
+    agent.start()
+    wrong_dim = PrototypeSet(np.array([0]), np.ones((1, 5), np.float32), np.array([3]))
+    agent.dispatch(Envelope(body=task(payloads={"protos": wrong_dim}), sender="coordinator"))
+    err = coord.next(ErrorReply).body
+    assert isinstance(err, ErrorReply) and "dim 16" in err.reason
+    assert agent.state.pending() == []
+    # the agent keeps working afterwards
+    agent.dispatch(Envelope(body=task("run.1.0.agent0"), sender="coordinator"))
+    assert isinstance(coord.next(Reply).body, Reply)
