@@ -101,9 +101,19 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# The demo's defaults: the best algorithm available, sized to finish in a few minutes on 2 CPU
+# cores; every value can still be overridden with --algorithm/--rounds/--set.
+DEMO_DEFAULTS = {"algorithm": "fedvtc", "rounds": 8}
+DEMO_HYPER = {"fedvtc": ["hyper.local_epochs=2", "hyper.lr=0.05", "hyper.synthetic_per_class=50"],
+              "fedproto": ["hyper.local_epochs=2", "hyper.lr=0.05"]}
+
+
 def _demo(args: argparse.Namespace) -> int:
     from coordinator.demo import DemoSpec, run_demo
 
+    args.algorithm = args.algorithm or DEMO_DEFAULTS["algorithm"]
+    args.rounds = args.rounds if args.rounds is not None else DEMO_DEFAULTS["rounds"]
+    args.overrides = DEMO_HYPER.get(args.algorithm, []) + list(args.overrides)
     cfg = _config(args)
     run_demo(cfg, DemoSpec(agents=args.agents, export=not args.no_export))  # type: ignore[arg-type]
     return 0

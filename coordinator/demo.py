@@ -38,9 +38,16 @@ class DemoSpec:
     export: bool = True
 
 
+def _agent_executable() -> list[str]:
+    """The installed ``edge-agent`` script; ``python -m`` would put the working directory first
+    on ``sys.path``, where any folder named like one of our packages would shadow it."""
+    script = Path(sys.executable).with_name("edge-agent")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "edge_agent.cli"]
+
+
 def _agent_cmd(cfg: RunConfig, spec: DemoSpec, port: int, i: int, run_dir: Path) -> list[str]:
     cmd = [
-        sys.executable, "-m", "edge_agent.cli", "--broker", f"127.0.0.1:{port}", "--id", f"agent{i}",
+        *_agent_executable(), "--broker", f"127.0.0.1:{port}", "--id", f"agent{i}",
         "--federation", cfg.federation, "--algorithm", cfg.algorithm,
         "--model", spec.models[i % len(spec.models)], "--feature-dim", str(spec.feature_dim),
         "--data", spec.data, "--partition", spec.partition, "--clients", str(spec.agents),
@@ -121,12 +128,13 @@ def summarize(result: RunResult, run_dir: Path) -> str:
 
 
 def _verified(manifest: Path) -> bool:
+    """Whether the bundle's fp32 file passed verification against PyTorch."""
     try:
         data = json.loads(manifest.read_text())
-    except (OSError, json.JSONDecodeError):
+        ver = data["files"][0]["verification"]
+    except (OSError, json.JSONDecodeError, KeyError, IndexError, TypeError):
         return False
-    ver = data.get("verification")
-    return isinstance(ver, dict) and bool(ver.get("passed", ver.get("ok", False)))
+    return isinstance(ver, dict) and ver.get("passed") is True
 
 
 def _pct(v: float | None) -> str:

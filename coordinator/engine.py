@@ -79,6 +79,7 @@ class Coordinator:
         self.plan = strategy.plan(cfg.rounds)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self._outstanding: dict[str, Task] = {}  # device -> task of the open step
+        self._state: tuple[str, int] = ("starting", 0)  # last published coordinator state
         self._restore()
 
     # ----- start-up -------------------------------------------------------------------------
@@ -96,13 +97,25 @@ class Coordinator:
             self.store.set_meta("config", self.cfg.to_dict())
 
     def start(self) -> None:
-        """Subscribe to the agents' topics and announce the coordinator."""
+        """Subscribe to the agents' topics; announce the coordinator on every (re)connect.
+
+        Subscribing before ``transport.connect()`` also delivers what the broker queued for
+        the coordinator's persistent session while it was down.
+        """
         base = self.topics.base
         for pattern in (f"{base}/dev/+/up/#", f"{base}/dev/+/status", f"{base}/dev/+/progress"):
             self.endpoint.subscribe(pattern, lambda env, topic: self.inbox.put((env, topic)))
-        self._publish_state("starting", 0)
+        self.endpoint.transport.add_connect_listener(lambda _present: self._announce())
+        self._state = ("starting", 0)
+        if self.endpoint.transport.connected:
+            self._announce()
+
+    def _announce(self) -> None:
+        # retained state is lost when a broker without persistence restarts: publish it again
+        self._publish_state(*self._state)
 
     def _publish_state(self, state: str, round_: int) -> None:
+        self._state = (state, round_)
         body = CoordinatorState(state=state, run_id=self.cfg.run_id,  # type: ignore[arg-type]
                                 algorithm=self.strategy.name, round=round_,
                                 total_rounds=self.cfg.rounds)
@@ -161,7 +174,10 @@ class Coordinator:
             rec = self._open(idx, step, attempt=rec.attempt + 1)
 
     def _open(self, idx: int, step: Step, attempt: int) -> StepRecord:
-        participants = self.strategy.select(idx, step, self._online_agents(), self.cfg.fraction)
+        online = self._online_agents()
+        if not online:
+            raise QuorumError(f"step {idx + 1} ({step.phase}, round {step.round}): no agent online")
+        participants = self.strategy.select(idx, step, online, self.cfg.fraction)
         rec = StepRecord(idx, step.round, step.phase, participants, "open", attempt)
         self.store.open_step(rec)
         return rec

@@ -46,10 +46,10 @@ def run_coordinator(cfg: RunConfig, transport: Transport, logger: logging.Logger
                     ) -> RunResult:
     """Connect, run every step, disconnect."""
     coord = make_coordinator(cfg, transport, logger)
-    if not transport.connected:
-        transport.connect()
     try:
-        coord.start()
+        coord.start()  # subscriptions first: queued messages of our session arrive on connect
+        if not transport.connected:
+            transport.connect()
         return coord.run()
     finally:
         coord.store.close()

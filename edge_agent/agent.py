@@ -90,10 +90,21 @@ class EdgeAgent:
         self.log.info("resumed from %s (round %s)", path, ckpt.meta.get("round"))
 
     def start(self) -> None:
-        """Subscribe, announce ourselves and resend anything not yet acknowledged."""
+        """Subscribe and announce ourselves on every (re)connect of the transport.
+
+        Call before or after ``transport.connect()``: subscriptions made before connecting also
+        receive what the broker queued for our persistent session while we were away.
+        """
         me = self.settings.device_id
         self.endpoint.subscribe(f"{self.topics.base}/dev/{me}/down/#", self._enqueue)
         self.endpoint.subscribe(self.topics.coord_state, self._enqueue)
+        self.endpoint.transport.add_connect_listener(lambda _present: self.announce())
+        if self.endpoint.transport.connected:
+            self.announce()
+
+    def announce(self) -> None:
+        """Retained birth, registration, and every reply not yet acknowledged."""
+        me = self.settings.device_id
         self.endpoint.send(self.topics.status(me), Status(state="online"), retain=True)
         self.register()
         for topic, env in self.state.pending():
@@ -157,9 +168,7 @@ class EdgeAgent:
     def on_coordinator_state(self, state: CoordinatorState) -> None:
         """Re-register when a coordinator (re)starts; stop when the run is finished."""
         if state.state in ("starting", "running"):
-            self.register()
-            for topic, env in self.state.pending():
-                self.endpoint.send_envelope(topic, env)
+            self.announce()
         elif state.state == "finished" and self.settings.exit_when_finished:
             self.log.info("run %s finished", state.run_id)
             self.endpoint.send(self.topics.status(self.settings.device_id), Status(state="done"),
@@ -181,11 +190,13 @@ class EdgeAgent:
             result = self.algorithm.handle(task)
             metrics = {**result.metrics, **self._evaluate()}
             if task.phase == "final":
-                metrics.update(self._export(task))
+                metrics.update(self._export_safely(task))
         except EdgeFLError as exc:
-            self.log.error("task %s failed: %s", task.task_id, exc)
-            self.endpoint.send(reply_topic, ErrorReply(code=type(exc).__name__, reason=str(exc),
-                                                       task_id=task.task_id), round=task.round)
+            self._fail(task, reply_topic, exc)
+            return
+        except Exception as exc:  # a bug must cost one task, not the device's process
+            self.log.exception("task %s crashed", task.task_id)
+            self._fail(task, reply_topic, exc)
             return
         finally:
             self._current = None
@@ -198,6 +209,11 @@ class EdgeAgent:
         self.state.put_outbox(reply_topic, out)  # durable before it leaves
         self.state.mark_completed(task.task_id, out.msg_id)
         self.endpoint.send_envelope(reply_topic, out)
+
+    def _fail(self, task: Task, topic: str, exc: Exception) -> None:
+        self.log.error("task %s failed: %s: %s", task.task_id, type(exc).__name__, exc)
+        body = ErrorReply(code=type(exc).__name__, reason=str(exc)[:1000], task_id=task.task_id)
+        self.endpoint.send(topic, body, round=task.round)
 
     # ----- evaluation, checkpoint, export ---------------------------------------------------
     def _evaluate(self) -> dict[str, float]:
@@ -224,6 +240,14 @@ class EdgeAgent:
     def _save_checkpoint(self, task: Task) -> None:
         save_checkpoint(self.state.checkpoint_path, self._checkpoint(task))
 
+    def _export_safely(self, task: Task) -> dict[str, float]:
+        """A failed export is reported (``onnx_exported = 0``), never loses the run's result."""
+        try:
+            return self._export(task)
+        except Exception as exc:  # export is a boundary: torch.onnx/onnx/ORT errors land here
+            self.log.error("ONNX export failed: %s: %s", type(exc).__name__, exc)
+            return {"onnx_exported": 0.0}
+
     def _export(self, task: Task) -> dict[str, float]:
         """Export the final model to ONNX (with its inference head) and verify it."""
         if self.settings.export_dir is None:
@@ -236,10 +260,15 @@ class EdgeAgent:
         y = samples.y[:64].cpu().numpy()
         manifest = export_bundle(self.state.checkpoint_path, self.settings.export_dir,
                                  samples=x, labels=y)
-        self.log.info("exported ONNX bundle to %s", self.settings.export_dir)
-        verified = manifest.get("verification", {}) if isinstance(manifest, dict) else {}
-        agree = verified.get("argmax_agreement") if isinstance(verified, dict) else None
-        return {"onnx_exported": 1.0, **({"onnx_argmax_agreement": float(agree)} if agree is not None else {})}
+        fp32 = manifest.files[0]
+        self.log.info("exported %s (%d bytes) to %s", fp32.file, fp32.size_bytes,
+                      self.settings.export_dir)
+        out = {"onnx_exported": 1.0, "onnx_bytes": float(fp32.size_bytes)}
+        if fp32.verification is not None:
+            out["onnx_verified"] = float(fp32.verification.passed)
+            out["onnx_argmax_agreement"] = float(fp32.verification.agreement)
+            out["onnx_max_abs_diff"] = float(fp32.verification.max_abs_diff)
+        return out
 
     def _progress(self, step: int, total: int, loss: float) -> None:
         task = self._current

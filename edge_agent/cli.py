@@ -97,9 +97,9 @@ def _run(args: argparse.Namespace) -> int:
     agent = build_agent(opts, transport)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    agent.start()  # subscriptions before connecting: the broker's queued tasks arrive at once
     transport.connect()
     try:
-        agent.start()
         agent.run(stop)
     except KeyboardInterrupt:
         pass

@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from export._graph import read_metadata
     from export.bundle import Manifest, VariantRecord, export_bundle
     from export.exporter import DEFAULT_DYNAMO, DEFAULT_OPSET, ExportResult, export_model
     from export.heads import InferenceModel, make_head, with_head
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
         compare_onnx,
         verify_onnx,
     )
-    from export._graph import read_metadata
 
 __all__ = [
     "DEFAULT_DYNAMO",

@@ -187,7 +187,7 @@ def save_atomic(model: ModelProto, path: str | os.PathLike[str]) -> Path:
     os.close(fd)
     try:
         onnx.save_model(model, tmp)
-        os.replace(tmp, dest)
+        Path(tmp).replace(dest)
     except Exception as exc:
         Path(tmp).unlink(missing_ok=True)
         raise ExportError(f"cannot write {dest}: {_short(exc)}") from exc

@@ -22,7 +22,14 @@ from export.exporter import DEFAULT_DYNAMO, DEFAULT_OPSET, ExportResult, export_
 from export.heads import InferenceModel, with_head
 from export.runtime import check_images, latency_ms, make_session, run_batches
 from export.variants import VARIANT_FILES, VARIANTS, Variant, make_variant
-from export.verify import FP32_TOLERANCE, InputKind, Tolerance, VerifyReport, compare_onnx, verify_onnx
+from export.verify import (
+    FP32_TOLERANCE,
+    InputKind,
+    Tolerance,
+    VerifyReport,
+    compare_onnx,
+    verify_onnx,
+)
 from models.checkpoint import Checkpoint, build_model, file_sha256, load_checkpoint, toolkit_version
 from protocol.errors import ExportError
 
@@ -171,7 +178,8 @@ def export_bundle(
         path = result.path if variant == "fp32" else make_variant(
             variant, result.path, out / VARIANT_FILES[variant], calibration=calib)
         fp32_acc = records[0].accuracy if records else None
-        records.append(_record(variant, path, reference, x, y, kind, verify, providers, fp32_acc))
+        records.append(_record(variant, path, reference=reference, x=x, y=y, kind=kind,
+                               verify=verify, providers=providers, fp32_acc=fp32_acc))
     manifest = Manifest(
         path=out / "manifest.json",
         source={"checkpoint": str(source), "sha256": sha},
@@ -188,7 +196,7 @@ def export_bundle(
     return manifest
 
 
-def _record(variant: Variant, path: Path, reference: InferenceModel, x: np.ndarray,
+def _record(variant: Variant, path: Path, *, reference: InferenceModel, x: np.ndarray,
             y: np.ndarray | None, kind: InputKind, verify: bool,
             providers: Sequence[str] | None, fp32_acc: float | None) -> VariantRecord:
     report: VerifyReport | None = None
@@ -279,4 +287,4 @@ def _finite(obj: Any) -> Any:
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    tmp.replace(path)

@@ -8,8 +8,11 @@ The result has input ``input`` ``[batch, C, H, W]`` float32 in [0, 1] and output
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -43,6 +46,7 @@ from protocol.errors import ExportError
 __all__ = ["DEFAULT_DYNAMO", "DEFAULT_OPSET", "PIXEL_SCALING", "ExportResult", "export_model"]
 
 PIXEL_SCALING = "[0,1] float, normalisation inside the graph"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,9 @@ def _torch_export(module: nn.Module, example: Tensor, path: Path, opset: int, dy
     input_name, output_names = INPUT, (*OUTPUTS, FEATURES)
     what = f"{_model_name(module)} with torch.onnx ({'dynamo' if dynamo else 'legacy'} exporter)"
     try:
-        with warnings.catch_warnings():
+        # The legacy exporter prints the TorchScript graph to stdout when it fails; the error
+        # raised below carries the cause, so the dump is kept off the CLI's output.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             # The legacy exporter's deprecation notice is noise when legacy was asked for;
             # TracerWarnings (data-dependent control flow) still show.
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -236,6 +242,13 @@ def _model_name(module: nn.Module) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    """The first line of the root cause (dynamo wraps it in generic "step 3/3" errors)."""
+    chain = [exc]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
+        chain.append(nxt)
+    for err in reversed(chain):
+        lines = [ln.strip() for ln in _ANSI.sub("", str(err)).splitlines() if ln.strip()]
+        if lines:
+            text = f"{type(err).__name__}: {lines[0]}"
+            return text if len(text) <= 300 else text[:297] + "..."
+    return type(exc).__name__

@@ -38,7 +38,7 @@ InputKind = Literal["real", "random"]
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Pass criterion: ``|d| <= atol + rtol * |ref|`` per score, label agreement >= min_agreement."""
+    """Pass criterion: ``|d| <= atol + rtol * |ref|`` per score, label agreement >= minimum."""
 
     atol: float
     rtol: float
@@ -113,7 +113,8 @@ def compare_onnx(
     ref_scores, ref_labels = _torch_outputs(model_with_head, x, batch_size)
     failures: list[str] = []
     if got_scores.shape != ref_scores.shape:
-        failures.append(f"scores shape {list(got_scores.shape)} vs PyTorch {list(ref_scores.shape)}")
+        failures.append(
+            f"scores shape {list(got_scores.shape)} vs PyTorch {list(ref_scores.shape)}")
         diff, ratio = float("inf"), float("inf")
     else:
         err = np.abs(got_scores.astype(np.float64) - ref_scores.astype(np.float64))
@@ -178,7 +179,8 @@ def verify_onnx(
 def _image_shape(shape: Sequence[Any], path: str | os.PathLike[str]) -> tuple[int, ...]:
     dims = tuple(shape[1:])
     if len(dims) != 3 or not all(isinstance(d, int) for d in dims):
-        raise ExportError(f"{path}: input shape {list(shape)} is not [batch, C, H, W] with static C, H, W")
+        raise ExportError(
+            f"{path}: input shape {list(shape)} is not [batch, C, H, W] with static C, H, W")
     return dims
 
 

@@ -3,7 +3,7 @@
 The edge agent writes a checkpoint and ``edge-export`` reads it, possibly on another machine and
 with another toolkit version, so the file holds only what ``torch.load(..., weights_only=True)``
 accepts (dicts, lists, str, int, float, bool, None, tensors) and never a pickled module:
-loading a checkpoint can therefore never execute code. Layout (``FORMAT`` = ``edgefl.checkpoint/1``)::
+loading a checkpoint can therefore never execute code. Layout (``FORMAT``)::
 
     {"format": "edgefl.checkpoint/1",
      "model": {"name", "num_classes", "in_chans", "feature_dim", "input_size": [h, w],
@@ -21,6 +21,7 @@ model would silently normalise differently.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import re
@@ -164,17 +165,21 @@ class ModelSpec:
         d = _mapping(obj, where)
         size = _get(d, "input_size", (list, tuple), where)
         if len(size) != 2 or not all(_is_int(v) and v >= 1 for v in size):
-            raise CheckpointError(f"{where}.input_size: expected [h, w] positive ints, got {size!r}")
+            raise CheckpointError(
+                f"{where}.input_size: expected [h, w] positive ints, got {size!r}")
         feature_dim = _get(d, "feature_dim", (int, type(None)), where)
         if feature_dim is not None and (not _is_int(feature_dim) or feature_dim < 1):
-            raise CheckpointError(f"{where}.feature_dim: expected an int >= 1 or None, got {feature_dim!r}")
+            raise CheckpointError(
+                f"{where}.feature_dim: expected an int >= 1 or None, got {feature_dim!r}")
         model_args = _mapping(d.get("model_args", {}), f"{where}.model_args")
         for key, value in model_args.items():
             if not isinstance(value, (*_PLAIN, list, tuple)):
-                raise CheckpointError(f"{where}.model_args.{key}: expected a plain value, got {type(value).__name__}")
+                raise CheckpointError(f"{where}.model_args.{key}: expected a plain value, "
+                                      f"got {type(value).__name__}")
         return cls(
             name=_nonempty_str(_get(d, "name", str, where), f"{where}.name"),
-            num_classes=_int_at_least(_get(d, "num_classes", int, where), 0, f"{where}.num_classes"),
+            num_classes=_int_at_least(_get(d, "num_classes", int, where), 0,
+                                      f"{where}.num_classes"),
             in_chans=_int_at_least(_get(d, "in_chans", int, where), 1, f"{where}.in_chans"),
             feature_dim=feature_dim,
             input_size=(int(size[0]), int(size[1])),
@@ -203,7 +208,8 @@ class HeadSpec:
 
     def __post_init__(self) -> None:
         if self.type not in HEAD_TYPES:
-            raise CheckpointError(f"head.type: expected one of {list(HEAD_TYPES)}, got {self.type!r}")
+            raise CheckpointError(
+                f"head.type: expected one of {list(HEAD_TYPES)}, got {self.type!r}")
         if self.type == "logits":
             if self.prototypes is not None or self.valid is not None:
                 raise CheckpointError("head: a 'logits' head takes no prototypes or valid mask")
@@ -211,16 +217,17 @@ class HeadSpec:
         protos = self.prototypes
         if not isinstance(protos, Tensor) or protos.dim() != 2 or not protos.is_floating_point():
             raise CheckpointError(
-                f"head.prototypes: a {self.type!r} head needs a float tensor [C, D], got {_describe(protos)}"
+                f"head.prototypes: a {self.type!r} head needs a float tensor [C, D], "
+                f"got {_describe(protos)}"
             )
         if not bool(torch.isfinite(protos).all()):
             raise CheckpointError("head.prototypes: contains NaN or infinite values")
         num = protos.shape[0]
         valid = self.valid
-        if valid is not None and (
-            not isinstance(valid, Tensor) or valid.dtype != torch.bool or tuple(valid.shape) != (num,)
-        ):
-            raise CheckpointError(f"head.valid: expected a bool tensor [{num}], got {_describe(valid)}")
+        if valid is not None and (not isinstance(valid, Tensor) or valid.dtype != torch.bool
+                                  or tuple(valid.shape) != (num,)):
+            raise CheckpointError(
+                f"head.valid: expected a bool tensor [{num}], got {_describe(valid)}")
         if valid is not None and not bool(valid.any()):
             raise CheckpointError("head.valid: no class is valid, the head could never predict")
         # Stored detached, on the CPU and in float32 so that export bakes exact constants.
@@ -288,7 +295,8 @@ class Checkpoint:
         rows = self.head.num_classes
         if rows is not None and rows != self.model_spec.num_classes:
             raise CheckpointError(
-                f"head.prototypes: {rows} rows but model.num_classes is {self.model_spec.num_classes}"
+                f"head.prototypes: {rows} rows but model.num_classes is "
+                f"{self.model_spec.num_classes}"
             )
 
     @classmethod
@@ -297,8 +305,8 @@ class Checkpoint:
         """Snapshot ``model`` (weights copied to the CPU) with its head and run information."""
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         base: dict[str, Any] = {"toolkit_version": toolkit_version()}
-        return cls(ModelSpec.from_model(model), state, head, {**base, **(meta or {})},
-                   dict(extra or {}))
+        return cls(ModelSpec.from_model(model), state, head,
+                   copy.deepcopy({**base, **(meta or {})}), dict(extra or {}))
 
     def to_dict(self) -> dict[str, Any]:
         """The on-disk structure (plain types and tensors only)."""
@@ -307,7 +315,7 @@ class Checkpoint:
             "model": self.model_spec.to_dict(),
             "state_dict": {k: v.detach().cpu() for k, v in self.state_dict.items()},
             "head": self.head.to_dict(),
-            "meta": dict(self.meta),
+            "meta": copy.deepcopy(self.meta),
             "extra": {k: v.detach().cpu() for k, v in self.extra.items()},
         }
 
@@ -318,7 +326,8 @@ class Checkpoint:
         tag = d.get("format")
         if tag != FORMAT:
             raise CheckpointError(
-                f"{where}: format tag is {tag!r}, expected {FORMAT!r} (not an edgefl agent checkpoint?)"
+                f"{where}: format tag is {tag!r}, expected {FORMAT!r} "
+                "(not an edgefl agent checkpoint?)"
             )
         return cls(
             model_spec=ModelSpec.from_dict(_get(d, "model", dict, where), f"{where}.model"),
@@ -346,7 +355,7 @@ def save_checkpoint(path: str | os.PathLike[str], ckpt: Checkpoint) -> Path:
             torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, dest)
+        Path(tmp).replace(dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -406,7 +415,8 @@ def build_model(ckpt: Checkpoint) -> Classifier:
     try:
         model.load_state_dict(ckpt.state_dict, strict=True)
     except RuntimeError as exc:  # e.g. dtype trouble the key/shape check above cannot see
-        raise CheckpointError(f"state_dict does not load into {spec.name}: {_first_line(exc)}") from exc
+        raise CheckpointError(
+            f"state_dict does not load into {spec.name}: {_first_line(exc)}") from exc
     return model.eval()
 
 
@@ -522,7 +532,8 @@ def _check_meta(obj: object, where: str) -> dict[str, Any]:
     metrics = d.get("metrics", {})
     for name, value in _mapping(metrics, f"{where}.metrics").items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise CheckpointError(f"{where}.metrics.{name}: expected a float, got {_describe(value)}")
+            raise CheckpointError(
+                f"{where}.metrics.{name}: expected a float, got {_describe(value)}")
     return d
 
 

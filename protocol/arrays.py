@@ -90,8 +90,8 @@ _MIN_SCALE = 2.0**-100  # well inside float32's normal range, so scale * q stays
 
 def _i8_scale(amax: float) -> float:
     """``amax / 127`` rounded *up* to 16 significant bits (exact in float32; see module doc)."""
-    if amax <= 0.0:
-        return 1.0  # all zeros: any scale works, pick a canonical one
+    if amax <= _MIN_SCALE / 2:
+        return 1.0  # every value quantises to 0: use the canonical scale of an all-zero array
     mantissa, exponent = math.frexp(max(amax / 127.0, _MIN_SCALE))
     step = 2.0**_SCALE_BITS
     return math.ldexp(math.ceil(mantissa * step) / step, exponent)

@@ -375,6 +375,7 @@ class MqttTransport(Transport):
         if best:  # a broker without our session (restarted, expired) needs them again
             self._send_subscribe(sorted(best.items()), wait=False)
         self._connack.set()
+        self._notify_connect(self.session_present)
 
     def _on_disconnect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any

@@ -40,6 +40,21 @@ class Transport(ABC):
     #: Largest packet the broker accepts, when it says so; ``None`` = unknown.
     max_packet_size: int | None = None
 
+    def add_connect_listener(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(session_present)`` after every (re)connect, on the delivery thread.
+
+        Used to re-announce retained state (birth, coordinator state) after a broker restart,
+        which loses retained messages when the broker keeps no persistence. Must not block.
+        """
+        self.__dict__.setdefault("_connect_listeners", []).append(listener)
+
+    def _notify_connect(self, session_present: bool) -> None:
+        for listener in self.__dict__.get("_connect_listeners", []):
+            try:
+                listener(session_present)
+            except Exception:  # a listener's bug must not break the transport thread
+                logging.getLogger("edgefl.transport").exception("connect listener failed")
+
     @abstractmethod
     def connect(self) -> None:
         """Connect (blocking until connected or raising :class:`ConnectError`)."""
@@ -128,6 +143,7 @@ class MemoryTransport(Transport):
         self._connected = True
         for topic_filter, handler in self._subs:
             self.broker._subscribe(self, topic_filter, handler)
+        self._notify_connect(False)
 
     def close(self) -> None:
         """Detach cleanly (no last will)."""

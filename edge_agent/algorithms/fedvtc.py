@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, PhaseResult, register_edge_algorithm
 from edge_agent.knowledge import class_prototypes, prototype_table
 from edge_agent.trainer import TensorData, TrainStats
+from models.vtc import VTCGenerator, vtc_for
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.errors import ValidationError
 from protocol.messages import Task
@@ -52,11 +53,9 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
 
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
-        from models.vtc import vtc_for
-
         p = ctx.model.num_features
         c, h, _ = ctx.train.x.shape[1:]
-        self.generator: nn.Module = vtc_for(p, int(c), int(h)).to(ctx.device)
+        self.generator: VTCGenerator = vtc_for(p, int(c), int(h)).to(ctx.device)
         self.rho = torch.zeros(p, device=ctx.device, requires_grad=True)  # log sigma (D2)
         self.table = torch.zeros(ctx.num_classes, p, device=ctx.device)
         self.valid = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)
@@ -68,6 +67,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self.noise = torch.Generator(device=ctx.device).manual_seed(int(ctx.generator.initial_seed()))
         self._finetuning = False
         self._gen_opt: torch.optim.Optimizer | None = None
+        self._diag: dict[str, list[float]] = {}  # per-round loss terms when diagnostics is on
 
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
         """``train`` rounds, the one-shot ``upload_generator``, and ``final`` (fine-tune)."""
@@ -126,14 +126,23 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         classes = y.unique()  # classsum_batch: sum over classes of the in-batch class mean
         return torch.stack([per_sample[y == c].mean() for c in classes]).sum()
 
-    def _tc(self, x: Tensor, y: Tensor, z: Tensor) -> Tensor:
+    def _tc(self, x: Tensor, y: Tensor, z: Tensor, log: bool = False) -> Tensor:
         protos, mask, weight = self._targets(y)
         sigma = self.rho.exp()
         v = z + sigma * torch.randn(z.shape, device=z.device, generator=self.noise)
         x_gen = self.generator(v)
         z_gen = self.ctx.model.forward_features(x_gen) if self.config.use_dm else None
         elbo, dm = tc_losses(x, z, x_gen, z_gen, protos, mask, self.rho, self.config.kl_sigma_weight)
+        if log:  # diagnostics: the reduced size of each term, to compare with CE
+            with torch.no_grad():
+                rc = (x_gen - x).pow(2).flatten(1).sum(1)
+                self._log("rc", self._reduce(rc, y, weight))
+                self._log("kl", self._reduce(elbo - rc, y, weight))
+                self._log("dm", self._reduce(dm, y, weight))
         return self._reduce(elbo + self.config.dm_weight * dm, y, weight)
+
+    def _log(self, name: str, value: Tensor | float) -> None:
+        self._diag.setdefault(name, []).append(float(value))
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
         """Step A: CE + L_tc with the generator and sigma frozen (plain CE while fine-tuning)."""
@@ -143,7 +152,12 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         _set_trainable(self.generator, False)
         self.rho.requires_grad_(False)
         self.generator.eval()
-        return ce + self._tc(x, y, features)
+        log = self.config.diagnostics
+        tc = self._tc(x, y, features, log=log)
+        if log:
+            self._log("ce", ce.detach())
+            self._log("tc", tc.detach())
+        return ce + tc
 
     def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
         """Step B: generator and sigma on L_tc with the model frozen (eval mode)."""
@@ -174,15 +188,64 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def train_phase(self, task: Task) -> PhaseResult:
         """One federated round (step A/B alternation per mini-batch)."""
         cfg = self.config
+        if cfg.shared_generator_init and not self.generator_trained:
+            self._shared_init(cfg.generator_seed)
         lr = cfg.generator_lr or cfg.lr
         self._gen_opt = torch.optim.SGD([*self.generator.parameters(), self.rho], lr=lr)
+        self._diag = {}
         try:
             result = super().train_phase(task)
         finally:
             _set_trainable(self.generator, True)
             self.rho.requires_grad_(True)
         result.metrics["sigma_mean"] = float(self.rho.detach().exp().mean())
+        if cfg.diagnostics:
+            result.metrics.update(self._round_diagnostics())
         return result
+
+    def _shared_init(self, seed: int) -> None:
+        """psi's initial weights from ``seed`` alone, identical on every client, so that the
+        one-shot average of the trained generators is an average of related networks."""
+        with torch.random.fork_rng(devices=[]):  # leave the agent's global RNG untouched
+            torch.manual_seed(seed)
+            fresh = vtc_for(self.generator.latent_dim, self.generator.out_chans,
+                            self.generator.out_size)
+        self.generator.load_state_dict(fresh.state_dict())
+
+    @torch.no_grad()
+    def _round_diagnostics(self) -> dict[str, float]:
+        """Why the generator does (not) carry class content: loss scales, the geometry of
+        features vs the latent noise, and the range of the generator's output."""
+        out = {f"diag_{k}": sum(v) / len(v) for k, v in self._diag.items() if v}
+        rng_state = self.ctx.generator.get_state()  # diagnostics must not move the batch order
+        local = class_prototypes(self.ctx.model, self.ctx.train, self.ctx.num_classes)
+        vec = torch.as_tensor(local.vectors)
+        out["diag_sigma_norm"] = float(self.rho.exp().norm())
+        out["diag_proto_norm"] = float(vec.norm(dim=1).mean()) if len(vec) else 0.0
+        if len(vec) > 1:  # mean distance between this client's class prototypes
+            d = torch.cdist(vec, vec)
+            out["diag_proto_sep"] = float(d.sum() / (len(vec) * (len(vec) - 1)))
+        held = self.valid.nonzero().flatten()
+        if held.numel():
+            out["diag_global_proto_norm"] = float(self.table[held].norm(dim=1).mean())
+        out.update({f"diag_{k}": v for k, v in self._generator_stats(8).items()})
+        self.ctx.generator.set_state(rng_state)
+        return out
+
+    @torch.no_grad()
+    def _generator_stats(self, per_class: int) -> dict[str, float]:
+        """Range of psi(c^y + sigma*eps) and its class contrast: the pixel std of the class
+        means over the mean within-class pixel std (near 0 = the class does not matter)."""
+        data = self.synthesize(per_class, source="generator")
+        if len(data) == 0:
+            return {}
+        x = data.x.flatten(1)
+        classes = data.y.unique()
+        means = torch.stack([x[data.y == c].mean(0) for c in classes])
+        within = torch.stack([x[data.y == c].std(0) for c in classes]).mean() if per_class > 1 else x.new_tensor(0.0)
+        between = means.std(0).mean() if len(classes) > 1 else x.new_tensor(0.0)
+        return {"gen_min": float(x.min()), "gen_max": float(x.max()), "gen_std": float(x.std()),
+                "gen_class_contrast": float(between / within.clamp(min=1e-8))}
 
     def reply_payloads(self) -> dict[str, Payload]:
         """Local prototypes of the held classes and sigma (and the generator if every round)."""
@@ -205,16 +268,42 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
 
     def final_phase(self, task: Task) -> PhaseResult:
         """Receive psi, all prototypes and sigma; fine-tune on S synthetic samples per class."""
+        own = copy.deepcopy(self.generator.state_dict()) if self.config.diagnostics else None
         self.receive(task.payloads)
+        if self.config.generator_bn_recalibrate:
+            self._recalibrate_bn(max(self.config.synthetic_per_class, 32))
         before = self._eval_metrics("before_ft")
         synthetic = self.synthesize(self.config.synthetic_per_class)
         if len(synthetic) == 0:
             return PhaseResult(metrics=before, num_samples=0)
-        diagnostics = self._diagnostics(synthetic) if self.config.diagnostics else {}
+        diagnostics = self._diagnostics(synthetic, own) if own is not None else {}
         stats = self._finetune(synthetic)
         metrics = {**before, **diagnostics, "finetune_loss": stats.mean_loss,
                    "synthetic_samples": float(len(synthetic))}
         return PhaseResult(metrics=metrics, num_samples=len(synthetic))
+
+    @torch.no_grad()
+    def _recalibrate_bn(self, per_class: int) -> None:
+        """Re-estimate psi's BN running statistics (cumulative average over batches of decoded
+        latents of every valid class); only latents are used, no data (the REPAIR/"reset BN"
+        remedy for the variance collapse of averaged networks)."""
+        bns = [m for m in self.generator.modules() if isinstance(m, nn.BatchNorm2d)]
+        classes = self.valid.nonzero().flatten()
+        if not bns or classes.numel() == 0:
+            return
+        y = classes.repeat_interleave(per_class)
+        eps = torch.randn((len(y), self.table.shape[1]), generator=self.ctx.generator)
+        v = self.table[y] + self.rho.exp() * eps.to(self.ctx.device)
+        momenta = [m.momentum for m in bns]
+        for m in bns:
+            m.reset_running_stats()
+            m.momentum = None  # cumulative moving average over the batches below
+        self.generator.train()
+        for chunk in v[torch.randperm(len(v), generator=self.ctx.generator)].split(256):
+            self.generator(chunk)
+        for m, momentum in zip(bns, momenta):
+            m.momentum = momentum
+        self.generator.eval()
 
     def _finetune(self, data: TensorData) -> TrainStats:
         self._finetuning = True
@@ -223,16 +312,30 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         finally:
             self._finetuning = False
 
-    def _diagnostics(self, synthetic: TensorData) -> dict[str, float]:
-        """Noise control and synthetic-only probe (spec §10.1), on copies: the model is untouched."""
+    def _diagnostics(self, synthetic: TensorData, own: dict[str, Tensor]) -> dict[str, float]:
+        """Noise control and synthetic-only probe (spec §10.1), on copies: the model is untouched.
+
+        Also the probe on this client's *own* generator (before averaging) and the range and
+        class contrast of the generated images. The agent's random stream is restored after, so
+        the fine-tuning itself is the same as without diagnostics.
+        """
         model = self.ctx.model
         saved = copy.deepcopy(model.state_dict())
+        rng_state = self.ctx.generator.get_state()
         noise = TensorData(torch.rand(synthetic.x.shape, generator=self.ctx.generator).to(self.ctx.device),
                            synthetic.y)
         self._finetune(noise)
         out = {k.replace("before_ft", "noise_control"): v for k, v in self._eval_metrics("before_ft").items()}
         model.load_state_dict(saved)
         out.update(self._probe(synthetic))
+        out.update(self._generator_stats(8))
+        averaged = copy.deepcopy(self.generator.state_dict())
+        self.generator.load_state_dict(own)
+        mine = self._probe(self.synthesize(self.config.synthetic_per_class))
+        out.update({f"{k}_own_gen": v for k, v in mine.items()})
+        out.update({f"{k}_own_gen": v for k, v in self._generator_stats(8).items()})
+        self.generator.load_state_dict(averaged)
+        self.ctx.generator.set_state(rng_state)
         return out
 
     def _probe(self, synthetic: TensorData) -> dict[str, float]:
@@ -240,8 +343,10 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         from models import create_model
 
         c, h, _ = synthetic.x.shape[1:]
-        probe = create_model("mlp_m", num_classes=self.ctx.num_classes, in_chans=int(c),
-                             input_size=int(h)).to(self.ctx.device)
+        with torch.random.fork_rng(devices=[]):  # seeded init; the global RNG is left alone
+            torch.manual_seed(self.ctx.generator.initial_seed())
+            probe = create_model("mlp_m", num_classes=self.ctx.num_classes, in_chans=int(c),
+                                 input_size=int(h)).to(self.ctx.device)
         cfg = self.config.replace(optimizer="adam", lr=1e-3, grad_clip=0.0)
         train_epochs(probe, synthetic, cfg, _CrossEntropy(), optimizer=make_optimizer(
             list(probe.parameters()), cfg), epochs=max(5, self.config.finetune_epochs),
@@ -252,14 +357,16 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         return {k: v for k, v in out.items() if v == v}
 
     @torch.no_grad()
-    def synthesize(self, per_class: int) -> TensorData:
-        """S samples per class with a valid prototype: x' = psi(c^y + sigma * eps) (eval mode)."""
+    def synthesize(self, per_class: int, source: str | None = None) -> TensorData:
+        """S samples per class with a valid prototype: x' = psi(c^y + sigma * eps) (eval mode).
+
+        ``source`` overrides ``finetune_source`` ("generator" or "noise")."""
         classes = self.valid.nonzero().flatten()
         if classes.numel() == 0:
             return TensorData(self.ctx.train.x[:0], self.ctx.train.y[:0])
         y = classes.repeat_interleave(per_class)
         gen = self.ctx.generator
-        if self.config.finetune_source == "noise":  # control: same labels, no content
+        if (source or self.config.finetune_source) == "noise":  # control: same labels, no content
             x = torch.rand((len(y), *self.ctx.train.x.shape[1:]), generator=gen).to(self.ctx.device)
             return TensorData(x, y)
         self.generator.eval()

@@ -43,3 +43,14 @@ class FedVTCConfig(TrainConfig):
     # pre-fine-tuning model on uniform noise with the same labels (the noise control), and train
     # a fresh probe classifier on the synthetic set alone, both evaluated on the test sets.
     diagnostics: bool = False
+    # psi is averaged once after the rounds (M3), which only makes sense when every client's psi
+    # started from the same weights (FedAvg's premise). True: each client re-initialises psi from
+    # ``generator_seed`` before its first generator step. False: psi keeps the per-client random
+    # init it got at agent start, the toolkit's behaviour before this flag (averaging then yields
+    # a near-constant image; see docs/fedvtc.md).
+    shared_generator_init: bool = True
+    generator_seed: int = 0
+    # Deviation (off = paper): after loading the averaged psi, re-estimate its BatchNorm running
+    # statistics from decoded latents c^y + sigma*eps. Averaging weights shrinks activations while
+    # the averaged running variances do not, so the eval-mode output collapses to a constant.
+    generator_bn_recalibrate: bool = False

@@ -46,7 +46,7 @@ def test_torchscript_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "gen.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated
-        torch.jit.script(module).save(str(path))
+        torch.jit.script(module).save(str(path))  # type: ignore[no-untyped-call]
 
     # Execute
     gen = G.load_torchscript(path)

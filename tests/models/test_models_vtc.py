@@ -40,10 +40,11 @@ def test_configs_shapes_and_widths(
 
 def test_block_order_conv_bn_activation() -> None:
     gen = vtc_for(980, 1, 28)
-    kinds = [[type(m) for m in block] for block in gen.blocks]
+    kinds = [[type(m) for m in block.children()] for block in gen.blocks.children()]
     act = [nn.LeakyReLU] * 3 + [nn.Sigmoid]
     assert kinds == [[nn.ConvTranspose2d, nn.BatchNorm2d, a] for a in act]
-    assert gen.blocks[0][2].negative_slope == 0.01
+    first_act = gen.get_submodule("blocks.0.2")
+    assert isinstance(first_act, nn.LeakyReLU) and first_act.negative_slope == 0.01
 
 
 def test_mnist_generator_is_about_21k_parameters() -> None:
@@ -92,7 +93,7 @@ def test_state_dicts_average_like_weights() -> None:
     assert all(s.keys() == states[0].keys() for s in states)
     assert any(k.endswith("running_mean") for k in averaged)
     torch.testing.assert_close(
-        target.blocks[0][1].running_mean,
+        target.state_dict()["blocks.0.1.running_mean"],
         torch.stack([s["blocks.0.1.running_mean"] for s in states]).mean(0),
     )
     assert torch.isfinite(target.eval()(torch.randn(2, 64))).all()

@@ -27,8 +27,9 @@ from protocol.messages import (
 from protocol.payloads import FeatureLogitSet, ImageVectorPairs, PrototypeSet, TensorMap
 
 # msgpack cannot carry lone surrogates; ids and names stay within the validators' limits
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
-names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=24)
+chars = st.characters(blacklist_categories=["Cs"])
+text = st.text(chars, max_size=20)
+names = st.text(chars, min_size=1, max_size=24)
 ids = st.from_regex(r"[A-Za-z0-9_.-]{1,16}", fullmatch=True)
 counts = st.integers(0, 10_000)
 small_ints = st.integers(0, 2**31 - 1)

@@ -76,6 +76,12 @@ def test_lossy_encodings_are_idempotent(a: np.ndarray, encoding: Any) -> None:
     assert encode_array(decode_array(wire), encoding) == wire
 
 
+@pytest.mark.parametrize("values", [[1e-35, 0.0], [-3e-31, 2e-31], [0.0], [], [7.9e-31, 1.0]])
+def test_i8_is_idempotent_for_tiny_and_empty_arrays(values: list[float]) -> None:
+    wire = encode_array(np.array(values, np.float32), "i8")
+    assert encode_array(decode_array(wire), "i8") == wire
+
+
 def test_u8_is_idempotent() -> None:
     wire = encode_array(RNG.random(1000).astype(np.float32), "u8")
     assert encode_array(decode_array(wire), "u8") == wire

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from protocol.codec import Envelope, decode, encode
 from protocol.messages import MESSAGE_TYPES, Reply
 from protocol.payloads import PAYLOAD_TYPES
 
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=int(os.environ.get("EDGEFL_HYPOTHESIS_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _same(a: Any, b: Any) -> bool:

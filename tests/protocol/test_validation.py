@@ -58,8 +58,9 @@ def test_prototype_set_checks_name_the_field(override: dict[str, Any], field: st
 
 def test_feature_logits_class_ids_must_be_below_the_number_of_classes() -> None:
     with pytest.raises(ValidationError, match="class ids < 3") as info:
-        FeatureLogitSet(class_ids=[0, 5], features=np.ones((2, 2)), logits=np.ones((2, 3)),
-                        counts=[1, 1])
+        FeatureLogitSet(class_ids=np.array([0, 5], np.int32),
+                        features=np.ones((2, 2), np.float32), logits=np.ones((2, 3), np.float32),
+                        counts=np.array([1, 1], np.int32))
     assert info.value.field == "class_ids" and info.value.got == 5
 
 

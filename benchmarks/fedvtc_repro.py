@@ -1,0 +1,281 @@
+"""FedVTC at CPU scale: an honest reproduction on real MNIST digits (issue 5 §2).
+
+Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+code paths as a real fleet), so accuracies are what the agents report and bytes are what the
+coordinator's endpoint counted. Setting: ``mnist5k`` at 28x28, the paper's MNIST VTC generator
+(p = 980 -> 20x7x7), a heterogeneous fleet (family ``tiny``: two MLPs, three small CNNs, each
+with a Linear projection to p), K clients with full participation, Dir(alpha) label skew, a
+held-out global test set on which every agent is evaluated.
+
+Methods (``--methods``):
+
+* ``local``, ``fedproto``: T + FT rounds, all with full participation (spec §8-D17: baselines get
+  the fine-tuning rounds as extra federated rounds); accuracy at round T is kept too.
+* ``fedvtc_le``: FedVTC with L_e only (``use_dm = false``, the Table 4 ablation).
+* ``fedvtc``: FedVTC with L_tc, paper settings otherwise, with ``diagnostics``: the noise
+  control (same pre-fine-tuning models fine-tuned on uniform noise with the same labels) and
+  the synthetic-only probe (a fresh MLP trained on the synthetic set, tested on real images).
+* ``fedvtc_f16``: ``fedvtc`` with prototypes and SDs sent as float16.
+* ``fedvtc_recal``: ``fedvtc`` + re-estimated generator BatchNorm statistics after averaging.
+* ``fedvtc_fix``: ``fedvtc_recal`` + the loss/SD settings of ``--fix`` (see docs/fedvtc.md).
+
+Usage::
+
+    python benchmarks/fedvtc_repro.py --out benchmarks/results/fedvtc_repro.json \\
+        --md benchmarks/results/fedvtc_repro.md
+    python benchmarks/fedvtc_repro.py --out benchmarks/results/fedvtc_repro.json --table-only
+
+Results are appended to ``--out`` after every run; a rerun skips runs already there with the
+same settings, so an interrupted grid resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+# the in-process transport's agents and the coordinator log per step; the grid prints a line
+# per run instead
+logging.basicConfig(level=logging.ERROR)
+
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "local": ("local", {}),
+    "fedproto": ("fedproto", {"proto_weight": 1.0}),
+    "fedvtc_le": ("fedvtc", {"use_dm": False, "diagnostics": True}),
+    "fedvtc": ("fedvtc", {"diagnostics": True}),
+    "fedvtc_f16": ("fedvtc", {"proto_encoding": "f16"}),
+    "fedvtc_recal": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
+    "fedvtc_fix": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
+}
+# per-round diagnostics kept in the JSON (means over the agents of that round)
+ROUND_KEYS = ("diag_ce", "diag_tc", "diag_rc", "diag_kl", "diag_dm", "diag_sigma_norm",
+              "diag_proto_norm", "diag_proto_sep", "diag_global_proto_norm", "diag_gen_min",
+              "diag_gen_max", "diag_gen_std", "diag_gen_class_contrast")
+FINAL_KEYS = ("acc_global_before_ft", "acc_global_noise_control", "probe_acc_global",
+              "probe_acc_global_own_gen", "gen_min", "gen_max", "gen_std", "gen_class_contrast",
+              "gen_std_own_gen", "gen_class_contrast_own_gen", "finetune_loss")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line; defaults are the grid reported in docs/fedvtc.md."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", nargs="+", default=["local", "fedproto", "fedvtc_le", "fedvtc",
+                                                     "fedvtc_f16", "fedvtc_fix"],
+                    choices=sorted(METHODS))
+    ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--f16-seeds", nargs="+", type=int, default=None,
+                    help="seeds for fedvtc_f16 (default: all of --seeds)")
+    ap.add_argument("--clients", type=int, default=10, help="K (all participate every round)")
+    ap.add_argument("--family", default="tiny", help="models.families name")
+    ap.add_argument("--rounds", type=int, default=8, help="T (paper: 100)")
+    ap.add_argument("--epochs", type=int, default=1, help="E (paper: 5)")
+    ap.add_argument("--lr", type=float, default=0.01, help="eta for everything (paper: 1e-4)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--grad-clip", type=float, default=10.0)
+    ap.add_argument("--synthetic-per-class", type=int, default=50, help="S (paper: 500)")
+    ap.add_argument("--finetune-epochs", type=int, default=5, help="FT rounds (paper: 5)")
+    ap.add_argument("--global-test", type=int, default=1000)
+    ap.add_argument("--fix", nargs="*", default=["kl_sigma_weight=0.0", "generator_lr=0.1"],
+                    help="hyper KEY=VALUE pairs that fedvtc_fix adds")
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fedvtc_repro.json"))
+    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
+    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    return ap.parse_args(argv)
+
+
+def _value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text, text)
+
+
+def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
+    """Everything that determines one run (also its identity in the results file)."""
+    algorithm, extra = METHODS[method]
+    hyper: dict[str, Any] = {"local_epochs": args.epochs, "batch_size": args.batch_size,
+                             "lr": args.lr, "momentum": 0.0, "grad_clip": args.grad_clip, **extra}
+    if algorithm == "fedvtc":
+        hyper.update(synthetic_per_class=args.synthetic_per_class,
+                     finetune_epochs=args.finetune_epochs)
+    if method == "fedvtc_fix":
+        hyper.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in args.fix)})
+    # baselines: the fine-tuning rounds become extra federated rounds (spec §8-D17)
+    rounds = args.rounds if algorithm == "fedvtc" else args.rounds + args.finetune_epochs
+    return {"method": method, "algorithm": algorithm, "alpha": alpha, "seed": seed,
+            "rounds": rounds, "T": args.rounds, "clients": args.clients, "family": args.family,
+            "global_test": args.global_test, "hyper": hyper}
+
+
+def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a small summary."""
+    import torch
+
+    from coordinator.config import load_config
+    from coordinator.simulate import FleetSpec, simulate
+    from models.families import family_models
+
+    torch.set_num_threads(threads)
+    run_dir = Path(tempfile.mkdtemp(prefix="fedvtc-repro-"))
+    try:
+        cfg = load_config(None, [], algorithm=spec["algorithm"], rounds=spec["rounds"],
+                          run_dir=str(run_dir), min_agents=spec["clients"], seed=spec["seed"],
+                          fraction=1.0, deadline_s=7200.0, num_classes=10,
+                          run_id="repro")
+        cfg = cfg.replace(hyper=spec["hyper"])
+        cfg.algorithm_config()  # validate the hyperparameters before starting agents
+        fleet = FleetSpec(num_agents=spec["clients"],
+                          models=tuple(family_models(spec["family"], spec["clients"])),
+                          data="mnist5k", partition=f"dirichlet:{spec['alpha']}",
+                          feature_dim=980, image_size=28, global_test_size=spec["global_test"])
+        t0 = time.time()
+        result = simulate(cfg, fleet)
+        wall = time.time() - t0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return {"spec": spec, "wall_s": wall, **summarize(result.metrics, spec["T"])}
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    vals = [a[key] for a in records if isinstance(a.get(key), (int, float))]
+    return statistics.fmean(vals) if vals else None
+
+
+def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
+    """Client-mean accuracies, controls, per-phase bytes and per-round diagnostics."""
+    last = steps[-1]
+    agents = list(last["agents"].values())
+    out: dict[str, Any] = {"acc_global": _mean(agents, "acc_global"),
+                           "per_client_acc_global": [a.get("acc_global") for a in agents]}
+    at_t = [s for s in steps if s["phase"] == "train" and s["round"] == T]
+    out["acc_global_round_T"] = _mean(list(at_t[0]["agents"].values()), "acc_global") if at_t else None
+    out.update({k: _mean(agents, k) for k in FINAL_KEYS if _mean(agents, k) is not None})
+    # bytes as counted by the coordinator's endpoint per step (tx = to agents, rx = from them)
+    phases: dict[str, dict[str, int]] = {}
+    for s in steps:
+        phase = "extra_rounds" if s["phase"] == "train" and s["round"] > T else s["phase"]
+        bucket = phases.setdefault(phase, {})
+        for k, v in s["bytes"].items():
+            bucket[k] = bucket.get(k, 0) + int(v)
+    out["bytes_by_phase"] = phases
+    out["bytes_total"] = sum(sum(b.values()) for b in phases.values())
+    out["rounds"] = [{"round": s["round"], "acc_global": s.get("mean_acc_global"),
+                      "sigma_mean": s["aggregate"].get("sigma_mean"),
+                      **{k: _mean(list(s["agents"].values()), k) for k in ROUND_KEYS
+                         if _mean(list(s["agents"].values()), k) is not None}}
+                     for s in steps if s["phase"] == "train"]
+    return out
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    """Results already in ``path`` (an empty list when it does not exist)."""
+    return json.loads(path.read_text())["runs"] if path.is_file() else []
+
+
+def save(path: Path, runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Write all results; ``command`` records how they were produced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": "python " + " ".join(sys.argv), "runs": runs}
+    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+
+
+# ----- tables ---------------------------------------------------------------------------------
+def _ms(vals: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "–"
+    mean = statistics.fmean(vals) * scale
+    sd = statistics.stdev(vals) * scale if len(vals) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def tables(runs: list[dict[str, Any]]) -> str:
+    """Markdown: accuracy/control table per (method, alpha) and a traffic table per method."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["spec"]["method"], r["spec"]["alpha"]), []).append(r)
+    order = [m for m in METHODS if any(k[0] == m for k in groups)]
+    lines = ["| method | Dir α | seeds | acc at T (before FT) | final acc (after FT) | "
+             "noise control | probe (synthetic only) | probe, own ψ | MB total |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m in order:
+        for alpha in sorted({k[1] for k in groups if k[0] == m}):
+            rs = groups[(m, alpha)]
+            before = [r.get("acc_global_before_ft", r.get("acc_global_round_T")) for r in rs]
+            lines.append(
+                f"| {m} | {alpha:g} | {len(rs)} | {_ms(before)} | {_ms([r['acc_global'] for r in rs])}"
+                f" | {_ms([r.get('acc_global_noise_control') for r in rs])}"
+                f" | {_ms([r.get('probe_acc_global') for r in rs])}"
+                f" | {_ms([r.get('probe_acc_global_own_gen') for r in rs])}"
+                f" | {statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.2f} |")
+    lines += ["", "Traffic per run (MB, mean over runs; tx = coordinator to agents, "
+              "rx = agents to coordinator):", "",
+              "| method | Dir α | train rounds tx / rx | extra rounds tx / rx | "
+              "generator upload rx | final tx | total |", "|---|---|---|---|---|---|---|"]
+    for m in order:
+        for alpha in sorted({k[1] for k in groups if k[0] == m}):
+            rs = groups[(m, alpha)]
+
+            def mb(phase: str, direction: str, rs: list[dict[str, Any]] = rs) -> str:
+                tot = [sum(v for k, v in r["bytes_by_phase"].get(phase, {}).items()
+                           if k.startswith(direction)) for r in rs]
+                return f"{statistics.fmean(tot) / 1e6:.3f}"
+
+            lines.append(f"| {m} | {alpha:g} | {mb('train', 'tx')} / {mb('train', 'rx')} | "
+                         f"{mb('extra_rounds', 'tx')} / {mb('extra_rounds', 'rx')} | "
+                         f"{mb('upload_generator', 'rx')} | {mb('final', 'tx')} | "
+                         f"{statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the missing runs of the grid, then print (and optionally write) the tables."""
+    args = parse_args(argv)
+    runs = load(args.out)
+    if not args.table_only:
+        done = [json.dumps(r["spec"], sort_keys=True) for r in runs]
+        todo = []
+        for alpha in args.alphas:
+            for seed in args.seeds:
+                for m in args.methods:
+                    if m == "fedvtc_f16" and args.f16_seeds is not None and seed not in args.f16_seeds:
+                        continue
+                    spec = run_spec(args, m, alpha, seed)
+                    if json.dumps(spec, sort_keys=True) not in done:
+                        todo.append(spec)
+        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
+        t0 = time.time()
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(execute, s, args.threads) for s in todo]
+            for fut in as_completed(futures):
+                r = fut.result()
+                runs.append(r)
+                save(args.out, runs, args)
+                s = r["spec"]
+                print(f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g} seed={s['seed']}"
+                      f" acc={r['acc_global']:.3f} before={r.get('acc_global_before_ft')} "
+                      f"noise={r.get('acc_global_noise_control')} probe={r.get('probe_acc_global')}"
+                      f" MB={r['bytes_total'] / 1e6:.2f} wall={r['wall_s']:.0f}s", flush=True)
+    text = tables(runs)
+    print(text)
+    if args.md is not None:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""FedVTC's edge half through the EdgeAlgorithm API (spec §2.3, §2.4, §8-D3/D5/D8)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edge_agent.algorithms import EdgeContext
+from edge_agent.algorithms.fedvtc import FedVTCEdge
+from edge_agent.trainer import TensorData
+from models import create_model
+from protocol.algorithms.fedvtc import FedVTCConfig
+from protocol.messages import Task
+from protocol.payloads import Payload, PrototypeSet
+
+C, P = 4, 64  # classes; latent p = 64 -> the toy 16x2x2 VTC at 8x8
+HELD = (0, 2)  # the client's classes; 1 and 3 are absent
+
+
+def make_edge(seed: int = 0, model: str = "cnn_bn3") -> FedVTCEdge:
+    """A client holding classes 0 and 2 of 4, with a BN model (so 'model unchanged' covers
+    BatchNorm buffers too) and a 20-image global test set."""
+    g = torch.Generator().manual_seed(123)  # the same data on every call
+    y = torch.tensor(HELD).repeat_interleave(12)
+    x = torch.rand(len(y), 1, 8, 8, generator=g) * 0.5 + 0.5 * (y == 2).float().view(-1, 1, 1, 1)
+    yt = torch.arange(C).repeat(5)
+    test = TensorData(torch.rand(len(yt), 1, 8, 8, generator=g), yt)
+    torch.manual_seed(seed)  # model and (per-client) generator init, as build_agent does
+    net = create_model(model, num_classes=C, in_chans=1, feature_dim=P, input_size=8)
+    ctx = EdgeContext(model=net, train=TensorData(x, y), test=TensorData(x[:4], y[:4]),
+                      num_classes=C, device=torch.device("cpu"),
+                      generator=torch.Generator().manual_seed(seed), global_test=test)
+    return FedVTCEdge(ctx)
+
+
+def task(phase: str, payloads: dict[str, Payload] | None = None, **cfg: object) -> Task:
+    config = FedVTCConfig(local_epochs=1, batch_size=8, synthetic_per_class=6,
+                          finetune_epochs=1).replace(**cfg)
+    return Task(task_id=f"t-{phase}", run_id="r", round=1, phase=phase, deadline=0.0,
+                algorithm="fedvtc", config=config.to_dict(), payloads=payloads or {})
+
+
+def protos(classes: list[int], value: float = 0.5, sd: float = 1.0) -> PrototypeSet:
+    return PrototypeSet(np.array(classes), np.full((len(classes), P), value, np.float32),
+                        np.ones(len(classes), np.int32), sd=np.full(P, sd, np.float32))
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_round_replies_held_prototypes_with_sd_and_stays_finite() -> None:
+    edge = make_edge()
+    gen0 = snapshot(edge.generator)
+    result = edge.handle(task("train", {"protos": protos([0], sd=0.5)}))
+    reply = result.payloads["protos"]
+    assert isinstance(reply, PrototypeSet)
+    assert reply.class_ids.tolist() == list(HELD)  # exactly the held classes, never 1 or 3
+    assert reply.vectors.shape == (2, P) and np.isfinite(reply.vectors).all()
+    assert reply.sd is not None and reply.sd.shape == (P,)
+    assert np.isfinite(reply.sd).all() and (reply.sd > 0).all()
+    assert abs(result.metrics["sigma_mean"] - 0.5) < 0.1  # sigma_k started at the global 0.5
+    assert all(torch.isfinite(v).all() for v in edge.generator.state_dict().values())
+    assert not same(gen0, snapshot(edge.generator)) and edge.generator_trained
+
+
+def test_step_a_moves_only_the_model_and_step_b_only_the_generator() -> None:
+    edge = make_edge()
+    edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))  # config + protos
+    assert edge.valid.tolist() == [True, False, True, False]
+    model, x, y = edge.ctx.model, edge.ctx.train.x[:8], edge.ctx.train.y[:8]
+    edge._gen_opt = torch.optim.SGD([*edge.generator.parameters(), edge.rho], lr=0.05)
+    m0, g0, rho0 = snapshot(model), snapshot(edge.generator), edge.rho.detach().clone()
+    # step A: the loop's loss and optimizer over the model's parameters only
+    model.train()
+    z = model.forward_features(x)
+    loss = edge.step_loss(x, y, z, model.forward_head(z))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt.zero_grad()
+    loss.backward()
+    assert all(p.grad is None for p in edge.generator.parameters()) and edge.rho.grad is None
+    opt.step()
+    m1 = snapshot(model)
+    assert not same(m0, m1)
+    assert same(g0, snapshot(edge.generator)) and torch.equal(rho0, edge.rho.detach())
+    # step B: generator and sigma move, the model (BN buffers included) does not
+    edge.after_step(x, y, z.detach())
+    assert same(m1, snapshot(model))
+    assert not same(g0, snapshot(edge.generator)) and not torch.equal(rho0, edge.rho.detach())
+    assert all(p.requires_grad for p in model.parameters()) and model.training  # restored
+
+
+def test_classes_without_a_global_prototype_add_no_prototype_terms() -> None:
+    edge = make_edge()
+    edge.handle(task("train", {"protos": protos([0])}, local_epochs=0))
+    x = edge.ctx.train.x[edge.ctx.train.y == 2][:6]
+    y = torch.full((6,), 2)
+    edge.generator.eval()
+
+    def loss() -> float:
+        edge.noise.manual_seed(7)  # the same latent noise for every evaluation
+        with torch.no_grad():
+            return float(edge._tc(x, y, edge.ctx.model.forward_features(x)))
+
+    base = loss()
+    edge.table[2] = 100.0  # a wild prototype for class 2, still marked invalid
+    assert loss() == pytest.approx(base, rel=1e-6)
+    edge.valid[2] = True  # once valid, its KL and DM terms count
+    assert loss() > base + 1.0
+
+
+def test_synthesize_gives_s_samples_for_each_valid_class_only() -> None:
+    edge = make_edge()
+    edge.handle(task("train", {"protos": protos([1, 3])}, local_epochs=0))
+    data = edge.synthesize(5)
+    assert torch.bincount(data.y, minlength=C).tolist() == [0, 5, 0, 5]
+    assert data.x.shape == (10, 1, 8, 8)
+    assert float(data.x.min()) > 0.0 and float(data.x.max()) < 1.0  # Sigmoid output
+    noise = edge.synthesize(5, source="noise")
+    assert noise.y.tolist() == data.y.tolist() and not torch.equal(noise.x, data.x)
+
+
+def test_shared_init_gives_every_client_the_same_generator() -> None:
+    a, b = make_edge(seed=1), make_edge(seed=2)
+    assert not same(snapshot(a.generator), snapshot(b.generator))  # per-client init
+    for edge in (a, b):  # no steps: the generator is exactly its initial state
+        edge.handle(task("train", {"protos": protos([0])}, local_epochs=0))
+    assert same(snapshot(a.generator), snapshot(b.generator))
+    c, d = make_edge(seed=1), make_edge(seed=2)
+    for edge in (c, d):
+        edge.handle(task("train", local_epochs=0, shared_generator_init=False))
+    assert not same(snapshot(c.generator), snapshot(d.generator))
+
+
+def test_diagnostics_report_controls_without_changing_the_finetuned_model() -> None:
+    runs = []
+    for diagnostics in (False, True):
+        edge = make_edge(model="cnn_t1")
+        edge.handle(task("train", {"protos": protos([0, 2])}))
+        final = {"protos": protos([0, 1, 2, 3], sd=0.3), "generator": edge._generator_payload()}
+        result = edge.handle(task("final", final, diagnostics=diagnostics))
+        runs.append((snapshot(edge.ctx.model), result.metrics))
+    (plain, m_plain), (diag, m_diag) = runs
+    assert same(plain, diag)  # the controls ran on copies and restored the random stream
+    assert m_plain["synthetic_samples"] == m_diag["synthetic_samples"] == 4 * 6
+    assert m_plain["acc_global_before_ft"] == m_diag["acc_global_before_ft"]
+    for key in ("acc_global_noise_control", "probe_acc_global", "probe_acc_global_own_gen",
+                "gen_class_contrast"):
+        assert key in m_diag and key not in m_plain
+        assert np.isfinite(m_diag[key])
+    assert 0.0 <= m_diag["probe_acc_global"] <= 1.0

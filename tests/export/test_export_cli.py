@@ -1,0 +1,147 @@
+"""edge-export: exit codes, one-line errors, summary, and a torch-free --help."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from export_helpers import images
+from torch import nn
+
+import models._registry
+from export.cli import main
+from models import Classifier
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error_line(err: str, *fragments: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edge-export: error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_help_does_not_import_torch() -> None:
+    code = (
+        "import sys, export.cli as c\n"
+        "try:\n    c.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = [m for m in ('torch', 'onnx', 'onnxruntime', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr
+    assert "--int8 {static,dynamic}" in proc.stdout and "--exporter {dynamo,legacy}" in proc.stdout
+
+
+def test_success_writes_bundle_and_summary(checkpoint: Callable[..., Path], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "d.npz"
+    x = (images(40) * 255).astype(np.uint8)  # uint8 pixels are scaled to [0, 1]
+    np.savez(data, x=x[:, 0], y=np.arange(40) % 10)  # [N, H, W]: channel axis added
+    code, out, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--fp16",
+                          "--int8", "static", "--data", str(data), "--exporter", "legacy",
+                          "--providers", "CUDAExecutionProvider,CPUExecutionProvider")
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [f["file"] for f in manifest["files"]] == ["model.onnx", "model.fp16.onnx",
+                                                      "model.int8.onnx"]
+    assert manifest["verification_inputs"] == "real" and manifest["num_samples"] == 40
+    assert manifest["export"]["exporter"] == "legacy"
+    assert manifest["providers_requested"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert "model.int8.onnx" in out and "acc " in out and "verification inputs: real" in out
+
+
+def test_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, str(tmp_path / "nope.pt"), "-o", str(tmp_path / "b"))
+    assert code == 2
+    _one_error_line(err, "checkpoint not found", "nope.pt")
+
+
+def test_corrupt_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x00garbage" * 50)
+    code, _, err = _run(capsys, str(bad), "-o", str(tmp_path / "b"))
+    assert code == 2
+    _one_error_line(err, "bad.pt", "not a torch.save archive")
+
+
+def test_architecture_mismatch(checkpoint: Callable[..., Path], tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = checkpoint()
+    raw = torch.load(path, weights_only=True)
+    raw["model"]["name"] = "mlp_m"  # same layer names, other widths
+    torch.save(raw, path)
+    code, _, err = _run(capsys, str(path), "-o", str(tmp_path / "b"))
+    assert code == 2
+    _one_error_line(err, "state_dict does not match mlp_m", "shape-mismatched",
+                    "trunk.1.weight: checkpoint [64, 64] vs model [128, 64]")
+
+
+class _Bessel(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.special.bessel_j0(x.flatten(1))
+        return out
+
+
+def test_unsupported_op(checkpoint: Callable[..., Path], tmp_path: Path,
+                        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+                        ) -> None:
+    path = checkpoint("mlp_s")
+    odd = Classifier(_Bessel(), 64, num_classes=10, in_chans=1, input_size=(8, 8))
+    odd.model_name = "mlp_s"
+    raw = torch.load(path, weights_only=True)
+    raw["state_dict"] = odd.state_dict()
+    torch.save(raw, path)
+
+    def fake_create(name: str, **kw: Any) -> Classifier:
+        return odd
+
+    monkeypatch.setattr(models._registry, "create_model", fake_create)
+    code, out, err = _run(capsys, str(path), "-o", str(tmp_path / "b"), "--exporter", "legacy")
+    assert code == 2
+    _one_error_line(err, "cannot export mlp_s", "aten::special_bessel_j0")
+    assert out == ""  # the legacy exporter's IR dump does not reach the user
+
+
+@pytest.mark.parametrize(
+    ("arrays", "fragment"),
+    [
+        ({"images": np.zeros((2, 1, 8, 8))}, "has no array 'x'"),
+        ({"x": np.full((2, 1, 8, 8), 3.0, np.float32)}, "scaled to [0, 1]"),
+        ({"x": np.zeros((2, 3, 8, 8), np.float32)}, "expected shape [N, 1, 8, 8]"),
+    ],
+)
+def test_bad_data_file(checkpoint: Callable[..., Path], tmp_path: Path,
+                       capsys: pytest.CaptureFixture[str], arrays: dict[str, np.ndarray],
+                       fragment: str) -> None:
+    data = tmp_path / "d.npz"
+    np.savez(data, **arrays)  # type: ignore[arg-type]
+    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--data", str(data))
+    assert code == 2
+    _one_error_line(err, fragment)
+
+
+def test_missing_data_file_and_bad_provider(checkpoint: Callable[..., Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = str(checkpoint())
+    code, _, err = _run(capsys, ckpt, "-o", str(tmp_path / "b"), "--data", "absent.npz")
+    assert code == 2
+    _one_error_line(err, "--data: file not found: absent.npz")
+    code, _, err = _run(capsys, ckpt, "-o", str(tmp_path / "b"), "--providers", "TypoProvider",
+                        "--exporter", "legacy")
+    assert code == 2
+    _one_error_line(err, "unknown execution provider(s) ['TypoProvider']")
