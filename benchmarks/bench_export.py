@@ -27,8 +27,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from export import export_model, make_variant, with_head
+# Submodule imports: they also work when a stale editable install maps `export` to a
+# namespace package (the package's lazy attributes need its __init__).
+from export.exporter import export_model
+from export.heads import with_head
 from export.runtime import latency_ms, make_session, run_batches
+from export.variants import make_variant
 from models import create_model, list_models, model_info
 from models.checkpoint import HeadSpec
 from protocol.errors import EdgeFLError

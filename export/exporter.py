@@ -124,6 +124,7 @@ def export_model(
         gen = torch.Generator().manual_seed(0)
         # Batch 2: torch.export specialises dimensions of size 1, which would pin the batch.
         example = torch.rand(2, *shape, generator=gen)
+        example = example.to(next((p.device for p in model.parameters()), example.device))
         with tempfile.TemporaryDirectory(prefix="edgefl-export-") as tmp:
             merged = _torch_export(wrapper, example, Path(tmp, "model.onnx"), opset, dynamo)
     finally:

@@ -149,5 +149,9 @@ def make_head(model: Classifier, head: HeadSpec) -> nn.Module:
 
 
 def with_head(model: Classifier, head: HeadSpec) -> InferenceModel:
-    """``model`` with the inference ``head`` attached, in eval mode (shares ``model``'s weights)."""
-    return InferenceModel(FeatureTrunk(model), make_head(model, head)).eval()
+    """``model`` with the inference ``head`` attached, in eval mode (shares ``model``'s weights).
+
+    The head's constants move to the model's device, so a model trained on a GPU exports as is.
+    """
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return InferenceModel(FeatureTrunk(model), make_head(model, head).to(device)).eval()

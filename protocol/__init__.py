@@ -1,5 +1,6 @@
 """The wire contract of edgefl: messages, payloads, codec, topics and transports (no torch)."""
 
+from protocol.chunking import ChunkPolicy
 from protocol.codec import Envelope, Limits, decode, encode
 from protocol.endpoint import Endpoint, TrafficCounter
 from protocol.errors import (
@@ -29,6 +30,7 @@ from protocol.messages import (
     Task,
 )
 from protocol.payloads import FeatureLogitSet, ImageVectorPairs, PrototypeSet, TensorMap
+from protocol.signing import HmacSigner, Signer, Verifier
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport, Transport, Will
 
@@ -37,6 +39,7 @@ __all__ = [
     "Ack",
     "Capabilities",
     "Chunk",
+    "ChunkPolicy",
     "ChunkRequest",
     "ConfigError",
     "CoordinatorState",
@@ -46,6 +49,7 @@ __all__ = [
     "Envelope",
     "ErrorReply",
     "FeatureLogitSet",
+    "HmacSigner",
     "ImageVectorPairs",
     "InputSpec",
     "LimitError",
@@ -59,6 +63,7 @@ __all__ = [
     "Reply",
     "RoundDescriptor",
     "SignatureError",
+    "Signer",
     "Status",
     "Task",
     "TensorMap",
@@ -67,6 +72,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "ValidationError",
+    "Verifier",
     "Will",
     "decode",
     "encode",

@@ -109,6 +109,8 @@ class Endpoint:
         unsigned_kinds: Kinds still accepted unsigned when signatures are required, such as
             ``{"status"}`` for the last will, which the broker publishes long after it was made
             (a signed will would be stale; treat status as a hint, not as evidence).
+        on_duplicate: Called (on the transport thread) with each dropped duplicate, e.g. so
+            the coordinator can acknowledge again a reply whose first ack was lost.
         clock: Monotonic clock for chunk timeouts (tests inject a fake one).
     """
 
@@ -126,6 +128,7 @@ class Endpoint:
         verifier: Verifier | None = None,
         require_signatures: bool = False,
         unsigned_kinds: frozenset[str] = frozenset(),
+        on_duplicate: EnvelopeHandler | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if signer is not None and signer.key_id != sender:
@@ -144,6 +147,7 @@ class Endpoint:
         self.verifier = verifier
         self.require_signatures = require_signatures
         self.unsigned_kinds = unsigned_kinds
+        self.on_duplicate = on_duplicate
         self.traffic = TrafficCounter()
         self.rejected: Counter[str] = Counter()
         self.log = logger or logging.getLogger(f"edgefl.endpoint.{sender}")
@@ -314,6 +318,8 @@ class Endpoint:
         if self._is_duplicate(env):
             self.rejected["duplicate"] += 1
             self.log.debug("duplicate %s %s from %s", env.kind, env.msg_id, env.sender)
+            if self.on_duplicate is not None and not isinstance(env.body, ChunkRequest):
+                self._call(self.on_duplicate, env, topic)
             return
         if isinstance(env.body, ChunkRequest):
             self._on_chunk_request(env.body, env.sender)
@@ -321,10 +327,13 @@ class Endpoint:
         with self._handlers_lock:
             targets = [h for f, h in self._handlers if matches(f, topic)]
         for handler in targets:
-            try:
-                handler(env, topic)
-            except Exception:  # one failing handler must not starve the others
-                self.log.exception("handler for %s %s failed", env.kind, topic)
+            self._call(handler, env, topic)
+
+    def _call(self, handler: EnvelopeHandler, env: Envelope, topic: str) -> None:
+        try:
+            handler(env, topic)
+        except Exception:  # one failing handler must not starve the others
+            self.log.exception("handler for %s on %s failed", env.kind, topic)
 
     def _is_duplicate(self, env: Envelope) -> bool:
         key = (env.sender, env.msg_id)

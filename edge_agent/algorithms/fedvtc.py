@@ -26,12 +26,12 @@ from protocol.errors import ValidationError
 from protocol.messages import Task
 from protocol.payloads import Payload, PrototypeSet, TensorMap
 
-__all__ = ["FedVTCEdge", "tc_losses"]
+__all__ = ["FedVTCEdge", "tc_losses", "tc_terms"]
 
 
-def tc_losses(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,
-              mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor]:
-    """Per-sample ``L_rc + KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each.
+def tc_terms(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,
+             mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample ``L_rc``, ``KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each.
 
     ``protos`` are the prototypes of each sample's label ``[B, p]``; ``mask`` zeroes the
     prototype terms of samples whose class has no global prototype yet (decision D3).
@@ -40,10 +40,14 @@ def tc_losses(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos:
     p = z.shape[1]
     sigma_part = 0.5 * ((2 * rho).exp().sum() - p - (2 * rho).sum())
     kl = 0.5 * (z - protos).pow(2).sum(1) * mask + kl_sigma_weight * sigma_part
-    if z_gen is None:
-        dm = torch.zeros_like(rc)
-    else:
-        dm = (z_gen - protos).pow(2).sum(1) * mask
+    dm = torch.zeros_like(rc) if z_gen is None else (z_gen - protos).pow(2).sum(1) * mask
+    return rc, kl, dm
+
+
+def tc_losses(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,
+              mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor]:
+    """Per-sample ``L_rc + KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each."""
+    rc, kl, dm = tc_terms(x, z, x_gen, z_gen, protos, mask, rho, kl_sigma_weight)
     return rc + kl, dm
 
 
@@ -132,14 +136,15 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         v = z + sigma * torch.randn(z.shape, device=z.device, generator=self.noise)
         x_gen = self.generator(v)
         z_gen = self.ctx.model.forward_features(x_gen) if self.config.use_dm else None
-        elbo, dm = tc_losses(x, z, x_gen, z_gen, protos, mask, self.rho, self.config.kl_sigma_weight)
+        rc, kl, dm = tc_terms(x, z, x_gen, z_gen, protos, mask, self.rho,
+                              self.config.kl_sigma_weight)
+        if self.config.tc_scale == "per_dim":  # means over pixels / latent dims, not sums
+            rc, kl, dm = rc / x[0].numel(), kl / z.shape[1], dm / z.shape[1]
         if log:  # diagnostics: the reduced size of each term, to compare with CE
             with torch.no_grad():
-                rc = (x_gen - x).pow(2).flatten(1).sum(1)
-                self._log("rc", self._reduce(rc, y, weight))
-                self._log("kl", self._reduce(elbo - rc, y, weight))
-                self._log("dm", self._reduce(dm, y, weight))
-        return self._reduce(elbo + self.config.dm_weight * dm, y, weight)
+                for name, term in (("rc", rc), ("kl", kl), ("dm", dm)):
+                    self._log(name, self._reduce(term, y, weight))
+        return self._reduce(rc + kl + self.config.dm_weight * dm, y, weight)
 
     def _log(self, name: str, value: Tensor | float) -> None:
         self._diag.setdefault(name, []).append(float(value))
@@ -188,8 +193,11 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def train_phase(self, task: Task) -> PhaseResult:
         """One federated round (step A/B alternation per mini-batch)."""
         cfg = self.config
-        if cfg.shared_generator_init and not self.generator_trained:
-            self._shared_init(cfg.generator_seed)
+        if not self.generator_trained:  # before the first step; a received global SD wins
+            if cfg.shared_generator_init:
+                self._shared_init(cfg.generator_seed)
+            with torch.no_grad():
+                self.rho.fill_(math.log(cfg.sd_init))
         lr = cfg.generator_lr or cfg.lr
         self._gen_opt = torch.optim.SGD([*self.generator.parameters(), self.rho], lr=lr)
         self._diag = {}

@@ -31,9 +31,14 @@ class FedVTCConfig(TrainConfig):
     finetune_epochs: int = 5  # the fine-tuning rounds (one epoch each, no communication)
     init_protos: Literal["mask", "zeros"] = "mask"
     tc_reduction: Literal["classbalanced", "classsum_batch", "mean"] = "classbalanced"
+    # Deviation (off = paper): "per_dim" takes L_rc as a mean over pixels and KL, L_dm as means
+    # over the p latent dims (PyTorch's MSELoss default) instead of sums; the paper's sums are
+    # ~300x CE at 28x28, p = 980, and drown the classification loss in step A.
+    tc_scale: Literal["sum", "per_dim"] = "sum"
     kl_sigma_weight: float = 1.0  # beta on the sigma part of KL (diagnostic knob; 1 = paper)
     generator_lr: float = 0.0  # 0 = same as lr
     generator_exchange: Literal["once", "every_round"] = "once"  # Table 3 ablation
+    sd_init: float = 1.0  # initial sigma (paper: 1); a client's sigma before any global one
     sd_min: float = 1e-3
     sd_max: float = 10.0
     proto_encoding: Literal["raw", "f16"] = "raw"

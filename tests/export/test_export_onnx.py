@@ -114,6 +114,7 @@ def test_export_restores_mode_and_leaves_global_rng_alone(tmp_path: Path) -> Non
 
 def test_mismatch_raises_verification_error(exported: tuple[Classifier, ExportResult]) -> None:
     _, result = exported
+    torch.manual_seed(1)
     other = _model()  # different random weights
     with pytest.raises(VerificationError, match=r"does not match PyTorch on 16 real samples: "
                                                  r"max \|score diff\|") as info:

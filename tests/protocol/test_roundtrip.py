@@ -15,7 +15,9 @@ from protocol.codec import Envelope, decode, encode
 from protocol.messages import MESSAGE_TYPES, Reply
 from protocol.payloads import PAYLOAD_TYPES
 
-FAST = settings(max_examples=int(os.environ.get("EDGEFL_HYPOTHESIS_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# EDGEFL_HYPOTHESIS_EXAMPLES=2000 for a long local campaign; CI keeps the default
+FAST = settings(max_examples=int(os.environ.get("EDGEFL_HYPOTHESIS_EXAMPLES", "40")),
+                deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -1,0 +1,68 @@
+"""Endpoint behaviour without chunks: dedupe, duplicate hook, dispatch, byte accounting."""
+
+from __future__ import annotations
+
+from protocol.codec import Envelope, encode
+from protocol.endpoint import Endpoint
+from protocol.messages import Ack, Reply
+from protocol.topics import Topics
+from protocol.transport import MemoryBroker, MemoryTransport
+
+T = Topics("fed")
+
+
+def _setup(**kw: object) -> tuple[MemoryTransport, Endpoint, list[tuple[str, Envelope, str]]]:
+    broker = MemoryBroker()
+    raw, t = MemoryTransport(broker, "raw"), MemoryTransport(broker, "coord")
+    raw.connect()
+    t.connect()
+    endpoint = Endpoint(t, sender="coord", federation="fed", **kw)  # type: ignore[arg-type]
+    seen: list[tuple[str, Envelope, str]] = []
+    endpoint.subscribe(f"{T.base}/dev/+/up/#", lambda e, topic: seen.append(("all", e, topic)))
+    endpoint.subscribe(T.up("dev1", "reply"), lambda e, topic: seen.append(("reply", e, topic)))
+    return raw, endpoint, seen
+
+
+def test_duplicates_are_dropped_and_reported_to_the_hook() -> None:
+    dups: list[Envelope] = []
+    raw, endpoint, seen = _setup(on_duplicate=lambda e, t: dups.append(e))
+    frame = encode(Envelope(body=Reply(task_id="t", round=1, phase="p", num_samples=1),
+                            sender="dev1", federation="fed", msg_id="m-1"))
+    raw.publish(T.up("dev1", "reply"), frame)
+    raw.publish(T.up("dev1", "reply"), frame)
+    # both matching handlers see the first copy once; the second copy goes to the hook only
+    assert [name for name, _, _ in seen] == ["all", "reply"]
+    assert [e.msg_id for e in dups] == ["m-1"]
+    assert endpoint.rejected == {"duplicate": 1}
+    assert endpoint.traffic.bytes[("rx", "reply")] == 2 * len(frame)
+    assert endpoint.traffic.messages[("rx", "reply")] == 2
+
+
+def test_a_failing_handler_does_not_starve_the_others() -> None:
+    raw, endpoint, seen = _setup()
+
+    def boom(env: Envelope, topic: str) -> None:
+        raise RuntimeError("bug")
+
+    endpoint.subscribe(f"{T.base}/#", boom)
+    raw.publish(T.up("dev1", "ack"), encode(Envelope(body=Ack(ref_id="r"), sender="dev1")))
+    assert [name for name, _, _ in seen] == ["all"]
+
+
+def test_rejected_bytes_are_counted_as_invalid() -> None:
+    raw, endpoint, seen = _setup()
+    raw.publish(T.up("dev1", "reply"), b"\x81\xa1v\x02")
+    assert seen == [] and endpoint.rejected == {"DecodeError": 1}
+    assert endpoint.traffic.snapshot() == {"rx.invalid": 4}
+
+
+def test_send_counts_what_it_publishes() -> None:
+    broker = MemoryBroker()
+    t = MemoryTransport(broker, "a")
+    t.connect()
+    frames: list[bytes] = []
+    t.subscribe("#", lambda topic, data: frames.append(data))
+    endpoint = Endpoint(t, sender="dev1", federation="fed")
+    env = endpoint.send(T.up("dev1", "ack"), Ack(ref_id="r"), round=4, msg_id="fixed")
+    assert (env.msg_id, env.round, env.sender) == ("fixed", 4, "dev1")
+    assert endpoint.traffic.snapshot() == {"tx.ack": len(frames[0])}
