@@ -46,6 +46,9 @@ class RunConfig:
     deadline_s: float = 120.0  # per step, from the tasks' dispatch
     grace_s: float = 2.0  # extra wait after the deadline for replies already in flight
     wait_agents_s: float = 300.0  # how long to wait for min_agents before giving up
+    # before each later step, how long to wait for min_agents to be online again (an agent
+    # that restarted mid-run rejoins); the step then goes ahead with the agents online
+    rejoin_wait_s: float = 10.0
     max_retries: int = 2  # re-runs of a step that missed quorum before the run stops
     seed: int = 0
     num_classes: int = 10

@@ -37,6 +37,8 @@ from protocol.topics import Topics
 
 __all__ = ["Coordinator", "QuorumError", "RunResult"]
 
+MAX_BATCH = 512  # messages handled per transaction (group commit)
+
 
 class QuorumError(EdgeFLError):
     """A step missed its quorum more often than ``max_retries`` allows."""
@@ -80,6 +82,7 @@ class Coordinator:
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self._outstanding: dict[str, Task] = {}  # device -> task of the open step
         self._state: tuple[str, int] = ("starting", 0)  # last published coordinator state
+        self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._restore()
 
     # ----- start-up -------------------------------------------------------------------------
@@ -174,6 +177,9 @@ class Coordinator:
             rec = self._open(idx, step, attempt=rec.attempt + 1)
 
     def _open(self, idx: int, step: Step, attempt: int) -> StepRecord:
+        end = time.monotonic() + self.cfg.rejoin_wait_s
+        while len(self._online_agents()) < self.cfg.min_agents and time.monotonic() < end:
+            self._pump(min(0.5, max(0.0, end - time.monotonic())))  # let restarted agents rejoin
         online = self._online_agents()
         if not online:
             raise QuorumError(f"step {idx + 1} ({step.phase}, round {step.round}): no agent online")
@@ -222,10 +228,33 @@ class Coordinator:
 
     def _pump(self, timeout: float, rec: StepRecord | None = None, step: Step | None = None,
               outcome: StepOutcome | None = None) -> None:
+        """Handle what arrived (waiting up to ``timeout`` for the first message).
+
+        Group commit: everything already queued is handled in one transaction, and the acks
+        leave only after it commits, so an acknowledged update is durable while a burst of N
+        replies costs one fsync instead of N (1000 agents: see benchmarks/bench_coordinator.py).
+        """
         try:
-            env, topic = self.inbox.get(timeout=timeout)
+            batch = [self.inbox.get(timeout=timeout)]
         except queue.Empty:
             return
+        while len(batch) < MAX_BATCH:
+            try:
+                batch.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        with self.store.transaction():
+            for env, topic in batch:
+                self._handle(env, topic, rec, step, outcome)
+        acks, self._acks = self._acks, []
+        for ack_topic, ack in acks:
+            self.endpoint.send(ack_topic, ack)
+
+    def _ack(self, topic: str, ack: Ack) -> None:
+        self._acks.append((topic, ack))  # sent by _pump once the batch is committed
+
+    def _handle(self, env: Envelope, topic: str, rec: StepRecord | None, step: Step | None,
+                outcome: StepOutcome | None) -> None:
         device = self.topics.device_from(topic)
         if device is None or device != env.sender:
             self._reject("sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}")
@@ -278,13 +307,13 @@ class Coordinator:
         ack_topic = self.topics.down(device, "ack")
         task = self._outstanding.get(device)
         if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
-            self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
+            self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
             return
         if rec is None or step is None or outcome is None or task is None or \
                 reply.task_id != task.task_id:
             self._reject("late", f"reply {reply.task_id} from {device} matches no open task")
-            self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
-                                              accepted=False, reason="late or unknown task"))
+            self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
+                                     accepted=False, reason="late or unknown task"))
             return
         try:
             if reply.phase != step.phase or reply.round != step.round:
@@ -294,12 +323,12 @@ class Coordinator:
         except ValidationError as exc:
             self._reject("invalid_reply", f"{device}: {exc}")
             outcome.failed[device] = str(exc)
-            self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
-                                              accepted=False, reason=str(exc)))
+            self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
+                                     accepted=False, reason=str(exc)))
             return
         self.store.add_update(rec.idx, device, env.msg_id, reply.task_id, encode(env))
-        outcome.replies[device] = reply  # durable before the ack leaves
-        self.endpoint.send(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
+        outcome.replies[device] = reply
+        self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))  # after the commit
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -33,6 +33,8 @@ CREATE TABLE IF NOT EXISTS steps (idx INTEGER PRIMARY KEY, round INTEGER NOT NUL
 CREATE TABLE IF NOT EXISTS updates (step INTEGER NOT NULL, device_id TEXT NOT NULL,
     msg_id TEXT NOT NULL, task_id TEXT NOT NULL, envelope BLOB NOT NULL, received REAL NOT NULL,
     PRIMARY KEY (step, device_id));
+-- every reply is first checked for a duplicate msg_id: without this, a scan of all updates
+CREATE INDEX IF NOT EXISTS updates_by_msg ON updates (msg_id);
 CREATE TABLE IF NOT EXISTS global_state (name TEXT PRIMARY KEY, blob BLOB NOT NULL,
     step INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS metrics (step INTEGER PRIMARY KEY, record TEXT NOT NULL);

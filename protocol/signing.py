@@ -52,7 +52,7 @@ def _cryptography_ed25519() -> Any:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError as exc:
         raise ConfigError(
-            "Ed25519 signatures need the 'cryptography' package: pip install cryptography "
+            "Ed25519 signatures need the 'cryptography' package: pip install edgefl[signing] "
             "(or use HMAC-SHA256 keys, which need nothing extra)"
         ) from exc
     return ed25519

@@ -77,7 +77,7 @@ def _encode_model(model: WireModel) -> dict[str, Any]:
 def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
     if value is None:
         return None
-    origin = typing.get_origin(tp)
+    origin = _origin(tp)
     if tp is np.ndarray or origin is np.ndarray:
         return encode_array(value, encoding, path)
     if isinstance(value, WireModel):
@@ -86,14 +86,14 @@ def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
             return {"t": type(value).KIND, **body}
         return body
     if origin in (list, tuple):
-        (item_tp, *_rest) = typing.get_args(tp)
+        (item_tp, *_rest) = _args(tp)
         return [_encode_value(v, item_tp, encoding, f"{path}[]") for v in value]
     if origin is dict:
-        _k, item_tp = typing.get_args(tp)
+        _k, item_tp = _args(tp)
         return {k: _encode_value(v, item_tp, encoding, f"{path}.{k}") for k, v in value.items()}
     if _is_union(tp):  # X | None and scalar unions: encode by the value's own type
-        for member in typing.get_args(tp):
-            m_origin = typing.get_origin(member) or member
+        for member in _args(tp):
+            m_origin = _origin(member) or member
             if isinstance(m_origin, type) and isinstance(value, m_origin):
                 return _encode_value(value, member, encoding, path)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
@@ -102,7 +102,29 @@ def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
 
 
 def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType)
+    return _origin(tp) in (Union, types.UnionType)
+
+
+# typing.get_origin/get_args are slow and called for every field of every message: memoise
+# them per type (all field types are hashable type expressions)
+_ORIGINS: dict[Any, Any] = {}
+_ARGS: dict[Any, tuple[Any, ...]] = {}
+
+
+def _origin(tp: Any) -> Any:
+    try:
+        return _ORIGINS[tp]
+    except KeyError:
+        found = _ORIGINS[tp] = typing.get_origin(tp)
+        return found
+
+
+def _args(tp: Any) -> tuple[Any, ...]:
+    try:
+        return _ARGS[tp]
+    except KeyError:
+        found = _ARGS[tp] = typing.get_args(tp)
+        return found
 
 
 def _decode_model(cls: type[T], obj: Any, path: str) -> T:
@@ -154,9 +176,9 @@ _SCALARS: dict[Any, tuple[type, ...]] = {
 
 
 def _decode_value(obj: Any, tp: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
+    origin = _origin(tp)
     if origin is typing.Literal:
-        allowed = typing.get_args(tp)
+        allowed = _args(tp)
         if not isinstance(obj, str) or obj not in allowed:
             raise ValidationError(path, f"one of {list(allowed)}", obj)
         return obj
@@ -169,13 +191,13 @@ def _decode_value(obj: Any, tp: Any, path: str) -> Any:
     if origin in (list, tuple):
         if not isinstance(obj, list):
             raise ValidationError(path, "list", type(obj).__name__)
-        item_tp = typing.get_args(tp)[0]
+        item_tp = _args(tp)[0]
         items = [_decode_value(v, item_tp, f"{path}[{i}]") for i, v in enumerate(obj)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(obj, dict):
             raise ValidationError(path, "map", type(obj).__name__)
-        _k, item_tp = typing.get_args(tp)
+        _k, item_tp = _args(tp)
         for k in obj:
             if not isinstance(k, str):
                 raise ValidationError(path, "string keys", k)
@@ -201,9 +223,9 @@ def _decode_scalar(obj: Any, tp: Any, path: str) -> Any:
 
 
 def _decode_union(obj: Any, tp: Any, path: str) -> Any:
-    members = [a for a in typing.get_args(tp) if a is not type(None)]
+    members = [a for a in _args(tp) if a is not type(None)]
     if obj is None:
-        if len(members) < len(typing.get_args(tp)):
+        if len(members) < len(_args(tp)):
             return None
         raise ValidationError(path, "a value", None)
     models = [m for m in members if isinstance(m, type) and issubclass(m, WireModel)]

@@ -1,0 +1,43 @@
+"""The ``coordinator`` command line: a torch-free ``--help`` and precise start-up errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from coordinator.cli import main
+from protocol.broker import free_port
+
+HEAVY = ("torch", "torchvision", "onnx", "onnxruntime")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["demo", "--help"],
+                                  ["simulate", "--help"], ["report", "--help"]])
+def test_help_does_not_import_heavy_modules(argv: list[str]) -> None:
+    code = (
+        "import sys, coordinator.cli as c\n"
+        f"try:\n    c.main({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: coordinator" in proc.stdout
+
+
+def test_unreachable_broker_is_a_one_line_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()  # nothing listens there
+    code = main(["serve", "--broker", f"127.0.0.1:{port}", "--algorithm", "fedproto",
+                 "--run-dir", str(tmp_path / "run"), "--rounds", "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("coordinator: error:") and f"127.0.0.1:{port}" in err, err
+    assert "Traceback" not in err
+
+
+def test_unknown_config_key_is_rejected(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve", "--set", "run.roundz=3", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "roundz" in err, err
