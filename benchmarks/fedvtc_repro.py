@@ -17,7 +17,8 @@ Methods (``--methods``):
   the synthetic-only probe (a fresh MLP trained on the synthetic set, tested on real images).
 * ``fedvtc_f16``: ``fedvtc`` with prototypes and SDs sent as float16.
 * ``fedvtc_recal``: ``fedvtc`` + re-estimated generator BatchNorm statistics after averaging.
-* ``fedvtc_fix``: ``fedvtc_recal`` + the loss/SD settings of ``--fix`` (see docs/fedvtc.md).
+* ``fedvtc_fix``: ``fedvtc`` + the deviations of ``--fix`` (default ``model_tc_weight=0.01``:
+  L_tc weighted 0.01 in the model's step A only; see docs/fedvtc.md).
 
 Usage::
 
@@ -54,7 +55,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedvtc": ("fedvtc", {"diagnostics": True}),
     "fedvtc_f16": ("fedvtc", {"proto_encoding": "f16"}),
     "fedvtc_recal": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
-    "fedvtc_fix": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
+    "fedvtc_fix": ("fedvtc", {"diagnostics": True}),
 }
 # per-round diagnostics kept in the JSON (means over the agents of that round)
 ROUND_KEYS = ("diag_ce", "diag_tc", "diag_rc", "diag_kl", "diag_dm", "diag_sigma_norm",
@@ -77,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seeds for fedvtc_f16 (default: all of --seeds)")
     ap.add_argument("--clients", type=int, default=10, help="K (all participate every round)")
     ap.add_argument("--family", default="tiny", help="models.families name")
-    ap.add_argument("--rounds", type=int, default=8, help="T (paper: 100)")
+    ap.add_argument("--rounds", type=int, default=10, help="T (paper: 100)")
     ap.add_argument("--epochs", type=int, default=1, help="E (paper: 5)")
     ap.add_argument("--lr", type=float, default=0.01, help="eta for everything (paper: 1e-4)")
     ap.add_argument("--batch-size", type=int, default=16)
@@ -85,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--synthetic-per-class", type=int, default=50, help="S (paper: 500)")
     ap.add_argument("--finetune-epochs", type=int, default=5, help="FT rounds (paper: 5)")
     ap.add_argument("--global-test", type=int, default=1000)
-    ap.add_argument("--fix", nargs="*", default=["kl_sigma_weight=0.0", "generator_lr=0.1"],
+    ap.add_argument("--fix", nargs="*", default=["model_tc_weight=0.01"],
                     help="hyper KEY=VALUE pairs that fedvtc_fix adds")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
@@ -162,7 +163,8 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     out: dict[str, Any] = {"acc_global": _mean(agents, "acc_global"),
                            "per_client_acc_global": [a.get("acc_global") for a in agents]}
     at_t = [s for s in steps if s["phase"] == "train" and s["round"] == T]
-    out["acc_global_round_T"] = _mean(list(at_t[0]["agents"].values()), "acc_global") if at_t else None
+    out["acc_global_round_T"] = (_mean(list(at_t[0]["agents"].values()), "acc_global")
+                                 if at_t else None)
     out.update({k: _mean(agents, k) for k in FINAL_KEYS if _mean(agents, k) is not None})
     # bytes as counted by the coordinator's endpoint per step (tx = to agents, rx = from them)
     phases: dict[str, dict[str, int]] = {}
@@ -217,7 +219,8 @@ def tables(runs: list[dict[str, Any]]) -> str:
             rs = groups[(m, alpha)]
             before = [r.get("acc_global_before_ft", r.get("acc_global_round_T")) for r in rs]
             lines.append(
-                f"| {m} | {alpha:g} | {len(rs)} | {_ms(before)} | {_ms([r['acc_global'] for r in rs])}"
+                f"| {m} | {alpha:g} | {len(rs)} | {_ms(before)}"
+                f" | {_ms([r['acc_global'] for r in rs])}"
                 f" | {_ms([r.get('acc_global_noise_control') for r in rs])}"
                 f" | {_ms([r.get('probe_acc_global') for r in rs])}"
                 f" | {_ms([r.get('probe_acc_global_own_gen') for r in rs])}"
@@ -252,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         for alpha in args.alphas:
             for seed in args.seeds:
                 for m in args.methods:
-                    if m == "fedvtc_f16" and args.f16_seeds is not None and seed not in args.f16_seeds:
+                    f16 = args.f16_seeds
+                    if m == "fedvtc_f16" and f16 is not None and seed not in f16:
                         continue
                     spec = run_spec(args, m, alpha, seed)
                     if json.dumps(spec, sort_keys=True) not in done:
@@ -266,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(r)
                 save(args.out, runs, args)
                 s = r["spec"]
-                print(f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g} seed={s['seed']}"
+                print(f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g}"
+                      f" seed={s['seed']}"
                       f" acc={r['acc_global']:.3f} before={r.get('acc_global_before_ft')} "
                       f"noise={r.get('acc_global_noise_control')} probe={r.get('probe_acc_global')}"
                       f" MB={r['bytes_total'] / 1e6:.2f} wall={r['wall_s']:.0f}s", flush=True)

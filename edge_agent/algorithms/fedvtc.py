@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, PhaseResult, register_edge_algorithm
+from edge_agent.algorithms.base import (
+    EdgeAlgorithm,
+    EdgeContext,
+    PhaseResult,
+    register_edge_algorithm,
+)
 from edge_agent.knowledge import class_prototypes, prototype_table
 from edge_agent.trainer import TensorData, TrainStats
 from models.vtc import VTCGenerator, vtc_for
@@ -29,7 +34,7 @@ from protocol.payloads import Payload, PrototypeSet, TensorMap
 __all__ = ["FedVTCEdge", "tc_losses", "tc_terms"]
 
 
-def tc_terms(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,
+def tc_terms(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,  # noqa: PLR0917 - the paper's symbols, in order
              mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sample ``L_rc``, ``KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each.
 
@@ -44,7 +49,7 @@ def tc_terms(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: 
     return rc, kl, dm
 
 
-def tc_losses(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,
+def tc_losses(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,  # noqa: PLR0917
               mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor]:
     """Per-sample ``L_rc + KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each."""
     rc, kl, dm = tc_terms(x, z, x_gen, z_gen, protos, mask, rho, kl_sigma_weight)
@@ -68,7 +73,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self.class_weight = torch.where(counts > 0, counts.sum() / counts.clamp(min=1), 0.0)
         self.generator_trained = False
         # latent noise from the agent's own seeded stream: runs are reproducible per device
-        self.noise = torch.Generator(device=ctx.device).manual_seed(int(ctx.generator.initial_seed()))
+        self.noise = torch.Generator(device=ctx.device).manual_seed(
+            int(ctx.generator.initial_seed()))
         self._finetuning = False
         self._gen_opt: torch.optim.Optimizer | None = None
         self._diag: dict[str, list[float]] = {}  # per-round loss terms when diagnostics is on
@@ -94,7 +100,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
 
     def _take_prototypes(self, protos: PrototypeSet) -> None:
         p = self.table.shape[1]
-        if protos.class_ids.size and (protos.dim != p or int(protos.class_ids.max()) >= self.ctx.num_classes):
+        too_big = protos.class_ids.size and int(protos.class_ids.max()) >= self.ctx.num_classes
+        if protos.class_ids.size and (protos.dim != p or too_big):
             raise ValidationError("payloads.protos", f"dim {p} and ids < {self.ctx.num_classes}",
                                   (protos.dim, protos.class_ids.tolist()))
         table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
@@ -110,7 +117,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def _load_generator(self, gen: TensorMap) -> None:
         own = self.generator.state_dict()
         if set(gen.tensors) != set(own):
-            raise ValidationError("payloads.generator", f"the {len(own)} tensors of the VTC generator",
+            raise ValidationError("payloads.generator",
+                                  f"the {len(own)} tensors of the VTC generator",
                                   sorted(set(gen.tensors) ^ set(own))[:5])
         self.generator.load_state_dict({k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
                                         for k, v in gen.tensors.items()})
@@ -118,7 +126,10 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     # ----- the loop hooks -------------------------------------------------------------------
     def _targets(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         protos = self.table[y]
-        mask = self.valid[y].float() if self.config.init_protos == "mask" else torch.ones_like(y, dtype=torch.float32)
+        if self.config.init_protos == "mask":
+            mask = self.valid[y].float()
+        else:
+            mask = torch.ones_like(y, dtype=torch.float32)
         return protos, mask, self.class_weight[y]
 
     def _reduce(self, per_sample: Tensor, y: Tensor, weight: Tensor) -> Tensor:
@@ -162,7 +173,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         if log:
             self._log("ce", ce.detach())
             self._log("tc", tc.detach())
-        return ce + tc
+        return ce + self.config.model_tc_weight * tc
 
     def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
         """Step B: generator and sigma on L_tc with the model frozen (eval mode)."""
@@ -181,7 +192,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             self._gen_opt.zero_grad(set_to_none=True)
             loss.backward()
             if self.config.grad_clip > 0:
-                nn.utils.clip_grad_norm_([*self.generator.parameters(), self.rho], self.config.grad_clip)
+                nn.utils.clip_grad_norm_([*self.generator.parameters(), self.rho],
+                                         self.config.grad_clip)
             self._gen_opt.step()
             with torch.no_grad():
                 self.rho.clamp_(math.log(self.config.sd_min), math.log(self.config.sd_max))
@@ -250,7 +262,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         x = data.x.flatten(1)
         classes = data.y.unique()
         means = torch.stack([x[data.y == c].mean(0) for c in classes])
-        within = torch.stack([x[data.y == c].std(0) for c in classes]).mean() if per_class > 1 else x.new_tensor(0.0)
+        within = (torch.stack([x[data.y == c].std(0) for c in classes]).mean() if per_class > 1
+                  else x.new_tensor(0.0))
         between = means.std(0).mean() if len(classes) > 1 else x.new_tensor(0.0)
         return {"gen_min": float(x.min()), "gen_max": float(x.max()), "gen_std": float(x.std()),
                 "gen_class_contrast": float(between / within.clamp(min=1e-8))}
@@ -259,8 +272,9 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         """Local prototypes of the held classes and sigma (and the generator if every round)."""
         protos = class_prototypes(self.ctx.model, self.ctx.train, self.ctx.num_classes)
         sd = self.rho.detach().exp().cpu().numpy()
-        out: dict[str, Payload] = {"protos": PrototypeSet(protos.class_ids, protos.vectors, protos.counts,
-                                                          sd=sd, encoding=self.config.proto_encoding)}
+        out: dict[str, Payload] = {"protos": PrototypeSet(
+            protos.class_ids, protos.vectors, protos.counts, sd=sd,
+            encoding=self.config.proto_encoding)}
         if self.config.generator_exchange == "every_round":
             out["generator"] = self._generator_payload()
         return out
@@ -272,7 +286,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def upload_phase(self, task: Task) -> PhaseResult:
         """The one-shot generator upload (M3)."""
         return PhaseResult({"generator": self._generator_payload()},
-                           {"generator_trained": float(self.generator_trained)}, len(self.ctx.train))
+                           {"generator_trained": float(self.generator_trained)},
+                           len(self.ctx.train))
 
     def final_phase(self, task: Task) -> PhaseResult:
         """Receive psi, all prototypes and sigma; fine-tune on S synthetic samples per class."""
@@ -309,7 +324,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self.generator.train()
         for chunk in v[torch.randperm(len(v), generator=self.ctx.generator)].split(256):
             self.generator(chunk)
-        for m, momentum in zip(bns, momenta):
+        for m, momentum in zip(bns, momenta, strict=True):
             m.momentum = momentum
         self.generator.eval()
 
@@ -330,10 +345,11 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         model = self.ctx.model
         saved = copy.deepcopy(model.state_dict())
         rng_state = self.ctx.generator.get_state()
-        noise = TensorData(torch.rand(synthetic.x.shape, generator=self.ctx.generator).to(self.ctx.device),
-                           synthetic.y)
+        noise_x = torch.rand(synthetic.x.shape, generator=self.ctx.generator)
+        noise = TensorData(noise_x.to(self.ctx.device), synthetic.y)
         self._finetune(noise)
-        out = {k.replace("before_ft", "noise_control"): v for k, v in self._eval_metrics("before_ft").items()}
+        out = {k.replace("before_ft", "noise_control"): v
+               for k, v in self._eval_metrics("before_ft").items()}
         model.load_state_dict(saved)
         out.update(self._probe(synthetic))
         out.update(self._generator_stats(8))
@@ -362,7 +378,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         out = {"probe_acc_local": evaluate(probe, self.ctx.test).accuracy}
         if self.ctx.global_test is not None:
             out["probe_acc_global"] = evaluate(probe, self.ctx.global_test).accuracy
-        return {k: v for k, v in out.items() if v == v}
+        return {k: v for k, v in out.items() if not math.isnan(v)}
 
     @torch.no_grad()
     def synthesize(self, per_class: int, source: str | None = None) -> TensorData:
@@ -386,10 +402,12 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def _eval_metrics(self, suffix: str) -> dict[str, float]:
         from edge_agent.trainer import evaluate
 
-        out = {f"acc_local_{suffix}": evaluate(self.ctx.model, self.ctx.test, self.scores).accuracy}
+        model = self.ctx.model
+        out = {f"acc_local_{suffix}": evaluate(model, self.ctx.test, self.scores).accuracy}
         if self.ctx.global_test is not None:
-            out[f"acc_global_{suffix}"] = evaluate(self.ctx.model, self.ctx.global_test, self.scores).accuracy
-        return {k: v for k, v in out.items() if v == v}  # drop NaN (empty test set)
+            out[f"acc_global_{suffix}"] = evaluate(model, self.ctx.global_test,
+                                                   self.scores).accuracy
+        return {k: v for k, v in out.items() if not math.isnan(v)}  # drop NaN (empty test set)
 
     # ----- state ----------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Tensor]:
@@ -402,7 +420,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
         """Restore :meth:`extra_state`."""
-        gen = {k.removeprefix("generator."): v for k, v in state.items() if k.startswith("generator.")}
+        gen = {k.removeprefix("generator."): v for k, v in state.items()
+               if k.startswith("generator.")}
         if gen:
             self.generator.load_state_dict(gen)
         if "rho" in state:

@@ -35,6 +35,11 @@ class FedVTCConfig(TrainConfig):
     # over the p latent dims (PyTorch's MSELoss default) instead of sums; the paper's sums are
     # ~300x CE at 28x28, p = 980, and drown the classification loss in step A.
     tc_scale: Literal["sum", "per_dim"] = "sum"
+    # Deviation (1 = paper): weight of L_tc in step A only, i.e. the model's loss is
+    # CE + model_tc_weight * L_tc while step B (generator and sigma) keeps the paper's full L_tc.
+    # At 28x28, p = 980 the sum-reduced L_tc is ~250x CE and, under gradient clipping, leaves the
+    # classifier near chance; tc_scale = "per_dim" fixes that but also starves the generator.
+    model_tc_weight: float = 1.0
     kl_sigma_weight: float = 1.0  # beta on the sigma part of KL (diagnostic knob; 1 = paper)
     generator_lr: float = 0.0  # 0 = same as lr
     generator_exchange: Literal["once", "every_round"] = "once"  # Table 3 ablation

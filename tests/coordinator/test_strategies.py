@@ -119,3 +119,34 @@ def test_every_strategy_has_an_edge_half_with_the_same_name() -> None:
     from edge_agent.algorithms import EDGE_ALGORITHMS
 
     assert sorted(STRATEGIES) == sorted(EDGE_ALGORITHMS)
+
+
+def test_fedvtc_per_class_mean_over_holders_keeps_unheld_and_never_invents() -> None:
+    # Prepare: 4 classes; round 1: a holds {0, 1}, b holds {1}; round 2 only b participates
+    s = create_strategy("fedvtc", config_type("fedvtc")(), num_classes=4)
+    a, b = agent("a", {0: 5, 1: 5}, "fedvtc"), agent("b", {1: 5, 2: 5}, "fedvtc")
+    r1a = reply({"protos": protos([0, 1], [[2.0, 0.0], [1.0, 1.0]], sd=[1.0, 1.0])})
+    r1b = reply({"protos": protos([1], [[3.0, 5.0]], sd=[0.5, 3.0])})
+    # Execute
+    s.aggregate(Step(1, "train"), [(a, r1a), (b, r1b)])
+    r2b = reply({"protos": protos([1, 2], [[7.0, 7.0], [4.0, 4.0]], sd=[2.0, 2.0])})
+    out = s.aggregate(Step(2, "train"), [(b, r2b)])
+    # Assert
+    final = s.configure(Step(3, "final", "all"), a)["protos"]
+    assert isinstance(final, PrototypeSet) and final.sd is not None
+    table = final.as_dict()
+    assert sorted(table) == [0, 1, 2]  # class 3: held by nobody, never sent
+    np.testing.assert_allclose(table[0], [2.0, 0.0])  # held by no round-2 participant: kept
+    np.testing.assert_allclose(table[1], [7.0, 7.0])  # round 2: b alone, not diluted
+    np.testing.assert_allclose(table[2], [4.0, 4.0])  # first seen in round 2
+    np.testing.assert_allclose(final.sd, [2.0, 2.0])  # SD mean over round-2 participants
+    assert out["classes_with_prototype"] == 3.0
+    # round 1's class-1 prototype was the unweighted mean of a's and b's, whatever the counts
+    s2 = create_strategy("fedvtc", config_type("fedvtc")(), num_classes=4)
+    heavy = reply({"protos": PrototypeSet(np.array([1]), np.array([[3.0, 5.0]], np.float32),
+                                          np.array([1000], np.int32), sd=np.ones(2, np.float32))})
+    s2.aggregate(Step(1, "train"), [(a, r1a), (b, heavy)])
+    sent = s2.configure(Step(2, "train"), b)["protos"]
+    assert isinstance(sent, PrototypeSet)
+    assert sent.class_ids.tolist() == [1]  # b never receives class 0, which it lacks
+    np.testing.assert_allclose(sent.as_dict()[1], [2.0, 3.0])

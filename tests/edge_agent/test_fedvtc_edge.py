@@ -154,3 +154,68 @@ def test_diagnostics_report_controls_without_changing_the_finetuned_model() -> N
         assert key in m_diag and key not in m_plain
         assert np.isfinite(m_diag[key])
     assert 0.0 <= m_diag["probe_acc_global"] <= 1.0
+
+
+def test_averaged_generator_carries_mean_weights_and_bn_buffers_into_the_client() -> None:
+    # Prepare: two clients train their (shared-init) generators apart, BN buffers included
+    from coordinator.strategies.fedvtc import average_tensor_maps
+
+    a, b = make_edge(seed=1), make_edge(seed=2)
+    a.handle(task("train", {"protos": protos([0, 2], value=0.2)}))
+    b.handle(task("train", {"protos": protos([0, 2], value=0.9)}, local_epochs=2))
+    ga, gb = a._generator_payload(), b._generator_payload()
+    bn_keys = [k for k in ga.tensors if k.endswith(("running_mean", "running_var"))]
+    assert len(bn_keys) == 8  # 4 blocks x (mean, var)
+    assert any(not np.allclose(ga.tensors[k], gb.tensors[k]) for k in bn_keys)
+    # Execute: the server's average, received by a third client in the final phase
+    avg = average_tensor_maps([ga, gb])
+    c = make_edge(seed=3)
+    c.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))
+    c.receive({"generator": avg})
+    # Assert: every float tensor is the element-wise mean, the batch counter the max
+    got = c.generator.state_dict()
+    assert set(got) == set(ga.tensors)
+    for k, v in got.items():
+        if k.endswith("num_batches_tracked"):
+            assert int(v) == max(int(ga.tensors[k]), int(gb.tensors[k])) > 0
+        else:
+            np.testing.assert_allclose(v.numpy(), (ga.tensors[k] + gb.tensors[k]) / 2, rtol=1e-6,
+                                       atol=1e-7)
+    # generation uses those averaged running statistics (eval mode): batch-independent
+    c.generator.eval()
+    v = c.table[[0, 2]]
+    with torch.no_grad():
+        assert torch.allclose(c.generator(v)[:1], c.generator(v[:1]), atol=1e-6)
+
+
+def test_model_tc_weight_scales_l_tc_in_step_a_only() -> None:
+    # Prepare: the same batch and latent noise under the paper's weight (1) and a smaller one
+    edge = make_edge()
+    edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))
+    model, x, y = edge.ctx.model, edge.ctx.train.x[:8], edge.ctx.train.y[:8]
+    model.eval()
+
+    def step_a(weight: float) -> tuple[float, float]:
+        edge.cfg = edge.config.replace(model_tc_weight=weight)
+        edge.noise.manual_seed(5)
+        with torch.no_grad():
+            z = model.forward_features(x)
+            loss = float(edge.step_loss(x, y, z, model.forward_head(z)))
+            ce = float(torch.nn.functional.cross_entropy(model.forward_head(z), y))
+        return loss, ce
+
+    # Execute
+    (paper, ce), (scaled, _) = step_a(1.0), step_a(0.01)
+    # Assert: CE + w * L_tc, with L_tc itself unchanged
+    tc = paper - ce
+    assert tc > 10 * ce  # the paper's sums dwarf CE at any size (the reason for the knob)
+    assert scaled == pytest.approx(ce + 0.01 * tc, rel=1e-4)
+    # step B's generator loss does not depend on the weight
+    edge.noise.manual_seed(6)
+    with torch.no_grad():
+        z = model.forward_features(x)
+        b1 = float(edge._tc(x, y, z))
+    edge.cfg = edge.config.replace(model_tc_weight=1.0)
+    edge.noise.manual_seed(6)
+    with torch.no_grad():
+        assert float(edge._tc(x, y, z)) == b1
