@@ -256,6 +256,11 @@ def _metadata(ckpt: Checkpoint, sha: str) -> dict[str, str]:
     return {
         "model_name": spec.name,
         "class_names": json.dumps(names),
+        # The graph applies this itself (first op of the trunk): feed [0, 1] pixels, never
+        # pre-normalised ones. Recorded so that a deployment can check its preprocessing.
+        "normalization": json.dumps(
+            None if spec.mean is None or spec.std is None
+            else {"mean": list(spec.mean), "std": list(spec.std)}),
         "algorithm": str(meta.get("algorithm", "")),
         "round": str(meta.get("round", "")),
         "federation": str(meta.get("federation", "")),

@@ -38,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", type=Path, help="agent checkpoint file (.pt)")
     p.add_argument("-o", "--out-dir", type=Path, required=True, help="bundle directory")
     p.add_argument("--fp16", action="store_true", help="also write model.fp16.onnx")
-    p.add_argument("--int8", action="append", choices=("static", "dynamic"), default=[],
-                   help="also write an int8 variant (static needs --data for calibration)")
+    p.add_argument("--int8", action="append", nargs="?", const="static",
+                   choices=("static", "dynamic"), default=[],
+                   help="also write an int8 variant: static QDQ, per-channel, calibrated on "
+                   "--calibration or --data images (the default), or dynamic; repeatable")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="compare every file with PyTorch (default: on)")
     p.add_argument("--providers", default="CPUExecutionProvider",
@@ -47,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=None,
                    help=".npz with x [N,C,H,W] in [0,1] (or uint8 0..255) and optional y; "
                    "without it verification uses random inputs")
+    p.add_argument("--calibration", type=Path, default=None,
+                   help=".npz (same layout as --data) of training images for int8 static "
+                   "calibration (default: --data; pass this when --data is a test set)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
                    help="ONNX opset (default: %(default)s)")
     p.add_argument("--exporter", choices=("dynamo", "legacy"),
@@ -77,31 +82,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> Manifest:
     from export.bundle import export_bundle
 
-    x, y = _load_data(args.data) if args.data is not None else (None, None)
-    variants = ["fp32", *(["fp16"] if args.fp16 else []), *(f"int8-{m}" for m in args.int8)]
+    x, y = _load_data(args.data, "--data") if args.data is not None else (None, None)
+    calib = (_load_data(args.calibration, "--calibration")[0]
+             if args.calibration is not None else None)
+    variants = ["fp32", *(["fp16"] if args.fp16 else []),
+                *(f"int8-{m}" for m in dict.fromkeys(args.int8))]
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
     return export_bundle(
         args.checkpoint, args.out_dir, variants=variants, verify=args.verify,
-        providers=providers, samples=x, labels=y, opset=args.opset,
+        providers=providers, samples=x, labels=y, calibration=calib, opset=args.opset,
         dynamo=args.exporter == "dynamo",
     )
 
 
-def _load_data(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+def _load_data(path: Path, flag: str) -> tuple[np.ndarray, np.ndarray | None]:
     """``x`` (uint8 pixels are scaled to [0, 1]; ``[N, H, W]`` gets a channel axis), ``y``."""
     import numpy as np
 
     from protocol.errors import ExportError
 
     if not path.is_file():
-        raise ExportError(f"--data: file not found: {path}")
+        raise ExportError(f"{flag}: file not found: {path}")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays: dict[str, Any] = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
-        raise ExportError(f"--data: {path} is not a readable .npz: {exc}") from exc
+        raise ExportError(f"{flag}: {path} is not a readable .npz: {exc}") from exc
     if "x" not in arrays:
-        raise ExportError(f"--data: {path} has no array 'x' (found {sorted(arrays)})")
+        raise ExportError(f"{flag}: {path} has no array 'x' (found {sorted(arrays)})")
     x = arrays["x"]
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0

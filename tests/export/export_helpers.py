@@ -5,11 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models import list_models
 from models.checkpoint import HeadSpec
 
-# Cheap architectures (MLP and small CNN families) that every run exports; the rest are slow.
-SMALL_MODELS = sorted(set(list_models(family="mlp")) | set(list_models(family="cnn")))
 CLASS_NAMES = [f"digit-{i}" for i in range(10)]
 
 

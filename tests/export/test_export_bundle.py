@@ -58,9 +58,11 @@ def test_bundle_with_all_variants(checkpoint: Callable[..., Path], tmp_path: Pat
 
 
 def test_metadata_describes_the_run(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
-    ckpt = checkpoint("cnn_t1", "cosine")
+    ckpt = checkpoint("cnn_t1", "cosine", mean=(0.5,), std=(0.25,))
     manifest = export_bundle(ckpt, tmp_path / "b", dynamo=False)
     meta = read_metadata(tmp_path / "b" / "model.onnx")
+    assert json.loads(meta["normalization"]) == {"mean": [0.5], "std": [0.25]}
+    assert meta["pixel_scaling"].startswith("[0,1] float")
     assert json.loads(meta["class_names"]) == CLASS_NAMES
     assert (meta["algorithm"], meta["round"], meta["federation"]) == ("fedproto", "5", "fleet")
     assert meta["head_type"] == "cosine" and meta["model_name"] == "cnn_t1"

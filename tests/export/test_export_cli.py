@@ -44,7 +44,8 @@ def test_help_does_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False, timeout=60, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr
-    assert "--int8 {static,dynamic}" in proc.stdout and "--exporter {dynamo,legacy}" in proc.stdout
+    for fragment in ("--int8 [{static,dynamic}]", "--exporter {dynamo,legacy}", "--calibration"):
+        assert fragment in proc.stdout
 
 
 def test_success_writes_bundle_and_summary(checkpoint: Callable[..., Path], tmp_path: Path,
@@ -63,6 +64,34 @@ def test_success_writes_bundle_and_summary(checkpoint: Callable[..., Path], tmp_
     assert manifest["export"]["exporter"] == "legacy"
     assert manifest["providers_requested"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert "model.int8.onnx" in out and "acc " in out and "verification inputs: real" in out
+
+
+def test_bare_int8_is_static_calibrated_on_calibration_file(
+        checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    test, calib = tmp_path / "test.npz", tmp_path / "train.npz"
+    np.savez(test, x=images(20), y=np.arange(20) % 10)
+    np.savez(calib, x=images(50, seed=1))  # no labels needed for calibration
+    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--data",
+                        str(test), "--calibration", str(calib), "--int8", "--int8", "dynamic",
+                        "--exporter", "legacy")
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    files = {f["variant"]: f for f in manifest["files"]}
+    assert list(files) == ["fp32", "int8-static", "int8-dynamic"]
+    for rec in files.values():  # every variant: size, accuracy next to fp32, latency
+        assert rec["size_bytes"] > 0 and rec["latency_ms_b1"] > 0
+        assert rec["accuracy"] is not None
+    assert files["fp32"]["accuracy_drop"] is None
+    assert files["int8-static"]["accuracy_drop"] is not None
+
+
+def test_missing_calibration_file(checkpoint: Callable[..., Path], tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--int8",
+                        "--calibration", "absent.npz")
+    assert code == 2
+    _one_error_line(err, "--calibration: file not found: absent.npz")
 
 
 def test_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from export import (
     with_head,
 )
 from export.heads import MASKED_SCORE
-from export.runtime import make_session, run_batches
+from export.runtime import make_session, provider_options, run_batches
 from models import Classifier, create_model
 from models.checkpoint import HeadSpec
 from protocol.errors import ExportError
@@ -133,6 +133,14 @@ def test_providers_requested_vs_used(exported: tuple[Classifier, ExportResult]) 
         assert report.providers_used == ["CPUExecutionProvider"]
     with pytest.raises(ExportError, match=r"unknown execution provider\(s\) \['NopeProvider'\]"):
         make_session(result.path, ["NopeProvider"])
+
+
+def test_gpu_provider_options_turn_the_trt_engine_cache_on(tmp_path: Path) -> None:
+    trt = provider_options("TensorrtExecutionProvider", tmp_path / "cache")
+    assert trt["trt_engine_cache_enable"] == "True"
+    assert trt["trt_engine_cache_path"] == str(tmp_path / "cache")
+    assert provider_options("CUDAExecutionProvider", tmp_path)["device_id"] == "0"
+    assert provider_options("CPUExecutionProvider", tmp_path) == {}
 
 
 def test_bad_samples_and_files_are_precise(exported: tuple[Classifier, ExportResult],
