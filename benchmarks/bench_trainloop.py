@@ -43,8 +43,16 @@ def bare(model, data: TensorData, cfg: LocalConfig, opt, gen) -> float:  # type:
 
 def agent(model, data: TensorData, cfg: LocalConfig, opt, gen) -> float:  # type: ignore[no-untyped-def]
     progress = []
-    stats = train_epochs(model, data, cfg, CE(), optimizer=opt, epochs=1, generator=gen,
-                         on_progress=lambda s, t, lo: progress.append(s))
+    stats = train_epochs(
+        model,
+        data,
+        cfg,
+        CE(),
+        optimizer=opt,
+        epochs=1,
+        generator=gen,
+        on_progress=lambda s, t, lo: progress.append(s),
+    )
     return stats.samples_per_s
 
 
@@ -61,22 +69,27 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
     torch.manual_seed(0)
-    data = TensorData(torch.rand(a.samples, 1, a.image_size, a.image_size, device=dev),
-                      torch.randint(0, 10, (a.samples,), device=dev))
+    data = TensorData(
+        torch.rand(a.samples, 1, a.image_size, a.image_size, device=dev),
+        torch.randint(0, 10, (a.samples,), device=dev),
+    )
     cfg = LocalConfig(batch_size=a.batch_size, lr=0.01)
     results: dict[str, list[float]] = {"bare": [], "agent": []}
     for _ in range(a.repeats):  # interleaved so drift hits both equally
         for name, fn in (("bare", bare), ("agent", agent)):
             torch.manual_seed(1)
-            model = create_model(a.model, num_classes=10, in_chans=1, feature_dim=64,
-                                 input_size=a.image_size).to(dev)
+            model = create_model(
+                a.model, num_classes=10, in_chans=1, feature_dim=64, input_size=a.image_size
+            ).to(dev)
             opt = make_optimizer(list(model.parameters()), cfg)
             results[name].append(fn(model, data, cfg, opt, torch.Generator().manual_seed(0)))
     b, g = statistics.median(results["bare"]), statistics.median(results["agent"])
-    print(f"| model | input | batch | bare samples/s | agent loop samples/s | overhead |")
-    print(f"|---|---|---|---|---|---|")
-    print(f"| {a.model} | {a.image_size}x{a.image_size} | {a.batch_size} | {b:,.0f} | {g:,.0f} "
-          f"| {100 * (b - g) / b:+.1f}% |")
+    print("| model | input | batch | bare samples/s | agent loop samples/s | overhead |")
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| {a.model} | {a.image_size}x{a.image_size} | {a.batch_size} | {b:,.0f} | {g:,.0f} "
+        f"| {100 * (b - g) / b:+.1f}% |"
+    )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,14 @@ __all__ = ["build_parser", "main"]
 
 def _run_options(p: argparse.ArgumentParser, default_algorithm: str | None = None) -> None:
     p.add_argument("--config", type=Path, default=None, help="run config TOML ([run], [hyper])")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=V",
-                   help="override a config value, e.g. --set run.rounds=5 --set hyper.lr=0.05")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=V",
+        help="override a config value, e.g. --set run.rounds=5 --set hyper.lr=0.05",
+    )
     p.add_argument("--algorithm", default=default_algorithm, help="algorithm name")
     p.add_argument("--rounds", type=int, default=None, help="training rounds")
     p.add_argument("--run-dir", default=None, help="where state, metrics and exports go")
@@ -27,8 +33,9 @@ def _run_options(p: argparse.ArgumentParser, default_algorithm: str | None = Non
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``coordinator`` argument parser."""
-    p = argparse.ArgumentParser(prog="coordinator",
-                                description="Coordinate a model-heterogeneous federated run over MQTT.")
+    p = argparse.ArgumentParser(
+        prog="coordinator", description="Coordinate a model-heterogeneous federated run over MQTT."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the coordinator for a fleet of edge agents")
     _run_options(serve)
@@ -43,23 +50,31 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(sim)
     sim.add_argument("--agents", type=int, default=10, help="simulated devices")
     sim.add_argument("--family", default="tiny", help="model family assigned round-robin")
-    sim.add_argument("--models", default=None, help="comma-separated architectures (overrides --family)")
+    sim.add_argument(
+        "--models", default=None, help="comma-separated architectures (overrides --family)"
+    )
     sim.add_argument("--data", default="digits", help="dataset")
-    sim.add_argument("--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K")
+    sim.add_argument(
+        "--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K"
+    )
     sim.add_argument("--feature-dim", type=int, default=64, help="shared feature size (0 = native)")
     sim.add_argument("--image-size", type=int, default=None, help="resize images")
     sim.add_argument("--export", action="store_true", help="export ONNX bundles at the end")
     rep = sub.add_parser("report", help="markdown table and PNG plot of a run directory")
     rep.add_argument("run_dir", type=Path)
-    rep.add_argument("--png", type=Path, default=None, help="plot path (default RUN_DIR/report.png)")
+    rep.add_argument(
+        "--png", type=Path, default=None, help="plot path (default RUN_DIR/report.png)"
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``coordinator``."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from protocol.errors import EdgeFLError
 
     try:
@@ -73,8 +88,15 @@ def _config(args: argparse.Namespace, **extra: object) -> object:
     from coordinator.config import load_config
 
     run_dir = args.run_dir or f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return load_config(args.config, args.overrides, algorithm=args.algorithm, rounds=args.rounds,
-                       run_dir=run_dir, seed=args.seed, **extra)
+    return load_config(
+        args.config,
+        args.overrides,
+        algorithm=args.algorithm,
+        rounds=args.rounds,
+        run_dir=run_dir,
+        seed=args.seed,
+        **extra,
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -84,16 +106,21 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = _config(args, broker=args.broker, min_agents=args.min_agents, embedded_port=args.port)
     if cfg.broker:  # type: ignore[attr-defined]
         host, port = parse_broker(cfg.broker)  # type: ignore[attr-defined]
-        transport = MqttTransport(host=host, port=port, client_id="edgefl-coordinator",
-                                  will=coordinator_will(cfg))  # type: ignore[arg-type]
+        transport = MqttTransport(
+            host=host, port=port, client_id="edgefl-coordinator", will=coordinator_will(cfg)
+        )  # type: ignore[arg-type]
         run_coordinator(cfg, transport)  # type: ignore[arg-type]
         return 0
     from protocol.broker import EmbeddedBroker
 
     with EmbeddedBroker(host="0.0.0.0", port=cfg.embedded_port) as broker:  # type: ignore[attr-defined]
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
-        transport = MqttTransport(host="127.0.0.1", port=broker.port, client_id="edgefl-coordinator",
-                                  will=coordinator_will(cfg))  # type: ignore[arg-type]
+        transport = MqttTransport(
+            host="127.0.0.1",
+            port=broker.port,
+            client_id="edgefl-coordinator",
+            will=coordinator_will(cfg),
+        )  # type: ignore[arg-type]
         try:
             run_coordinator(cfg, transport)  # type: ignore[arg-type]
         finally:
@@ -104,8 +131,10 @@ def _serve(args: argparse.Namespace) -> int:
 # The demo's defaults: the best algorithm available, sized to finish in a few minutes on 2 CPU
 # cores; every value can still be overridden with --algorithm/--rounds/--set.
 DEMO_DEFAULTS = {"algorithm": "fedvtc", "rounds": 8}
-DEMO_HYPER = {"fedvtc": ["hyper.local_epochs=2", "hyper.lr=0.05", "hyper.synthetic_per_class=50"],
-              "fedproto": ["hyper.local_epochs=2", "hyper.lr=0.05"]}
+DEMO_HYPER = {
+    "fedvtc": ["hyper.local_epochs=2", "hyper.lr=0.05", "hyper.synthetic_per_class=50"],
+    "fedproto": ["hyper.local_epochs=2", "hyper.lr=0.05"],
+}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -124,10 +153,20 @@ def _simulate(args: argparse.Namespace) -> int:
     from models.families import family_models
 
     cfg = _config(args, min_agents=args.agents)
-    models = tuple(args.models.split(",")) if args.models else tuple(family_models(args.family, args.agents))
-    fleet = FleetSpec(num_agents=args.agents, models=models, data=args.data, partition=args.partition,
-                      feature_dim=args.feature_dim or None, image_size=args.image_size,
-                      export=args.export)
+    models = (
+        tuple(args.models.split(","))
+        if args.models
+        else tuple(family_models(args.family, args.agents))
+    )
+    fleet = FleetSpec(
+        num_agents=args.agents,
+        models=models,
+        data=args.data,
+        partition=args.partition,
+        feature_dim=args.feature_dim or None,
+        image_size=args.image_size,
+        export=args.export,
+    )
     from coordinator.demo import summarize
 
     result = simulate(cfg, fleet)  # type: ignore[arg-type]

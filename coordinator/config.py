@@ -61,7 +61,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.rounds < 0 or self.min_agents < 1 or self.min_replies < 1 or self.max_retries < 0:
-            raise ConfigError("run: rounds >= 0, min_agents >= 1, min_replies >= 1, max_retries >= 0")
+            raise ConfigError(
+                "run: rounds >= 0, min_agents >= 1, min_replies >= 1, max_retries >= 0"
+            )
         if not 0 < self.fraction <= 1 or not 0 <= self.quorum_fraction <= 1:
             raise ConfigError("run: fraction must be in (0, 1] and quorum_fraction in [0, 1]")
         if self.deadline_s <= 0 or self.grace_s < 0 or self.num_classes < 1:
@@ -101,8 +103,9 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, name, value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                **direct: Any) -> RunConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), **direct: Any
+) -> RunConfig:
     """Read ``path`` (optional), apply ``--set`` overrides, then ``direct`` keyword values."""
     data: dict[str, Any] = {"run": {}, "hyper": {}}
     if path is not None:

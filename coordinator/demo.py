@@ -47,12 +47,37 @@ def _agent_executable() -> list[str]:
 
 def _agent_cmd(cfg: RunConfig, spec: DemoSpec, port: int, i: int, run_dir: Path) -> list[str]:
     cmd = [
-        *_agent_executable(), "--broker", f"127.0.0.1:{port}", "--id", f"agent{i}",
-        "--federation", cfg.federation, "--algorithm", cfg.algorithm,
-        "--model", spec.models[i % len(spec.models)], "--feature-dim", str(spec.feature_dim),
-        "--data", spec.data, "--partition", spec.partition, "--clients", str(spec.agents),
-        "--client-index", str(i), "--seed", str(cfg.seed), "--threads", "1", "--device", "cpu",
-        "--state-dir", str(run_dir / "agents" / f"agent{i}"), "--log-level", "WARNING",
+        *_agent_executable(),
+        "--broker",
+        f"127.0.0.1:{port}",
+        "--id",
+        f"agent{i}",
+        "--federation",
+        cfg.federation,
+        "--algorithm",
+        cfg.algorithm,
+        "--model",
+        spec.models[i % len(spec.models)],
+        "--feature-dim",
+        str(spec.feature_dim),
+        "--data",
+        spec.data,
+        "--partition",
+        spec.partition,
+        "--clients",
+        str(spec.agents),
+        "--client-index",
+        str(i),
+        "--seed",
+        str(cfg.seed),
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--state-dir",
+        str(run_dir / "agents" / f"agent{i}"),
+        "--log-level",
+        "WARNING",
     ]
     if spec.export:
         cmd += ["--export-dir", str(run_dir / "export" / f"agent{i}")]
@@ -74,11 +99,23 @@ def run_demo(cfg: RunConfig, spec: DemoSpec) -> RunResult:
         procs = []
         for i in range(spec.agents):
             out = (run_dir / "logs" / f"agent{i}.log").open("w")
-            procs.append((subprocess.Popen(_agent_cmd(cfg, spec, broker.port, i, run_dir),
-                                           stdout=out, stderr=subprocess.STDOUT), out))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        _agent_cmd(cfg, spec, broker.port, i, run_dir),
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    ),
+                    out,
+                )
+            )
         log.info("started %d edge-agent processes (logs in %s)", spec.agents, run_dir / "logs")
-        transport = MqttTransport(host="127.0.0.1", port=broker.port, client_id="edgefl-coordinator",
-                                  will=coordinator_will(cfg))
+        transport = MqttTransport(
+            host="127.0.0.1",
+            port=broker.port,
+            client_id="edgefl-coordinator",
+            will=coordinator_will(cfg),
+        )
         try:
             result = run_coordinator(cfg, transport)
         finally:
@@ -107,23 +144,36 @@ def summarize(result: RunResult, run_dir: Path) -> str:
     for m in train:
         for dev, a in m.get("agents", {}).items():
             first_seen.setdefault(dev, a)
-    lines = ["", f"# Run {result.run_id}: {len(result.metrics)} steps", "",
-             "| agent | arch | local acc (round 1 -> end) | global acc (round 1 -> end) | ONNX |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"# Run {result.run_id}: {len(result.metrics)} steps",
+        "",
+        "| agent | arch | local acc (round 1 -> end) | global acc (round 1 -> end) | ONNX |",
+        "|---|---|---|---|---|",
+    ]
     for dev, a in sorted(final.get("agents", {}).items()):
         b = first_seen.get(dev, {})
         bundle = run_dir / "export" / dev / "manifest.json"
-        onnx = "verified" if bundle.exists() and _verified(bundle) else ("written" if bundle.exists() else "-")
-        lines.append(f"| {dev} | {a.get('arch')} | {_pct(b.get('acc_local'))} -> {_pct(a.get('acc_local'))} "
-                     f"| {_pct(b.get('acc_global'))} -> {_pct(a.get('acc_global'))} | {onnx} |")
+        onnx = (
+            "verified"
+            if bundle.exists() and _verified(bundle)
+            else ("written" if bundle.exists() else "-")
+        )
+        lines.append(
+            f"| {dev} | {a.get('arch')} | {_pct(b.get('acc_local'))} -> {_pct(a.get('acc_local'))} "
+            f"| {_pct(b.get('acc_global'))} -> {_pct(a.get('acc_global'))} | {onnx} |"
+        )
     traffic: dict[str, int] = {}
     for m in result.metrics:
         for k, v in m.get("bytes", {}).items():
             traffic[k] = traffic.get(k, 0) + int(v)
     lines += ["", "| direction.kind | bytes |", "|---|---|"]
     lines += [f"| {k} | {v:,} |" for k, v in sorted(traffic.items())]
-    lines += [f"| **total** | **{sum(traffic.values()):,}** |", "",
-              f"metrics: {run_dir / 'metrics.jsonl'}; bundles: {run_dir / 'export'}"]
+    lines += [
+        f"| **total** | **{sum(traffic.values()):,}** |",
+        "",
+        f"metrics: {run_dir / 'metrics.jsonl'}; bundles: {run_dir / 'export'}",
+    ]
     return "\n".join(lines)
 
 

@@ -66,8 +66,14 @@ class RunResult:
 class Coordinator:
     """Drives one run of one strategy over the agents of one federation."""
 
-    def __init__(self, cfg: RunConfig, endpoint: Endpoint, store: Store, strategy: Strategy[Any],
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        endpoint: Endpoint,
+        store: Store,
+        strategy: Strategy[Any],
+        logger: logging.Logger | None = None,
+    ) -> None:
         self.cfg = cfg
         self.endpoint = endpoint
         self.store = store
@@ -119,9 +125,13 @@ class Coordinator:
 
     def _publish_state(self, state: str, round_: int) -> None:
         self._state = (state, round_)
-        body = CoordinatorState(state=state, run_id=self.cfg.run_id,  # type: ignore[arg-type]
-                                algorithm=self.strategy.name, round=round_,
-                                total_rounds=self.cfg.rounds)
+        body = CoordinatorState(
+            state=state,
+            run_id=self.cfg.run_id,  # type: ignore[arg-type]
+            algorithm=self.strategy.name,
+            round=round_,
+            total_rounds=self.cfg.rounds,
+        )
         self.endpoint.send(self.topics.coord_state, body, retain=True)
 
     # ----- the run --------------------------------------------------------------------------
@@ -143,11 +153,14 @@ class Coordinator:
         end = time.monotonic() + timeout
         while len(self._online_agents()) < count:
             if time.monotonic() > end:
-                raise QuorumError(f"only {len(self._online_agents())} of {count} required agents "
-                                  f"registered within {timeout:.0f} s")
+                raise QuorumError(
+                    f"only {len(self._online_agents())} of {count} required agents "
+                    f"registered within {timeout:.0f} s"
+                )
             self._pump(min(0.5, max(0.0, end - time.monotonic())))
-        self.log.info("%d agents online: %s", len(self._online_agents()),
-                      ", ".join(self._online_agents()))
+        self.log.info(
+            "%d agents online: %s", len(self._online_agents()), ", ".join(self._online_agents())
+        )
 
     def _online_agents(self) -> list[str]:
         return sorted(d for d in self.agents if d in self.online)
@@ -160,19 +173,33 @@ class Coordinator:
         while True:
             started, traffic0 = time.time(), self.endpoint.traffic.snapshot()
             outcome = self.collect(rec, step)
-            needed = max(self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * len(rec.participants)))
+            needed = max(
+                self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * len(rec.participants))
+            )
             if len(outcome.replies) >= needed:
                 self._finish(rec, step, outcome, started, traffic0)
                 return
-            self.log.warning("step %d (%s round %d) missed quorum: %d of %d needed valid replies; "
-                             "failed: %s", idx + 1, step.phase, step.round, len(outcome.replies),
-                             needed, outcome.failed or "none")
+            self.log.warning(
+                "step %d (%s round %d) missed quorum: %d of %d needed valid replies; failed: %s",
+                idx + 1,
+                step.phase,
+                step.round,
+                len(outcome.replies),
+                needed,
+                outcome.failed or "none",
+            )
             if rec.attempt >= self.cfg.max_retries:
-                self.store.complete_step(idx, "failed", {}, {"round": step.round, "phase": step.phase,
-                                                              "quorum_met": False})
+                self.store.complete_step(
+                    idx,
+                    "failed",
+                    {},
+                    {"round": step.round, "phase": step.phase, "quorum_met": False},
+                )
                 self._publish_state("finished", step.round)
-                raise QuorumError(f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
-                                  f"{rec.attempt + 1} times; stopping the run")
+                raise QuorumError(
+                    f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
+                    f"{rec.attempt + 1} times; stopping the run"
+                )
             self.store.clear_updates(idx)
             rec = self._open(idx, step, attempt=rec.attempt + 1)
 
@@ -192,7 +219,7 @@ class Coordinator:
     def collect(self, rec: StepRecord, step: Step) -> StepOutcome:
         """Send tasks to participants without a stored update and wait for their replies."""
         outcome = StepOutcome()
-        for device_id, msg_id, blob in self.store.updates(rec.idx):  # resumed step
+        for device_id, _msg_id, blob in self.store.updates(rec.idx):  # resumed step
             body = decode(blob).body
             if isinstance(body, Reply):
                 outcome.replies[device_id] = body
@@ -201,9 +228,17 @@ class Coordinator:
         for device_id in rec.participants:
             if device_id not in outcome.replies:
                 self._send_task(rec, step, device_id, deadline)
-        self.endpoint.send(self.topics.round, RoundDescriptor(
-            run_id=self.cfg.run_id, round=step.round, phase=step.phase, deadline=deadline,
-            selected=rec.participants), retain=True)
+        self.endpoint.send(
+            self.topics.round,
+            RoundDescriptor(
+                run_id=self.cfg.run_id,
+                round=step.round,
+                phase=step.phase,
+                deadline=deadline,
+                selected=rec.participants,
+            ),
+            retain=True,
+        )
         end = deadline + self.cfg.grace_s
         while set(self._outstanding) - set(outcome.replies) - set(outcome.failed):
             remaining = end - time.time()
@@ -219,15 +254,25 @@ class Coordinator:
     def _send_task(self, rec: StepRecord, step: Step, device_id: str, deadline: float) -> None:
         agent = self.agents[device_id]
         task = Task(
-            task_id=f"{self.cfg.run_id}.{rec.idx}.{rec.attempt}.{device_id}", run_id=self.cfg.run_id,
-            round=step.round, phase=step.phase, deadline=deadline, algorithm=self.strategy.name,
-            config=self.strategy.config.to_dict(), payloads=self.strategy.configure(step, agent),
+            task_id=f"{self.cfg.run_id}.{rec.idx}.{rec.attempt}.{device_id}",
+            run_id=self.cfg.run_id,
+            round=step.round,
+            phase=step.phase,
+            deadline=deadline,
+            algorithm=self.strategy.name,
+            config=self.strategy.config.to_dict(),
+            payloads=self.strategy.configure(step, agent),
         )
         self._outstanding[device_id] = task
         self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
 
-    def _pump(self, timeout: float, rec: StepRecord | None = None, step: Step | None = None,
-              outcome: StepOutcome | None = None) -> None:
+    def _pump(
+        self,
+        timeout: float,
+        rec: StepRecord | None = None,
+        step: Step | None = None,
+        outcome: StepOutcome | None = None,
+    ) -> None:
         """Handle what arrived (waiting up to ``timeout`` for the first message).
 
         Group commit: everything already queued is handled in one transaction, and the acks
@@ -253,8 +298,14 @@ class Coordinator:
     def _ack(self, topic: str, ack: Ack) -> None:
         self._acks.append((topic, ack))  # sent by _pump once the batch is committed
 
-    def _handle(self, env: Envelope, topic: str, rec: StepRecord | None, step: Step | None,
-                outcome: StepOutcome | None) -> None:
+    def _handle(
+        self,
+        env: Envelope,
+        topic: str,
+        rec: StepRecord | None,
+        step: Step | None,
+        outcome: StepOutcome | None,
+    ) -> None:
         device = self.topics.device_from(topic)
         if device is None or device != env.sender:
             self._reject("sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}")
@@ -270,61 +321,103 @@ class Coordinator:
         elif isinstance(body, Reply):
             self._on_reply(env, body, rec, step, outcome)
         elif isinstance(body, ErrorReply):
-            if outcome is not None and device in self._outstanding and \
-                    body.task_id == self._outstanding[device].task_id:
+            if (
+                outcome is not None
+                and device in self._outstanding
+                and body.task_id == self._outstanding[device].task_id
+            ):
                 outcome.failed[device] = f"{body.code}: {body.reason}"
             self.log.warning("agent %s reported %s: %s", device, body.code, body.reason)
         elif isinstance(body, Progress):
-            self.log.debug("%s round %d %s: %d/%d loss %.4f", device, body.round, body.phase,
-                           body.step, body.total, body.loss)
+            self.log.debug(
+                "%s round %d %s: %d/%d loss %.4f",
+                device,
+                body.round,
+                body.phase,
+                body.step,
+                body.total,
+                body.loss,
+            )
         else:
             self._reject("unexpected_kind", f"{env.kind} from {device}")
 
-    def _on_register(self, env: Envelope, reg: Register, rec: StepRecord | None,
-                     step: Step | None) -> None:
+    def _on_register(
+        self, env: Envelope, reg: Register, rec: StepRecord | None, step: Step | None
+    ) -> None:
         if reg.device_id != env.sender:
             self._reject("sender_mismatch", f"register for {reg.device_id} sent by {env.sender}")
             return
         if reg.algorithm != self.strategy.name or reg.num_classes != self.cfg.num_classes:
-            self._reject("incompatible_agent", f"{reg.device_id} runs {reg.algorithm} with "
-                         f"{reg.num_classes} classes; run is {self.strategy.name} with "
-                         f"{self.cfg.num_classes}")
+            self._reject(
+                "incompatible_agent",
+                f"{reg.device_id} runs {reg.algorithm} with "
+                f"{reg.num_classes} classes; run is {self.strategy.name} with "
+                f"{self.cfg.num_classes}",
+            )
             return
         known = reg.device_id in self.agents
         self.agents[reg.device_id] = AgentInfo(reg.device_id, reg)
         self.online.add(reg.device_id)
         self.store.upsert_agent(reg.device_id, encode(env), online=True)
         if not known:
-            self.log.info("agent %s registered: %s, %d params, %d samples", reg.device_id, reg.arch,
-                          reg.num_params, sum(reg.counts_by_class().values()))
+            self.log.info(
+                "agent %s registered: %s, %d params, %d samples",
+                reg.device_id,
+                reg.arch,
+                reg.num_params,
+                sum(reg.counts_by_class().values()),
+            )
         task = self._outstanding.get(reg.device_id)
         if task is not None:  # a restarted agent lost its task: send it again
             self.endpoint.send(self.topics.down(reg.device_id, "task"), task, round=task.round)
 
-    def _on_reply(self, env: Envelope, reply: Reply, rec: StepRecord | None, step: Step | None,
-                  outcome: StepOutcome | None) -> None:
+    def _on_reply(
+        self,
+        env: Envelope,
+        reply: Reply,
+        rec: StepRecord | None,
+        step: Step | None,
+        outcome: StepOutcome | None,
+    ) -> None:
         device = env.sender
         ack_topic = self.topics.down(device, "ack")
         task = self._outstanding.get(device)
         if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
             self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
             return
-        if rec is None or step is None or outcome is None or task is None or \
-                reply.task_id != task.task_id:
+        if (
+            rec is None
+            or step is None
+            or outcome is None
+            or task is None
+            or reply.task_id != task.task_id
+        ):
             self._reject("late", f"reply {reply.task_id} from {device} matches no open task")
-            self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
-                                     accepted=False, reason="late or unknown task"))
+            self._ack(
+                ack_topic,
+                Ack(
+                    ref_id=env.msg_id,
+                    task_id=reply.task_id,
+                    accepted=False,
+                    reason="late or unknown task",
+                ),
+            )
             return
         try:
             if reply.phase != step.phase or reply.round != step.round:
-                raise ValidationError("reply.phase/round", f"{step.phase}/{step.round}",
-                                      f"{reply.phase}/{reply.round}")
+                raise ValidationError(
+                    "reply.phase/round",
+                    f"{step.phase}/{step.round}",
+                    f"{reply.phase}/{reply.round}",
+                )
             self.strategy.validate(step, self.agents[device], reply)
         except ValidationError as exc:
             self._reject("invalid_reply", f"{device}: {exc}")
             outcome.failed[device] = str(exc)
-            self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id,
-                                     accepted=False, reason=str(exc)))
+            self._ack(
+                ack_topic,
+                Ack(ref_id=env.msg_id, task_id=reply.task_id, accepted=False, reason=str(exc)),
+            )
             return
         self.store.add_update(rec.idx, device, env.msg_id, reply.task_id, encode(env))
         outcome.replies[device] = reply
@@ -335,8 +428,14 @@ class Coordinator:
         self.log.warning("rejected (%s): %s", reason, detail)
 
     # ----- closing a step -------------------------------------------------------------------
-    def _finish(self, rec: StepRecord, step: Step, outcome: StepOutcome, started: float,
-                traffic0: dict[str, int]) -> None:
+    def _finish(
+        self,
+        rec: StepRecord,
+        step: Step,
+        outcome: StepOutcome,
+        started: float,
+        traffic0: dict[str, int],
+    ) -> None:
         ordered = [(self.agents[d], outcome.replies[d]) for d in sorted(outcome.replies)]
         try:
             agg = self.strategy.aggregate(step, ordered)
@@ -351,29 +450,61 @@ class Coordinator:
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
-        self.log.info("step %d/%d %s round %d: %d/%d replies, local acc %s, global acc %s, %d bytes",
-                      rec.idx + 1, len(self.plan), step.phase, step.round, len(outcome.replies),
-                      len(rec.participants), _fmt(record["mean_acc_local"]),
-                      _fmt(record["mean_acc_global"]), record["bytes_total"])
+        self.log.info(
+            "step %d/%d %s round %d: %d/%d replies, local acc %s, global acc %s, %d bytes",
+            rec.idx + 1,
+            len(self.plan),
+            step.phase,
+            step.round,
+            len(outcome.replies),
+            len(rec.participants),
+            _fmt(record["mean_acc_local"]),
+            _fmt(record["mean_acc_global"]),
+            record["bytes_total"],
+        )
 
-    def _metrics_record(self, rec: StepRecord, step: Step, outcome: StepOutcome,
-                        ordered: list[tuple[AgentInfo, Reply]], agg: dict[str, float],
-                        started: float, traffic: dict[str, int]) -> dict[str, Any]:
-        agents = {a.device_id: {"acc_local": r.metrics.get("acc_local"),
-                                "acc_global": r.metrics.get("acc_global"),
-                                "loss": r.metrics.get("train_loss"), "num_samples": r.num_samples,
-                                "arch": a.register.arch, **{k: v for k, v in r.metrics.items()}}
-                  for a, r in ordered}
+    def _metrics_record(  # noqa: PLR0917 - internal, called once
+        self,
+        rec: StepRecord,
+        step: Step,
+        outcome: StepOutcome,
+        ordered: list[tuple[AgentInfo, Reply]],
+        agg: dict[str, float],
+        started: float,
+        traffic: dict[str, int],
+    ) -> dict[str, Any]:
+        agents = {
+            a.device_id: {
+                "acc_local": r.metrics.get("acc_local"),
+                "acc_global": r.metrics.get("acc_global"),
+                "loss": r.metrics.get("train_loss"),
+                "num_samples": r.num_samples,
+                "arch": a.register.arch,
+                **{k: v for k, v in r.metrics.items()},
+            }
+            for a, r in ordered
+        }
         record: dict[str, Any] = {
-            "round": step.round, "phase": step.phase, "time": time.time(),
-            "duration_s": time.time() - started, "participants": rec.participants,
-            "quorum_met": True, "failed": outcome.failed, "agents": agents, "aggregate": agg,
-            "bytes": traffic, "bytes_total": sum(traffic.values()),
+            "round": step.round,
+            "phase": step.phase,
+            "time": time.time(),
+            "duration_s": time.time() - started,
+            "participants": rec.participants,
+            "quorum_met": True,
+            "failed": outcome.failed,
+            "agents": agents,
+            "aggregate": agg,
+            "bytes": traffic,
+            "bytes_total": sum(traffic.values()),
         }
         for key in ("acc_local", "acc_global"):
             vals = [v[key] for v in agents.values() if v[key] is not None]
             mean = sum(vals) / len(vals) if vals else None
-            std = (sum((x - mean) ** 2 for x in vals) / len(vals)) ** 0.5 if vals and mean is not None else None
+            std = (
+                (sum((x - mean) ** 2 for x in vals) / len(vals)) ** 0.5
+                if vals and mean is not None
+                else None
+            )
             record[f"mean_{key}"], record[f"std_{key}"] = mean, std
         return record
 

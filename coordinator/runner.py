@@ -23,27 +23,37 @@ SENDER = "coordinator"
 
 def coordinator_will(cfg: RunConfig) -> Will:
     """Retained ``offline`` state the broker publishes if the coordinator vanishes."""
-    body = CoordinatorState(state="offline", run_id=cfg.run_id, algorithm=cfg.algorithm, round=0,
-                            total_rounds=cfg.rounds)
-    return Will(Topics(cfg.federation).coord_state,
-                encode(Envelope(body=body, sender=SENDER, federation=cfg.federation)))
+    body = CoordinatorState(
+        state="offline",
+        run_id=cfg.run_id,
+        algorithm=cfg.algorithm,
+        round=0,
+        total_rounds=cfg.rounds,
+    )
+    return Will(
+        Topics(cfg.federation).coord_state,
+        encode(Envelope(body=body, sender=SENDER, federation=cfg.federation)),
+    )
 
 
-def make_coordinator(cfg: RunConfig, transport: Transport, logger: logging.Logger | None = None
-                     ) -> Coordinator:
+def make_coordinator(
+    cfg: RunConfig, transport: Transport, logger: logging.Logger | None = None
+) -> Coordinator:
     """Open the run's store and strategy and wire them to ``transport``."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     store = Store(run_dir / "state.sqlite")
-    strategy = create_strategy(cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes,
-                               seed=cfg.seed)
+    strategy = create_strategy(
+        cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed
+    )
     endpoint = Endpoint(transport, sender=SENDER, federation=cfg.federation)
     return Coordinator(cfg, endpoint, store, strategy, logger)
 
 
-def run_coordinator(cfg: RunConfig, transport: Transport, logger: logging.Logger | None = None
-                    ) -> RunResult:
+def run_coordinator(
+    cfg: RunConfig, transport: Transport, logger: logging.Logger | None = None
+) -> RunResult:
     """Connect, run every step, disconnect."""
     coord = make_coordinator(cfg, transport, logger)
     try:

@@ -40,8 +40,10 @@ class FleetSpec:
 
 def agent_will(federation: str, device_id: str) -> Will:
     """Retained ``offline`` status for an agent's last will."""
-    return Will(Topics(federation).status(device_id),
-                encode(Envelope(body=Status(state="offline"), sender=device_id, federation=federation)))
+    return Will(
+        Topics(federation).status(device_id),
+        encode(Envelope(body=Status(state="offline"), sender=device_id, federation=federation)),
+    )
 
 
 def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
@@ -50,20 +52,39 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
     from edge_agent.factory import AgentOptions
 
     device_id = f"agent{index}"
-    spec = PartitionSpec(**{**parse_partition(fleet.partition), "num_clients": fleet.num_agents,
-                            "seed": cfg.seed, "global_test_size": fleet.global_test_size})
+    spec = PartitionSpec(
+        **{
+            **parse_partition(fleet.partition),
+            "num_clients": fleet.num_agents,
+            "seed": cfg.seed,
+            "global_test_size": fleet.global_test_size,
+        }
+    )
     run_dir = Path(cfg.run_dir)
     return AgentOptions(
-        device_id=device_id, algorithm=cfg.algorithm, model=fleet.models[index % len(fleet.models)],
-        feature_dim=fleet.feature_dim, data=fleet.data, image_size=fleet.image_size, partition=spec,
-        client_index=index, federation=cfg.federation, state_dir=run_dir / "agents" / device_id,
-        export_dir=run_dir / "export" / device_id if fleet.export else None, device="cpu",
+        device_id=device_id,
+        algorithm=cfg.algorithm,
+        model=fleet.models[index % len(fleet.models)],
+        feature_dim=fleet.feature_dim,
+        data=fleet.data,
+        image_size=fleet.image_size,
+        partition=spec,
+        client_index=index,
+        federation=cfg.federation,
+        state_dir=run_dir / "agents" / device_id,
+        export_dir=run_dir / "export" / device_id if fleet.export else None,
+        device="cpu",
         seed=cfg.seed,
     )
 
 
-def simulate(cfg: RunConfig, fleet: FleetSpec, *, transport_factory: Any = None,
-             logger: logging.Logger | None = None) -> RunResult:
+def simulate(
+    cfg: RunConfig,
+    fleet: FleetSpec,
+    *,
+    transport_factory: Any = None,
+    logger: logging.Logger | None = None,
+) -> RunResult:
     """Run ``cfg`` with ``fleet.num_agents`` in-process agents; returns the coordinator's result.
 
     ``transport_factory(client_id, will) -> Transport`` selects a real broker; by default all

@@ -108,8 +108,10 @@ class Store:
     # ----- agents ---------------------------------------------------------------------------
     def upsert_agent(self, device_id: str, register: bytes, online: bool) -> None:
         """Remember an agent's registration (encoded envelope)."""
-        self.db.execute("INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?)",
-                        (device_id, register, int(online), time.time()))
+        self.db.execute(
+            "INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?)",
+            (device_id, register, int(online), time.time()),
+        )
 
     def agents(self) -> list[tuple[str, bytes]]:
         """All registrations ever received."""
@@ -120,8 +122,15 @@ class Store:
         """Record a step's start and its participants (before any task leaves)."""
         self.db.execute(
             "INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-            (rec.idx, rec.round, rec.phase, json.dumps(rec.participants), rec.status, rec.attempt,
-             time.time()),
+            (
+                rec.idx,
+                rec.round,
+                rec.phase,
+                json.dumps(rec.participants),
+                rec.status,
+                rec.attempt,
+                time.time(),
+            ),
         )
 
     def step(self, idx: int) -> StepRecord | None:
@@ -138,8 +147,10 @@ class Store:
         row = self.db.execute("SELECT MAX(idx) FROM steps WHERE status='done'").fetchone()
         return -1 if row[0] is None else int(row[0])
 
-    def add_update(self, step: int, device_id: str, msg_id: str, task_id: str, envelope: bytes) -> bool:
-        """Store an accepted reply durably; ``False`` if this device already has one for ``step``."""
+    def add_update(
+        self, step: int, device_id: str, msg_id: str, task_id: str, envelope: bytes
+    ) -> bool:
+        """Store an accepted reply; ``False`` if this device already has one for ``step``."""
         cur = self.db.execute(
             "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?)",
             (step, device_id, msg_id, task_id, envelope, time.time()),
@@ -148,26 +159,37 @@ class Store:
 
     def updates(self, step: int) -> list[tuple[str, str, bytes]]:
         """(device_id, msg_id, envelope) of every stored reply of ``step``."""
-        return list(self.db.execute(
-            "SELECT device_id, msg_id, envelope FROM updates WHERE step=? ORDER BY device_id", (step,)
-        ))
+        return list(
+            self.db.execute(
+                "SELECT device_id, msg_id, envelope FROM updates WHERE step=? ORDER BY device_id",
+                (step,),
+            )
+        )
 
     def has_update_msg(self, msg_id: str) -> bool:
         """Whether a reply with this message id is already stored (any step)."""
-        return self.db.execute("SELECT 1 FROM updates WHERE msg_id=?", (msg_id,)).fetchone() is not None
+        return (
+            self.db.execute("SELECT 1 FROM updates WHERE msg_id=?", (msg_id,)).fetchone()
+            is not None
+        )
 
     def clear_updates(self, step: int) -> None:
         """Drop a failed attempt's updates before the step is retried."""
         self.db.execute("DELETE FROM updates WHERE step=?", (step,))
 
-    def complete_step(self, step: int, status: str, state: dict[str, Payload],
-                      metrics: dict[str, Any]) -> None:
+    def complete_step(
+        self, step: int, status: str, state: dict[str, Payload], metrics: dict[str, Any]
+    ) -> None:
         """Atomically close the step with the new global state and its metrics."""
         with self.transaction() as db:
-            db.execute("UPDATE steps SET status=?, finished=? WHERE idx=?", (status, time.time(), step))
+            db.execute(
+                "UPDATE steps SET status=?, finished=? WHERE idx=?", (status, time.time(), step)
+            )
             if state:
-                db.execute("INSERT OR REPLACE INTO global_state VALUES ('strategy', ?, ?)",
-                           (pack_payloads(state), step))
+                db.execute(
+                    "INSERT OR REPLACE INTO global_state VALUES ('strategy', ?, ?)",
+                    (pack_payloads(state), step),
+                )
             db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, json.dumps(metrics)))
 
     def global_state(self) -> dict[str, Payload]:
@@ -177,4 +199,6 @@ class Store:
 
     def metrics(self) -> list[dict[str, Any]]:
         """Every step's metrics record, in order."""
-        return [json.loads(r[0]) for r in self.db.execute("SELECT record FROM metrics ORDER BY step")]
+        return [
+            json.loads(r[0]) for r in self.db.execute("SELECT record FROM metrics ORDER BY step")
+        ]

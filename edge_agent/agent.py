@@ -8,7 +8,9 @@ a restarted agent resends them with the same message id, and the coordinator ded
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -61,8 +63,14 @@ class AgentSettings:
 class EdgeAgent:
     """One device of the federation."""
 
-    def __init__(self, endpoint: Endpoint, algorithm: EdgeAlgorithm[Any], spec: ModelSpec,
-                 settings: AgentSettings, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        algorithm: EdgeAlgorithm[Any],
+        spec: ModelSpec,
+        settings: AgentSettings,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.algorithm = algorithm
         self.ctx = algorithm.ctx
@@ -118,16 +126,23 @@ class EdgeAgent:
         caps = Capabilities(
             device=ctx.device.type,
             accelerator=torch.cuda.get_device_name(ctx.device) if cuda else "",
-            memory_mb=(torch.cuda.get_device_properties(ctx.device).total_memory >> 20) if cuda else 0,
+            memory_mb=(torch.cuda.get_device_properties(ctx.device).total_memory >> 20)
+            if cuda
+            else 0,
             cpu_count=torch.get_num_threads(),
         )
         h, w = self.spec.input_size
         counts = {str(c): n for c, n in enumerate(ctx.class_counts) if n > 0}
         body = Register(
-            device_id=self.settings.device_id, arch=self.spec.name,
-            num_params=sum(p.numel() for p in ctx.model.parameters()), capabilities=caps,
-            input_spec=InputSpec(self.spec.in_chans, h, w), num_classes=ctx.num_classes,
-            class_counts=counts, algorithm=self.algorithm.name, agent_version=VERSION,
+            device_id=self.settings.device_id,
+            arch=self.spec.name,
+            num_params=sum(p.numel() for p in ctx.model.parameters()),
+            capabilities=caps,
+            input_spec=InputSpec(self.spec.in_chans, h, w),
+            num_classes=ctx.num_classes,
+            class_counts=counts,
+            algorithm=self.algorithm.name,
+            agent_version=VERSION,
         )
         self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
 
@@ -171,8 +186,9 @@ class EdgeAgent:
             self.announce()
         elif state.state == "finished" and self.settings.exit_when_finished:
             self.log.info("run %s finished", state.run_id)
-            self.endpoint.send(self.topics.status(self.settings.device_id), Status(state="done"),
-                               retain=True)
+            self.endpoint.send(
+                self.topics.status(self.settings.device_id), Status(state="done"), retain=True
+            )
             self.finished.set()
 
     def on_task(self, task: Task, env: Envelope) -> None:
@@ -202,10 +218,20 @@ class EdgeAgent:
             self._current = None
         self.history.append({"round": float(task.round), **metrics})
         self._save_checkpoint(task)
-        reply = Reply(task_id=task.task_id, round=task.round, phase=task.phase,
-                      num_samples=result.num_samples, payloads=result.payloads, metrics=metrics)
-        out = Envelope(body=reply, sender=self.settings.device_id,
-                       federation=self.settings.federation, round=task.round)
+        reply = Reply(
+            task_id=task.task_id,
+            round=task.round,
+            phase=task.phase,
+            num_samples=result.num_samples,
+            payloads=result.payloads,
+            metrics=metrics,
+        )
+        out = Envelope(
+            body=reply,
+            sender=self.settings.device_id,
+            federation=self.settings.federation,
+            round=task.round,
+        )
         self.state.put_outbox(reply_topic, out)  # durable before it leaves
         self.state.mark_completed(task.task_id, out.msg_id)
         self.endpoint.send_envelope(reply_topic, out)
@@ -228,14 +254,24 @@ class EdgeAgent:
 
     def _checkpoint(self, task: Task) -> Checkpoint:
         model_state = {k: v.detach().cpu() for k, v in self.ctx.model.state_dict().items()}
-        meta = {"algorithm": self.algorithm.name, "round": task.round, "phase": task.phase,
-                "federation": self.settings.federation, "run_id": task.run_id,
-                "device_id": self.settings.device_id, "class_names": list(self.settings.class_names),
-                "toolkit_version": VERSION,
-                "metrics": dict(self.history[-1]) if self.history else {}}
-        return Checkpoint(model_spec=self.spec, state_dict=model_state,
-                          head=self.algorithm.head_spec(), meta=meta,
-                          extra=self.algorithm.extra_state())
+        meta = {
+            "algorithm": self.algorithm.name,
+            "round": task.round,
+            "phase": task.phase,
+            "federation": self.settings.federation,
+            "run_id": task.run_id,
+            "device_id": self.settings.device_id,
+            "class_names": list(self.settings.class_names),
+            "toolkit_version": VERSION,
+            "metrics": dict(self.history[-1]) if self.history else {},
+        }
+        return Checkpoint(
+            model_spec=self.spec,
+            state_dict=model_state,
+            head=self.algorithm.head_spec(),
+            meta=meta,
+            extra=self.algorithm.extra_state(),
+        )
 
     def _save_checkpoint(self, task: Task) -> None:
         save_checkpoint(self.state.checkpoint_path, self._checkpoint(task))
@@ -258,11 +294,13 @@ class EdgeAgent:
         samples = self.ctx.test if len(self.ctx.test) else self.ctx.train
         x = samples.x[:64].cpu().numpy()
         y = samples.y[:64].cpu().numpy()
-        manifest = export_bundle(self.state.checkpoint_path, self.settings.export_dir,
-                                 samples=x, labels=y)
+        manifest = export_bundle(
+            self.state.checkpoint_path, self.settings.export_dir, samples=x, labels=y
+        )
         fp32 = manifest.files[0]
-        self.log.info("exported %s (%d bytes) to %s", fp32.file, fp32.size_bytes,
-                      self.settings.export_dir)
+        self.log.info(
+            "exported %s (%d bytes) to %s", fp32.file, fp32.size_bytes, self.settings.export_dir
+        )
         out = {"onnx_exported": 1.0, "onnx_bytes": float(fp32.size_bytes)}
         if fp32.verification is not None:
             out["onnx_verified"] = float(fp32.verification.passed)
@@ -273,13 +311,18 @@ class EdgeAgent:
     def _progress(self, step: int, total: int, loss: float) -> None:
         task = self._current
         now = time.monotonic()
-        if task is None or (now - self._last_progress < self.settings.progress_interval_s
-                            and step != total):
+        if task is None or (
+            now - self._last_progress < self.settings.progress_interval_s and step != total
+        ):
             return
         self._last_progress = now
-        body = Progress(task_id=task.task_id, round=task.round, phase=task.phase, step=step,
-                        total=total, loss=loss if loss == loss else 0.0)
-        try:
+        body = Progress(
+            task_id=task.task_id,
+            round=task.round,
+            phase=task.phase,
+            step=step,
+            total=total,
+            loss=loss if math.isfinite(loss) else 0.0,
+        )
+        with contextlib.suppress(EdgeFLError):  # progress is best effort; the reply counts
             self.endpoint.send(self.topics.progress(self.settings.device_id), body, qos=0)
-        except EdgeFLError:
-            pass  # progress is best effort; the reply is what counts

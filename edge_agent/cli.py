@@ -30,26 +30,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password", default=None, help="MQTT password")
     p.add_argument("--algorithm", default="fedvtc", help="algorithm the coordinator runs")
     p.add_argument("--model", default="cnn_t1", help="architecture name (see `models` registry)")
-    p.add_argument("--feature-dim", type=int, default=64,
-                   help="shared feature size appended as a projection (0 = native features)")
-    p.add_argument("--data", default="digits",
-                   help="built-in dataset (digits, mnist5k, mnist, fashion_mnist, cifar10, cifar100), "
-                   "an ImageFolder directory or an .npz file")
+    p.add_argument(
+        "--feature-dim",
+        type=int,
+        default=64,
+        help="shared feature size appended as a projection (0 = native features)",
+    )
+    p.add_argument(
+        "--data",
+        default="digits",
+        help="built-in dataset (digits, mnist5k, mnist, fashion_mnist, cifar10, cifar100), "
+        "an ImageFolder directory or an .npz file",
+    )
     p.add_argument("--data-root", default=None, help="root directory of torchvision datasets")
     p.add_argument("--image-size", type=int, default=None, help="resize images to this size")
-    p.add_argument("--partition", default=None,
-                   help="simulate a shard: iid | dirichlet:ALPHA | pathological:K (needs --clients)")
+    p.add_argument(
+        "--partition",
+        default=None,
+        help="simulate a shard: iid | dirichlet:ALPHA | pathological:K (needs --clients)",
+    )
     p.add_argument("--clients", type=int, default=1, help="number of shards in the simulation")
     p.add_argument("--client-index", type=int, default=0, help="which shard is this device's")
-    p.add_argument("--global-test-size", type=int, default=360,
-                   help="held-out global test set size when simulating shards")
+    p.add_argument(
+        "--global-test-size",
+        type=int,
+        default=360,
+        help="held-out global test set size when simulating shards",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of partition, init and batching")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
-    p.add_argument("--state-dir", type=Path, default=None,
-                   help="checkpoint/outbox directory (default: ./edgefl-agent-ID)")
-    p.add_argument("--export-dir", type=Path, default=None,
-                   help="write the final ONNX bundle here (default: STATE_DIR/export)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="checkpoint/outbox directory (default: ./edgefl-agent-ID)",
+    )
+    p.add_argument(
+        "--export-dir",
+        type=Path,
+        default=None,
+        help="write the final ONNX bundle here (default: STATE_DIR/export)",
+    )
     p.add_argument("--no-export", action="store_true", help="skip the ONNX export at the end")
     p.add_argument("--stay", action="store_true", help="keep running after the run finishes")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -59,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``edge-agent``."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from protocol.errors import EdgeFLError
 
     try:
@@ -82,9 +105,12 @@ def _run(args: argparse.Namespace) -> int:
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
     host, port = parse_broker(args.broker)
     topics = Topics(args.federation)
-    will = Will(topics.status(device_id),
-                encode(Envelope(body=Status(state="offline"), sender=device_id,
-                                federation=args.federation)))
+    will = Will(
+        topics.status(device_id),
+        encode(
+            Envelope(body=Status(state="offline"), sender=device_id, federation=args.federation)
+        ),
+    )
     opts = _options(args, device_id)
     import torch
 
@@ -92,8 +118,14 @@ def _run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from edge_agent.factory import build_agent
 
-    transport = MqttTransport(host=host, port=port, client_id=f"edgefl-{args.federation}-{device_id}",
-                              will=will, username=args.username, password=args.password)
+    transport = MqttTransport(
+        host=host,
+        port=port,
+        client_id=f"edgefl-{args.federation}-{device_id}",
+        will=will,
+        username=args.username,
+        password=args.password,
+    )
     agent = build_agent(opts, transport)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -114,16 +146,32 @@ def _options(args: argparse.Namespace, device_id: str) -> object:
 
     partition = None
     if args.partition:
-        partition = PartitionSpec(**{**parse_partition(args.partition), "num_clients": args.clients,
-                                     "seed": args.seed, "global_test_size": args.global_test_size})
+        partition = PartitionSpec(
+            **{
+                **parse_partition(args.partition),
+                "num_clients": args.clients,
+                "seed": args.seed,
+                "global_test_size": args.global_test_size,
+            }
+        )
     state_dir = args.state_dir or Path(f"edgefl-agent-{device_id}")
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")
     return AgentOptions(
-        device_id=device_id, algorithm=args.algorithm, model=args.model,
-        feature_dim=args.feature_dim or None, data=args.data, data_root=args.data_root,
-        image_size=args.image_size, partition=partition, client_index=args.client_index,
-        federation=args.federation, state_dir=state_dir, export_dir=export_dir,
-        device=args.device, seed=args.seed, exit_when_finished=not args.stay,
+        device_id=device_id,
+        algorithm=args.algorithm,
+        model=args.model,
+        feature_dim=args.feature_dim or None,
+        data=args.data,
+        data_root=args.data_root,
+        image_size=args.image_size,
+        partition=partition,
+        client_index=args.client_index,
+        federation=args.federation,
+        state_dir=state_dir,
+        export_dir=export_dir,
+        device=args.device,
+        seed=args.seed,
+        exit_when_finished=not args.stay,
     )
 
 

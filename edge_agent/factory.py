@@ -58,8 +58,9 @@ def pick_device(name: str) -> torch.device:
 
 
 def _tensors(ds: ArrayDataset, device: torch.device) -> TensorData:
-    return TensorData(torch.as_tensor(ds.x, device=device),
-                      torch.as_tensor(ds.y, dtype=torch.long, device=device))
+    return TensorData(
+        torch.as_tensor(ds.x, device=device), torch.as_tensor(ds.y, dtype=torch.long, device=device)
+    )
 
 
 def _shards(opts: AgentOptions) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset | None]:
@@ -74,23 +75,40 @@ def _shards(opts: AgentOptions) -> tuple[ArrayDataset, ArrayDataset, ArrayDatase
     return train, test, split.global_test
 
 
-def build_agent(opts: AgentOptions, transport: Transport, logger: logging.Logger | None = None
-                ) -> EdgeAgent:
+def build_agent(
+    opts: AgentOptions, transport: Transport, logger: logging.Logger | None = None
+) -> EdgeAgent:
     """Load this device's data shard, build its model and algorithm, wire the endpoint."""
     device = pick_device(opts.device)
     train, test, global_test = _shards(opts)
-    c, h, w = train.x.shape[1:]
+    c, h, _w = train.x.shape[1:]
     torch.manual_seed(opts.seed * 1009 + opts.client_index)  # model init differs per device
-    model = create_model(opts.model, num_classes=train.num_classes, in_chans=int(c),
-                         feature_dim=opts.feature_dim, input_size=int(h)).to(device)
+    model = create_model(
+        opts.model,
+        num_classes=train.num_classes,
+        in_chans=int(c),
+        feature_dim=opts.feature_dim,
+        input_size=int(h),
+    ).to(device)
     gen = torch.Generator().manual_seed(opts.seed * 7919 + opts.client_index)
-    ctx = EdgeContext(model=model, train=_tensors(train, device), test=_tensors(test, device),
-                      num_classes=train.num_classes, device=device, generator=gen,
-                      global_test=None if global_test is None else _tensors(global_test, device))
+    ctx = EdgeContext(
+        model=model,
+        train=_tensors(train, device),
+        test=_tensors(test, device),
+        num_classes=train.num_classes,
+        device=device,
+        generator=gen,
+        global_test=None if global_test is None else _tensors(global_test, device),
+    )
     algorithm = create_edge_algorithm(opts.algorithm, ctx)
     spec = ModelSpec.from_model(model)
     endpoint = Endpoint(transport, sender=opts.device_id, federation=opts.federation)
-    settings = AgentSettings(device_id=opts.device_id, state_dir=opts.state_dir,
-                             federation=opts.federation, exit_when_finished=opts.exit_when_finished,
-                             export_dir=opts.export_dir, class_names=train.class_names)
+    settings = AgentSettings(
+        device_id=opts.device_id,
+        state_dir=opts.state_dir,
+        federation=opts.federation,
+        exit_when_finished=opts.exit_when_finished,
+        export_dir=opts.export_dir,
+        class_names=train.class_names,
+    )
     return EdgeAgent(endpoint, algorithm, spec, settings, logger)

@@ -48,11 +48,14 @@ class TensorData:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def batches(self, batch_size: int, generator: torch.Generator | None, shuffle: bool = True
-                ) -> Iterator[tuple[Tensor, Tensor]]:
+    def batches(
+        self, batch_size: int, generator: torch.Generator | None, shuffle: bool = True
+    ) -> Iterator[tuple[Tensor, Tensor]]:
         """Mini-batches in a seeded random order (or in order when ``shuffle`` is false)."""
         n = len(self)
-        order = (torch.randperm(n, generator=generator) if shuffle else torch.arange(n)).to(self.x.device)
+        order = (torch.randperm(n, generator=generator) if shuffle else torch.arange(n)).to(
+            self.x.device
+        )
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             yield self.x[idx], self.y[idx]
@@ -83,8 +86,9 @@ class TrainStats:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def make_optimizer(params: Iterator[nn.Parameter] | list[nn.Parameter], cfg: TrainConfig
-                   ) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Iterator[nn.Parameter] | list[nn.Parameter], cfg: TrainConfig
+) -> torch.optim.Optimizer:
     """SGD (with momentum) or Adam as the config says."""
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -148,8 +152,9 @@ ScoreFn = Callable[[Tensor], Tensor]
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: TensorData, scores: ScoreFn | None = None,
-             batch_size: int = 256) -> EvalResult:
+def evaluate(
+    model: nn.Module, data: TensorData, scores: ScoreFn | None = None, batch_size: int = 256
+) -> EvalResult:
     """Evaluate in eval mode; ``scores`` maps images to class scores (default: ``model``)."""
     if len(data) == 0:
         return EvalResult(float("nan"), float("nan"), 0)

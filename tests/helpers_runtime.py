@@ -12,16 +12,30 @@ from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
 from protocol.transport import MemoryBroker, MemoryTransport
 
-FLEET = FleetSpec(num_agents=3, models=("mlp_s", "cnn_t1", "mlp_m"), data="digits",
-                  partition="dirichlet:1.0", feature_dim=16, global_test_size=200)
+FLEET = FleetSpec(
+    num_agents=3,
+    models=("mlp_s", "cnn_t1", "mlp_m"),
+    data="digits",
+    partition="dirichlet:1.0",
+    feature_dim=16,
+    global_test_size=200,
+)
 
 
-def run_config(tmp_path: Path, algorithm: str = "fedproto", rounds: int = 2, **run: Any) -> RunConfig:
+def run_config(
+    tmp_path: Path, algorithm: str = "fedproto", rounds: int = 2, **run: Any
+) -> RunConfig:
     """A small, fast run config."""
     defaults: dict[str, Any] = {"deadline_s": 60.0, "min_agents": 3, "run_id": "t"}
     defaults.update(run)
-    return load_config(None, ["hyper.local_epochs=1"], algorithm=algorithm, rounds=rounds,
-                       run_dir=str(tmp_path / "run"), **defaults)
+    return load_config(
+        None,
+        ["hyper.local_epochs=1"],
+        algorithm=algorithm,
+        rounds=rounds,
+        run_dir=str(tmp_path / "run"),
+        **defaults,
+    )
 
 
 class InProcessAgent:
@@ -38,8 +52,11 @@ class InProcessAgent:
     def start(self) -> InProcessAgent:
         """Build (resuming from the state dir if present), connect and run in a thread."""
         self.stop = threading.Event()
-        self.transport = MemoryTransport(self.broker, self.opts.device_id,
-                                         will=agent_will(self.cfg.federation, self.opts.device_id))
+        self.transport = MemoryTransport(
+            self.broker,
+            self.opts.device_id,
+            will=agent_will(self.cfg.federation, self.opts.device_id),
+        )
         self.agent = build_agent(self.opts, self.transport)
         self.transport.connect()
         self.agent.start()

@@ -111,8 +111,9 @@ class Strategy(Generic[C]):
         """Restore what :meth:`state_dict` produced."""
 
     # ----- shared validation helpers --------------------------------------------------------
-    def check_prototypes(self, agent: AgentInfo, reply: Reply, key: str, dim: int | None
-                         ) -> PrototypeSet:
+    def check_prototypes(
+        self, agent: AgentInfo, reply: Reply, key: str, dim: int | None
+    ) -> PrototypeSet:
         """A reply's prototype payload, checked against the federation and the agent's classes."""
         protos = reply.payloads.get(key)
         if not isinstance(protos, PrototypeSet):
@@ -120,11 +121,16 @@ class Strategy(Generic[C]):
             raise ValidationError(f"reply.payloads.{key}", "a prototype set", got)
         ids = protos.class_ids.tolist()
         if ids and max(ids) >= self.num_classes:
-            raise ValidationError(f"reply.payloads.{key}.class_ids", f"ids < {self.num_classes}", ids)
+            raise ValidationError(
+                f"reply.payloads.{key}.class_ids", f"ids < {self.num_classes}", ids
+            )
         unknown = sorted(set(ids) - set(agent.classes))
         if unknown:
-            raise ValidationError(f"reply.payloads.{key}.class_ids",
-                                  f"classes the agent registered {agent.classes}", unknown)
+            raise ValidationError(
+                f"reply.payloads.{key}.class_ids",
+                f"classes the agent registered {agent.classes}",
+                unknown,
+            )
         if dim is not None and protos.class_ids.size and protos.dim != dim:
             raise ValidationError(f"reply.payloads.{key}.vectors", f"dimension {dim}", protos.dim)
         return protos
@@ -148,8 +154,9 @@ def register_strategy(name: str) -> Callable[[S], S]:
     return deco
 
 
-def create_strategy(name: str, config: AlgorithmConfig, *, num_classes: int, seed: int = 0
-                    ) -> Strategy[Any]:
+def create_strategy(
+    name: str, config: AlgorithmConfig, *, num_classes: int, seed: int = 0
+) -> Strategy[Any]:
     """Instantiate the server half of ``name``."""
     try:
         cls = STRATEGIES[name]

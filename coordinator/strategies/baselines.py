@@ -36,13 +36,18 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
             return
         w = reply.payloads.get("weights")
         if not isinstance(w, TensorMap):
-            raise ValidationError("reply.payloads.weights", "tensors", "nothing" if w is None else w.KIND)
+            raise ValidationError(
+                "reply.payloads.weights", "tensors", "nothing" if w is None else w.KIND
+            )
         if self.weights is not None:
             ref = self.weights.tensors
             bad = [k for k in ref if k not in w.tensors or w.tensors[k].shape != ref[k].shape]
             if bad or len(w.tensors) != len(ref):
-                raise ValidationError("reply.payloads.weights", "the global model's tensors",
-                                      f"mismatch in {bad[:5] or 'tensor names'}")
+                raise ValidationError(
+                    "reply.payloads.weights",
+                    "the global model's tensors",
+                    f"mismatch in {bad[:5] or 'tensor names'}",
+                )
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Weights averaged by sample count (integer buffers: taken from the largest client)."""
@@ -51,14 +56,18 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
         maps = [r.payloads["weights"] for _, r in replies]
         names = [set(m.tensors) for m in maps if isinstance(m, TensorMap)]
         if any(n != names[0] for n in names):
-            raise AggregationError("fedavg: replies carry different tensors (heterogeneous models?)")
+            raise AggregationError(
+                "fedavg: replies carry different tensors (heterogeneous models?)"
+            )
         n = np.array([max(r.num_samples, 1) for _, r in replies], dtype=np.float64)
         w = n / n.sum()
         out: dict[str, np.ndarray] = {}
         for name in sorted(names[0]):
             arrs = [m.tensors[name] for m in maps if isinstance(m, TensorMap)]
             if arrs[0].dtype.kind == "f":
-                out[name] = sum(wi * a.astype(np.float64) for wi, a in zip(w, arrs)).astype(np.float32)
+                out[name] = sum(
+                    wi * a.astype(np.float64) for wi, a in zip(w, arrs, strict=True)
+                ).astype(np.float32)
             else:  # e.g. num_batches_tracked: not meaningful to average
                 out[name] = arrs[int(np.argmax(n))]
         self.weights = TensorMap(out, encoding=self.config.weight_encoding)  # type: ignore[arg-type]
@@ -74,14 +83,21 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
         self.weights = w if isinstance(w, TensorMap) else None
 
 
-def mean_prototypes(current: PrototypeSet | None, sets: list[PrototypeSet], num_classes: int,
-                    encoding: str = "raw", sd: np.ndarray | None = None) -> PrototypeSet | None:
+def mean_prototypes(
+    current: PrototypeSet | None,
+    sets: list[PrototypeSet],
+    num_classes: int,
+    encoding: str = "raw",
+    sd: np.ndarray | None = None,
+) -> PrototypeSet | None:
     """Per-class plain mean over the sets holding the class; classes held by none keep
     their previous value (FedProto's and FedVTC's rule)."""
     dims = {s.dim for s in sets if s.class_ids.size}
     if not dims:
         return current
-    if len(dims) > 1 or (current is not None and current.class_ids.size and current.dim not in dims):
+    if len(dims) > 1 or (
+        current is not None and current.class_ids.size and current.dim not in dims
+    ):
         raise AggregationError(f"prototype dimensions differ across replies: {sorted(dims)}")
     dim = dims.pop()
     table = np.zeros((num_classes, dim), np.float64)
@@ -98,8 +114,7 @@ def mean_prototypes(current: PrototypeSet | None, sets: list[PrototypeSet], num_
             if not new[c]:
                 table[c], new[c], counts[c] = current.vectors[i], True, current.counts[i]
     ids = np.nonzero(new)[0]
-    return PrototypeSet(ids, table[ids].astype(np.float32), counts[ids], sd=sd,
-                        encoding=encoding)  # type: ignore[arg-type]
+    return PrototypeSet(ids, table[ids].astype(np.float32), counts[ids], sd=sd, encoding=encoding)  # type: ignore[arg-type]
 
 
 @register_strategy("fedproto")
@@ -117,7 +132,9 @@ class FedProtoStrategy(Strategy[FedProtoConfig]):
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Prototypes of the agent's own classes, with the fleet's feature dimension."""
         if step.phase == "train":
-            dim = self.protos.dim if self.protos is not None and self.protos.class_ids.size else None
+            dim = (
+                self.protos.dim if self.protos is not None and self.protos.class_ids.size else None
+            )
             self.check_prototypes(agent, reply, "protos", dim)
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
@@ -125,9 +142,17 @@ class FedProtoStrategy(Strategy[FedProtoConfig]):
         if step.phase != "train":
             return {}
         sets = [r.payloads["protos"] for _, r in replies]
-        self.protos = mean_prototypes(self.protos, [s for s in sets if isinstance(s, PrototypeSet)],
-                                      self.num_classes, self.config.proto_encoding)
-        return {"classes_with_prototype": float(0 if self.protos is None else self.protos.class_ids.size)}
+        self.protos = mean_prototypes(
+            self.protos,
+            [s for s in sets if isinstance(s, PrototypeSet)],
+            self.num_classes,
+            self.config.proto_encoding,
+        )
+        return {
+            "classes_with_prototype": float(
+                0 if self.protos is None else self.protos.class_ids.size
+            )
+        }
 
     def state_dict(self) -> dict[str, Payload]:
         """The global prototypes."""

@@ -75,17 +75,20 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Prototypes with an SD of the fleet's dimension; generators with the known layout."""
         if step.phase == "train":
-            dim = self.protos.dim if self.protos is not None and self.protos.class_ids.size else None
+            known = self.protos is not None and self.protos.class_ids.size
+            dim = self.protos.dim if known and self.protos is not None else None
             protos = self.check_prototypes(agent, reply, "protos", dim)
             if protos.sd is None:
                 raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)
             if protos.sd.shape[0] != protos.dim and protos.class_ids.size:
-                raise ValidationError("reply.payloads.protos.sd", f"length {protos.dim}", protos.sd.shape[0])
+                raise ValidationError("reply.payloads.protos.sd", f"length {protos.dim}",
+                                      protos.sd.shape[0])
         if step.phase == "upload_generator" or (step.phase == "train" and
                                                 self.config.generator_exchange == "every_round"):
             gen = reply.payloads.get("generator")
             if not isinstance(gen, TensorMap):
-                raise ValidationError("reply.payloads.generator", "tensors", None if gen is None else gen.KIND)
+                raise ValidationError("reply.payloads.generator", "tensors",
+                                      None if gen is None else gen.KIND)
             if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
                 raise ValidationError("reply.payloads.generator", "the fleet's generator layout",
                                       sorted(set(gen.tensors) ^ set(self.generator.tensors))[:5])
@@ -103,17 +106,19 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
                                           self.config.proto_encoding, sd=sd)
             if self.config.generator_exchange == "every_round":
                 self._average_generators(replies, require_trained=False)
-            return {"classes_with_prototype": float(0 if self.protos is None else self.protos.class_ids.size),
+            held = 0 if self.protos is None else self.protos.class_ids.size
+            return {"classes_with_prototype": float(held),
                     "sigma_mean": float(sd.mean()) if sd is not None else 1.0}
         if step.phase == "upload_generator":
             return {"generators_averaged": float(self._average_generators(replies, True))}
         return {}
 
-    def _average_generators(self, replies: list[tuple[AgentInfo, Reply]], require_trained: bool) -> int:
+    def _average_generators(self, replies: list[tuple[AgentInfo, Reply]],
+                            require_trained: bool) -> int:
         # D10: average only generators that were trained at least once
-        maps = [r.payloads["generator"] for _, r in replies
-                if not require_trained or r.metrics.get("generator_trained", 1.0) > 0]
-        maps = [m for m in maps if isinstance(m, TensorMap)]
+        uploads = [r.payloads["generator"] for _, r in replies
+                   if not require_trained or r.metrics.get("generator_trained", 1.0) > 0]
+        maps = [m for m in uploads if isinstance(m, TensorMap)]
         if maps:
             self.generator = average_tensor_maps(maps, self.config.generator_encoding)
         return len(maps)

@@ -100,8 +100,12 @@ class EdgeAlgorithm(Generic[C]):
     def parse_config(self, task: Task) -> C:
         """The task's config as this algorithm's typed dataclass."""
         if task.algorithm != self.name:
-            raise ConfigError(f"task {task.task_id} is for {task.algorithm!r}, agent runs {self.name!r}")
-        cfg = config_type(self.name).from_dict(dict(task.config), where=f"task {task.task_id}.config")
+            raise ConfigError(
+                f"task {task.task_id} is for {task.algorithm!r}, agent runs {self.name!r}"
+            )
+        cfg = config_type(self.name).from_dict(
+            dict(task.config), where=f"task {task.task_id}.config"
+        )
         return cfg  # type: ignore[return-value]
 
     @property
@@ -117,8 +121,11 @@ class EdgeAlgorithm(Generic[C]):
         self.receive(task.payloads)
         stats = self.local_train(self.ctx.train)
         payloads = self.reply_payloads()
-        metrics = {"train_loss": stats.mean_loss, "train_s": stats.seconds,
-                   "samples_per_s": stats.samples_per_s}
+        metrics = {
+            "train_loss": stats.mean_loss,
+            "train_s": stats.seconds,
+            "samples_per_s": stats.samples_per_s,
+        }
         return PhaseResult(payloads, metrics, len(self.ctx.train))
 
     def final_phase(self, task: Task) -> PhaseResult:
@@ -126,14 +133,21 @@ class EdgeAlgorithm(Generic[C]):
         self.receive(task.payloads)
         return PhaseResult(num_samples=len(self.ctx.train))
 
-    def local_train(self, data: TensorData, epochs: int | None = None,
-                    params: list[nn.Parameter] | None = None) -> TrainStats:
+    def local_train(
+        self, data: TensorData, epochs: int | None = None, params: list[nn.Parameter] | None = None
+    ) -> TrainStats:
         """The one training loop over ``data`` with this algorithm's hooks."""
         params = list(self.ctx.model.parameters()) if params is None else params
         optimizer = make_optimizer(params, self.config)
         return train_epochs(
-            self.ctx.model, data, self.config, self, optimizer=optimizer, epochs=epochs,
-            generator=self.ctx.generator, on_progress=self.ctx.on_progress,
+            self.ctx.model,
+            data,
+            self.config,
+            self,
+            optimizer=optimizer,
+            epochs=epochs,
+            generator=self.ctx.generator,
+            on_progress=self.ctx.on_progress,
         )
 
     # ----- hooks ----------------------------------------------------------------------------

@@ -34,10 +34,15 @@ class FedAvgEdge(EdgeAlgorithm[FedAvgConfig]):
             raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
         own = self.ctx.model.state_dict()
         if set(weights.tensors) != set(own):
-            raise ValidationError("payloads.weights", f"the {len(own)} tensors of this model",
-                                  f"{len(weights.tensors)} tensors with other names")
-        state = {k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
-                 for k, v in weights.tensors.items()}
+            raise ValidationError(
+                "payloads.weights",
+                f"the {len(own)} tensors of this model",
+                f"{len(weights.tensors)} tensors with other names",
+            )
+        state = {
+            k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
+            for k, v in weights.tensors.items()
+        }
         self.ctx.model.load_state_dict(state)
 
     def reply_payloads(self) -> dict[str, Payload]:
@@ -63,10 +68,14 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
             return
         if not isinstance(protos, PrototypeSet):
             raise ValidationError("payloads.protos", "protos", type(protos).KIND)
-        if protos.class_ids.size and (protos.dim != self.table.shape[1]
-                                      or int(protos.class_ids.max()) >= self.ctx.num_classes):
-            raise ValidationError("payloads.protos", f"dim {self.table.shape[1]}, ids < "
-                                  f"{self.ctx.num_classes}", (protos.dim, protos.class_ids.tolist()))
+        if protos.class_ids.size and (
+            protos.dim != self.table.shape[1] or int(protos.class_ids.max()) >= self.ctx.num_classes
+        ):
+            raise ValidationError(
+                "payloads.protos",
+                f"dim {self.table.shape[1]}, ids < {self.ctx.num_classes}",
+                (protos.dim, protos.class_ids.tolist()),
+            )
         table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
         self.table = torch.where(valid.unsqueeze(1), table, self.table)
         self.valid |= valid
@@ -81,8 +90,14 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
 
     def reply_payloads(self) -> dict[str, Payload]:
         """Local prototypes of the classes this device holds."""
-        return {"protos": class_prototypes(self.ctx.model, self.ctx.train, self.ctx.num_classes,
-                                           encoding=self.config.proto_encoding)}
+        return {
+            "protos": class_prototypes(
+                self.ctx.model,
+                self.ctx.train,
+                self.ctx.num_classes,
+                encoding=self.config.proto_encoding,
+            )
+        }
 
     def scores(self, x: Tensor) -> Tensor:
         """Head logits, or distances to global prototypes when ``predict = prototype``."""
@@ -105,5 +120,3 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
         table, valid = state.get("proto_table"), state.get("proto_valid")
         if table is not None and valid is not None and table.shape == self.table.shape:
             self.table, self.valid = table.to(self.ctx.device), valid.to(self.ctx.device).bool()
-
-

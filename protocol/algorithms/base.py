@@ -34,8 +34,10 @@ class AlgorithmConfig:
         hints = _field_types(cls)
         unknown = sorted(set(values) - set(hints))
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {unknown} for {cls.NAME or cls.__name__}; "
-                              f"known: {sorted(hints)}")
+            raise ConfigError(
+                f"{where}: unknown key(s) {unknown} for {cls.NAME or cls.__name__}; "
+                f"known: {sorted(hints)}"
+            )
         kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
         try:
             return cls(**kwargs)
@@ -60,7 +62,9 @@ def _field_types(cls: type) -> dict[str, Any]:
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     if typing.get_origin(tp) is typing.Literal:
         if value not in typing.get_args(tp):
-            raise ConfigError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}")
+            raise ConfigError(
+                f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}"
+            )
         return value
     if tp is bool:
         if not isinstance(value, bool):

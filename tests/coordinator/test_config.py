@@ -23,13 +23,13 @@ def test_toml_and_overrides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ('[run]\nround = 3\n', "unknown key"),
+        ("[run]\nround = 3\n", "unknown key"),
         ('[run]\nrounds = "three"\n', "expected int"),
         ('[hyper]\nlr = "fast"\n', "expected float"),
-        ('[hyper]\nlearning_rate = 0.1\n', "unknown key"),
-        ('[other]\nx = 1\n', "unknown section"),
+        ("[hyper]\nlearning_rate = 0.1\n", "unknown key"),
+        ("[other]\nx = 1\n", "unknown section"),
         ('[run]\nalgorithm = "fedmagic"\n', "unknown algorithm"),
-        ('[run\n', "invalid TOML"),
+        ("[run\n", "invalid TOML"),
     ],
 )
 def test_bad_config_is_rejected(tmp_path: Path, text: str, match: str) -> None:
@@ -42,6 +42,6 @@ def test_bad_config_is_rejected(tmp_path: Path, text: str, match: str) -> None:
 def test_missing_file_and_bad_override(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
-    with pytest.raises(ConfigError, match="run.KEY=VALUE"):
+    with pytest.raises(ConfigError, match=r"run\.KEY=VALUE"):
         parse_override("rounds=3")
     assert parse_override("hyper.optimizer=adam") == ("hyper", "optimizer", "adam")

@@ -13,8 +13,16 @@ from protocol.broker import free_port
 HEAVY = ("torch", "torchvision", "onnx", "onnxruntime")
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["demo", "--help"],
-                                  ["simulate", "--help"], ["report", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["serve", "--help"],
+        ["demo", "--help"],
+        ["simulate", "--help"],
+        ["report", "--help"],
+    ],
+)
 def test_help_does_not_import_heavy_modules(argv: list[str]) -> None:
     code = (
         "import sys, coordinator.cli as c\n"
@@ -22,15 +30,30 @@ def test_help_does_not_import_heavy_modules(argv: list[str]) -> None:
         f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "usage: coordinator" in proc.stdout
 
 
-def test_unreachable_broker_is_a_one_line_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_broker_is_a_one_line_error(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = free_port()  # nothing listens there
-    code = main(["serve", "--broker", f"127.0.0.1:{port}", "--algorithm", "fedproto",
-                 "--run-dir", str(tmp_path / "run"), "--rounds", "1"])
+    code = main(
+        [
+            "serve",
+            "--broker",
+            f"127.0.0.1:{port}",
+            "--algorithm",
+            "fedproto",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--rounds",
+            "1",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("coordinator: error:") and f"127.0.0.1:{port}" in err, err

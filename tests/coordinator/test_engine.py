@@ -35,8 +35,11 @@ def test_garbage_and_wrong_messages_are_rejected_while_the_run_goes_on(tmp_path:
     rogue.connect()
     # Execute: garbage bytes, a truncated frame, a wrongly typed message, a spoofed sender
     rogue.publish(topics.up("agent0", "reply"), b"\x00\xffnot msgpack")
-    good = encode(Envelope(body=Progress(task_id="x", round=1, phase="train", step=1, total=2),
-                           sender="agent0"))
+    good = encode(
+        Envelope(
+            body=Progress(task_id="x", round=1, phase="train", step=1, total=2), sender="agent0"
+        )
+    )
     rogue.publish(topics.up("agent0", "progress"), good[:-5])
     task = Task(task_id="t", run_id="r", round=1, phase="train", deadline=1.0, algorithm="fedproto")
     rogue.publish(topics.up("agent1", "task"), encode(Envelope(body=task, sender="agent1")))
@@ -51,7 +54,15 @@ def test_garbage_and_wrong_messages_are_rejected_while_the_run_goes_on(tmp_path:
 
 
 def test_missing_quorum_is_an_explicit_error(tmp_path: Path) -> None:
-    cfg = run_config(tmp_path, rounds=1, min_replies=3, deadline_s=3.0, grace_s=0.5, max_retries=1)
+    cfg = run_config(
+        tmp_path,
+        rounds=1,
+        min_replies=3,
+        deadline_s=3.0,
+        grace_s=0.5,
+        max_retries=1,
+        rejoin_wait_s=1.0,  # the killed agent does not come back: stop waiting for it soon
+    )
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
     transport = MemoryTransport(broker, "coordinator")
@@ -68,7 +79,7 @@ def test_missing_quorum_is_an_explicit_error(tmp_path: Path) -> None:
         a.close()
 
 
-class CrashOnce(Exception):
+class CrashOnceError(Exception):
     pass
 
 
@@ -84,7 +95,7 @@ def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, m
     def aggregate(self, step, replies):
         if step.round == 2 and not crashed.is_set():
             crashed.set()
-            raise CrashOnce
+            raise CrashOnceError
         seen.append((step.round, [a.device_id for a, _ in replies]))
         return original(self, step, replies)
 
@@ -93,7 +104,7 @@ def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, m
     first = make_coordinator(cfg, t1)
     t1.connect()
     first.start()
-    with pytest.raises(CrashOnce):
+    with pytest.raises(CrashOnceError):
         first.run()
     t1.kill()
     first.store.close()

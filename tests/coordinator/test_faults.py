@@ -32,10 +32,34 @@ MODELS = ("mlp_s", "mlp_m", "resnet8")
 
 def agent_cmd(port: int, i: int, tmp: Path, epochs_hint: str = "") -> list[str]:
     return [
-        str(BIN / "edge-agent"), "--broker", f"127.0.0.1:{port}", "--id", f"agent{i}",
-        "--algorithm", "fedproto", "--model", MODELS[i], "--feature-dim", "16", "--data", "digits",
-        "--partition", "dirichlet:1.0", "--clients", "3", "--client-index", str(i), "--threads", "1",
-        "--device", "cpu", "--state-dir", str(tmp / f"agent{i}"), "--no-export", "--log-level", "INFO",
+        str(BIN / "edge-agent"),
+        "--broker",
+        f"127.0.0.1:{port}",
+        "--id",
+        f"agent{i}",
+        "--algorithm",
+        "fedproto",
+        "--model",
+        MODELS[i],
+        "--feature-dim",
+        "16",
+        "--data",
+        "digits",
+        "--partition",
+        "dirichlet:1.0",
+        "--clients",
+        "3",
+        "--client-index",
+        str(i),
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--state-dir",
+        str(tmp / f"agent{i}"),
+        "--no-export",
+        "--log-level",
+        "INFO",
     ]
 
 
@@ -51,8 +75,9 @@ class Fleet:
 
     def start(self, i: int) -> None:
         with self.log(i).open("ab") as out:
-            self.procs[i] = subprocess.Popen(agent_cmd(self.port, i, self.tmp), stdout=out,
-                                             stderr=subprocess.STDOUT)
+            self.procs[i] = subprocess.Popen(
+                agent_cmd(self.port, i, self.tmp), stdout=out, stderr=subprocess.STDOUT
+            )
 
     def kill(self, i: int) -> None:
         self.procs[i].send_signal(signal.SIGKILL)
@@ -93,12 +118,21 @@ def metric_lines(run_dir: Path) -> list[dict]:
 
 def coordinator_thread(port: int, run_dir: Path, **run: object) -> tuple[threading.Thread, dict]:
     overrides = [f"hyper.{k}={v}" for k, v in {"local_epochs": 8, "lr": 0.05}.items()]
-    cfg = load_config(None, overrides, algorithm="fedproto", run_dir=str(run_dir), min_agents=3,
-                      run_id="faults", **run)
+    cfg = load_config(
+        None,
+        overrides,
+        algorithm="fedproto",
+        run_dir=str(run_dir),
+        min_agents=3,
+        run_id="faults",
+        **run,
+    )
     box: dict = {}
 
     def target() -> None:
-        transport = MqttTransport(client_id="edgefl-coordinator", port=port, will=coordinator_will(cfg))
+        transport = MqttTransport(
+            client_id="edgefl-coordinator", port=port, will=coordinator_will(cfg)
+        )
         try:
             box["result"] = run_coordinator(cfg, transport)
         except Exception as exc:  # surfaced by the test's assertion on box
@@ -111,12 +145,21 @@ def coordinator_thread(port: int, run_dir: Path, **run: object) -> tuple[threadi
     return t, box
 
 
-def test_agent_killed_mid_round_quorum_then_rejoins(mosquitto, fleet: Fleet, tmp_path: Path) -> None:
+def test_agent_killed_mid_round_quorum_then_rejoins(
+    mosquitto, fleet: Fleet, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     # rejoin_wait_s: round 3 waits for the restarted agent instead of racing its start-up
-    thread, box = coordinator_thread(mosquitto.port, run_dir, rounds=4, deadline_s=40.0,
-                                     grace_s=1.0, min_replies=2, quorum_fraction=0.5,
-                                     rejoin_wait_s=120.0)
+    thread, box = coordinator_thread(
+        mosquitto.port,
+        run_dir,
+        rounds=4,
+        deadline_s=40.0,
+        grace_s=1.0,
+        min_replies=2,
+        quorum_fraction=0.5,
+        rejoin_wait_s=120.0,
+    )
     # Execute: kill agent2 while it trains round 2
     wait_for(lambda: "round 2 phase train" in fleet.log(2).read_text(), 240, "agent2 in round 2")
     fleet.kill(2)
@@ -147,10 +190,26 @@ def test_broker_restart_mid_run_completes(mosquitto, fleet: Fleet, tmp_path: Pat
 
 
 def coordinator_cmd(port: int, run_dir: Path) -> list[str]:
-    return [str(BIN / "coordinator"), "serve", "--broker", f"127.0.0.1:{port}", "--algorithm",
-            "fedproto", "--rounds", "3", "--run-dir", str(run_dir), "--set", "run.min_agents=3",
-            "--set", "run.deadline_s=90", "--set", "run.run_id=faults", "--set",
-            "hyper.local_epochs=8"]
+    return [
+        str(BIN / "coordinator"),
+        "serve",
+        "--broker",
+        f"127.0.0.1:{port}",
+        "--algorithm",
+        "fedproto",
+        "--rounds",
+        "3",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "run.min_agents=3",
+        "--set",
+        "run.deadline_s=90",
+        "--set",
+        "run.run_id=faults",
+        "--set",
+        "hyper.local_epochs=8",
+    ]
 
 
 def stored_updates(run_dir: Path, step: int) -> list[tuple[str, str]]:
@@ -163,19 +222,22 @@ def stored_updates(run_dir: Path, step: int) -> list[tuple[str, str]]:
         return []
 
 
-def test_coordinator_killed_mid_round_resumes_without_loss(mosquitto, fleet: Fleet,
-                                                           tmp_path: Path) -> None:
+def test_coordinator_killed_mid_round_resumes_without_loss(
+    mosquitto, fleet: Fleet, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     log = (tmp_path / "coordinator.log").open("ab")
-    first = subprocess.Popen(coordinator_cmd(mosquitto.port, run_dir), stdout=log,
-                             stderr=subprocess.STDOUT)
+    first = subprocess.Popen(
+        coordinator_cmd(mosquitto.port, run_dir), stdout=log, stderr=subprocess.STDOUT
+    )
     # Execute: kill it once round 2 has at least one acknowledged (stored) update
     wait_for(lambda: len(stored_updates(run_dir, 1)) >= 1, 300, "a stored round-2 update")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     acked = stored_updates(run_dir, 1)
-    second = subprocess.Popen(coordinator_cmd(mosquitto.port, run_dir), stdout=log,
-                              stderr=subprocess.STDOUT)
+    second = subprocess.Popen(
+        coordinator_cmd(mosquitto.port, run_dir), stdout=log, stderr=subprocess.STDOUT
+    )
     assert second.wait(timeout=400) == 0
     # Assert: every step done once; the acknowledged updates were kept, none stored twice
     db = sqlite3.connect(run_dir / "state.sqlite")

@@ -18,29 +18,59 @@ def test_help_does_not_import_torch() -> None:
         "heavy = [m for m in ('torch', 'torchvision', 'onnx', 'onnxruntime') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--broker" in proc.stdout
 
 
-def test_unreachable_broker_is_a_one_line_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_broker_is_a_one_line_error(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = free_port()
-    code = main(["--broker", f"127.0.0.1:{port}", "--id", "dev1", "--algorithm", "fedproto",
-                 "--model", "mlp_s", "--state-dir", str(tmp_path / "s"), "--no-export"])
+    code = main(
+        [
+            "--broker",
+            f"127.0.0.1:{port}",
+            "--id",
+            "dev1",
+            "--algorithm",
+            "fedproto",
+            "--model",
+            "mlp_s",
+            "--state-dir",
+            str(tmp_path / "s"),
+            "--no-export",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("edge-agent: error:") and f"127.0.0.1:{port}" in err, err
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--model", "no_such_net"], "no_such_net"),
-    (["--data", "no_such_dataset"], "no_such_dataset"),
-    (["--id", "bad/id"], "--id: expected 1-64 characters"),
-])
-def test_bad_options_are_rejected_before_connecting(argv: list[str], fragment: str, tmp_path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--model", "no_such_net"], "no_such_net"),
+        (["--data", "no_such_dataset"], "no_such_dataset"),
+        (["--id", "bad/id"], "--id: expected 1-64 characters"),
+    ],
+)
+def test_bad_options_are_rejected_before_connecting(
+    argv: list[str], fragment: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = free_port()
-    code = main(["--broker", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "s"),
-                 "--algorithm", "fedproto", *argv])
+    code = main(
+        [
+            "--broker",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path / "s"),
+            "--algorithm",
+            "fedproto",
+            *argv,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and fragment in err, err
