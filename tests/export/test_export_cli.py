@@ -108,6 +108,40 @@ def test_corrupt_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     _one_error_line(err, "bad.pt", "not a torch.save archive")
 
 
+def test_truncated_checkpoint(checkpoint: Callable[..., Path], tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = checkpoint()
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    code, _, err = _run(capsys, str(path), "-o", str(tmp_path / "b"))
+    assert code == 2
+    _one_error_line(err, path.name, "not a torch.save archive")
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragments"),
+    [
+        (lambda raw: raw["model"].update(name="cnn_t1"),  # another family: other layer names
+         ("state_dict does not match cnn_t1", "missing", "unexpected")),
+        (lambda raw: raw["model"].update(name="no_such_net"),
+         ("checkpoint model 'no_such_net' cannot be built",)),
+        (lambda raw: raw["model"].update(num_classes=7),
+         ("state_dict does not match mlp_s", "[10, 64] vs model [7, 64]")),
+    ],
+    ids=["other-family", "unknown-name", "other-num-classes"],
+)
+def test_checkpoint_not_matching_its_architecture(
+        checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        edit: Callable[[dict[str, Any]], None], fragments: tuple[str, ...]) -> None:
+    path = checkpoint()
+    raw = torch.load(path, weights_only=True)
+    edit(raw)
+    torch.save(raw, path)
+    code, _, err = _run(capsys, str(path), "-o", str(tmp_path / "b"))
+    assert code == 2
+    _one_error_line(err, *fragments)
+    assert not (tmp_path / "b" / "model.onnx").exists()
+
+
 def test_architecture_mismatch(checkpoint: Callable[..., Path], tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
     path = checkpoint()
