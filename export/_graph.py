@@ -187,11 +187,19 @@ def save_atomic(model: ModelProto, path: str | os.PathLike[str]) -> Path:
     os.close(fd)
     try:
         onnx.save_model(model, tmp)
+        # mkstemp creates 0600; a deployed model must be readable like any file written here.
+        Path(tmp).chmod(0o666 & ~_umask())
         Path(tmp).replace(dest)
     except Exception as exc:
         Path(tmp).unlink(missing_ok=True)
         raise ExportError(f"cannot write {dest}: {_short(exc)}") from exc
     return dest
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: restore at once
+    os.umask(mask)
+    return mask
 
 
 def _default_opset(model: ModelProto) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 from export.exporter import DEFAULT_DYNAMO, DEFAULT_OPSET, ExportResult, export_model
 from export.heads import InferenceModel, with_head
 from export.runtime import check_images, latency_ms, make_session, run_batches
-from export.variants import VARIANT_FILES, VARIANTS, Variant, make_variant
+from export.variants import MAX_CALIBRATION, VARIANT_FILES, VARIANTS, Variant, make_variant
 from export.verify import (
     FP32_TOLERANCE,
     InputKind,
@@ -88,6 +88,8 @@ class Manifest:
         num_samples: Samples used for verification/accuracy.
         providers_requested: Execution providers asked for.
         files: One record per variant, fp32 first.
+        calibration: How ``int8-static`` was calibrated (source, image count, method), or
+            empty when it was not written.
         metadata: The ONNX ``metadata_props`` of the fp32 file.
         metrics: The checkpoint's own metrics (training-time evaluation).
     """
@@ -100,6 +102,7 @@ class Manifest:
     num_samples: int
     providers_requested: list[str]
     files: list[VariantRecord]
+    calibration: dict[str, Any]
     metadata: dict[str, str]
     metrics: dict[str, float]
 
@@ -189,6 +192,8 @@ def export_bundle(
         num_samples=len(x),
         providers_requested=list(providers or ["CPUExecutionProvider"]),
         files=records,
+        calibration=_calibration_info(calib, calibration is not None)
+        if "int8-static" in chosen else {},
         metadata=result.metadata,
         metrics={k: float(v) for k, v in ckpt.meta.get("metrics", {}).items()},
     )
@@ -270,6 +275,12 @@ def _metadata(ckpt: Checkpoint, sha: str) -> dict[str, str]:
         "source_toolkit_version": str(meta.get("toolkit_version", "")),
         "metrics": json.dumps(meta.get("metrics", {}), sort_keys=True),
     }
+
+
+def _calibration_info(calib: np.ndarray | None, separate: bool) -> dict[str, Any]:
+    return {"source": "calibration" if separate else "samples",
+            "num_samples": min(len(calib), MAX_CALIBRATION) if calib is not None else 0,
+            "method": "MinMax activation ranges, per-channel int8 weights, QDQ"}
 
 
 def _export_info(result: ExportResult) -> dict[str, Any]:

@@ -129,7 +129,8 @@ def _print_summary(manifest: Manifest) -> None:
             parts.append(f"{'ok' if v.passed else 'DIFFERS'} max|d| {v.max_abs_diff:.2g} "
                          f"agree {v.agreement:.1%}")
         if rec.accuracy is not None:
-            drop = "" if rec.accuracy_drop is None else f" ({-rec.accuracy_drop:+.1f} pt)"
+            # + 0.0 turns -0.0 (no change) into 0.0, which prints as "+0.0".
+            drop = "" if rec.accuracy_drop is None else f" ({-rec.accuracy_drop + 0.0:+.1f} pt)"
             parts.append(f"acc {rec.accuracy:.1%}{drop}")
         parts.append(f"b1 {rec.latency_ms_b1:.3f} ms on {','.join(rec.providers_used)}")
         print("  ".join(parts))

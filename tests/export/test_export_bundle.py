@@ -32,6 +32,8 @@ def test_bundle_with_all_variants(checkpoint: Callable[..., Path], tmp_path: Pat
     assert on_disk["verification_inputs"] == "real" and on_disk["num_samples"] == 96
     assert on_disk["source"]["sha256"] == file_sha256(ckpt)
     assert on_disk["export"]["head_type"] == "prototype"
+    assert on_disk["calibration"]["source"] == "samples"
+    assert on_disk["calibration"]["num_samples"] == 96
     assert [f["variant"] for f in on_disk["files"]] == list(ALL_VARIANTS)
     sizes = {}
     for rec in manifest.files:

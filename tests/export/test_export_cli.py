@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -84,6 +85,13 @@ def test_bare_int8_is_static_calibrated_on_calibration_file(
         assert rec["accuracy"] is not None
     assert files["fp32"]["accuracy_drop"] is None
     assert files["int8-static"]["accuracy_drop"] is not None
+    assert manifest["calibration"]["source"] == "calibration"
+    assert manifest["calibration"]["num_samples"] == 50
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for name in files:  # like any file written here, not mkstemp's 0600
+        mode = (tmp_path / "b" / files[name]["file"]).stat().st_mode & 0o777
+        assert mode == 0o666 & ~umask, oct(mode)
 
 
 def test_missing_calibration_file(checkpoint: Callable[..., Path], tmp_path: Path,
