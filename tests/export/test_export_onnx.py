@@ -23,6 +23,7 @@ from export import (
 )
 from export.heads import MASKED_SCORE
 from export.runtime import make_session, provider_options, run_batches
+from export.verify import Tolerance, _near_ties
 from models import Classifier, create_model
 from models.checkpoint import HeadSpec
 from protocol.errors import ExportError
@@ -120,6 +121,15 @@ def test_mismatch_raises_verification_error(exported: tuple[Classifier, ExportRe
                                                  r"max \|score diff\|") as info:
         verify_onnx(result.path, with_head(other, HeadSpec("logits")), images(16))
     assert not info.value.report.passed
+
+
+def test_near_ties_are_excluded_from_label_agreement() -> None:
+    tol = Tolerance(atol=1e-4, rtol=1e-5, min_agreement=1.0)
+    scores = np.array([[5.0, 5.00005, -1.0],  # gap 5e-5 <= 2 * (1e-4 + 5e-5): a near tie
+                       [5.0, 4.9, -1.0],  # decisive
+                       [300.0, 300.005, 0.0]], dtype=np.float32)  # rtol widens the bound
+    assert _near_ties(scores, tol).tolist() == [True, False, True]
+    assert not _near_ties(scores[:, :1], tol).any()  # one class: never a tie
 
 
 def test_providers_requested_vs_used(exported: tuple[Classifier, ExportResult]) -> None:
