@@ -138,7 +138,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             return per_sample.mean()
         if mode == "classbalanced":
             return (weight * per_sample).mean()
-        classes = y.unique()  # classsum_batch: sum over classes of the in-batch class mean
+        classes = torch.unique(y)  # classsum_batch: sum over classes of the in-batch class mean
         return torch.stack([per_sample[y == c].mean() for c in classes]).sum()
 
     def _tc(self, x: Tensor, y: Tensor, z: Tensor, log: bool = False) -> Tensor:
@@ -190,7 +190,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         loss = self._tc(x, y, z)
         if torch.isfinite(loss):
             self._gen_opt.zero_grad(set_to_none=True)
-            loss.backward()
+            torch.autograd.backward(loss)
             if self.config.grad_clip > 0:
                 nn.utils.clip_grad_norm_([*self.generator.parameters(), self.rho],
                                          self.config.grad_clip)
@@ -260,7 +260,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         if len(data) == 0:
             return {}
         x = data.x.flatten(1)
-        classes = data.y.unique()
+        classes = torch.unique(data.y)
         means = torch.stack([x[data.y == c].mean(0) for c in classes])
         within = (torch.stack([x[data.y == c].std(0) for c in classes]).mean() if per_class > 1
                   else x.new_tensor(0.0))
@@ -322,7 +322,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             m.reset_running_stats()
             m.momentum = None  # cumulative moving average over the batches below
         self.generator.train()
-        for chunk in v[torch.randperm(len(v), generator=self.ctx.generator)].split(256):
+        for chunk in torch.split(v[torch.randperm(len(v), generator=self.ctx.generator)], 256):
             self.generator(chunk)
         for m, momentum in zip(bns, momenta, strict=True):
             m.momentum = momentum
@@ -396,7 +396,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self.generator.eval()
         eps = torch.randn((len(y), self.table.shape[1]), generator=gen).to(self.ctx.device)
         v = self.table[y] + self.rho.exp() * eps
-        x = torch.cat([self.generator(chunk) for chunk in v.split(512)])
+        x = torch.cat([self.generator(chunk) for chunk in torch.split(v, 512)])
         return TensorData(x, y)
 
     def _eval_metrics(self, suffix: str) -> dict[str, float]:
