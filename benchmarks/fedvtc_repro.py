@@ -242,7 +242,92 @@ def tables(runs: list[dict[str, Any]]) -> str:
                          f"{mb('extra_rounds', 'tx')} / {mb('extra_rounds', 'rx')} | "
                          f"{mb('upload_generator', 'rx')} | {mb('final', 'tx')} | "
                          f"{statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.3f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + paired_tables(groups)) + "\n"
+
+
+def _by_seed(rs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {r["spec"]["seed"]: r for r in rs}
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any] | None, key_a: str, key_b: str) -> float | None:
+    va, vb = a.get(key_a), None if b is None else b.get(key_b)
+    return None if va is None or vb is None else float(va) - float(vb)
+
+
+def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list[str]:
+    """Per-seed paired effects: fine-tuning gain, FT vs the noise control, probe vs chance,
+    FedVTC vs the baselines, float16 transport, and the last round's diagnostics."""
+    alphas = sorted({k[1] for k in groups})
+    lines = ["", "Paired effects (percentage points, mean ± sd over seeds; same seed = same "
+             "partition and model init):", "",
+             "| method | Dir α | FT gain (after − before) | after − noise control | "
+             "probe − chance (10%) | after − local | after − FedProto |",
+             "|---|---|---|---|---|---|---|"]
+    for m in ("fedvtc_le", "fedvtc", "fedvtc_fix"):
+        for alpha in alphas:
+            rs = groups.get((m, alpha), [])
+            if not rs:
+                continue
+            local = _by_seed(groups.get(("local", alpha), []))
+            proto = _by_seed(groups.get(("fedproto", alpha), []))
+            seed = lambda r: r["spec"]["seed"]  # noqa: E731
+            cols = [[_diff(r, r, "acc_global", "acc_global_before_ft") for r in rs],
+                    [_diff(r, r, "acc_global", "acc_global_noise_control") for r in rs],
+                    [None if r.get("probe_acc_global") is None else r["probe_acc_global"] - 0.1
+                     for r in rs],
+                    [_diff(r, local.get(seed(r)), "acc_global", "acc_global") for r in rs],
+                    [_diff(r, proto.get(seed(r)), "acc_global", "acc_global") for r in rs]]
+            lines.append(f"| {m} | {alpha:g} | " + " | ".join(
+                _ms([v for v in c if v is not None]) for c in cols) + " |")
+    lines += ["", "float16 transport of prototypes and SDs (paired with `fedvtc`, same seeds):",
+              "", "| Dir α | seeds | train-round MB raw | train-round MB f16 | saving | "
+              "total MB raw → f16 | acc f16 − raw (pp) |", "|---|---|---|---|---|---|---|"]
+    for alpha in alphas:
+        f16 = _by_seed(groups.get(("fedvtc_f16", alpha), []))
+        raw = {k: v for k, v in _by_seed(groups.get(("fedvtc", alpha), [])).items() if k in f16}
+        if not raw:
+            continue
+
+        def train_mb(r: dict[str, Any]) -> float:
+            return sum(r["bytes_by_phase"].get("train", {}).values()) / 1e6
+
+        a = statistics.fmean(train_mb(r) for r in raw.values())
+        b = statistics.fmean(train_mb(f16[k]) for k in raw)
+        ta = statistics.fmean(r["bytes_total"] for r in raw.values()) / 1e6
+        tb = statistics.fmean(f16[k]["bytes_total"] for k in raw) / 1e6
+        acc = [f16[k]["acc_global"] - raw[k]["acc_global"] for k in raw]
+        lines.append(f"| {alpha:g} | {len(raw)} | {a:.3f} | {b:.3f} | {100 * (1 - b / a):.1f}% | "
+                     f"{ta:.2f} → {tb:.2f} | {_ms(acc)} |")
+    lines += ["", "Last training round's diagnostics (means over agents, then over seeds; "
+              "‖σ‖ vs the prototypes' norm and mean pairwise separation; loss terms as reduced "
+              "in the loss; generator output std and class contrast of the averaged ψ vs the "
+              "client's own):", "",
+              "| method | Dir α | σ mean | ‖σ‖ | proto norm | proto sep | CE | L_rc | KL | L_dm | "
+              "gen std avg / own | class contrast avg / own | probe own ψ |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in ("fedvtc_le", "fedvtc", "fedvtc_fix"):
+        for alpha in alphas:
+            rs = groups.get((m, alpha), [])
+            if not rs:
+                continue
+
+            def last(key: str, rs: list[dict[str, Any]] = rs) -> str:
+                vals = [r["rounds"][-1].get(key) for r in rs if r["rounds"]]
+                vals = [v for v in vals if v is not None]
+                return f"{statistics.fmean(vals):.3g}" if vals else "–"
+
+            def fin(key: str, rs: list[dict[str, Any]] = rs) -> str:
+                vals = [r[key] for r in rs if r.get(key) is not None]
+                return f"{statistics.fmean(vals):.3g}" if vals else "–"
+
+            lines.append(
+                f"| {m} | {alpha:g} | {last('sigma_mean')} | {last('diag_sigma_norm')} | "
+                f"{last('diag_proto_norm')} | {last('diag_proto_sep')} | {last('diag_ce')} | "
+                f"{last('diag_rc')} | {last('diag_kl')} | {last('diag_dm')} | "
+                f"{fin('gen_std')} / {fin('gen_std_own_gen')} | {fin('gen_class_contrast')} / "
+                f"{fin('gen_class_contrast_own_gen')} | "
+                f"{_ms([r.get('probe_acc_global_own_gen') for r in rs])} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
