@@ -2,8 +2,9 @@
 
 Two parts, both writing Markdown tables to stdout (and JSON with ``--json``):
 
-* ``exporters``: every registered model (logits head, default input size) exported with the
-  dynamo and the legacy torch exporter: success, export seconds, max |ONNX - PyTorch|.
+* ``exporters``: every registered model (logits head, default input size, BatchNorm statistics
+  from random images) exported with the dynamo and the legacy torch exporter: success, export
+  seconds, max |ONNX - PyTorch| and max |scores|.
 * ``variants``: small zoo models trained for a few epochs on the toolkit's built-in datasets
   (``load_dataset``: ``digits`` for 8x8 models, ``mnist5k`` resized to the model's input and
   repeated to its channels otherwise), exported as fp32/fp16/int8-static/int8-dynamic: file
@@ -161,8 +162,10 @@ def bench_exporters(names: list[str]) -> list[dict[str, Any]]:
         cfg = model_info(name)
         shape = (cfg.in_chans, *cfg.input_size)
         torch.manual_seed(0)
-        model = create_model(name, num_classes=10, in_chans=cfg.in_chans).eval()
+        model = create_model(name, num_classes=10, in_chans=cfg.in_chans)
         x = np.random.default_rng(0).random((8, *shape), dtype=np.float32)
+        calibrate_batchnorm(model, np.random.default_rng(1).random((32, *shape),
+                                                                   dtype=np.float32))
         with torch.inference_mode():
             ref = with_head(model, HeadSpec("logits"))(torch.from_numpy(x))[0].numpy()
         for exporter in ("dynamo", "legacy"):
@@ -174,12 +177,31 @@ def bench_exporters(names: list[str]) -> list[dict[str, Any]]:
                     scores, _ = run_batches(make_session(res.path), x)
                     row.update(ok=True, seconds=round(res.seconds, 2),
                                max_diff=float(np.abs(scores - ref).max()),
+                               max_score=float(np.abs(ref).max()),
                                nodes=_count_nodes(res.path))
                 except EdgeFLError as exc:
                     row.update(ok=False, error=str(exc)[:200])
             rows.append(row)
             print(f"# {name} {exporter}: {row}", file=sys.stderr, flush=True)
     return rows
+
+
+@torch.no_grad()
+def calibrate_batchnorm(model: torch.nn.Module, x: np.ndarray) -> None:
+    """BatchNorm running statistics from ``x``, then eval mode.
+
+    Fresh deep networks are degenerate in eval mode (ResNet-152 logits ~1e7, EfficientNet,
+    GoogLeNet and MobileNet features ~1e-12), which would make the ONNX-vs-PyTorch difference
+    meaningless; tests/export/export_helpers.py has the same helper.
+    """
+    for bn in model.modules():
+        if isinstance(bn, torch.nn.modules.batchnorm._BatchNorm):
+            bn.reset_running_stats()
+            bn.momentum = None
+    model.train()
+    for start in range(0, len(x), 16):
+        model(torch.from_numpy(x[start : start + 16]))
+    model.eval()
 
 
 def _count_nodes(path: Path) -> int:
@@ -190,13 +212,14 @@ def _count_nodes(path: Path) -> int:
 
 def exporters_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per model, the two exporters side by side."""
-    out = ["| model | dynamo s | dynamo max diff | dynamo nodes | legacy s | legacy max diff "
-           "| legacy nodes |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = ["| model | max \\|score\\| | dynamo s | dynamo max diff | dynamo nodes | legacy s "
+           "| legacy max diff | legacy nodes |", "| --- " + "| ---: " * 7 + "|"]
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_model.setdefault(r["model"], {})[r["exporter"]] = r
     for name, ex in by_model.items():
-        cells = []
+        scale = next((r["max_score"] for r in ex.values() if r.get("ok")), float("nan"))
+        cells = [f"{scale:.2g}"]
         for e in ("dynamo", "legacy"):
             r = ex.get(e, {})
             cells += ([f"{r['seconds']:.1f}", f"{r['max_diff']:.1e}", str(r["nodes"])]
