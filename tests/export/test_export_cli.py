@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -186,6 +187,25 @@ def test_unsupported_op(checkpoint: Callable[..., Path], tmp_path: Path,
     assert code == 2
     _one_error_line(err, "cannot export mlp_s", "aten::special_bessel_j0")
     assert out == ""  # the legacy exporter's IR dump does not reach the user
+
+
+def test_export_not_matching_pytorch_exits_3(
+        checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import export.bundle
+    from export.heads import with_head
+
+    def shifted_reference(model: Classifier, head: Any) -> Any:
+        other = copy.deepcopy(model)
+        with torch.no_grad():
+            other.get_classifier().bias.add_(0.1)  # what a wrongly exported weight looks like
+        return with_head(other, head)
+
+    monkeypatch.setattr(export.bundle, "with_head", shifted_reference)
+    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"),
+                        "--exporter", "legacy")
+    assert code == 3
+    _one_error_line(err, "ONNX does not match PyTorch on 64 random samples", "max |score diff|")
 
 
 @pytest.mark.parametrize(
