@@ -16,6 +16,7 @@ test: setup
 
 lint:
 	$(BIN)/ruff check protocol models edge_agent coordinator export tests benchmarks
+	$(BIN)/ruff format --check protocol models edge_agent coordinator export tests benchmarks
 
 typecheck:
 	$(BIN)/mypy protocol models edge_agent coordinator export

@@ -4,8 +4,9 @@ The coordinator (the real engine, store and ``fedproto`` strategy) runs in this 
 fleet runs in a child process as N sending :class:`~protocol.endpoint.Endpoint` objects and one
 receiving endpoint sharing one MQTT connection. Fake agents register like real ones and answer
 every task at once with a realistic FedProto reply (prototypes of the 2-6 classes they hold,
-``--dim`` float32 features each), so a round measures nothing but coordination: decoding, validation, the durable
-SQLite write before each ack, aggregation, and dispatch of the next round's tasks.
+``--dim`` float32 features each), so a round measures nothing but coordination: decoding,
+validation, the durable SQLite write before each ack, aggregation, and dispatch of the next
+round's tasks.
 
 Figures per N (median over the rounds after the first):
 

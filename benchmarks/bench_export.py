@@ -41,13 +41,27 @@ from models import create_model, list_models, model_info
 from models.checkpoint import HeadSpec
 from protocol.errors import EdgeFLError
 
-SMALL = ["mlp_xs", "mlp_s", "mlp_m", "mlp_l", "cnn_t1", "cnn_t2", "cnn_t3", "cnn_bn3",
-         "cnn_gap", "cnn2", "cnn4", "resnet8", "resnet18"]
+SMALL = [
+    "mlp_xs",
+    "mlp_s",
+    "mlp_m",
+    "mlp_l",
+    "cnn_t1",
+    "cnn_t2",
+    "cnn_t3",
+    "cnn_bn3",
+    "cnn_gap",
+    "cnn2",
+    "cnn4",
+    "resnet8",
+    "resnet18",
+]
 VARIANTS = ("fp16", "int8-static", "int8-dynamic")
 
 
-def local_data(size: tuple[int, int], chans: int, max_train: int, seed: int = 0
-               ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def local_data(
+    size: tuple[int, int], chans: int, max_train: int, seed: int = 0
+) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A built-in dataset at ``size`` with ``chans`` channels, split 75/25 (train capped).
 
     8x8 models get ``digits`` (their native size); larger inputs get ``mnist5k`` resized
@@ -82,9 +96,16 @@ def train(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, epochs: int) -> 
     return time.perf_counter() - start
 
 
-def paired_latency_ms(sess: Session, module: torch.nn.Module, shape: tuple[int, ...],
-                      batch: int, threads: int, *, blocks: int = 6, per_block: int = 10
-                      ) -> tuple[float, float]:
+def paired_latency_ms(
+    sess: Session,
+    module: torch.nn.Module,
+    shape: tuple[int, ...],
+    batch: int,
+    threads: int,
+    *,
+    blocks: int = 6,
+    per_block: int = 10,
+) -> tuple[float, float]:
     """Median (ORT, eager) latency in ms, timed in alternating blocks on the same input.
 
     Each block starts with two untimed runs: both runtimes' worker threads spin for a while
@@ -111,8 +132,9 @@ def paired_latency_ms(sess: Session, module: torch.nn.Module, shape: tuple[int, 
     return (1000.0 * statistics.median(times["ort"]), 1000.0 * statistics.median(times["eager"]))
 
 
-def bench_variants(names: list[str], epochs: int, epochs_large: int, max_train: int,
-                   all_threads: int) -> list[dict[str, Any]]:
+def bench_variants(
+    names: list[str], epochs: int, epochs_large: int, max_train: int, all_threads: int
+) -> list[dict[str, Any]]:
     """Train, export and measure each model; one row per model."""
     rows = []
     for name in names:
@@ -125,26 +147,35 @@ def bench_variants(names: list[str], epochs: int, epochs_large: int, max_train: 
         shape = (chans, *size)
         ref = with_head(model, HeadSpec("logits"))
         with tempfile.TemporaryDirectory() as tmp:
-            res = export_model(model, HeadSpec("logits"), Path(tmp, "model.onnx"),
-                               input_shape=shape)
-            row: dict[str, Any] = {"model": name, "input": list(shape), "dataset": dataset,
-                                   "train_n": len(ytr), "test_n": len(yte),
-                                   "train_s": round(secs, 1),
-                                   "params": sum(p.numel() for p in model.parameters())}
+            res = export_model(
+                model, HeadSpec("logits"), Path(tmp, "model.onnx"), input_shape=shape
+            )
+            row: dict[str, Any] = {
+                "model": name,
+                "input": list(shape),
+                "dataset": dataset,
+                "train_n": len(ytr),
+                "test_n": len(yte),
+                "train_s": round(secs, 1),
+                "params": sum(p.numel() for p in model.parameters()),
+            }
             with torch.inference_mode():
                 row["torch_acc"] = float((ref(torch.from_numpy(xte))[1].numpy() == yte).mean())
             files = {"fp32": res.path}
             for variant in VARIANTS:
-                files[variant] = make_variant(variant, res.path, Path(tmp, f"{variant}.onnx"),
-                                              calibration=xtr)
+                files[variant] = make_variant(
+                    variant, res.path, Path(tmp, f"{variant}.onnx"), calibration=xtr
+                )
             for variant, path in files.items():
                 one = make_session(path, threads=1)
                 _, pred = run_batches(one, xte)
                 row[f"{variant}_bytes"] = path.stat().st_size
                 row[f"{variant}_acc"] = float((pred == yte).mean())
                 row[f"{variant}_b1_1t"] = latency_ms(one, shape, batch=1)
-            sessions = {"1t": (make_session(res.path, threads=1), 1),
-                        "all": (make_session(res.path, threads=all_threads), all_threads)}
+            sessions = {
+                "1t": (make_session(res.path, threads=1), 1),
+                "all": (make_session(res.path, threads=all_threads), all_threads),
+            }
             for batch in (1, 32):
                 for label, (sess, threads) in sessions.items():
                     ort_ms, eager_ms = paired_latency_ms(sess, ref, shape, batch, threads)
@@ -164,21 +195,28 @@ def bench_exporters(names: list[str]) -> list[dict[str, Any]]:
         torch.manual_seed(0)
         model = create_model(name, num_classes=10, in_chans=cfg.in_chans)
         x = np.random.default_rng(0).random((8, *shape), dtype=np.float32)
-        calibrate_batchnorm(model, np.random.default_rng(1).random((32, *shape),
-                                                                   dtype=np.float32))
+        calibrate_batchnorm(model, np.random.default_rng(1).random((32, *shape), dtype=np.float32))
         with torch.inference_mode():
             ref = with_head(model, HeadSpec("logits"))(torch.from_numpy(x))[0].numpy()
         for exporter in ("dynamo", "legacy"):
             row: dict[str, Any] = {"model": name, "exporter": exporter}
             with tempfile.TemporaryDirectory() as tmp:
                 try:
-                    res = export_model(model, HeadSpec("logits"), Path(tmp, "m.onnx"),
-                                       input_shape=shape, dynamo=exporter == "dynamo")
+                    res = export_model(
+                        model,
+                        HeadSpec("logits"),
+                        Path(tmp, "m.onnx"),
+                        input_shape=shape,
+                        dynamo=exporter == "dynamo",
+                    )
                     scores, _ = run_batches(make_session(res.path), x)
-                    row.update(ok=True, seconds=round(res.seconds, 2),
-                               max_diff=float(np.abs(scores - ref).max()),
-                               max_score=float(np.abs(ref).max()),
-                               nodes=_count_nodes(res.path))
+                    row.update(
+                        ok=True,
+                        seconds=round(res.seconds, 2),
+                        max_diff=float(np.abs(scores - ref).max()),
+                        max_score=float(np.abs(ref).max()),
+                        nodes=_count_nodes(res.path),
+                    )
                 except EdgeFLError as exc:
                     row.update(ok=False, error=str(exc)[:200])
             rows.append(row)
@@ -212,8 +250,11 @@ def _count_nodes(path: Path) -> int:
 
 def exporters_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per model, the two exporters side by side."""
-    out = ["| model | max \\|score\\| | dynamo s | dynamo max diff | dynamo nodes | legacy s "
-           "| legacy max diff | legacy nodes |", "| --- " + "| ---: " * 7 + "|"]
+    out = [
+        "| model | max \\|score\\| | dynamo s | dynamo max diff | dynamo nodes | legacy s "
+        "| legacy max diff | legacy nodes |",
+        "| --- " + "| ---: " * 7 + "|",
+    ]
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_model.setdefault(r["model"], {})[r["exporter"]] = r
@@ -222,36 +263,50 @@ def exporters_table(rows: list[dict[str, Any]]) -> str:
         cells = [f"{scale:.2g}"]
         for e in ("dynamo", "legacy"):
             r = ex.get(e, {})
-            cells += ([f"{r['seconds']:.1f}", f"{r['max_diff']:.1e}", str(r["nodes"])]
-                      if r.get("ok") else ["FAIL", r.get("error", "")[:60], ""])
+            cells += (
+                [f"{r['seconds']:.1f}", f"{r['max_diff']:.1e}", str(r["nodes"])]
+                if r.get("ok")
+                else ["FAIL", r.get("error", "")[:60], ""]
+            )
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
 def variants_tables(rows: list[dict[str, Any]]) -> str:
     """Markdown: latency table (ms, speed-up = eager / ORT) and size/accuracy table."""
-    lat = ["| model | ORT b1 1t | eager b1 1t | speed-up | ORT b1 all | eager b1 all | speed-up "
-           "| ORT b32 1t | eager b32 1t | speed-up | ORT b32 all | eager b32 all | speed-up |",
-           "| --- " + "| ---: " * 12 + "|"]
-    size = ["| model | data (train/test) | params | fp32 KB | fp16 KB | int8-s KB (ratio) "
-            "| int8-d KB (ratio) | torch acc | fp32 acc | fp16 acc | int8-s acc (drop) "
-            "| int8-d acc (drop) | b1 1t ms fp32/fp16/int8-s/int8-d |",
-            "| --- | --- " + "| ---: " * 10 + "| --- |"]
+    lat = [
+        "| model | ORT b1 1t | eager b1 1t | speed-up | ORT b1 all | eager b1 all | speed-up "
+        "| ORT b32 1t | eager b32 1t | speed-up | ORT b32 all | eager b32 all | speed-up |",
+        "| --- " + "| ---: " * 12 + "|",
+    ]
+    size = [
+        "| model | data (train/test) | params | fp32 KB | fp16 KB | int8-s KB (ratio) "
+        "| int8-d KB (ratio) | torch acc | fp32 acc | fp16 acc | int8-s acc (drop) "
+        "| int8-d acc (drop) | b1 1t ms fp32/fp16/int8-s/int8-d |",
+        "| --- | --- " + "| ---: " * 10 + "| --- |",
+    ]
     for r in rows:
         cells = []
         for key in ("b1_1t", "b1_all", "b32_1t", "b32_all"):
             ort_ms, eager_ms = r[f"ort_{key}"], r[f"eager_{key}"]
             cells += [f"{ort_ms:.3f}", f"{eager_ms:.3f}", f"{eager_ms / ort_ms:.1f}x"]
-        lat.append(f"| {r['model']} {'x'.join(map(str, r['input']))} | " + " | ".join(cells)
-                   + " |")
+        lat.append(f"| {r['model']} {'x'.join(map(str, r['input']))} | " + " | ".join(cells) + " |")
         kb = {v: r[f"{v}_bytes"] / 1024 for v in ("fp32", *VARIANTS)}
-        cells = [r["model"], f"{r['dataset']} ({r['train_n']}/{r['test_n']})",
-                 f"{r['params']:,}", f"{kb['fp32']:.1f}", f"{kb['fp16']:.1f}"]
-        cells += [f"{kb[v]:.1f} ({kb[v] / kb['fp32']:.2f})" for v in ("int8-static",
-                                                                        "int8-dynamic")]
+        cells = [
+            r["model"],
+            f"{r['dataset']} ({r['train_n']}/{r['test_n']})",
+            f"{r['params']:,}",
+            f"{kb['fp32']:.1f}",
+            f"{kb['fp16']:.1f}",
+        ]
+        cells += [
+            f"{kb[v]:.1f} ({kb[v] / kb['fp32']:.2f})" for v in ("int8-static", "int8-dynamic")
+        ]
         cells += [f"{r['torch_acc']:.2%}", f"{r['fp32_acc']:.2%}", f"{r['fp16_acc']:.2%}"]
-        cells += [f"{r[f'{v}_acc']:.2%} ({100 * (r['fp32_acc'] - r[f'{v}_acc']):+.1f} pt)"
-                  for v in ("int8-static", "int8-dynamic")]
+        cells += [
+            f"{r[f'{v}_acc']:.2%} ({100 * (r['fp32_acc'] - r[f'{v}_acc']):+.1f} pt)"
+            for v in ("int8-static", "int8-dynamic")
+        ]
         cells.append("/".join(f"{r[f'{v}_b1_1t']:.3f}" for v in ("fp32", *VARIANTS)))
         size.append("| " + " | ".join(cells) + " |")
     return "\n".join(lat) + "\n\n" + "\n".join(size)
@@ -263,25 +318,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("part", choices=("variants", "exporters", "all"))
     p.add_argument("--models", nargs="*", default=None, help="model names (default: per part)")
     p.add_argument("--epochs", type=int, default=20, help="epochs for 8x8 models (digits)")
-    p.add_argument("--epochs-large", type=int, default=2,
-                   help="epochs for larger inputs (mnist5k)")
+    p.add_argument("--epochs-large", type=int, default=2, help="epochs for larger inputs (mnist5k)")
     p.add_argument("--max-train", type=int, default=2000, help="training images at most")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                   help="'all threads' count (default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="'all threads' count (default: torch's)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write raw rows here")
     args = p.parse_args(argv)
-    raw: dict[str, Any] = {"torch": torch.__version__, "threads": args.threads,
-                           "loadavg_start": os.getloadavg()}
+    raw: dict[str, Any] = {
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "loadavg_start": os.getloadavg(),
+    }
     if args.part in ("exporters", "all"):
         raw["exporters"] = bench_exporters(args.models or list_models())
         print(exporters_table(raw["exporters"]) + "\n")
     if args.part in ("variants", "all"):
-        raw["variants"] = bench_variants(args.models or SMALL, args.epochs, args.epochs_large,
-                                         args.max_train, args.threads)
+        raw["variants"] = bench_variants(
+            args.models or SMALL, args.epochs, args.epochs_large, args.max_train, args.threads
+        )
         print(variants_tables(raw["variants"]))
     raw["loadavg_end"] = os.getloadavg()
-    print(f"\nload average (1/5/15 min) at start {raw['loadavg_start']}, at end "
-          f"{raw['loadavg_end']}; {os.cpu_count()} CPUs, 'all threads' = {args.threads}")
+    print(
+        f"\nload average (1/5/15 min) at start {raw['loadavg_start']}, at end "
+        f"{raw['loadavg_end']}; {os.cpu_count()} CPUs, 'all threads' = {args.threads}"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(raw, indent=1))
     return 0

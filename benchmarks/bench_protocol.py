@@ -45,8 +45,13 @@ T = Topics("bench")
 
 def _reply(n_bytes: int, encoding: str = "raw") -> Reply:
     w = np.random.default_rng(0).standard_normal(n_bytes // 4).astype(np.float32)
-    return Reply(task_id="t", round=1, phase="train", num_samples=1,
-                 payloads={"w": TensorMap({"w": w}, encoding=encoding)})  # type: ignore[arg-type]
+    return Reply(
+        task_id="t",
+        round=1,
+        phase="train",
+        num_samples=1,
+        payloads={"w": TensorMap({"w": w}, encoding=encoding)},
+    )  # type: ignore[arg-type]
 
 
 def _median_time(fn: Callable[[], Any], repeat: int, min_time: float = 0.2) -> float:
@@ -85,37 +90,47 @@ def bench_codec(repeat: int) -> None:
         frame = encode(env)
         t_enc = _median_time(lambda env=env: encode(env), repeat)
         t_dec = _median_time(lambda frame=frame: decode(frame), repeat)
-        print(f"| {label} | {len(frame):,} | {_fmt_time(t_enc)} | {_fmt_rate(size, t_enc)} "
-              f"| {_fmt_time(t_dec)} | {_fmt_rate(size, t_dec)} |")
+        print(
+            f"| {label} | {len(frame):,} | {_fmt_time(t_enc)} | {_fmt_rate(size, t_enc)} "
+            f"| {_fmt_time(t_dec)} | {_fmt_rate(size, t_dec)} |"
+        )
 
 
 def bench_overhead() -> None:
     print("\n### Bytes on the wire vs raw array bytes\n")
-    print("| array (float32) | raw bytes | edgefl frame | overhead | overhead % "
-          "| f16 frame | i8 frame | pickle | np.save |")
+    print(
+        "| array (float32) | raw bytes | edgefl frame | overhead | overhead % "
+        "| f16 frame | i8 frame | pickle | np.save |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, size in {"16 floats": 64, "1 KB": 1_000, "64 KB": 65_536, **SIZES}.items():
         body = _reply(size)
         arr = body.payloads["w"].tensors["w"]  # type: ignore[union-attr]
         frame = len(encode(Envelope(body=body, sender="dev-1", federation="bench")))
-        lossy = {e: len(encode(Envelope(body=_reply(size, e), sender="dev-1", federation="bench")))
-                 for e in ("f16", "i8")}
+        lossy = {
+            e: len(encode(Envelope(body=_reply(size, e), sender="dev-1", federation="bench")))
+            for e in ("f16", "i8")
+        }
         buf = io.BytesIO()
         np.save(buf, arr)
         over = frame - arr.nbytes
         pct = 100 * over / arr.nbytes
-        print(f"| {label} | {arr.nbytes:,} | {frame:,} | {over} B | {pct:.3f} % "
-              f"| {lossy['f16']:,} | {lossy['i8']:,} | {len(pickle.dumps(arr, protocol=5)):,} "
-              f"| {len(buf.getvalue()):,} |")
+        print(
+            f"| {label} | {arr.nbytes:,} | {frame:,} | {over} B | {pct:.3f} % "
+            f"| {lossy['f16']:,} | {lossy['i8']:,} | {len(pickle.dumps(arr, protocol=5)):,} "
+            f"| {len(buf.getvalue()):,} |"
+        )
     body = _reply(65_536)
     frame = len(encode(Envelope(body=body, sender="dev-1", federation="bench")))
     body_bytes = len(msgpack.packb(body.to_wire(), use_bin_type=True))
     array_map = body.payloads["w"].to_wire()["tensors"]["w"]  # type: ignore[union-attr]
     array_bytes = len(msgpack.packb(array_map, use_bin_type=True))
-    print(f"\nWhere the {frame - 65_536} bytes of a 64 KB `reply` go: envelope "
-          f"{frame - body_bytes} B (v, k, f, s, i, r, t), `reply` and `tensors` field names and "
-          f"values {body_bytes - array_bytes} B, array map (dt, sh, bin header) "
-          f"{array_bytes - 65_536} B.")
+    print(
+        f"\nWhere the {frame - 65_536} bytes of a 64 KB `reply` go: envelope "
+        f"{frame - body_bytes} B (v, k, f, s, i, r, t), `reply` and `tensors` field names and "
+        f"values {body_bytes - array_bytes} B, array map (dt, sh, bin header) "
+        f"{array_bytes - 65_536} B."
+    )
     empty = Envelope(body=Ack(ref_id="0123456789abcdef"), sender="dev-1", federation="bench")
     print(f"A whole `ack` frame (no array) is {len(encode(empty))} bytes.")
 
@@ -204,8 +219,11 @@ def _move(port: int, n_bytes: int, repeat: int) -> tuple[float, int]:
 
 def bench_broker(name: str, port: int, args: argparse.Namespace, nagle: bool) -> None:
     rtts = _ping_pong(port, args.pings)
-    row = [f"{name}", _fmt_time(statistics.median(rtts)),
-           _fmt_time(sorted(rtts)[int(0.9 * len(rtts))])]
+    row = [
+        f"{name}",
+        _fmt_time(statistics.median(rtts)),
+        _fmt_time(sorted(rtts)[int(0.9 * len(rtts))]),
+    ]
     row.append(_fmt_time(statistics.median(_ping_pong(port, 20, _NoDelayOff))) if nagle else "-")
     row += [f"{_rate(port, args.messages, 1):,.0f}", f"{_rate(port, args.messages, 0):,.0f}"]
     seconds, chunks = _move(port, 5_000_000, args.repeat)
@@ -223,15 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     args.repeat = 3 if args.quick else 7
     args.pings = 100 if args.quick else 500
     args.messages = 2_000 if args.quick else 10_000
-    print(f"Python {sys.version.split()[0]}, numpy {np.__version__}; "
-          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    print(
+        f"Python {sys.version.split()[0]}, numpy {np.__version__}; "
+        f"{time.strftime('%Y-%m-%d %H:%M')}"
+    )
     bench_codec(args.repeat)
     bench_overhead()
     if args.no_broker:
         return 0
     print("\n### MQTT (loopback): QoS 1 round trip, messages/s (1 KB), 5 MB through Endpoints\n")
-    print("| broker | QoS 1 RTT median | RTT p90 | RTT without TCP_NODELAY | QoS 1 msg/s "
-          "| QoS 0 msg/s | 5 MB send->deliver | chunks |")
+    print(
+        "| broker | QoS 1 RTT median | RTT p90 | RTT without TCP_NODELAY | QoS 1 msg/s "
+        "| QoS 0 msg/s | 5 MB send->deliver | chunks |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     if mosquitto_executable() is None:
         print("| mosquitto | not installed | | | | | | |")

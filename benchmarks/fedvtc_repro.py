@@ -58,24 +58,54 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedvtc_fix": ("fedvtc", {"diagnostics": True}),
 }
 # per-round diagnostics kept in the JSON (means over the agents of that round)
-ROUND_KEYS = ("diag_ce", "diag_tc", "diag_rc", "diag_kl", "diag_dm", "diag_sigma_norm",
-              "diag_proto_norm", "diag_proto_sep", "diag_global_proto_norm", "diag_gen_min",
-              "diag_gen_max", "diag_gen_std", "diag_gen_class_contrast")
-FINAL_KEYS = ("acc_global_before_ft", "acc_global_noise_control", "probe_acc_global",
-              "probe_acc_global_own_gen", "gen_min", "gen_max", "gen_std", "gen_class_contrast",
-              "gen_std_own_gen", "gen_class_contrast_own_gen", "finetune_loss")
+ROUND_KEYS = (
+    "diag_ce",
+    "diag_tc",
+    "diag_rc",
+    "diag_kl",
+    "diag_dm",
+    "diag_sigma_norm",
+    "diag_proto_norm",
+    "diag_proto_sep",
+    "diag_global_proto_norm",
+    "diag_gen_min",
+    "diag_gen_max",
+    "diag_gen_std",
+    "diag_gen_class_contrast",
+)
+FINAL_KEYS = (
+    "acc_global_before_ft",
+    "acc_global_noise_control",
+    "probe_acc_global",
+    "probe_acc_global_own_gen",
+    "gen_min",
+    "gen_max",
+    "gen_std",
+    "gen_class_contrast",
+    "gen_std_own_gen",
+    "gen_class_contrast_own_gen",
+    "finetune_loss",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line; defaults are the grid reported in docs/fedvtc.md."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--methods", nargs="+", default=["local", "fedproto", "fedvtc_le", "fedvtc",
-                                                     "fedvtc_f16", "fedvtc_fix"],
-                    choices=sorted(METHODS))
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        default=["local", "fedproto", "fedvtc_le", "fedvtc", "fedvtc_f16", "fedvtc_fix"],
+        choices=sorted(METHODS),
+    )
     ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--f16-seeds", nargs="+", type=int, default=None,
-                    help="seeds for fedvtc_f16 (default: all of --seeds)")
+    ap.add_argument(
+        "--f16-seeds",
+        nargs="+",
+        type=int,
+        default=None,
+        help="seeds for fedvtc_f16 (default: all of --seeds)",
+    )
     ap.add_argument("--clients", type=int, default=10, help="K (all participate every round)")
     ap.add_argument("--family", default="tiny", help="models.families name")
     ap.add_argument("--rounds", type=int, default=10, help="T (paper: 100)")
@@ -86,8 +116,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--synthetic-per-class", type=int, default=50, help="S (paper: 500)")
     ap.add_argument("--finetune-epochs", type=int, default=5, help="FT rounds (paper: 5)")
     ap.add_argument("--global-test", type=int, default=1000)
-    ap.add_argument("--fix", nargs="*", default=["model_tc_weight=0.01"],
-                    help="hyper KEY=VALUE pairs that fedvtc_fix adds")
+    ap.add_argument(
+        "--fix",
+        nargs="*",
+        default=["model_tc_weight=0.01"],
+        help="hyper KEY=VALUE pairs that fedvtc_fix adds",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fedvtc_repro.json"))
@@ -108,18 +142,34 @@ def _value(text: str) -> Any:
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
     """Everything that determines one run (also its identity in the results file)."""
     algorithm, extra = METHODS[method]
-    hyper: dict[str, Any] = {"local_epochs": args.epochs, "batch_size": args.batch_size,
-                             "lr": args.lr, "momentum": 0.0, "grad_clip": args.grad_clip, **extra}
+    hyper: dict[str, Any] = {
+        "local_epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "momentum": 0.0,
+        "grad_clip": args.grad_clip,
+        **extra,
+    }
     if algorithm == "fedvtc":
-        hyper.update(synthetic_per_class=args.synthetic_per_class,
-                     finetune_epochs=args.finetune_epochs)
+        hyper.update(
+            synthetic_per_class=args.synthetic_per_class, finetune_epochs=args.finetune_epochs
+        )
     if method == "fedvtc_fix":
         hyper.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in args.fix)})
     # baselines: the fine-tuning rounds become extra federated rounds (spec §8-D17)
     rounds = args.rounds if algorithm == "fedvtc" else args.rounds + args.finetune_epochs
-    return {"method": method, "algorithm": algorithm, "alpha": alpha, "seed": seed,
-            "rounds": rounds, "T": args.rounds, "clients": args.clients, "family": args.family,
-            "global_test": args.global_test, "hyper": hyper}
+    return {
+        "method": method,
+        "algorithm": algorithm,
+        "alpha": alpha,
+        "seed": seed,
+        "rounds": rounds,
+        "T": args.rounds,
+        "clients": args.clients,
+        "family": args.family,
+        "global_test": args.global_test,
+        "hyper": hyper,
+    }
 
 
 def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -133,16 +183,30 @@ def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     run_dir = Path(tempfile.mkdtemp(prefix="fedvtc-repro-"))
     try:
-        cfg = load_config(None, [], algorithm=spec["algorithm"], rounds=spec["rounds"],
-                          run_dir=str(run_dir), min_agents=spec["clients"], seed=spec["seed"],
-                          fraction=1.0, deadline_s=7200.0, num_classes=10,
-                          run_id="repro")
+        cfg = load_config(
+            None,
+            [],
+            algorithm=spec["algorithm"],
+            rounds=spec["rounds"],
+            run_dir=str(run_dir),
+            min_agents=spec["clients"],
+            seed=spec["seed"],
+            fraction=1.0,
+            deadline_s=7200.0,
+            num_classes=10,
+            run_id="repro",
+        )
         cfg = cfg.replace(hyper=spec["hyper"])
         cfg.algorithm_config()  # validate the hyperparameters before starting agents
-        fleet = FleetSpec(num_agents=spec["clients"],
-                          models=tuple(family_models(spec["family"], spec["clients"])),
-                          data="mnist5k", partition=f"dirichlet:{spec['alpha']}",
-                          feature_dim=980, image_size=28, global_test_size=spec["global_test"])
+        fleet = FleetSpec(
+            num_agents=spec["clients"],
+            models=tuple(family_models(spec["family"], spec["clients"])),
+            data="mnist5k",
+            partition=f"dirichlet:{spec['alpha']}",
+            feature_dim=980,
+            image_size=28,
+            global_test_size=spec["global_test"],
+        )
         t0 = time.time()
         result = simulate(cfg, fleet)
         wall = time.time() - t0
@@ -160,11 +224,14 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     """Client-mean accuracies, controls, per-phase bytes and per-round diagnostics."""
     last = steps[-1]
     agents = list(last["agents"].values())
-    out: dict[str, Any] = {"acc_global": _mean(agents, "acc_global"),
-                           "per_client_acc_global": [a.get("acc_global") for a in agents]}
+    out: dict[str, Any] = {
+        "acc_global": _mean(agents, "acc_global"),
+        "per_client_acc_global": [a.get("acc_global") for a in agents],
+    }
     at_t = [s for s in steps if s["phase"] == "train" and s["round"] == T]
-    out["acc_global_round_T"] = (_mean(list(at_t[0]["agents"].values()), "acc_global")
-                                 if at_t else None)
+    out["acc_global_round_T"] = (
+        _mean(list(at_t[0]["agents"].values()), "acc_global") if at_t else None
+    )
     out.update({k: _mean(agents, k) for k in FINAL_KEYS if _mean(agents, k) is not None})
     # bytes as counted by the coordinator's endpoint per step (tx = to agents, rx = from them)
     phases: dict[str, dict[str, int]] = {}
@@ -175,11 +242,20 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
             bucket[k] = bucket.get(k, 0) + int(v)
     out["bytes_by_phase"] = phases
     out["bytes_total"] = sum(sum(b.values()) for b in phases.values())
-    out["rounds"] = [{"round": s["round"], "acc_global": s.get("mean_acc_global"),
-                      "sigma_mean": s["aggregate"].get("sigma_mean"),
-                      **{k: _mean(list(s["agents"].values()), k) for k in ROUND_KEYS
-                         if _mean(list(s["agents"].values()), k) is not None}}
-                     for s in steps if s["phase"] == "train"]
+    out["rounds"] = [
+        {
+            "round": s["round"],
+            "acc_global": s.get("mean_acc_global"),
+            "sigma_mean": s["aggregate"].get("sigma_mean"),
+            **{
+                k: _mean(list(s["agents"].values()), k)
+                for k in ROUND_KEYS
+                if _mean(list(s["agents"].values()), k) is not None
+            },
+        }
+        for s in steps
+        if s["phase"] == "train"
+    ]
     return out
 
 
@@ -211,9 +287,11 @@ def tables(runs: list[dict[str, Any]]) -> str:
     for r in runs:
         groups.setdefault((r["spec"]["method"], r["spec"]["alpha"]), []).append(r)
     order = [m for m in METHODS if any(k[0] == m for k in groups)]
-    lines = ["| method | Dir α | seeds | acc at T (before FT) | final acc (after FT) | "
-             "noise control | probe (synthetic only) | probe, own ψ | MB total |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | Dir α | seeds | acc at T (before FT) | final acc (after FT) | "
+        "noise control | probe (synthetic only) | probe, own ψ | MB total |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m in order:
         for alpha in sorted({k[1] for k in groups if k[0] == m}):
             rs = groups[(m, alpha)]
@@ -224,24 +302,38 @@ def tables(runs: list[dict[str, Any]]) -> str:
                 f" | {_ms([r.get('acc_global_noise_control') for r in rs])}"
                 f" | {_ms([r.get('probe_acc_global') for r in rs])}"
                 f" | {_ms([r.get('probe_acc_global_own_gen') for r in rs])}"
-                f" | {statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.2f} |")
-    lines += ["", "Traffic per run (MB, mean over runs; tx = coordinator to agents, "
-              "rx = agents to coordinator):", "",
-              "| method | Dir α | train rounds tx / rx | extra rounds tx / rx | "
-              "generator upload rx | final tx | total |", "|---|---|---|---|---|---|---|"]
+                f" | {statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.2f} |"
+            )
+    lines += [
+        "",
+        "Traffic per run (MB, mean over runs; tx = coordinator to agents, "
+        "rx = agents to coordinator):",
+        "",
+        "| method | Dir α | train rounds tx / rx | extra rounds tx / rx | "
+        "generator upload rx | final tx | total |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in order:
         for alpha in sorted({k[1] for k in groups if k[0] == m}):
             rs = groups[(m, alpha)]
 
             def mb(phase: str, direction: str, rs: list[dict[str, Any]] = rs) -> str:
-                tot = [sum(v for k, v in r["bytes_by_phase"].get(phase, {}).items()
-                           if k.startswith(direction)) for r in rs]
+                tot = [
+                    sum(
+                        v
+                        for k, v in r["bytes_by_phase"].get(phase, {}).items()
+                        if k.startswith(direction)
+                    )
+                    for r in rs
+                ]
                 return f"{statistics.fmean(tot) / 1e6:.3f}"
 
-            lines.append(f"| {m} | {alpha:g} | {mb('train', 'tx')} / {mb('train', 'rx')} | "
-                         f"{mb('extra_rounds', 'tx')} / {mb('extra_rounds', 'rx')} | "
-                         f"{mb('upload_generator', 'rx')} | {mb('final', 'tx')} | "
-                         f"{statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.3f} |")
+            lines.append(
+                f"| {m} | {alpha:g} | {mb('train', 'tx')} / {mb('train', 'rx')} | "
+                f"{mb('extra_rounds', 'tx')} / {mb('extra_rounds', 'rx')} | "
+                f"{mb('upload_generator', 'rx')} | {mb('final', 'tx')} | "
+                f"{statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.3f} |"
+            )
     return "\n".join(lines + paired_tables(groups)) + "\n"
 
 
@@ -258,11 +350,15 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
     """Per-seed paired effects: fine-tuning gain, FT vs the noise control, probe vs chance,
     FedVTC vs the baselines, float16 transport, and the last round's diagnostics."""
     alphas = sorted({k[1] for k in groups})
-    lines = ["", "Paired effects (percentage points, mean ± sd over seeds; same seed = same "
-             "partition and model init):", "",
-             "| method | Dir α | FT gain (after − before) | after − noise control | "
-             "probe − chance (10%) | after − local | after − FedProto |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Paired effects (percentage points, mean ± sd over seeds; same seed = same "
+        "partition and model init):",
+        "",
+        "| method | Dir α | FT gain (after − before) | after − noise control | "
+        "probe − chance (10%) | after − local | after − FedProto |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in ("fedvtc_le", "fedvtc", "fedvtc_fix"):
         for alpha in alphas:
             rs = groups.get((m, alpha), [])
@@ -271,17 +367,29 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
             local = _by_seed(groups.get(("local", alpha), []))
             proto = _by_seed(groups.get(("fedproto", alpha), []))
             seed = lambda r: r["spec"]["seed"]  # noqa: E731
-            cols = [[_diff(r, r, "acc_global", "acc_global_before_ft") for r in rs],
-                    [_diff(r, r, "acc_global", "acc_global_noise_control") for r in rs],
-                    [None if r.get("probe_acc_global") is None else r["probe_acc_global"] - 0.1
-                     for r in rs],
-                    [_diff(r, local.get(seed(r)), "acc_global", "acc_global") for r in rs],
-                    [_diff(r, proto.get(seed(r)), "acc_global", "acc_global") for r in rs]]
-            lines.append(f"| {m} | {alpha:g} | " + " | ".join(
-                _ms([v for v in c if v is not None]) for c in cols) + " |")
-    lines += ["", "float16 transport of prototypes and SDs (paired with `fedvtc`, same seeds):",
-              "", "| Dir α | seeds | train-round MB raw | train-round MB f16 | saving | "
-              "total MB raw → f16 | acc f16 − raw (pp) |", "|---|---|---|---|---|---|---|"]
+            cols = [
+                [_diff(r, r, "acc_global", "acc_global_before_ft") for r in rs],
+                [_diff(r, r, "acc_global", "acc_global_noise_control") for r in rs],
+                [
+                    None if r.get("probe_acc_global") is None else r["probe_acc_global"] - 0.1
+                    for r in rs
+                ],
+                [_diff(r, local.get(seed(r)), "acc_global", "acc_global") for r in rs],
+                [_diff(r, proto.get(seed(r)), "acc_global", "acc_global") for r in rs],
+            ]
+            lines.append(
+                f"| {m} | {alpha:g} | "
+                + " | ".join(_ms([v for v in c if v is not None]) for c in cols)
+                + " |"
+            )
+    lines += [
+        "",
+        "float16 transport of prototypes and SDs (paired with `fedvtc`, same seeds):",
+        "",
+        "| Dir α | seeds | train-round MB raw | train-round MB f16 | saving | "
+        "total MB raw → f16 | acc f16 − raw (pp) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for alpha in alphas:
         f16 = _by_seed(groups.get(("fedvtc_f16", alpha), []))
         raw = {k: v for k, v in _by_seed(groups.get(("fedvtc", alpha), [])).items() if k in f16}
@@ -296,15 +404,21 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
         ta = statistics.fmean(r["bytes_total"] for r in raw.values()) / 1e6
         tb = statistics.fmean(f16[k]["bytes_total"] for k in raw) / 1e6
         acc = [f16[k]["acc_global"] - raw[k]["acc_global"] for k in raw]
-        lines.append(f"| {alpha:g} | {len(raw)} | {a:.3f} | {b:.3f} | {100 * (1 - b / a):.1f}% | "
-                     f"{ta:.2f} → {tb:.2f} | {_ms(acc)} |")
-    lines += ["", "Last training round's diagnostics (means over agents, then over seeds; "
-              "‖σ‖ vs the prototypes' norm and mean pairwise separation; loss terms as reduced "
-              "in the loss; generator output std and class contrast of the averaged ψ vs the "
-              "client's own):", "",
-              "| method | Dir α | σ mean | ‖σ‖ | proto norm | proto sep | CE | L_rc | KL | L_dm | "
-              "gen std avg / own | class contrast avg / own | probe own ψ |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {alpha:g} | {len(raw)} | {a:.3f} | {b:.3f} | {100 * (1 - b / a):.1f}% | "
+            f"{ta:.2f} → {tb:.2f} | {_ms(acc)} |"
+        )
+    lines += [
+        "",
+        "Last training round's diagnostics (means over agents, then over seeds; "
+        "‖σ‖ vs the prototypes' norm and mean pairwise separation; loss terms as reduced "
+        "in the loss; generator output std and class contrast of the averaged ψ vs the "
+        "client's own):",
+        "",
+        "| method | Dir α | σ mean | ‖σ‖ | proto norm | proto sep | CE | L_rc | KL | L_dm | "
+        "gen std avg / own | class contrast avg / own | probe own ψ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for m in ("fedvtc_le", "fedvtc", "fedvtc_fix"):
         for alpha in alphas:
             rs = groups.get((m, alpha), [])
@@ -326,7 +440,8 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
                 f"{last('diag_rc')} | {last('diag_kl')} | {last('diag_dm')} | "
                 f"{fin('gen_std')} / {fin('gen_std_own_gen')} | {fin('gen_class_contrast')} / "
                 f"{fin('gen_class_contrast_own_gen')} | "
-                f"{_ms([r.get('probe_acc_global_own_gen') for r in rs])} |")
+                f"{_ms([r.get('probe_acc_global_own_gen') for r in rs])} |"
+            )
     return lines
 
 
@@ -355,11 +470,14 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(r)
                 save(args.out, runs, args)
                 s = r["spec"]
-                print(f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g}"
-                      f" seed={s['seed']}"
-                      f" acc={r['acc_global']:.3f} before={r.get('acc_global_before_ft')} "
-                      f"noise={r.get('acc_global_noise_control')} probe={r.get('probe_acc_global')}"
-                      f" MB={r['bytes_total'] / 1e6:.2f} wall={r['wall_s']:.0f}s", flush=True)
+                print(
+                    f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g}"
+                    f" seed={s['seed']}"
+                    f" acc={r['acc_global']:.3f} before={r.get('acc_global_before_ft')} "
+                    f"noise={r.get('acc_global_noise_control')} probe={r.get('probe_acc_global')}"
+                    f" MB={r['bytes_total'] / 1e6:.2f} wall={r['wall_s']:.0f}s",
+                    flush=True,
+                )
     text = tables(runs)
     print(text)
     if args.md is not None:

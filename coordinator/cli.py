@@ -10,6 +10,10 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
+    from coordinator.config import RunConfig
 
 __all__ = ["build_parser", "main"]
 
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _config(args: argparse.Namespace, **extra: object) -> object:
+def _config(args: argparse.Namespace, **extra: object) -> RunConfig:
     from coordinator.config import load_config
 
     run_dir = args.run_dir or f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"

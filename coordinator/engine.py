@@ -14,7 +14,7 @@ import queue
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from coordinator.config import RunConfig
 from coordinator.store import StepRecord, Store
@@ -34,6 +34,8 @@ from protocol.messages import (
     Task,
 )
 from protocol.topics import Topics
+
+StateName = Literal["starting", "running", "finished", "offline"]
 
 __all__ = ["Coordinator", "QuorumError", "RunResult"]
 
@@ -87,7 +89,7 @@ class Coordinator:
         self.plan = strategy.plan(cfg.rounds)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self._outstanding: dict[str, Task] = {}  # device -> task of the open step
-        self._state: tuple[str, int] = ("starting", 0)  # last published coordinator state
+        self._state: tuple[StateName, int] = ("starting", 0)  # last published coordinator state
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._restore()
 
@@ -123,11 +125,11 @@ class Coordinator:
         # retained state is lost when a broker without persistence restarts: publish it again
         self._publish_state(*self._state)
 
-    def _publish_state(self, state: str, round_: int) -> None:
+    def _publish_state(self, state: StateName, round_: int) -> None:
         self._state = (state, round_)
         body = CoordinatorState(
             state=state,
-            run_id=self.cfg.run_id,  # type: ignore[arg-type]
+            run_id=self.cfg.run_id,
             algorithm=self.strategy.name,
             round=round_,
             total_rounds=self.cfg.rounds,
@@ -498,7 +500,7 @@ class Coordinator:
             "bytes_total": sum(traffic.values()),
         }
         for key in ("acc_local", "acc_global"):
-            vals = [v[key] for v in agents.values() if v[key] is not None]
+            vals = [float(x) for v in agents.values() if isinstance(x := v[key], (int, float))]
             mean = sum(vals) / len(vals) if vals else None
             std = (
                 (sum((x - mean) ** 2 for x in vals) / len(vals)) ** 0.5

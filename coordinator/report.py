@@ -125,29 +125,40 @@ def _int(value: object) -> int | None:
 def _step(line: int, rec: Mapping[str, Any]) -> StepRow:
     raw_agents = rec.get("agents")
     agents = {
-        str(device): AgentPoint(_num(info, "acc_local"), _num(info, "acc_global"),
-                                str(info.get("arch") or "-"))
+        str(device): AgentPoint(
+            _num(info, "acc_local"), _num(info, "acc_global"), str(info.get("arch") or "-")
+        )
         for device, info in (raw_agents.items() if isinstance(raw_agents, dict) else ())
         if isinstance(info, dict)
     }
     raw_bytes = rec.get("bytes")
-    by_kind = {str(k): v for k, v in (raw_bytes.items() if isinstance(raw_bytes, dict) else ())
-               if _int(v) is not None}
+    by_kind = {
+        str(k): v
+        for k, v in (raw_bytes.items() if isinstance(raw_bytes, dict) else ())
+        if _int(v) is not None
+    }
     total = _int(rec.get("bytes_total"))
     participants = rec.get("participants")
     local = _mean_std(rec, "acc_local", [a.acc_local for a in agents.values()])
     global_ = _mean_std(rec, "acc_global", [a.acc_global for a in agents.values()])
     return StepRow(
-        line=line, round=_int(rec.get("round")), phase=str(rec.get("phase") or "-"),
+        line=line,
+        round=_int(rec.get("round")),
+        phase=str(rec.get("phase") or "-"),
         participants=len(participants) if isinstance(participants, list) else len(agents),
-        mean_local=local[0], std_local=local[1], mean_global=global_[0], std_global=global_[1],
+        mean_local=local[0],
+        std_local=local[1],
+        mean_global=global_[0],
+        std_global=global_[1],
         bytes_step=total if total is not None else sum(by_kind.values()),
-        bytes_by_kind=by_kind, agents=agents,
+        bytes_by_kind=by_kind,
+        agents=agents,
     )
 
 
-def _mean_std(rec: Mapping[str, Any], key: str, values: list[float | None]
-              ) -> tuple[float | None, float | None]:
+def _mean_std(
+    rec: Mapping[str, Any], key: str, values: list[float | None]
+) -> tuple[float | None, float | None]:
     """The recorded mean and std, or else those of the agents' values (population std)."""
     mean, std = _num(rec, f"mean_{key}"), _num(rec, f"std_{key}")
     present = [v for v in values if v is not None]
@@ -207,33 +218,42 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _steps_table(steps: list[StepRow]) -> list[str]:
-    rows = ["| step | round | phase | participants | local acc | global acc | bytes (step) "
-            "| bytes (total) |",
-            "|---:|---:|---|---:|---|---|---:|---:|"]
+    rows = [
+        "| step | round | phase | participants | local acc | global acc | bytes (step) "
+        "| bytes (total) |",
+        "|---:|---:|---|---:|---|---|---:|---:|",
+    ]
     cumulative = 0
     for i, s in enumerate(steps, start=1):
         cumulative += s.bytes_step
-        rows.append(f"| {i} | {_fmt(s.round)} | {s.phase} | {s.participants} "
-                    f"| {_pm(s.mean_local, s.std_local)} | {_pm(s.mean_global, s.std_global)} "
-                    f"| {_fmt_bytes(s.bytes_step)} | {_fmt_bytes(cumulative)} |")
+        rows.append(
+            f"| {i} | {_fmt(s.round)} | {s.phase} | {s.participants} "
+            f"| {_pm(s.mean_local, s.std_local)} | {_pm(s.mean_global, s.std_global)} "
+            f"| {_fmt_bytes(s.bytes_step)} | {_fmt_bytes(cumulative)} |"
+        )
     return rows
 
 
 def _agents_table(steps: list[StepRow]) -> list[str]:
-    rows = ["## Agents (first vs last step)", "",
-            "| agent | arch | steps | local acc first | local acc last | global acc first "
-            "| global acc last | global acc change |",
-            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "## Agents (first vs last step)",
+        "",
+        "| agent | arch | steps | local acc first | local acc last | global acc first "
+        "| global acc last | global acc change |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     devices = sorted({d for s in steps for d in s.agents})
     for device in devices:
         points = [s.agents[device] for s in steps if device in s.agents]
         local = [p.acc_local for p in points if p.acc_local is not None]
         glob = [p.acc_global for p in points if p.acc_global is not None]
         change = glob[-1] - glob[0] if glob else None
-        rows.append(f"| {device} | {points[-1].arch} | {len(points)} "
-                    f"| {_fmt(local[0] if local else None)} | {_fmt(local[-1] if local else None)} "
-                    f"| {_fmt(glob[0] if glob else None)} | {_fmt(glob[-1] if glob else None)} "
-                    f"| {_fmt(change, signed=True)} |")
+        rows.append(
+            f"| {device} | {points[-1].arch} | {len(points)} "
+            f"| {_fmt(local[0] if local else None)} | {_fmt(local[-1] if local else None)} "
+            f"| {_fmt(glob[0] if glob else None)} | {_fmt(glob[-1] if glob else None)} "
+            f"| {_fmt(change, signed=True)} |"
+        )
     if not devices:
         rows.append("| - | - | 0 | - | - | - | - | - |")
     return rows
@@ -313,8 +333,14 @@ def plot_report(run_dir: str | Path, out_png: str | Path) -> Path:
         if i:  # a phase boundary, e.g. into fine-tuning: dashed, as in the papers' curves
             for ax in (acc, traffic):
                 ax.axvline(i + 0.5, color="grey", linestyle="--", linewidth=1)
-        acc.annotate(step.phase, (i + 0.6, 0.97), xycoords=("data", "axes fraction"),
-                     va="top", fontsize=8, color="grey")
+        acc.annotate(
+            step.phase,
+            (i + 0.6, 0.97),
+            xycoords=("data", "axes fraction"),
+            va="top",
+            fontsize=8,
+            color="grey",
+        )
     acc.set_ylabel("accuracy")
     acc.set_title(f"Run {_title(log)}")
     acc.grid(alpha=0.3)
@@ -340,6 +366,7 @@ def _matplotlib() -> tuple[Any, Any]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise ConfigError("plotting a report needs matplotlib: pip install 'edgefl[report]'"
-                          ) from exc
+        raise ConfigError(
+            "plotting a report needs matplotlib: pip install 'edgefl[report]'"
+        ) from exc
     return Figure, FigureCanvasAgg

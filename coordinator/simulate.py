@@ -53,12 +53,10 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
 
     device_id = f"agent{index}"
     spec = PartitionSpec(
-        **{
-            **parse_partition(fleet.partition),
-            "num_clients": fleet.num_agents,
-            "seed": cfg.seed,
-            "global_test_size": fleet.global_test_size,
-        }
+        **parse_partition(fleet.partition),
+        num_clients=fleet.num_agents,
+        seed=cfg.seed,
+        global_test_size=fleet.global_test_size,
     )
     run_dir = Path(cfg.run_dir)
     return AgentOptions(

@@ -12,6 +12,10 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
+    from edge_agent.factory import AgentOptions
 
 __all__ = ["build_parser", "main"]
 
@@ -140,19 +144,17 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _options(args: argparse.Namespace, device_id: str) -> object:
+def _options(args: argparse.Namespace, device_id: str) -> AgentOptions:
     from edge_agent.data import PartitionSpec, parse_partition
     from edge_agent.factory import AgentOptions
 
     partition = None
     if args.partition:
         partition = PartitionSpec(
-            **{
-                **parse_partition(args.partition),
-                "num_clients": args.clients,
-                "seed": args.seed,
-                "global_test_size": args.global_test_size,
-            }
+            **parse_partition(args.partition),
+            num_clients=args.clients,
+            seed=args.seed,
+            global_test_size=args.global_test_size,
         )
     state_dir = args.state_dir or Path(f"edgefl-agent-{device_id}")
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")

@@ -8,14 +8,20 @@ from torch import Tensor
 
 from edge_agent.trainer import TensorData
 from models import Classifier
+from protocol.arrays import Encoding
 from protocol.payloads import PrototypeSet
 
 __all__ = ["class_prototypes", "prototype_scores", "prototype_table"]
 
 
 @torch.no_grad()
-def class_prototypes(model: Classifier, data: TensorData, num_classes: int,
-                     batch_size: int = 256, encoding: str = "raw") -> PrototypeSet:
+def class_prototypes(
+    model: Classifier,
+    data: TensorData,
+    num_classes: int,
+    batch_size: int = 256,
+    encoding: Encoding = "raw",
+) -> PrototypeSet:
     """Mean feature per class present in ``data`` (eval mode, whole local set)."""
     was_training = model.training
     model.eval()
@@ -29,18 +35,25 @@ def class_prototypes(model: Classifier, data: TensorData, num_classes: int,
         counts += torch.bincount(y, minlength=num_classes)
     model.train(was_training)
     if sums is None:
-        return PrototypeSet(np.zeros(0, np.int32), np.zeros((0, model.num_features), np.float32),
-                            np.zeros(0, np.int32), encoding=encoding)  # type: ignore[arg-type]
+        return PrototypeSet(
+            np.zeros(0, np.int32),
+            np.zeros((0, model.num_features), np.float32),
+            np.zeros(0, np.int32),
+            encoding=encoding,
+        )
     present = (counts > 0).nonzero().flatten()
     means = sums[present] / counts[present].unsqueeze(1).float()
     return PrototypeSet(
-        class_ids=present.cpu().numpy(), vectors=means.cpu().numpy(),
-        counts=counts[present].cpu().numpy(), encoding=encoding,  # type: ignore[arg-type]
+        class_ids=present.cpu().numpy(),
+        vectors=means.cpu().numpy(),
+        counts=counts[present].cpu().numpy(),
+        encoding=encoding,
     )
 
 
-def prototype_table(protos: PrototypeSet, num_classes: int, device: torch.device
-                    ) -> tuple[Tensor, Tensor]:
+def prototype_table(
+    protos: PrototypeSet, num_classes: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """Dense ``[C, D]`` table and ``[C]`` validity mask from a sparse prototype set."""
     table = torch.zeros(num_classes, protos.dim, device=device)
     valid = torch.zeros(num_classes, dtype=torch.bool, device=device)

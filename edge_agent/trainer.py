@@ -124,7 +124,7 @@ def train_epochs(
             if not torch.isfinite(loss):
                 raise TrainingError(f"loss became {loss.item()} at step {steps + 1}/{total}")
             optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
+            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch stub
             if cfg.grad_clip > 0:
                 scaler.unscale_(optimizer)
                 nn.utils.clip_grad_norm_(params, cfg.grad_clip)

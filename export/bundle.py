@@ -110,8 +110,7 @@ class Manifest:
         """JSON-ready form (non-finite floats become strings)."""
         data = asdict(self)
         data.pop("path")
-        return {"format": MANIFEST_FORMAT, "toolkit_version": toolkit_version(),
-                **_finite(data)}
+        return {"format": MANIFEST_FORMAT, "toolkit_version": toolkit_version(), **_finite(data)}
 
     def record(self, variant: str) -> VariantRecord:
         """The record of one variant (KeyError if absent)."""
@@ -165,24 +164,50 @@ def export_bundle(
     spec = ckpt.model_spec
     shape = (spec.in_chans, *spec.input_size)
     x, y, kind = _inputs(samples, labels, shape, spec.num_classes)
-    calib = check_images(calibration, shape, "calibration") if calibration is not None else (
-        x if kind == "real" else None)
+    calib = (
+        check_images(calibration, shape, "calibration")
+        if calibration is not None
+        else (x if kind == "real" else None)
+    )
     if "int8-static" in chosen and calib is None:
-        raise ExportError("int8-static needs calibration samples from the agent's data "
-                          "(--data file.npz); without data use int8-dynamic")
+        raise ExportError(
+            "int8-static needs calibration samples from the agent's data "
+            "(--data file.npz); without data use int8-dynamic"
+        )
     sha = file_sha256(source)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    result = export_model(model, ckpt.head, out / VARIANT_FILES["fp32"], input_shape=shape,
-                          opset=opset, dynamo=dynamo, metadata=_metadata(ckpt, sha))
+    result = export_model(
+        model,
+        ckpt.head,
+        out / VARIANT_FILES["fp32"],
+        input_shape=shape,
+        opset=opset,
+        dynamo=dynamo,
+        metadata=_metadata(ckpt, sha),
+    )
     reference = with_head(model, ckpt.head)
     records: list[VariantRecord] = []
     for variant in chosen:
-        path = result.path if variant == "fp32" else make_variant(
-            variant, result.path, out / VARIANT_FILES[variant], calibration=calib)
+        path = (
+            result.path
+            if variant == "fp32"
+            else make_variant(variant, result.path, out / VARIANT_FILES[variant], calibration=calib)
+        )
         fp32_acc = records[0].accuracy if records else None
-        records.append(_record(variant, path, reference=reference, x=x, y=y, kind=kind,
-                               verify=verify, providers=providers, fp32_acc=fp32_acc))
+        records.append(
+            _record(
+                variant,
+                path,
+                reference=reference,
+                x=x,
+                y=y,
+                kind=kind,
+                verify=verify,
+                providers=providers,
+                fp32_acc=fp32_acc,
+            )
+        )
     manifest = Manifest(
         path=out / "manifest.json",
         source={"checkpoint": str(source), "sha256": sha},
@@ -193,7 +218,8 @@ def export_bundle(
         providers_requested=list(providers or ["CPUExecutionProvider"]),
         files=records,
         calibration=_calibration_info(calib, calibration is not None)
-        if "int8-static" in chosen else {},
+        if "int8-static" in chosen
+        else {},
         metadata=result.metadata,
         metrics={k: float(v) for k, v in ckpt.meta.get("metrics", {}).items()},
     )
@@ -201,15 +227,30 @@ def export_bundle(
     return manifest
 
 
-def _record(variant: Variant, path: Path, *, reference: InferenceModel, x: np.ndarray,
-            y: np.ndarray | None, kind: InputKind, verify: bool,
-            providers: Sequence[str] | None, fp32_acc: float | None) -> VariantRecord:
+def _record(
+    variant: Variant,
+    path: Path,
+    *,
+    reference: InferenceModel,
+    x: np.ndarray,
+    y: np.ndarray | None,
+    kind: InputKind,
+    verify: bool,
+    providers: Sequence[str] | None,
+    fp32_acc: float | None,
+) -> VariantRecord:
     report: VerifyReport | None = None
     if verify and variant == "fp32":
         report = verify_onnx(path, reference, x, providers=providers, inputs=kind)
     elif verify:
-        report = compare_onnx(path, reference, x, tolerance=VARIANT_TOLERANCES[variant],
-                              providers=providers, inputs=kind)
+        report = compare_onnx(
+            path,
+            reference,
+            x,
+            tolerance=VARIANT_TOLERANCES[variant],
+            providers=providers,
+            inputs=kind,
+        )
     sess = make_session(path, providers)
     accuracy = None
     if y is not None:
@@ -217,9 +258,14 @@ def _record(variant: Variant, path: Path, *, reference: InferenceModel, x: np.nd
         accuracy = float(np.mean(pred == y))
     drop = None if accuracy is None or fp32_acc is None else 100.0 * (fp32_acc - accuracy)
     return VariantRecord(
-        variant=variant, file=path.name, sha256=file_sha256(path),
-        size_bytes=path.stat().st_size, verification=report, accuracy=accuracy,
-        accuracy_drop=drop, latency_ms_b1=latency_ms(sess, x.shape[1:], repeats=30),
+        variant=variant,
+        file=path.name,
+        sha256=file_sha256(path),
+        size_bytes=path.stat().st_size,
+        verification=report,
+        accuracy=accuracy,
+        accuracy_drop=drop,
+        latency_ms_b1=latency_ms(sess, x.shape[1:], repeats=30),
         providers_used=list(sess.used),
     )
 
@@ -232,8 +278,9 @@ def _variants(variants: Sequence[str]) -> list[Variant]:
     return ["fp32", *(v for v in VARIANTS[1:] if v in variants)]  # type: ignore[list-item]
 
 
-def _inputs(samples: np.ndarray | None, labels: np.ndarray | None, shape: tuple[int, ...],
-            num_classes: int) -> tuple[np.ndarray, np.ndarray | None, InputKind]:
+def _inputs(
+    samples: np.ndarray | None, labels: np.ndarray | None, shape: tuple[int, ...], num_classes: int
+) -> tuple[np.ndarray, np.ndarray | None, InputKind]:
     if samples is None:
         if labels is not None:
             raise ExportError("labels given without samples")
@@ -244,11 +291,13 @@ def _inputs(samples: np.ndarray | None, labels: np.ndarray | None, shape: tuple[
         return x, None, "real"
     y = np.asarray(labels)
     if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
-        raise ExportError(f"labels: expected {len(x)} integer class indices, got "
-                          f"{y.dtype} {list(y.shape)}")
+        raise ExportError(
+            f"labels: expected {len(x)} integer class indices, got {y.dtype} {list(y.shape)}"
+        )
     if len(y) and (y.min() < 0 or y.max() >= num_classes):
-        raise ExportError(f"labels: values must lie in [0, {num_classes}), got "
-                          f"[{y.min()}, {y.max()}]")
+        raise ExportError(
+            f"labels: values must lie in [0, {num_classes}), got [{y.min()}, {y.max()}]"
+        )
     return x, y.astype(np.int64), "real"
 
 
@@ -264,8 +313,10 @@ def _metadata(ckpt: Checkpoint, sha: str) -> dict[str, str]:
         # The graph applies this itself (first op of the trunk): feed [0, 1] pixels, never
         # pre-normalised ones. Recorded so that a deployment can check its preprocessing.
         "normalization": json.dumps(
-            None if spec.mean is None or spec.std is None
-            else {"mean": list(spec.mean), "std": list(spec.std)}),
+            None
+            if spec.mean is None or spec.std is None
+            else {"mean": list(spec.mean), "std": list(spec.std)}
+        ),
         "algorithm": str(meta.get("algorithm", "")),
         "round": str(meta.get("round", "")),
         "federation": str(meta.get("federation", "")),
@@ -278,15 +329,22 @@ def _metadata(ckpt: Checkpoint, sha: str) -> dict[str, str]:
 
 
 def _calibration_info(calib: np.ndarray | None, separate: bool) -> dict[str, Any]:
-    return {"source": "calibration" if separate else "samples",
-            "num_samples": min(len(calib), MAX_CALIBRATION) if calib is not None else 0,
-            "method": "MinMax activation ranges, per-channel int8 weights, QDQ"}
+    return {
+        "source": "calibration" if separate else "samples",
+        "num_samples": min(len(calib), MAX_CALIBRATION) if calib is not None else 0,
+        "method": "MinMax activation ranges, per-channel int8 weights, QDQ",
+    }
 
 
 def _export_info(result: ExportResult) -> dict[str, Any]:
-    return {"opset": result.opset, "exporter": result.exporter,
-            "input_shape": list(result.input_shape), "head_type": result.head_type,
-            "num_classes": result.num_classes, "seconds": round(result.seconds, 3)}
+    return {
+        "opset": result.opset,
+        "exporter": result.exporter,
+        "input_shape": list(result.input_shape),
+        "head_type": result.head_type,
+        "num_classes": result.num_classes,
+        "seconds": round(result.seconds, 3),
+    }
 
 
 def _finite(obj: Any) -> Any:

@@ -38,25 +38,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", type=Path, help="agent checkpoint file (.pt)")
     p.add_argument("-o", "--out-dir", type=Path, required=True, help="bundle directory")
     p.add_argument("--fp16", action="store_true", help="also write model.fp16.onnx")
-    p.add_argument("--int8", action="append", nargs="?", const="static",
-                   choices=("static", "dynamic"), default=[],
-                   help="also write an int8 variant: static QDQ, per-channel, calibrated on "
-                   "--calibration or --data images (the default), or dynamic; repeatable")
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="compare every file with PyTorch (default: on)")
-    p.add_argument("--providers", default="CPUExecutionProvider",
-                   help="comma-separated ORT execution providers (default: %(default)s)")
-    p.add_argument("--data", type=Path, default=None,
-                   help=".npz with x [N,C,H,W] in [0,1] (or uint8 0..255) and optional y; "
-                   "without it verification uses random inputs")
-    p.add_argument("--calibration", type=Path, default=None,
-                   help=".npz (same layout as --data) of training images for int8 static "
-                   "calibration (default: --data; pass this when --data is a test set)")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
-                   help="ONNX opset (default: %(default)s)")
-    p.add_argument("--exporter", choices=("dynamo", "legacy"),
-                   default="dynamo" if DEFAULT_DYNAMO else "legacy",
-                   help="torch exporter (default: %(default)s)")
+    p.add_argument(
+        "--int8",
+        action="append",
+        nargs="?",
+        const="static",
+        choices=("static", "dynamic"),
+        default=[],
+        help="also write an int8 variant: static QDQ, per-channel, calibrated on "
+        "--calibration or --data images (the default), or dynamic; repeatable",
+    )
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compare every file with PyTorch (default: on)",
+    )
+    p.add_argument(
+        "--providers",
+        default="CPUExecutionProvider",
+        help="comma-separated ORT execution providers (default: %(default)s)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help=".npz with x [N,C,H,W] in [0,1] (or uint8 0..255) and optional y; "
+        "without it verification uses random inputs",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help=".npz (same layout as --data) of training images for int8 static "
+        "calibration (default: --data; pass this when --data is a test set)",
+    )
+    p.add_argument(
+        "--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default: %(default)s)"
+    )
+    p.add_argument(
+        "--exporter",
+        choices=("dynamo", "legacy"),
+        default="dynamo" if DEFAULT_DYNAMO else "legacy",
+        help="torch exporter (default: %(default)s)",
+    )
     return p
 
 
@@ -83,14 +108,25 @@ def _run(args: argparse.Namespace) -> Manifest:
     from export.bundle import export_bundle
 
     x, y = _load_data(args.data, "--data") if args.data is not None else (None, None)
-    calib = (_load_data(args.calibration, "--calibration")[0]
-             if args.calibration is not None else None)
-    variants = ["fp32", *(["fp16"] if args.fp16 else []),
-                *(f"int8-{m}" for m in dict.fromkeys(args.int8))]
+    calib = (
+        _load_data(args.calibration, "--calibration")[0] if args.calibration is not None else None
+    )
+    variants = [
+        "fp32",
+        *(["fp16"] if args.fp16 else []),
+        *(f"int8-{m}" for m in dict.fromkeys(args.int8)),
+    ]
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
     return export_bundle(
-        args.checkpoint, args.out_dir, variants=variants, verify=args.verify,
-        providers=providers, samples=x, labels=y, calibration=calib, opset=args.opset,
+        args.checkpoint,
+        args.out_dir,
+        variants=variants,
+        verify=args.verify,
+        providers=providers,
+        samples=x,
+        labels=y,
+        calibration=calib,
+        opset=args.opset,
         dynamo=args.exporter == "dynamo",
     )
 
@@ -120,14 +156,18 @@ def _load_data(path: Path, flag: str) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def _print_summary(manifest: Manifest) -> None:
-    print(f"bundle: {manifest.path.parent}  (verification inputs: "
-          f"{manifest.verification_inputs}, {manifest.num_samples} samples)")
+    print(
+        f"bundle: {manifest.path.parent}  (verification inputs: "
+        f"{manifest.verification_inputs}, {manifest.num_samples} samples)"
+    )
     for rec in manifest.files:
         parts = [f"{rec.file:<26}", f"{rec.size_bytes / 1e6:7.2f} MB"]
         if rec.verification is not None:
             v = rec.verification
-            parts.append(f"{'ok' if v.passed else 'DIFFERS'} max|d| {v.max_abs_diff:.2g} "
-                         f"agree {v.agreement:.1%}")
+            parts.append(
+                f"{'ok' if v.passed else 'DIFFERS'} max|d| {v.max_abs_diff:.2g} "
+                f"agree {v.agreement:.1%}"
+            )
         if rec.accuracy is not None:
             # + 0.0 turns -0.0 (no change) into 0.0, which prints as "+0.0".
             drop = "" if rec.accuracy_drop is None else f" ({-rec.accuracy_drop + 0.0:+.1f} pt)"

@@ -192,8 +192,9 @@ class _WithFeatures(nn.Module):
         return scores, label, features
 
 
-def _torch_export(module: nn.Module, example: Tensor, path: Path, opset: int, dynamo: bool
-                  ) -> onnx.ModelProto:
+def _torch_export(
+    module: nn.Module, example: Tensor, path: Path, opset: int, dynamo: bool
+) -> onnx.ModelProto:
     """Run one torch exporter on ``module`` and load the result; foreign errors -> ExportError."""
     input_name, output_names = INPUT, (*OUTPUTS, FEATURES)
     what = f"{_model_name(module)} with torch.onnx ({'dynamo' if dynamo else 'legacy'} exporter)"
@@ -207,17 +208,30 @@ def _torch_export(module: nn.Module, example: Tensor, path: Path, opset: int, dy
             warnings.simplefilter("ignore", FutureWarning)
             if dynamo:
                 torch.onnx.export(
-                    module, (example,), path, input_names=[input_name],
-                    output_names=list(output_names), opset_version=opset, dynamo=True,
-                    external_data=False, dynamic_shapes=({0: torch.export.Dim.DYNAMIC},),
-                    optimize=True, verbose=False,
+                    module,
+                    (example,),
+                    path,
+                    input_names=[input_name],
+                    output_names=list(output_names),
+                    opset_version=opset,
+                    dynamo=True,
+                    external_data=False,
+                    dynamic_shapes=({0: torch.export.Dim.DYNAMIC},),
+                    optimize=True,
+                    verbose=False,
                 )
             else:
                 axes = {name: {0: BATCH_DIM} for name in (input_name, *output_names)}
                 torch.onnx.export(
-                    module, (example,), path, input_names=[input_name],
-                    output_names=list(output_names), opset_version=opset, dynamo=False,
-                    dynamic_axes=axes, do_constant_folding=True,
+                    module,
+                    (example,),
+                    path,
+                    input_names=[input_name],
+                    output_names=list(output_names),
+                    opset_version=opset,
+                    dynamo=False,
+                    dynamic_axes=axes,
+                    do_constant_folding=True,
                 )
     except ModuleNotFoundError as exc:
         raise ExportError(

@@ -48,9 +48,13 @@ def provider_options(provider: str, cache_dir: str | os.PathLike[str]) -> dict[s
     """
     if provider == "TensorrtExecutionProvider":
         cache = os.fspath(cache_dir)
-        return {"device_id": "0", "trt_engine_cache_enable": "True",
-                "trt_engine_cache_path": cache, "trt_timing_cache_enable": "True",
-                "trt_timing_cache_path": cache}
+        return {
+            "device_id": "0",
+            "trt_engine_cache_enable": "True",
+            "trt_engine_cache_path": cache,
+            "trt_timing_cache_enable": "True",
+            "trt_timing_cache_path": cache,
+        }
     if provider == "CUDAExecutionProvider":
         return {"device_id": "0", "cudnn_conv_algo_search": "HEURISTIC"}
     return {}
@@ -71,9 +75,13 @@ class Session:
         return str(self.session.get_inputs()[0].name)
 
 
-def make_session(path: str | os.PathLike[str], providers: Sequence[str] | None = None,
-                 *, threads: int | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None) -> Session:
+def make_session(
+    path: str | os.PathLike[str],
+    providers: Sequence[str] | None = None,
+    *,
+    threads: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Session:
     """Open ``path`` with ``providers`` (default CPU); CPU is appended as the explicit fallback.
 
     Args:
@@ -98,8 +106,7 @@ def make_session(path: str | os.PathLike[str], providers: Sequence[str] | None =
     available = set(ort.get_available_providers())
     # Options only for providers this build has: ORT drops unavailable ones with a warning.
     chain: list[str | tuple[str, dict[str, Any]]] = [
-        (p, opts) if p in available and (opts := provider_options(p, cache)) else p
-        for p in names
+        (p, opts) if p in available and (opts := provider_options(p, cache)) else p for p in names
     ]
     if "TensorrtExecutionProvider" in available and "TensorrtExecutionProvider" in requested:
         cache.mkdir(parents=True, exist_ok=True)
@@ -114,12 +121,17 @@ def make_session(path: str | os.PathLike[str], providers: Sequence[str] | None =
             session = ort.InferenceSession(os.fspath(path), sess_options=options, providers=chain)
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NotImplemented types
         raise ExportError(f"onnxruntime cannot load {path}: {_one_line(exc)}") from exc
-    return Session(session, requested, tuple(session.get_providers()),
-                   tuple(_one_line(w.message) for w in caught))
+    return Session(
+        session,
+        requested,
+        tuple(session.get_providers()),
+        tuple(_one_line(w.message) for w in caught),
+    )
 
 
-def run_batches(sess: Session, images: np.ndarray, batch_size: int = 64
-                ) -> tuple[np.ndarray, np.ndarray]:
+def run_batches(
+    sess: Session, images: np.ndarray, batch_size: int = 64
+) -> tuple[np.ndarray, np.ndarray]:
     """``scores [N, C]`` and ``label [N]`` of ``images`` run in batches."""
     scores, labels = [], []
     for start in range(0, len(images), batch_size):
@@ -133,8 +145,9 @@ def run_batches(sess: Session, images: np.ndarray, batch_size: int = 64
     return np.concatenate(scores), np.concatenate(labels)
 
 
-def latency_ms(sess: Session, image_shape: Sequence[int], *, batch: int = 1,
-               repeats: int = 50, warmup: int = 5) -> float:
+def latency_ms(
+    sess: Session, image_shape: Sequence[int], *, batch: int = 1, repeats: int = 50, warmup: int = 5
+) -> float:
     """Median wall time of one ``run`` on a ``[batch, *image_shape]`` input, in ms."""
     x = np.random.default_rng(0).random((batch, *image_shape), dtype=np.float32)
     feed = {sess.input_name: x}
@@ -148,8 +161,9 @@ def latency_ms(sess: Session, image_shape: Sequence[int], *, batch: int = 1,
     return 1000.0 * statistics.median(times)
 
 
-def check_images(images: np.ndarray, image_shape: Sequence[int], what: str = "samples"
-                 ) -> np.ndarray:
+def check_images(
+    images: np.ndarray, image_shape: Sequence[int], what: str = "samples"
+) -> np.ndarray:
     """Validate ``[N, C, H, W]`` images in [0, 1] for ``image_shape`` and return them float32.
 
     Raises:
@@ -159,8 +173,9 @@ def check_images(images: np.ndarray, image_shape: Sequence[int], what: str = "sa
     arr = np.asarray(images)
     want = tuple(image_shape)
     if arr.ndim != 4 or tuple(arr.shape[1:]) != want:
-        raise ExportError(f"{what}: expected shape [N, {', '.join(map(str, want))}], got "
-                          f"{list(arr.shape)}")
+        raise ExportError(
+            f"{what}: expected shape [N, {', '.join(map(str, want))}], got {list(arr.shape)}"
+        )
     if len(arr) == 0:
         raise ExportError(f"{what}: no samples")
     arr = arr.astype(np.float32, copy=False)

@@ -53,8 +53,13 @@ MAX_CALIBRATION = 512
 CALIBRATION_BATCH = 32
 
 
-def make_variant(variant: Variant, src: str | os.PathLike[str], dst: str | os.PathLike[str],
-                 *, calibration: np.ndarray | None = None) -> Path:
+def make_variant(
+    variant: Variant,
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    calibration: np.ndarray | None = None,
+) -> Path:
     """Write the ``variant`` of the fp32 export ``src`` to ``dst``.
 
     Args:
@@ -135,9 +140,14 @@ def _int8(trunk: onnx.ModelProto, tmp: Path, calibration: np.ndarray | None) -> 
             quantize_dynamic(pre, out, weight_type=QuantType.QInt8)
         else:
             quantize_static(
-                pre, out, _Reader(calibration), quant_format=QuantFormat.QDQ,
-                per_channel=True, activation_type=QuantType.QInt8,
-                weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                pre,
+                out,
+                _Reader(calibration),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
             )
     except Exception as exc:  # onnxruntime.quantization raises assorted types
         kind = "static" if calibration is not None else "dynamic"

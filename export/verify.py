@@ -111,8 +111,10 @@ class VerificationError(ExportError):
 
     def __init__(self, report: VerifyReport) -> None:
         self.report = report
-        super().__init__(f"{report.path}: ONNX does not match PyTorch on {report.num_samples} "
-                         f"{report.inputs} samples: " + "; ".join(report.failures))
+        super().__init__(
+            f"{report.path}: ONNX does not match PyTorch on {report.num_samples} "
+            f"{report.inputs} samples: " + "; ".join(report.failures)
+        )
 
 
 def compare_onnx(
@@ -132,23 +134,32 @@ def compare_onnx(
     x = check_images(samples, _image_shape(sess.session.get_inputs()[0].shape, path))
     got_scores, got_labels = run_batches(sess, x, batch_size)
     ref_scores, ref_labels = _torch_outputs(model_with_head, x, batch_size)
-    e64 = _reference_error(model_with_head, x, ref_scores, batch_size) \
-        if tolerance.ref_factor > 0 else 0.0
+    e64 = (
+        _reference_error(model_with_head, x, ref_scores, batch_size)
+        if tolerance.ref_factor > 0
+        else 0.0
+    )
     failures: list[str] = []
     if got_scores.shape != ref_scores.shape:
         failures.append(
-            f"scores shape {list(got_scores.shape)} vs PyTorch {list(ref_scores.shape)}")
+            f"scores shape {list(got_scores.shape)} vs PyTorch {list(ref_scores.shape)}"
+        )
         diff, ratio = float("inf"), float("inf")
     else:
         err = np.abs(got_scores.astype(np.float64) - ref_scores.astype(np.float64))
-        bound = (tolerance.atol + tolerance.ref_factor * e64
-                 + tolerance.rtol * np.abs(ref_scores.astype(np.float64)))
+        bound = (
+            tolerance.atol
+            + tolerance.ref_factor * e64
+            + tolerance.rtol * np.abs(ref_scores.astype(np.float64))
+        )
         err = np.where(np.isnan(err), np.inf, err)  # NaN in either output is a failure
         diff, ratio = float(err.max()), float((err / bound).max())
         if ratio > 1.0:
-            failures.append(f"max |score diff| {diff:.3g} exceeds atol {tolerance.atol:g} + "
-                            f"rtol {tolerance.rtol:g}·|ref| + {tolerance.ref_factor:g}·"
-                            f"{e64:.2g} (PyTorch's own float32 error) (worst ratio {ratio:.3g})")
+            failures.append(
+                f"max |score diff| {diff:.3g} exceeds atol {tolerance.atol:g} + "
+                f"rtol {tolerance.rtol:g}·|ref| + {tolerance.ref_factor:g}·"
+                f"{e64:.2g} (PyTorch's own float32 error) (worst ratio {ratio:.3g})"
+            )
     same = got_labels.reshape(-1) == ref_labels.reshape(-1)
     agreement = float(np.mean(same))
     ties = _near_ties(ref_scores, tolerance, e64)
@@ -156,14 +167,25 @@ def compare_onnx(
         ties = np.zeros_like(same)
     decisive = float(np.mean(same[~ties])) if (~ties).any() else 1.0
     if decisive < tolerance.min_agreement:
-        failures.append(f"label agreement {decisive:.2%} < {tolerance.min_agreement:.2%} "
-                        f"({int((~same & ~ties).sum())} of {int((~ties).sum())} decisive "
-                        "samples differ)")
+        failures.append(
+            f"label agreement {decisive:.2%} < {tolerance.min_agreement:.2%} "
+            f"({int((~same & ~ties).sum())} of {int((~ties).sum())} decisive "
+            "samples differ)"
+        )
     return VerifyReport(
-        path=str(Path(path)), passed=not failures, num_samples=len(x), inputs=inputs,
-        max_abs_diff=diff, worst_ratio=ratio, agreement=agreement, tolerance=tolerance,
-        providers_requested=list(sess.requested), providers_used=list(sess.used),
-        seconds=time.perf_counter() - start, reference_error=e64, near_ties=int(ties.sum()),
+        path=str(Path(path)),
+        passed=not failures,
+        num_samples=len(x),
+        inputs=inputs,
+        max_abs_diff=diff,
+        worst_ratio=ratio,
+        agreement=agreement,
+        tolerance=tolerance,
+        providers_requested=list(sess.requested),
+        providers_used=list(sess.used),
+        seconds=time.perf_counter() - start,
+        reference_error=e64,
+        near_ties=int(ties.sum()),
         failures=failures,
     )
 
@@ -204,9 +226,14 @@ def verify_onnx(
         VerificationError: The outputs disagree beyond the tolerance.
     """
     check_model(path)
-    report = compare_onnx(path, model_with_head, samples,
-                          tolerance=Tolerance(atol, rtol, min_agreement, ref_factor),
-                          providers=providers, inputs=inputs)
+    report = compare_onnx(
+        path,
+        model_with_head,
+        samples,
+        tolerance=Tolerance(atol, rtol, min_agreement, ref_factor),
+        providers=providers,
+        inputs=inputs,
+    )
     if not report.passed:
         raise VerificationError(report)
     return report
@@ -225,12 +252,14 @@ def _image_shape(shape: Sequence[Any], path: str | os.PathLike[str]) -> tuple[in
     dims = tuple(shape[1:])
     if len(dims) != 3 or not all(isinstance(d, int) for d in dims):
         raise ExportError(
-            f"{path}: input shape {list(shape)} is not [batch, C, H, W] with static C, H, W")
+            f"{path}: input shape {list(shape)} is not [batch, C, H, W] with static C, H, W"
+        )
     return dims
 
 
-def _reference_error(model: nn.Module, x: np.ndarray, ref_scores: np.ndarray,
-                     batch_size: int) -> float:
+def _reference_error(
+    model: nn.Module, x: np.ndarray, ref_scores: np.ndarray, batch_size: int
+) -> float:
     """Largest |float32 - float64| PyTorch score (a float64 copy of the model; 0 if it fails)."""
     try:
         model64 = copy.deepcopy(model).double()
@@ -245,8 +274,9 @@ def _reference_error(model: nn.Module, x: np.ndarray, ref_scores: np.ndarray,
 
 
 @torch.no_grad()
-def _torch_outputs(model: nn.Module, x: np.ndarray, batch_size: int,
-                   dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray]:
+def _torch_outputs(
+    model: nn.Module, x: np.ndarray, batch_size: int, dtype: torch.dtype = torch.float32
+) -> tuple[np.ndarray, np.ndarray]:
     was_training = model.training
     model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))

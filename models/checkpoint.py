@@ -121,8 +121,15 @@ class ModelSpec:
                 "models.create_model can be checkpointed and rebuilt"
             )
         kw = dict(model.create_kwargs)
-        known = ("num_classes", "in_chans", "feature_dim", "input_size", "mean", "std",
-                 "feature_act")
+        known = (
+            "num_classes",
+            "in_chans",
+            "feature_dim",
+            "input_size",
+            "mean",
+            "std",
+            "feature_act",
+        )
         return cls.from_dict(
             {
                 "name": model.model_name,
@@ -166,20 +173,24 @@ class ModelSpec:
         size = _get(d, "input_size", (list, tuple), where)
         if len(size) != 2 or not all(_is_int(v) and v >= 1 for v in size):
             raise CheckpointError(
-                f"{where}.input_size: expected [h, w] positive ints, got {size!r}")
+                f"{where}.input_size: expected [h, w] positive ints, got {size!r}"
+            )
         feature_dim = _get(d, "feature_dim", (int, type(None)), where)
         if feature_dim is not None and (not _is_int(feature_dim) or feature_dim < 1):
             raise CheckpointError(
-                f"{where}.feature_dim: expected an int >= 1 or None, got {feature_dim!r}")
+                f"{where}.feature_dim: expected an int >= 1 or None, got {feature_dim!r}"
+            )
         model_args = _mapping(d.get("model_args", {}), f"{where}.model_args")
         for key, value in model_args.items():
             if not isinstance(value, (*_PLAIN, list, tuple)):
-                raise CheckpointError(f"{where}.model_args.{key}: expected a plain value, "
-                                      f"got {type(value).__name__}")
+                raise CheckpointError(
+                    f"{where}.model_args.{key}: expected a plain value, got {type(value).__name__}"
+                )
         return cls(
             name=_nonempty_str(_get(d, "name", str, where), f"{where}.name"),
-            num_classes=_int_at_least(_get(d, "num_classes", int, where), 0,
-                                      f"{where}.num_classes"),
+            num_classes=_int_at_least(
+                _get(d, "num_classes", int, where), 0, f"{where}.num_classes"
+            ),
             in_chans=_int_at_least(_get(d, "in_chans", int, where), 1, f"{where}.in_chans"),
             feature_dim=feature_dim,
             input_size=(int(size[0]), int(size[1])),
@@ -209,7 +220,8 @@ class HeadSpec:
     def __post_init__(self) -> None:
         if self.type not in HEAD_TYPES:
             raise CheckpointError(
-                f"head.type: expected one of {list(HEAD_TYPES)}, got {self.type!r}")
+                f"head.type: expected one of {list(HEAD_TYPES)}, got {self.type!r}"
+            )
         if self.type == "logits":
             if self.prototypes is not None or self.valid is not None:
                 raise CheckpointError("head: a 'logits' head takes no prototypes or valid mask")
@@ -224,10 +236,14 @@ class HeadSpec:
             raise CheckpointError("head.prototypes: contains NaN or infinite values")
         num = protos.shape[0]
         valid = self.valid
-        if valid is not None and (not isinstance(valid, Tensor) or valid.dtype != torch.bool
-                                  or tuple(valid.shape) != (num,)):
+        if valid is not None and (
+            not isinstance(valid, Tensor)
+            or valid.dtype != torch.bool
+            or tuple(valid.shape) != (num,)
+        ):
             raise CheckpointError(
-                f"head.valid: expected a bool tensor [{num}], got {_describe(valid)}")
+                f"head.valid: expected a bool tensor [{num}], got {_describe(valid)}"
+            )
         if valid is not None and not bool(valid.any()):
             raise CheckpointError("head.valid: no class is valid, the head could never predict")
         # Stored detached, on the CPU and in float32 so that export bakes exact constants.
@@ -300,13 +316,23 @@ class Checkpoint:
             )
 
     @classmethod
-    def from_model(cls, model: Classifier, head: HeadSpec, meta: Mapping[str, Any] | None = None,
-                   extra: Mapping[str, Tensor] | None = None) -> Checkpoint:
+    def from_model(
+        cls,
+        model: Classifier,
+        head: HeadSpec,
+        meta: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Tensor] | None = None,
+    ) -> Checkpoint:
         """Snapshot ``model`` (weights copied to the CPU) with its head and run information."""
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         base: dict[str, Any] = {"toolkit_version": toolkit_version()}
-        return cls(ModelSpec.from_model(model), state, head,
-                   copy.deepcopy({**base, **(meta or {})}), dict(extra or {}))
+        return cls(
+            ModelSpec.from_model(model),
+            state,
+            head,
+            copy.deepcopy({**base, **(meta or {})}),
+            dict(extra or {}),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The on-disk structure (plain types and tensors only)."""
@@ -416,7 +442,8 @@ def build_model(ckpt: Checkpoint) -> Classifier:
         model.load_state_dict(ckpt.state_dict, strict=True)
     except RuntimeError as exc:  # e.g. dtype trouble the key/shape check above cannot see
         raise CheckpointError(
-            f"state_dict does not load into {spec.name}: {_first_line(exc)}") from exc
+            f"state_dict does not load into {spec.name}: {_first_line(exc)}"
+        ) from exc
     return model.eval()
 
 
@@ -432,8 +459,9 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 # ----- validation helpers --------------------------------------------------------------------
 
 
-def _check_state_dict(expected: Mapping[str, Tensor], got: Mapping[str, Tensor], spec: ModelSpec
-                      ) -> None:
+def _check_state_dict(
+    expected: Mapping[str, Tensor], got: Mapping[str, Tensor], spec: ModelSpec
+) -> None:
     missing = [k for k in expected if k not in got]
     unexpected = [k for k in got if k not in expected]
     mismatched = [
@@ -445,8 +473,11 @@ def _check_state_dict(expected: Mapping[str, Tensor], got: Mapping[str, Tensor],
         return
     parts = [
         f"{len(items)} {label} ({_listing(items)})"
-        for label, items in (("missing", missing), ("unexpected", unexpected),
-                             ("shape-mismatched", mismatched))
+        for label, items in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("shape-mismatched", mismatched),
+        )
         if items
     ]
     raise CheckpointError(
@@ -533,7 +564,8 @@ def _check_meta(obj: object, where: str) -> dict[str, Any]:
     for name, value in _mapping(metrics, f"{where}.metrics").items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise CheckpointError(
-                f"{where}.metrics.{name}: expected a float, got {_describe(value)}")
+                f"{where}.metrics.{name}: expected a float, got {_describe(value)}"
+            )
     return d
 
 

@@ -73,8 +73,11 @@ def _encode_lossy(a: npt.NDArray[np.float32], encoding: Encoding, field: str) ->
         return {"dt": "<f2", "sh": shape, "d": h.tobytes(), "as": "<f4"}
     if encoding == "u8":
         if a.size and (float(a.min()) < 0.0 or float(a.max()) > 1.0):
-            raise ValidationError(field, "values in [0, 1] for u8 encoding",
-                                  f"range [{float(a.min())}, {float(a.max())}]")
+            raise ValidationError(
+                field,
+                "values in [0, 1] for u8 encoding",
+                f"range [{float(a.min())}, {float(a.max())}]",
+            )
         q = np.rint(a * 255.0).astype(np.uint8)
         return {"dt": "|u1", "sh": shape, "d": q.tobytes(), "as": "<f4", "sc": 1.0 / 255.0, "zp": 0}
     if encoding == "i8":

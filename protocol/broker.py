@@ -62,8 +62,14 @@ class EmbeddedBroker:
         start_timeout: Seconds to wait for the listener.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, start_timeout: float = 10.0,
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        start_timeout: float = 10.0,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self._requested_port = port
@@ -103,13 +109,15 @@ class EmbeddedBroker:
 
     def _start_on(self, broker_cls: Any, port: int) -> None:
         loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="edgefl-embedded-broker",
-                                  daemon=True)
+        thread = threading.Thread(
+            target=loop.run_forever, name="edgefl-embedded-broker", daemon=True
+        )
         thread.start()
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{port}"}},
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin":
-                        {"allow_anonymous": True}},
+            "plugins": {
+                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
+            },
         }
 
         async def boot() -> Any:
@@ -146,8 +154,12 @@ class EmbeddedBroker:
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 
@@ -180,9 +192,16 @@ class MosquittoBroker:
     :meth:`stop` then :meth:`start` restarts it on the same port.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
-                 max_packet_size: int | None = None, extra_config: str = "",
-                 start_timeout: float = 10.0, executable: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_packet_size: int | None = None,
+        extra_config: str = "",
+        start_timeout: float = 10.0,
+        executable: str | None = None,
+    ) -> None:
         exe = executable or mosquitto_executable()
         if exe is None:
             raise ConfigError("mosquitto is not installed (Debian: apt-get install mosquitto)")
@@ -224,8 +243,9 @@ class MosquittoBroker:
         conf = self._dir / "mosquitto.conf"
         conf.write_text(self.config_text())
         with (self._dir / "mosquitto.log").open("ab") as log:
-            self._proc = subprocess.Popen([self.executable, "-c", str(conf)],
-                                          stdout=subprocess.DEVNULL, stderr=log)
+            self._proc = subprocess.Popen(
+                [self.executable, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=log
+            )
         deadline = time.monotonic() + self.start_timeout
         if not _wait_listening(self.host, self.port, deadline, alive=lambda: self.running):
             self.stop()
@@ -259,6 +279,10 @@ class MosquittoBroker:
     def __enter__(self) -> MosquittoBroker:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.cleanup()

@@ -146,6 +146,10 @@ def envelope_from_map(obj: dict[str, Any]) -> Envelope:
     except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
         raise DecodeError(f"{kind}: {type(exc).__name__}: {exc}") from exc
     return Envelope(
-        body=body, sender=obj["s"], federation=obj["f"], round=obj["r"], msg_id=obj["i"],
+        body=body,
+        sender=obj["s"],
+        federation=obj["f"],
+        round=obj["r"],
+        msg_id=obj["i"],
         ts=obj["t"],
     )

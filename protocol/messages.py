@@ -255,13 +255,31 @@ class ChunkRequest(WireModel):
 
 
 Message = (
-    Register | Status | CoordinatorState | RoundDescriptor | Task | Reply | ErrorReply | Ack
-    | Progress | Chunk | ChunkRequest
+    Register
+    | Status
+    | CoordinatorState
+    | RoundDescriptor
+    | Task
+    | Reply
+    | ErrorReply
+    | Ack
+    | Progress
+    | Chunk
+    | ChunkRequest
 )
 MESSAGE_TYPES: dict[str, type[Any]] = {
     t.KIND: t
     for t in (
-        Register, Status, CoordinatorState, RoundDescriptor, Task, Reply, ErrorReply, Ack,
-        Progress, Chunk, ChunkRequest,
+        Register,
+        Status,
+        CoordinatorState,
+        RoundDescriptor,
+        Task,
+        Reply,
+        ErrorReply,
+        Ack,
+        Progress,
+        Chunk,
+        ChunkRequest,
     )
 }

@@ -113,9 +113,9 @@ class MemoryBroker:
                     self._retained.pop(topic, None)
             # A handler registered under several matching filters gets the message once, as an
             # MQTT client receives one copy per message however many of its filters match.
-            targets = list(dict.fromkeys(
-                h for c, f, h in self._subs if c.connected and matches(f, topic)
-            ))
+            targets = list(
+                dict.fromkeys(h for c, f, h in self._subs if c.connected and matches(f, topic))
+            )
         for handler in targets:
             try:
                 handler(topic, payload)

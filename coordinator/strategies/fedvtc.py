@@ -69,8 +69,13 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
 
     def _subset(self, protos: PrototypeSet, classes: list[int]) -> PrototypeSet:
         keep = np.isin(protos.class_ids, classes)
-        return PrototypeSet(protos.class_ids[keep], protos.vectors[keep], protos.counts[keep],
-                            sd=protos.sd, encoding=self.config.proto_encoding)
+        return PrototypeSet(
+            protos.class_ids[keep],
+            protos.vectors[keep],
+            protos.counts[keep],
+            sd=protos.sd,
+            encoding=self.config.proto_encoding,
+        )
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Prototypes with an SD of the fleet's dimension; generators with the known layout."""
@@ -81,17 +86,23 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             if protos.sd is None:
                 raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)
             if protos.sd.shape[0] != protos.dim and protos.class_ids.size:
-                raise ValidationError("reply.payloads.protos.sd", f"length {protos.dim}",
-                                      protos.sd.shape[0])
-        if step.phase == "upload_generator" or (step.phase == "train" and
-                                                self.config.generator_exchange == "every_round"):
+                raise ValidationError(
+                    "reply.payloads.protos.sd", f"length {protos.dim}", protos.sd.shape[0]
+                )
+        if step.phase == "upload_generator" or (
+            step.phase == "train" and self.config.generator_exchange == "every_round"
+        ):
             gen = reply.payloads.get("generator")
             if not isinstance(gen, TensorMap):
-                raise ValidationError("reply.payloads.generator", "tensors",
-                                      None if gen is None else gen.KIND)
+                raise ValidationError(
+                    "reply.payloads.generator", "tensors", None if gen is None else gen.KIND
+                )
             if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
-                raise ValidationError("reply.payloads.generator", "the fleet's generator layout",
-                                      sorted(set(gen.tensors) ^ set(self.generator.tensors))[:5])
+                raise ValidationError(
+                    "reply.payloads.generator",
+                    "the fleet's generator layout",
+                    sorted(set(gen.tensors) ^ set(self.generator.tensors))[:5],
+                )
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Per-class plain means and the plain SD mean; generator mean over trained uploads."""
@@ -102,22 +113,29 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             sd = np.mean(np.stack(sds), axis=0).astype(np.float32) if sds else None
             if sd is None and self.protos is not None:
                 sd = self.protos.sd
-            self.protos = mean_prototypes(self.protos, protos, self.num_classes,
-                                          self.config.proto_encoding, sd=sd)
+            self.protos = mean_prototypes(
+                self.protos, protos, self.num_classes, self.config.proto_encoding, sd=sd
+            )
             if self.config.generator_exchange == "every_round":
                 self._average_generators(replies, require_trained=False)
             held = 0 if self.protos is None else self.protos.class_ids.size
-            return {"classes_with_prototype": float(held),
-                    "sigma_mean": float(sd.mean()) if sd is not None else 1.0}
+            return {
+                "classes_with_prototype": float(held),
+                "sigma_mean": float(sd.mean()) if sd is not None else 1.0,
+            }
         if step.phase == "upload_generator":
             return {"generators_averaged": float(self._average_generators(replies, True))}
         return {}
 
-    def _average_generators(self, replies: list[tuple[AgentInfo, Reply]],
-                            require_trained: bool) -> int:
+    def _average_generators(
+        self, replies: list[tuple[AgentInfo, Reply]], require_trained: bool
+    ) -> int:
         # D10: average only generators that were trained at least once
-        uploads = [r.payloads["generator"] for _, r in replies
-                   if not require_trained or r.metrics.get("generator_trained", 1.0) > 0]
+        uploads = [
+            r.payloads["generator"]
+            for _, r in replies
+            if not require_trained or r.metrics.get("generator_trained", 1.0) > 0
+        ]
         maps = [m for m in uploads if isinstance(m, TensorMap)]
         if maps:
             self.generator = average_tensor_maps(maps, self.config.generator_encoding)

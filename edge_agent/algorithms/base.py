@@ -167,7 +167,8 @@ class EdgeAlgorithm(Generic[C]):
 
     def scores(self, x: Tensor) -> Tensor:
         """Class scores used for evaluation and exported as the inference head."""
-        return self.ctx.model(x)
+        out: Tensor = self.ctx.model(x)
+        return out
 
     def head_spec(self) -> HeadSpec:
         """The inference head an exported model must carry."""

@@ -48,7 +48,7 @@ class FedAvgEdge(EdgeAlgorithm[FedAvgConfig]):
     def reply_payloads(self) -> dict[str, Payload]:
         """The full state dict (BatchNorm buffers included)."""
         tensors = {k: v.detach().cpu().numpy() for k, v in self.ctx.model.state_dict().items()}
-        return {"weights": TensorMap(tensors, encoding=self.config.weight_encoding)}  # type: ignore[arg-type]
+        return {"weights": TensorMap(tensors, encoding=self.config.weight_encoding)}
 
 
 @register_edge_algorithm("fedproto")
@@ -103,7 +103,8 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
         """Head logits, or distances to global prototypes when ``predict = prototype``."""
         if self.cfg is not None and self.cfg.predict == "prototype" and bool(self.valid.any()):
             return prototype_scores(self.ctx.model.forward_features(x), self.table, self.valid)
-        return self.ctx.model(x)
+        out: Tensor = self.ctx.model(x)
+        return out
 
     def head_spec(self) -> HeadSpec:
         """The prototype head when the run predicts by prototype, else plain logits."""

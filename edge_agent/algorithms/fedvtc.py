@@ -34,8 +34,16 @@ from protocol.payloads import Payload, PrototypeSet, TensorMap
 __all__ = ["FedVTCEdge", "tc_losses", "tc_terms"]
 
 
-def tc_terms(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,  # noqa: PLR0917 - the paper's symbols, in order
-             mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor, Tensor]:
+def tc_terms(  # noqa: PLR0917 - the paper's symbols, in order
+    x: Tensor,
+    z: Tensor,
+    x_gen: Tensor,
+    z_gen: Tensor | None,
+    protos: Tensor,
+    mask: Tensor,
+    rho: Tensor,
+    kl_sigma_weight: float,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sample ``L_rc``, ``KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each.
 
     ``protos`` are the prototypes of each sample's label ``[B, p]``; ``mask`` zeroes the
@@ -49,8 +57,16 @@ def tc_terms(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: 
     return rc, kl, dm
 
 
-def tc_losses(x: Tensor, z: Tensor, x_gen: Tensor, z_gen: Tensor | None, protos: Tensor,  # noqa: PLR0917
-              mask: Tensor, rho: Tensor, kl_sigma_weight: float) -> tuple[Tensor, Tensor]:
+def tc_losses(  # noqa: PLR0917 - the paper's symbols, in order
+    x: Tensor,
+    z: Tensor,
+    x_gen: Tensor,
+    z_gen: Tensor | None,
+    protos: Tensor,
+    mask: Tensor,
+    rho: Tensor,
+    kl_sigma_weight: float,
+) -> tuple[Tensor, Tensor]:
     """Per-sample ``L_rc + KL`` and ``L_dm`` (spec §3), shapes ``[B]`` each."""
     rc, kl, dm = tc_terms(x, z, x_gen, z_gen, protos, mask, rho, kl_sigma_weight)
     return rc + kl, dm
@@ -74,15 +90,19 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self.generator_trained = False
         # latent noise from the agent's own seeded stream: runs are reproducible per device
         self.noise = torch.Generator(device=ctx.device).manual_seed(
-            int(ctx.generator.initial_seed()))
+            int(ctx.generator.initial_seed())
+        )
         self._finetuning = False
         self._gen_opt: torch.optim.Optimizer | None = None
         self._diag: dict[str, list[float]] = {}  # per-round loss terms when diagnostics is on
 
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
         """``train`` rounds, the one-shot ``upload_generator``, and ``final`` (fine-tune)."""
-        return {"train": self.train_phase, "upload_generator": self.upload_phase,
-                "final": self.final_phase}
+        return {
+            "train": self.train_phase,
+            "upload_generator": self.upload_phase,
+            "final": self.final_phase,
+        }
 
     # ----- knowledge in ---------------------------------------------------------------------
     def receive(self, payloads: dict[str, Payload]) -> None:
@@ -102,8 +122,11 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         p = self.table.shape[1]
         too_big = protos.class_ids.size and int(protos.class_ids.max()) >= self.ctx.num_classes
         if protos.class_ids.size and (protos.dim != p or too_big):
-            raise ValidationError("payloads.protos", f"dim {p} and ids < {self.ctx.num_classes}",
-                                  (protos.dim, protos.class_ids.tolist()))
+            raise ValidationError(
+                "payloads.protos",
+                f"dim {p} and ids < {self.ctx.num_classes}",
+                (protos.dim, protos.class_ids.tolist()),
+            )
         table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
         self.table = torch.where(valid.unsqueeze(1), table, self.table)
         self.valid |= valid
@@ -117,11 +140,17 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def _load_generator(self, gen: TensorMap) -> None:
         own = self.generator.state_dict()
         if set(gen.tensors) != set(own):
-            raise ValidationError("payloads.generator",
-                                  f"the {len(own)} tensors of the VTC generator",
-                                  sorted(set(gen.tensors) ^ set(own))[:5])
-        self.generator.load_state_dict({k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
-                                        for k, v in gen.tensors.items()})
+            raise ValidationError(
+                "payloads.generator",
+                f"the {len(own)} tensors of the VTC generator",
+                sorted(set(gen.tensors) ^ set(own))[:5],
+            )
+        self.generator.load_state_dict(
+            {
+                k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
+                for k, v in gen.tensors.items()
+            }
+        )
 
     # ----- the loop hooks -------------------------------------------------------------------
     def _targets(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -147,8 +176,9 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         v = z + sigma * torch.randn(z.shape, device=z.device, generator=self.noise)
         x_gen = self.generator(v)
         z_gen = self.ctx.model.forward_features(x_gen) if self.config.use_dm else None
-        rc, kl, dm = tc_terms(x, z, x_gen, z_gen, protos, mask, self.rho,
-                              self.config.kl_sigma_weight)
+        rc, kl, dm = tc_terms(
+            x, z, x_gen, z_gen, protos, mask, self.rho, self.config.kl_sigma_weight
+        )
         if self.config.tc_scale == "per_dim":  # means over pixels / latent dims, not sums
             rc, kl, dm = rc / x[0].numel(), kl / z.shape[1], dm / z.shape[1]
         if log:  # diagnostics: the reduced size of each term, to compare with CE
@@ -192,8 +222,9 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             self._gen_opt.zero_grad(set_to_none=True)
             torch.autograd.backward(loss)
             if self.config.grad_clip > 0:
-                nn.utils.clip_grad_norm_([*self.generator.parameters(), self.rho],
-                                         self.config.grad_clip)
+                nn.utils.clip_grad_norm_(
+                    [*self.generator.parameters(), self.rho], self.config.grad_clip
+                )
             self._gen_opt.step()
             with torch.no_grad():
                 self.rho.clamp_(math.log(self.config.sd_min), math.log(self.config.sd_max))
@@ -228,8 +259,9 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         one-shot average of the trained generators is an average of related networks."""
         with torch.random.fork_rng(devices=[]):  # leave the agent's global RNG untouched
             torch.manual_seed(seed)
-            fresh = vtc_for(self.generator.latent_dim, self.generator.out_chans,
-                            self.generator.out_size)
+            fresh = vtc_for(
+                self.generator.latent_dim, self.generator.out_chans, self.generator.out_size
+            )
         self.generator.load_state_dict(fresh.state_dict())
 
     @torch.no_grad()
@@ -262,19 +294,32 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         x = data.x.flatten(1)
         classes = torch.unique(data.y)
         means = torch.stack([x[data.y == c].mean(0) for c in classes])
-        within = (torch.stack([x[data.y == c].std(0) for c in classes]).mean() if per_class > 1
-                  else x.new_tensor(0.0))
+        within = (
+            torch.stack([x[data.y == c].std(0) for c in classes]).mean()
+            if per_class > 1
+            else x.new_tensor(0.0)
+        )
         between = means.std(0).mean() if len(classes) > 1 else x.new_tensor(0.0)
-        return {"gen_min": float(x.min()), "gen_max": float(x.max()), "gen_std": float(x.std()),
-                "gen_class_contrast": float(between / within.clamp(min=1e-8))}
+        return {
+            "gen_min": float(x.min()),
+            "gen_max": float(x.max()),
+            "gen_std": float(x.std()),
+            "gen_class_contrast": float(between / within.clamp(min=1e-8)),
+        }
 
     def reply_payloads(self) -> dict[str, Payload]:
         """Local prototypes of the held classes and sigma (and the generator if every round)."""
         protos = class_prototypes(self.ctx.model, self.ctx.train, self.ctx.num_classes)
         sd = self.rho.detach().exp().cpu().numpy()
-        out: dict[str, Payload] = {"protos": PrototypeSet(
-            protos.class_ids, protos.vectors, protos.counts, sd=sd,
-            encoding=self.config.proto_encoding)}
+        out: dict[str, Payload] = {
+            "protos": PrototypeSet(
+                protos.class_ids,
+                protos.vectors,
+                protos.counts,
+                sd=sd,
+                encoding=self.config.proto_encoding,
+            )
+        }
         if self.config.generator_exchange == "every_round":
             out["generator"] = self._generator_payload()
         return out
@@ -285,9 +330,11 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
 
     def upload_phase(self, task: Task) -> PhaseResult:
         """The one-shot generator upload (M3)."""
-        return PhaseResult({"generator": self._generator_payload()},
-                           {"generator_trained": float(self.generator_trained)},
-                           len(self.ctx.train))
+        return PhaseResult(
+            {"generator": self._generator_payload()},
+            {"generator_trained": float(self.generator_trained)},
+            len(self.ctx.train),
+        )
 
     def final_phase(self, task: Task) -> PhaseResult:
         """Receive psi, all prototypes and sigma; fine-tune on S synthetic samples per class."""
@@ -301,8 +348,12 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             return PhaseResult(metrics=before, num_samples=0)
         diagnostics = self._diagnostics(synthetic, own) if own is not None else {}
         stats = self._finetune(synthetic)
-        metrics = {**before, **diagnostics, "finetune_loss": stats.mean_loss,
-                   "synthetic_samples": float(len(synthetic))}
+        metrics = {
+            **before,
+            **diagnostics,
+            "finetune_loss": stats.mean_loss,
+            "synthetic_samples": float(len(synthetic)),
+        }
         return PhaseResult(metrics=metrics, num_samples=len(synthetic))
 
     @torch.no_grad()
@@ -348,8 +399,10 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         noise_x = torch.rand(synthetic.x.shape, generator=self.ctx.generator)
         noise = TensorData(noise_x.to(self.ctx.device), synthetic.y)
         self._finetune(noise)
-        out = {k.replace("before_ft", "noise_control"): v
-               for k, v in self._eval_metrics("before_ft").items()}
+        out = {
+            k.replace("before_ft", "noise_control"): v
+            for k, v in self._eval_metrics("before_ft").items()
+        }
         model.load_state_dict(saved)
         out.update(self._probe(synthetic))
         out.update(self._generator_stats(8))
@@ -369,12 +422,19 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         c, h, _ = synthetic.x.shape[1:]
         with torch.random.fork_rng(devices=[]):  # seeded init; the global RNG is left alone
             torch.manual_seed(self.ctx.generator.initial_seed())
-            probe = create_model("mlp_m", num_classes=self.ctx.num_classes, in_chans=int(c),
-                                 input_size=int(h)).to(self.ctx.device)
+            probe = create_model(
+                "mlp_m", num_classes=self.ctx.num_classes, in_chans=int(c), input_size=int(h)
+            ).to(self.ctx.device)
         cfg = self.config.replace(optimizer="adam", lr=1e-3, grad_clip=0.0)
-        train_epochs(probe, synthetic, cfg, _CrossEntropy(), optimizer=make_optimizer(
-            list(probe.parameters()), cfg), epochs=max(5, self.config.finetune_epochs),
-            generator=self.ctx.generator)
+        train_epochs(
+            probe,
+            synthetic,
+            cfg,
+            _CrossEntropy(),
+            optimizer=make_optimizer(list(probe.parameters()), cfg),
+            epochs=max(5, self.config.finetune_epochs),
+            generator=self.ctx.generator,
+        )
         out = {"probe_acc_local": evaluate(probe, self.ctx.test).accuracy}
         if self.ctx.global_test is not None:
             out["probe_acc_global"] = evaluate(probe, self.ctx.global_test).accuracy
@@ -405,23 +465,28 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         model = self.ctx.model
         out = {f"acc_local_{suffix}": evaluate(model, self.ctx.test, self.scores).accuracy}
         if self.ctx.global_test is not None:
-            out[f"acc_global_{suffix}"] = evaluate(model, self.ctx.global_test,
-                                                   self.scores).accuracy
+            out[f"acc_global_{suffix}"] = evaluate(
+                model, self.ctx.global_test, self.scores
+            ).accuracy
         return {k: v for k, v in out.items() if not math.isnan(v)}  # drop NaN (empty test set)
 
     # ----- state ----------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Tensor]:
         """Generator, log-sigma and the prototype table survive restarts."""
         state = {f"generator.{k}": v.detach().cpu() for k, v in self.generator.state_dict().items()}
-        state.update(rho=self.rho.detach().cpu(), proto_table=self.table.cpu(),
-                     proto_valid=self.valid.cpu(),
-                     generator_trained=torch.tensor(self.generator_trained))
+        state.update(
+            rho=self.rho.detach().cpu(),
+            proto_table=self.table.cpu(),
+            proto_valid=self.valid.cpu(),
+            generator_trained=torch.tensor(self.generator_trained),
+        )
         return state
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
         """Restore :meth:`extra_state`."""
-        gen = {k.removeprefix("generator."): v for k, v in state.items()
-               if k.startswith("generator.")}
+        gen = {
+            k.removeprefix("generator."): v for k, v in state.items() if k.startswith("generator.")
+        }
         if gen:
             self.generator.load_state_dict(gen)
         if "rho" in state:
@@ -447,5 +512,3 @@ class _CrossEntropy:
 def _set_trainable(module: nn.Module, flag: bool) -> None:
     for p in module.parameters():
         p.requires_grad_(flag)
-
-

@@ -17,11 +17,20 @@ import numpy.typing as npt
 from edge_agent.data.dataset import ArrayDataset, class_names_for
 from protocol.errors import ConfigError
 
-__all__ = ["TORCHVISION", "TorchvisionSource", "dataset_from_arrays", "load_image_folder",
-           "load_torchvision"]
+__all__ = [
+    "TORCHVISION",
+    "TorchvisionSource",
+    "dataset_from_arrays",
+    "load_image_folder",
+    "load_torchvision",
+]
 
-_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 _GREY_MODES = frozenset({"1", "L"})
 _SPLITS = {"train": (True,), "test": (False,), "all": (True, False)}
 
@@ -44,16 +53,27 @@ class TorchvisionSource:
 
 
 TORCHVISION: dict[str, TorchvisionSource] = {
-    "mnist": TorchvisionSource("MNIST", "MNIST/raw", _MNIST_FILES,
-                               "the four MNIST idx files (gunzipped)"),
-    "fashion_mnist": TorchvisionSource("FashionMNIST", "FashionMNIST/raw", _MNIST_FILES,
-                                       "the four Fashion-MNIST idx files (gunzipped)"),
+    "mnist": TorchvisionSource(
+        "MNIST", "MNIST/raw", _MNIST_FILES, "the four MNIST idx files (gunzipped)"
+    ),
+    "fashion_mnist": TorchvisionSource(
+        "FashionMNIST",
+        "FashionMNIST/raw",
+        _MNIST_FILES,
+        "the four Fashion-MNIST idx files (gunzipped)",
+    ),
     "cifar10": TorchvisionSource(
-        "CIFAR10", "cifar-10-batches-py",
+        "CIFAR10",
+        "cifar-10-batches-py",
         (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta"),
-        "cifar-10-python.tar.gz (extracted)"),
-    "cifar100": TorchvisionSource("CIFAR100", "cifar-100-python", ("train", "test", "meta"),
-                                  "cifar-100-python.tar.gz (extracted)"),
+        "cifar-10-python.tar.gz (extracted)",
+    ),
+    "cifar100": TorchvisionSource(
+        "CIFAR100",
+        "cifar-100-python",
+        ("train", "test", "meta"),
+        "cifar-100-python.tar.gz (extracted)",
+    ),
 }
 
 
@@ -70,18 +90,22 @@ def load_torchvision(key: str, split: str, root: Path | None) -> ArrayDataset:
     """
     source = TORCHVISION[key]
     if split not in _SPLITS:
-        raise ConfigError(f"dataset {key!r}: unknown split {split!r}; use "
-                          f"{key}:train, {key}:test or {key}:all")
+        raise ConfigError(
+            f"dataset {key!r}: unknown split {split!r}; use {key}:train, {key}:test or {key}:all"
+        )
     if root is None:
-        raise ConfigError(f"dataset {key!r} is read from local files: pass a data root "
-                          f"(--data-root) whose {source.folder}/ holds {', '.join(source.files)}")
+        raise ConfigError(
+            f"dataset {key!r} is read from local files: pass a data root "
+            f"(--data-root) whose {source.folder}/ holds {', '.join(source.files)}"
+        )
     folder = root / source.folder
     missing = [name for name in source.files if not (folder / name).is_file()]
     if missing:
         raise ConfigError(
             f"dataset {key!r}: missing {', '.join(missing)} in {folder} (expected there: "
             f"{', '.join(source.files)}, i.e. {source.archive}); nothing is downloaded, "
-            "copy the files there first")
+            "copy the files there first"
+        )
     try:
         import torchvision.datasets as tvd
     except ImportError as exc:
@@ -91,8 +115,10 @@ def load_torchvision(key: str, split: str, root: Path | None) -> ArrayDataset:
         try:
             parts.append(getattr(tvd, source.cls)(str(root), train=train, download=False))
         except (RuntimeError, OSError, ValueError) as exc:
-            raise ConfigError(f"dataset {key!r}: torchvision rejected the files in {folder} "
-                              f"({exc}); nothing is downloaded") from exc
+            raise ConfigError(
+                f"dataset {key!r}: torchvision rejected the files in {folder} "
+                f"({exc}); nothing is downloaded"
+            ) from exc
     x = np.concatenate([_as_nchw_uint8(np.asarray(p.data)) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
     names = class_names_for(len(parts[0].classes), parts[0].classes)
@@ -132,8 +158,9 @@ def load_image_folder(path: Path, image_size: int | None) -> ArrayDataset:
     try:
         folder = ImageFolder(str(path))
     except (FileNotFoundError, OSError) as exc:
-        raise ConfigError(f"image folder {path}: {exc} (expected {path}/CLASS/IMAGE files)"
-                          ) from exc
+        raise ConfigError(
+            f"image folder {path}: {exc} (expected {path}/CLASS/IMAGE files)"
+        ) from exc
     images = []
     for file, _ in folder.samples:
         try:
@@ -148,8 +175,10 @@ def load_image_folder(path: Path, image_size: int | None) -> ArrayDataset:
         images = [img.resize(size, Image.Resampling.BILINEAR) for img in images]
     sizes = {img.size for img in images}
     if len(sizes) > 1:
-        raise ConfigError(f"image folder {path}: images have {len(sizes)} different sizes "
-                          f"(e.g. {sorted(sizes)[:3]}); pass image_size to resize them")
+        raise ConfigError(
+            f"image folder {path}: images have {len(sizes)} different sizes "
+            f"(e.g. {sorted(sizes)[:3]}); pass image_size to resize them"
+        )
     arrays = [np.asarray(img.convert(mode), dtype=np.uint8) for img in images]
     x = _as_nchw_uint8(np.stack(arrays)) if mode == "RGB" else np.stack(arrays)[:, None]
     y = np.asarray([label for _, label in folder.samples], dtype=np.int64)
@@ -166,8 +195,10 @@ def dataset_from_arrays(arrays: Mapping[str, npt.NDArray[Any]], name: str) -> Ar
     unknown = sorted(set(arrays) - {"x", "y", "class_names"})
     missing = [key for key in ("x", "y") if key not in arrays]
     if missing or unknown:
-        raise ValueError(f"expected arrays x, y and optionally class_names; missing {missing}, "
-                         f"unexpected {unknown}")
+        raise ValueError(
+            f"expected arrays x, y and optionally class_names; missing {missing}, "
+            f"unexpected {unknown}"
+        )
     x = _images_to_float(_to_nchw(arrays["x"]))
     y = _labels(arrays["y"], int(x.shape[0]))
     if "class_names" in arrays:
@@ -191,8 +222,10 @@ def _to_nchw(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     if x.shape[-1] in channels and x.shape[1] not in channels:
         return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
     if x.shape[1] not in channels:
-        raise ValueError(f"x shape {x.shape}: cannot find a channel axis of size 1, 3 or 4 "
-                         "(at position 1 for NCHW or last for NHWC)")
+        raise ValueError(
+            f"x shape {x.shape}: cannot find a channel axis of size 1, 3 or 4 "
+            "(at position 1 for NCHW or last for NHWC)"
+        )
     return x
 
 

@@ -114,9 +114,7 @@ def _check_labels(y: object, n: int, num_classes: object) -> None:
     if y.shape != (n,):
         raise ValidationError("y.shape", f"({n},) to match x", y.shape)
     if y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise ValidationError(
-            "y", f"labels in [0, {num_classes})", f"[{y.min()}, {y.max()}]"
-        )
+        raise ValidationError("y", f"labels in [0, {num_classes})", f"[{y.min()}, {y.max()}]")
 
 
 def resize_images(x: npt.NDArray[np.float32], image_size: int) -> npt.NDArray[np.float32]:

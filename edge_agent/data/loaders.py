@@ -125,9 +125,7 @@ def _no_arg(request: LoadRequest) -> None:
 def _load_digits(request: LoadRequest) -> ArrayDataset:
     _no_arg(request)
     x, y = _digits_arrays()
-    return ArrayDataset(
-        (x / 16.0).astype(np.float32), y.copy(), 10, class_names_for(10), "digits"
-    )
+    return ArrayDataset((x / 16.0).astype(np.float32), y.copy(), 10, class_names_for(10), "digits")
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,8 +133,9 @@ def _digits_arrays() -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
-        raise ConfigError("dataset 'digits' needs scikit-learn: pip install 'edgefl[data]'"
-                          ) from exc
+        raise ConfigError(
+            "dataset 'digits' needs scikit-learn: pip install 'edgefl[data]'"
+        ) from exc
     x, y = load_digits(return_X_y=True)
     return np.asarray(x, np.float64).reshape(-1, 1, 8, 8), np.asarray(y, np.int64)
 

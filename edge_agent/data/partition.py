@@ -69,8 +69,15 @@ def partition(
     Raises:
         ConfigError: Bad arguments, or no partition satisfies ``min_size``.
     """
-    return partition_with(labels, num_clients, np.random.default_rng(seed), scheme=scheme,
-                          alpha=alpha, classes_per_client=classes_per_client, min_size=min_size)
+    return partition_with(
+        labels,
+        num_clients,
+        np.random.default_rng(seed),
+        scheme=scheme,
+        alpha=alpha,
+        classes_per_client=classes_per_client,
+        min_size=min_size,
+    )
 
 
 def partition_with(
@@ -93,15 +100,20 @@ def partition_with(
     if scheme not in SCHEMES:
         raise ConfigError(f"unknown partition scheme {scheme!r}; known: {', '.join(SCHEMES)}")
     if num_clients * min_size > len(y):
-        raise ConfigError(f"{len(y)} samples cannot give {num_clients} clients at least "
-                          f"{min_size} each; lower min_size or the number of clients")
-    parts = SCHEMES[scheme](y, num_clients, rng, _Params(float(alpha), classes_per_client,
-                                                          min_size))
+        raise ConfigError(
+            f"{len(y)} samples cannot give {num_clients} clients at least "
+            f"{min_size} each; lower min_size or the number of clients"
+        )
+    parts = SCHEMES[scheme](
+        y, num_clients, rng, _Params(float(alpha), classes_per_client, min_size)
+    )
     sizes = [len(p) for p in parts]
     if min(sizes) < min_size:
         worst = int(np.argmin(sizes))
-        raise ConfigError(f"{scheme} partition gives client {worst} only {sizes[worst]} samples "
-                          f"(min_size={min_size}); lower min_size or the number of clients")
+        raise ConfigError(
+            f"{scheme} partition gives client {worst} only {sizes[worst]} samples "
+            f"(min_size={min_size}); lower min_size or the number of clients"
+        )
     return [np.sort(p).astype(np.int64) for p in parts]
 
 
@@ -136,11 +148,13 @@ def _dirichlet(y: IndexArray, k: int, rng: np.random.Generator, p: _Params) -> l
     raise ConfigError(
         f"no Dirichlet(alpha={p.alpha}) partition of {len(y)} samples over {k} clients gave "
         f"every client >= {p.min_size} samples in {MAX_DIRICHLET_DRAWS} draws (the best draw's "
-        f"smallest client had {best}); raise alpha, lower min_size or use fewer clients")
+        f"smallest client had {best}); raise alpha, lower min_size or use fewer clients"
+    )
 
 
-def _dirichlet_draw(by_class: list[IndexArray], n: int, k: int, rng: np.random.Generator,
-                    alpha: float) -> list[IndexArray]:
+def _dirichlet_draw(
+    by_class: list[IndexArray], n: int, k: int, rng: np.random.Generator, alpha: float
+) -> list[IndexArray]:
     pieces: list[list[IndexArray]] = [[] for _ in range(k)]
     sizes = np.zeros(k, dtype=np.int64)
     for members in by_class:
@@ -157,16 +171,18 @@ def _dirichlet_draw(by_class: list[IndexArray], n: int, k: int, rng: np.random.G
     return [np.concatenate(p) for p in pieces]
 
 
-def _pathological(y: IndexArray, k: int, rng: np.random.Generator, p: _Params
-                  ) -> list[IndexArray]:
+def _pathological(y: IndexArray, k: int, rng: np.random.Generator, p: _Params) -> list[IndexArray]:
     classes = np.unique(y)
     c, m = len(classes), p.classes_per_client
     if m > c:
-        raise ConfigError(f"pathological partition: {m} classes per client, but the labels hold "
-                          f"only {c} classes")
+        raise ConfigError(
+            f"pathological partition: {m} classes per client, but the labels hold only {c} classes"
+        )
     if k * m < c:
-        raise ConfigError(f"pathological partition: {k} clients x {m} classes cannot cover all "
-                          f"{c} classes (every sample must be used); raise classes_per_client")
+        raise ConfigError(
+            f"pathological partition: {k} clients x {m} classes cannot cover all "
+            f"{c} classes (every sample must be used); raise classes_per_client"
+        )
     # class slots dealt round-robin over a shuffled class order: m distinct classes per client,
     # and every class held by floor or ceil of k*m/c clients
     order = rng.permutation(classes)
@@ -176,8 +192,10 @@ def _pathological(y: IndexArray, k: int, rng: np.random.Generator, p: _Params
         holders = [i for i in range(k) if cls in owned[i]]
         idx = rng.permutation(np.flatnonzero(y == cls))
         if len(idx) < len(holders):
-            raise ConfigError(f"pathological partition: class {int(cls)} has {len(idx)} samples "
-                              f"but {len(holders)} clients must share it; use fewer clients")
+            raise ConfigError(
+                f"pathological partition: class {int(cls)} has {len(idx)} samples "
+                f"but {len(holders)} clients must share it; use fewer clients"
+            )
         for holder, piece in zip(holders, np.array_split(idx, len(holders)), strict=True):
             pieces[holder].append(piece)
     return [np.concatenate(piece) for piece in pieces]

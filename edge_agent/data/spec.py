@@ -45,10 +45,16 @@ class PartitionSpec:
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEME_NAMES:
-            raise ConfigError(f"partition.scheme: expected one of {', '.join(SCHEME_NAMES)}, "
-                              f"got {self.scheme!r}")
-        for name, low in (("classes_per_client", 1), ("num_clients", 1), ("seed", 0),
-                          ("min_size", 0), ("global_test_size", 0)):
+            raise ConfigError(
+                f"partition.scheme: expected one of {', '.join(SCHEME_NAMES)}, got {self.scheme!r}"
+            )
+        for name, low in (
+            ("classes_per_client", 1),
+            ("num_clients", 1),
+            ("seed", 0),
+            ("min_size", 0),
+            ("global_test_size", 0),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"partition.{name}: expected an int >= {low}, got {value!r}")
@@ -57,8 +63,9 @@ class PartitionSpec:
             raise ConfigError(f"partition.alpha: expected a finite number > 0, got {alpha!r}")
         fraction = _number("test_fraction", self.test_fraction)
         if not 0.0 <= fraction < 1.0:
-            raise ConfigError(f"partition.test_fraction: expected a number in [0, 1), "
-                              f"got {fraction!r}")
+            raise ConfigError(
+                f"partition.test_fraction: expected a number in [0, 1), got {fraction!r}"
+            )
         # stored as floats so that to_dict() is the same whether 1 or 1.0 was given
         object.__setattr__(self, "alpha", alpha)
         object.__setattr__(self, "test_fraction", fraction)
@@ -142,15 +149,28 @@ def parse_partition(text: str) -> PartitionFields:
     if parser is None:
         close = difflib.get_close_matches(name.lower(), list(_PARSERS), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ConfigError(f"unknown partition {text!r}{hint}; use iid, dirichlet:ALPHA or "
-                          "pathological:K")
+        raise ConfigError(
+            f"unknown partition {text!r}{hint}; use iid, dirichlet:ALPHA or pathological:K"
+        )
     return parser(arg.strip() if sep else None)
 
 
-def make_partition_spec(partition: str, *, num_clients: int, seed: int = 0, min_size: int = 10,
-                        test_fraction: float = 0.2, global_test_size: int = 0) -> PartitionSpec:
+def make_partition_spec(
+    partition: str,
+    *,
+    num_clients: int,
+    seed: int = 0,
+    min_size: int = 10,
+    test_fraction: float = 0.2,
+    global_test_size: int = 0,
+) -> PartitionSpec:
     """The spec for ``--partition TEXT --clients N --seed S`` (plus the optional knobs)."""
     fields = parse_partition(partition)
-    return PartitionSpec(num_clients=num_clients, seed=seed, min_size=min_size,
-                         test_fraction=test_fraction, global_test_size=global_test_size,
-                         **fields)
+    return PartitionSpec(
+        num_clients=num_clients,
+        seed=seed,
+        min_size=min_size,
+        test_fraction=test_fraction,
+        global_test_size=global_test_size,
+        **fields,
+    )

@@ -62,30 +62,44 @@ class FederatedSplit:
         """
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < self.num_clients:
             raise ConfigError(f"client index must be an int in [0, {self.num_clients}), got {k!r}")
-        return (self.dataset.subset(self.client_train_indices[k]),
-                self.dataset.subset(self.client_test_indices[k]))
+        return (
+            self.dataset.subset(self.client_train_indices[k]),
+            self.dataset.subset(self.client_test_indices[k]),
+        )
 
     def digest(self) -> str:
         """SHA-256 over the dataset's name and labels, the spec and every index set."""
         h = hashlib.sha256()
         h.update(json.dumps([self.dataset.name, self.spec.to_dict()], sort_keys=True).encode())
-        for arr in (self.dataset.y, self.global_test_indices, *self.client_train_indices,
-                    *self.client_test_indices):
+        for arr in (
+            self.dataset.y,
+            self.global_test_indices,
+            *self.client_train_indices,
+            *self.client_test_indices,
+        ):
             h.update(len(arr).to_bytes(8, "little"))
             h.update(np.ascontiguousarray(arr, dtype="<i8").tobytes())
         return h.hexdigest()
 
     def summary(self) -> dict[str, Any]:
         """A JSON-serialisable record of the split (sizes and per-class counts per client)."""
+
         def counts(idx: IndexArray) -> list[int]:
-            return [int(c) for c in np.bincount(self.dataset.y[idx],
-                                                minlength=self.dataset.num_classes)]
+            return [
+                int(c) for c in np.bincount(self.dataset.y[idx], minlength=self.dataset.num_classes)
+            ]
 
         clients = [
-            {"client": k, "train_size": len(train), "test_size": len(test),
-             "train_class_counts": counts(train), "test_class_counts": counts(test)}
-            for k, (train, test) in enumerate(zip(self.client_train_indices,
-                                                  self.client_test_indices, strict=True))
+            {
+                "client": k,
+                "train_size": len(train),
+                "test_size": len(test),
+                "train_class_counts": counts(train),
+                "test_class_counts": counts(test),
+            }
+            for k, (train, test) in enumerate(
+                zip(self.client_train_indices, self.client_test_indices, strict=True)
+            )
         ]
         return {
             "dataset": self.dataset.name,
@@ -95,8 +109,10 @@ class FederatedSplit:
             "input_shape": list(self.dataset.input_shape),
             "spec": self.spec.to_dict(),
             "digest": self.digest(),
-            "global_test": {"size": len(self.global_test_indices),
-                            "class_counts": counts(self.global_test_indices)},
+            "global_test": {
+                "size": len(self.global_test_indices),
+                "class_counts": counts(self.global_test_indices),
+            },
             "clients": clients,
         }
 
@@ -114,15 +130,25 @@ def make_federated_split(dataset: ArrayDataset, spec: PartitionSpec) -> Federate
     """
     labels = dataset.y
     if spec.global_test_size >= len(dataset):
-        raise ConfigError(f"global_test_size={spec.global_test_size} leaves no samples of "
-                          f"{dataset.name!r} ({len(dataset)} samples) for the clients")
-    global_test, rest = stratified_take(labels, np.arange(len(dataset), dtype=np.int64),
-                                        spec.global_test_size,
-                                        np.random.default_rng([spec.seed, _GLOBAL_TEST]))
-    parts = partition_with(labels[rest], spec.num_clients,
-                           np.random.default_rng([spec.seed, _PARTITION]), scheme=spec.scheme,
-                           alpha=spec.alpha, classes_per_client=spec.classes_per_client,
-                           min_size=spec.min_size)
+        raise ConfigError(
+            f"global_test_size={spec.global_test_size} leaves no samples of "
+            f"{dataset.name!r} ({len(dataset)} samples) for the clients"
+        )
+    global_test, rest = stratified_take(
+        labels,
+        np.arange(len(dataset), dtype=np.int64),
+        spec.global_test_size,
+        np.random.default_rng([spec.seed, _GLOBAL_TEST]),
+    )
+    parts = partition_with(
+        labels[rest],
+        spec.num_clients,
+        np.random.default_rng([spec.seed, _PARTITION]),
+        scheme=spec.scheme,
+        alpha=spec.alpha,
+        classes_per_client=spec.classes_per_client,
+        min_size=spec.min_size,
+    )
     train, test = [], []
     for k, part in enumerate(parts):
         pool = rest[part]
@@ -134,8 +160,14 @@ def make_federated_split(dataset: ArrayDataset, spec: PartitionSpec) -> Federate
     return FederatedSplit(dataset, spec, global_test, tuple(train), tuple(test))
 
 
-def stratified_take(labels: IndexArray, pool: IndexArray, n: int, rng: np.random.Generator,
-                    *, keep_one: bool = False) -> tuple[IndexArray, IndexArray]:
+def stratified_take(
+    labels: IndexArray,
+    pool: IndexArray,
+    n: int,
+    rng: np.random.Generator,
+    *,
+    keep_one: bool = False,
+) -> tuple[IndexArray, IndexArray]:
     """Draw ``n`` indices from ``pool`` with class proportions kept (largest remainder).
 
     Args:
@@ -151,14 +183,16 @@ def stratified_take(labels: IndexArray, pool: IndexArray, n: int, rng: np.random
     pool_labels = labels[pool]
     classes, counts = np.unique(pool_labels, return_counts=True)
     take = _allocate(counts, n, counts - 1 if keep_one else counts, rng)
-    chosen = [rng.permutation(pool[pool_labels == cls])[:t]
-              for cls, t in zip(classes, take, strict=True)]
+    chosen = [
+        rng.permutation(pool[pool_labels == cls])[:t] for cls, t in zip(classes, take, strict=True)
+    ]
     taken = np.sort(np.concatenate([np.empty(0, np.int64), *chosen])).astype(np.int64)
     return taken, np.setdiff1d(pool, taken).astype(np.int64)
 
 
-def _allocate(counts: npt.NDArray[np.int64], n: int, caps: npt.NDArray[np.int64],
-              rng: np.random.Generator) -> npt.NDArray[np.int64]:
+def _allocate(
+    counts: npt.NDArray[np.int64], n: int, caps: npt.NDArray[np.int64], rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
     """Per-class draws summing to ``n`` (or to ``caps.sum()``), proportional to ``counts``."""
     total = int(counts.sum())
     quota = n * counts / total if total else np.zeros(len(counts))

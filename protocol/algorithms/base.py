@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, ClassVar, TypeVar
 
 from protocol.errors import ConfigError
@@ -53,10 +52,17 @@ class AlgorithmConfig:
         return type(self).from_dict({**self.to_dict(), **changes})
 
 
-@cache
+_FIELD_TYPES: dict[type, dict[str, Any]] = {}
+
+
 def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    # get_type_hints re-evaluates string annotations: too slow to repeat per message
+    hints = _FIELD_TYPES.get(cls)
+    if hints is None:
+        all_hints = typing.get_type_hints(cls)
+        hints = {f.name: all_hints[f.name] for f in dataclasses.fields(cls)}
+        _FIELD_TYPES[cls] = hints
+    return hints
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from protocol.algorithms.base import TrainConfig, register_config
 
@@ -20,7 +21,7 @@ class LocalConfig(TrainConfig):
 class FedAvgConfig(TrainConfig):
     """FedAvg: sample-weighted averaging of full weights (homogeneous fleets only)."""
 
-    weight_encoding: str = "raw"  # raw | f16 | i8 for the uploaded/broadcast weights
+    weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # uploaded and broadcast weights
 
 
 @register_config("fedproto")
@@ -29,5 +30,5 @@ class FedProtoConfig(TrainConfig):
     """FedProto: CE + lam * MSE(feature, global prototype of its label); prototypes exchanged."""
 
     proto_weight: float = 1.0  # FedProto's lambda
-    proto_encoding: str = "raw"  # raw | f16
-    predict: str = "head"  # head | prototype (nearest global prototype at inference)
+    proto_encoding: Literal["raw", "f16"] = "raw"
+    predict: Literal["head", "prototype"] = "head"  # prototype: nearest global prototype

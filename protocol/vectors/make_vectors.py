@@ -60,10 +60,14 @@ _ARRAY_KEYS = {"dtype", "shape", "data"}
 
 # -- JSON <-> wire values -------------------------------------------------------------------
 
+
 def _array_json(arr: npt.NDArray[Any]) -> dict[str, Any]:
     a = arr.astype(arr.dtype.newbyteorder("<"), copy=False)  # keeps 0-d arrays 0-d
-    return {"dtype": a.dtype.str, "shape": list(a.shape),
-            "data": base64.b64encode(a.tobytes(order="C")).decode()}
+    return {
+        "dtype": a.dtype.str,
+        "shape": list(a.shape),
+        "data": base64.b64encode(a.tobytes(order="C")).decode(),
+    }
 
 
 def array_from_json(obj: dict[str, Any]) -> npt.NDArray[Any]:
@@ -101,8 +105,16 @@ def _json_to_wire(value: Any) -> Any:
 
 def envelope_to_json(env: Envelope) -> dict[str, Any]:
     """The JSON description of an envelope (frame fields and decoded body)."""
-    return {"v": SCHEMA_VERSION, "k": env.kind, "f": env.federation, "s": env.sender,
-            "i": env.msg_id, "r": env.round, "t": env.ts, "b": _wire_to_json(env.body.to_wire())}
+    return {
+        "v": SCHEMA_VERSION,
+        "k": env.kind,
+        "f": env.federation,
+        "s": env.sender,
+        "i": env.msg_id,
+        "r": env.round,
+        "t": env.ts,
+        "b": _wire_to_json(env.body.to_wire()),
+    }
 
 
 def envelope_from_json(obj: dict[str, Any]) -> Envelope:
@@ -113,66 +125,111 @@ def envelope_from_json(obj: dict[str, Any]) -> Envelope:
 
 # -- the vectors ------------------------------------------------------------------------------
 
+
 def _rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
 def _protos(encoding: Encoding) -> PrototypeSet:
     r = _rng(1)
-    return PrototypeSet(class_ids=np.array([0, 3, 7], np.int32),
-                        vectors=r.standard_normal((3, 4)).astype(np.float32),
-                        counts=np.array([12, 5, 9], np.int32),
-                        sd=(r.random(4) + 0.5).astype(np.float32), encoding=encoding)
+    return PrototypeSet(
+        class_ids=np.array([0, 3, 7], np.int32),
+        vectors=r.standard_normal((3, 4)).astype(np.float32),
+        counts=np.array([12, 5, 9], np.int32),
+        sd=(r.random(4) + 0.5).astype(np.float32),
+        encoding=encoding,
+    )
 
 
 def _featlogits(encoding: Encoding) -> FeatureLogitSet:
     r = _rng(2)
-    return FeatureLogitSet(class_ids=np.array([1, 2], np.int32),
-                           features=r.standard_normal((2, 3)).astype(np.float32),
-                           logits=r.standard_normal((2, 4)).astype(np.float32),
-                           counts=np.array([4, 6], np.int32), encoding=encoding)
+    return FeatureLogitSet(
+        class_ids=np.array([1, 2], np.int32),
+        features=r.standard_normal((2, 3)).astype(np.float32),
+        logits=r.standard_normal((2, 4)).astype(np.float32),
+        counts=np.array([4, 6], np.int32),
+        encoding=encoding,
+    )
 
 
 def _ivpairs(encoding: Encoding) -> ImageVectorPairs:
     r = _rng(3)
-    return ImageVectorPairs(images=r.integers(0, 256, (2, 1, 2, 3), dtype=np.uint8),
-                            vectors=r.standard_normal((2, 3)).astype(np.float32),
-                            encoding=encoding)
+    return ImageVectorPairs(
+        images=r.integers(0, 256, (2, 1, 2, 3), dtype=np.uint8),
+        vectors=r.standard_normal((2, 3)).astype(np.float32),
+        encoding=encoding,
+    )
 
 
 def _tensors(encoding: Encoding) -> TensorMap:
     r = _rng(4)
-    return TensorMap({"conv.weight": r.standard_normal((2, 1, 2, 2)).astype(np.float32),
-                      "bn.num_batches_tracked": np.array(7, np.int64),
-                      "mask": np.array([True, False, True])}, encoding=encoding)
+    return TensorMap(
+        {
+            "conv.weight": r.standard_normal((2, 1, 2, 2)).astype(np.float32),
+            "bn.num_batches_tracked": np.array(7, np.int64),
+            "mask": np.array([True, False, True]),
+        },
+        encoding=encoding,
+    )
 
 
 def _task(name: str, payload: Any) -> Task:
-    return Task(task_id="task-0001", run_id="run-a", round=3, phase="train",
-                deadline=TS + 600.0, algorithm="fedproto",
-                config={"epochs": 2, "lr": 0.05, "momentum_on": True, "loss": "ce"},
-                payloads={name: payload})
+    return Task(
+        task_id="task-0001",
+        run_id="run-a",
+        round=3,
+        phase="train",
+        deadline=TS + 600.0,
+        algorithm="fedproto",
+        config={"epochs": 2, "lr": 0.05, "momentum_on": True, "loss": "ce"},
+        payloads={name: payload},
+    )
 
 
 def _reply(name: str, payload: Any) -> Reply:
-    return Reply(task_id="task-0001", round=3, phase="train", num_samples=240,
-                 payloads={name: payload}, metrics={"loss": 0.4375, "acc": 0.875})
+    return Reply(
+        task_id="task-0001",
+        round=3,
+        phase="train",
+        num_samples=240,
+        payloads={name: payload},
+        metrics={"loss": 0.4375, "acc": 0.875},
+    )
 
 
 def _messages() -> dict[str, tuple[Message, str]]:
-    register = Register(device_id="jetson-01", arch="resnet8", num_params=77_850,
-                        capabilities=Capabilities(device="cuda", accelerator="Orin Nano",
-                                                  memory_mb=8192, cpu_count=6),
-                        input_spec=InputSpec(channels=3, height=32, width=32), num_classes=10,
-                        class_counts={"0": 120, "3": 40}, algorithm="fedproto",
-                        agent_version="0.1.0")
+    register = Register(
+        device_id="jetson-01",
+        arch="resnet8",
+        num_params=77_850,
+        capabilities=Capabilities(
+            device="cuda", accelerator="Orin Nano", memory_mb=8192, cpu_count=6
+        ),
+        input_spec=InputSpec(channels=3, height=32, width=32),
+        num_classes=10,
+        class_counts={"0": 120, "3": 40},
+        algorithm="fedproto",
+        agent_version="0.1.0",
+    )
     return {
         "register": (register, "agent registration"),
         "status_online": (Status(state="online"), "agent birth message (retained)"),
-        "coord_state": (CoordinatorState(state="running", run_id="run-a", algorithm="fedproto",
-                                         round=3, total_rounds=50), "coordinator state"),
-        "round": (RoundDescriptor(run_id="run-a", round=3, phase="train", deadline=TS + 600.0,
-                                  selected=["jetson-01", "pi-02"]), "round descriptor"),
+        "coord_state": (
+            CoordinatorState(
+                state="running", run_id="run-a", algorithm="fedproto", round=3, total_rounds=50
+            ),
+            "coordinator state",
+        ),
+        "round": (
+            RoundDescriptor(
+                run_id="run-a",
+                round=3,
+                phase="train",
+                deadline=TS + 600.0,
+                selected=["jetson-01", "pi-02"],
+            ),
+            "round descriptor",
+        ),
         "task_tensors_raw": (_task("model", _tensors("raw")), "task with exact weights"),
         "task_tensors_f16": (_task("model", _tensors("f16")), "task, weights as float16"),
         "reply_tensors_i8": (_reply("model", _tensors("i8")), "reply, weights as int8"),
@@ -182,19 +239,39 @@ def _messages() -> dict[str, tuple[Message, str]]:
         "reply_featlogits_f16": (_reply("featlogits", _featlogits("f16")), "as float16"),
         "task_ivpairs_raw": (_task("pairs", _ivpairs("raw")), "FedKTL image-vector pairs"),
         "task_ivpairs_f16": (_task("pairs", _ivpairs("f16")), "pairs, vectors as float16"),
-        "error": (ErrorReply(code="OutOfMemory", reason="batch too large", task_id="task-0001",
-                             ref_id="00112233445566ff"), "error reply"),
+        "error": (
+            ErrorReply(
+                code="OutOfMemory",
+                reason="batch too large",
+                task_id="task-0001",
+                ref_id="00112233445566ff",
+            ),
+            "error reply",
+        ),
         "ack": (Ack(ref_id="00112233445566ff", task_id="task-0001"), "coordinator ack"),
-        "progress": (Progress(task_id="task-0001", round=3, phase="train", step=40, total=100,
-                              loss=0.5, samples_per_s=812.5), "progress heartbeat (QoS 0)"),
-        "chunk_req": (ChunkRequest(digest=hashlib.sha256(b"edgefl").digest(), missing=[1, 4]),
-                      "request for missing chunks"),
+        "progress": (
+            Progress(
+                task_id="task-0001",
+                round=3,
+                phase="train",
+                step=40,
+                total=100,
+                loss=0.5,
+                samples_per_s=812.5,
+            ),
+            "progress heartbeat (QoS 0)",
+        ),
+        "chunk_req": (
+            ChunkRequest(digest=hashlib.sha256(b"edgefl").digest(), missing=[1, 4]),
+            "request for missing chunks",
+        ),
     }
 
 
 def _env(body: Message, sender: str = "jetson-01") -> Envelope:
-    return Envelope(body=body, sender=sender, federation="demo", round=3,
-                    msg_id="00112233445566ff", ts=TS)
+    return Envelope(
+        body=body, sender=sender, federation="demo", round=3, msg_id="00112233445566ff", ts=TS
+    )
 
 
 def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
@@ -206,25 +283,45 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
     big = encode(_env(_reply("model", _tensors("raw"))))
     chunk = split_frame(big, 256)[1]
     env = _env(chunk)
-    out["chunk"] = encode(env), {
-        "description": "chunk 1 of a reply frame cut into 256-byte pieces",
-        "frame": envelope_to_json(env)}
+    out["chunk"] = (
+        encode(env),
+        {
+            "description": "chunk 1 of a reply frame cut into 256-byte pieces",
+            "frame": envelope_to_json(env),
+        },
+    )
     ack = _env(Ack(ref_id="00112233445566ff"), sender="coordinator")
     signer = HmacSigner("coordinator", HMAC_KEY)
-    out["signed_hmac_ack"] = signer.sign(encode(ack)), {
-        "description": "ack signed with HMAC-SHA256; key id = sender",
-        "signature": {"algorithm": "hmac-sha256", "kid": "coordinator",
-                      "key": {"base64": base64.b64encode(HMAC_KEY).decode()}},
-        "frame": envelope_to_json(ack)}
+    out["signed_hmac_ack"] = (
+        signer.sign(encode(ack)),
+        {
+            "description": "ack signed with HMAC-SHA256; key id = sender",
+            "signature": {
+                "algorithm": "hmac-sha256",
+                "kid": "coordinator",
+                "key": {"base64": base64.b64encode(HMAC_KEY).decode()},
+            },
+            "frame": envelope_to_json(ack),
+        },
+    )
     ed = _ed25519_vector(ack)
     if ed is not None:
         out["signed_ed25519_ack"] = ed
-    for encoding, values in (("u8", _rng(5).random((2, 3))), ("i8", _rng(6).standard_normal(6)),
-                             ("f16", _rng(7).standard_normal((3,))), ("raw", np.arange(4.0))):
+    for encoding, values in (
+        ("u8", _rng(5).random((2, 3))),
+        ("i8", _rng(6).standard_normal(6)),
+        ("f16", _rng(7).standard_normal((3,))),
+        ("raw", np.arange(4.0)),
+    ):
         wire = encode_array(np.asarray(values, np.float32), encoding)  # type: ignore[arg-type]
-        out[f"array_{encoding}"] = msgpack.packb(wire, use_bin_type=True), {
-            "description": f"a bare array map, {encoding} encoding of float32 values",
-            "encoding": encoding, "array": _array_json(decode_array(wire))}
+        out[f"array_{encoding}"] = (
+            msgpack.packb(wire, use_bin_type=True),
+            {
+                "description": f"a bare array map, {encoding} encoding of float32 values",
+                "encoding": encoding,
+                "array": _array_json(decode_array(wire)),
+            },
+        )
     return out
 
 
@@ -238,10 +335,14 @@ def _ed25519_vector(ack: Envelope) -> tuple[bytes, dict[str, Any]] | None:
     public = signer.public_key_bytes()
     return signer.sign(encode(ack)), {
         "description": "ack signed with Ed25519 (RFC 8032, deterministic)",
-        "signature": {"algorithm": "ed25519", "kid": "coordinator",
-                      "private_seed": {"base64": base64.b64encode(ED25519_SEED).decode()},
-                      "public_key": {"base64": base64.b64encode(public).decode()}},
-        "frame": envelope_to_json(ack)}
+        "signature": {
+            "algorithm": "ed25519",
+            "kid": "coordinator",
+            "private_seed": {"base64": base64.b64encode(ED25519_SEED).decode()},
+            "public_key": {"base64": base64.b64encode(public).decode()},
+        },
+        "frame": envelope_to_json(ack),
+    }
 
 
 def rebuild(description: dict[str, Any]) -> bytes:

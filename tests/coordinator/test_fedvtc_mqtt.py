@@ -69,8 +69,11 @@ class Wire:
 
     def __init__(self, sent: list[tuple[str, Envelope, int]]) -> None:
         assert not any(env.kind == "chunk" for _, env, _ in sent)  # all fit one frame here
-        self.held = {env.sender: sorted(int(c) for c, n in env.body.class_counts.items() if n > 0)
-                     for _, env, _ in sent if isinstance(env.body, Register)}
+        self.held = {
+            env.sender: sorted(int(c) for c, n in env.body.class_counts.items() if n > 0)
+            for _, env, _ in sent
+            if isinstance(env.body, Register)
+        }
         self.tasks: dict[Key, dict[str, Task]] = defaultdict(dict)
         self.replies: dict[Key, dict[str, Reply]] = defaultdict(dict)
         # bytes of the first copy of each task / reply, per (round, phase, kind); at-least-once
@@ -133,8 +136,9 @@ def check_m1(wire: Wire, r: int) -> None:
         assert protos.vectors.shape == (len(wire.held[device]), P) and protos.sd.shape == (P,)
         for i, c in enumerate(protos.class_ids.tolist()):
             vecs = [_protos(p).as_dict()[c] for p in prev.values() if c in _protos(p).as_dict()]
-            np.testing.assert_allclose(protos.vectors[i], np.mean(vecs, axis=0), rtol=1e-5,
-                                       atol=1e-6)
+            np.testing.assert_allclose(
+                protos.vectors[i], np.mean(vecs, axis=0), rtol=1e-5, atol=1e-6
+            )
         sds = [_protos(p).sd for p in prev.values()]
         np.testing.assert_allclose(protos.sd, np.mean(sds, axis=0), rtol=1e-5)
 
@@ -185,7 +189,8 @@ def test_fedvtc_rounds_and_finetune_over_mosquitto(mosquitto, tmp_path: Path) ->
     steps = result.metrics
     assert [(m["round"], m["phase"]) for m in steps] == (
         [(r, "train") for r in range(1, ROUNDS + 1)]
-        + [(ROUNDS + 1, "upload_generator"), (ROUNDS + 1, "final")])
+        + [(ROUNDS + 1, "upload_generator"), (ROUNDS + 1, "final")]
+    )
     assert all(sorted(m["agents"]) == AGENTS for m in steps)
     assert sorted(wire.held) == AGENTS
     for r in range(1, ROUNDS + 1):

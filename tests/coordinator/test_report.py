@@ -19,19 +19,30 @@ def _agent(local: float | None, glob: float | None, arch: str = "cnn_s") -> dict
     return {"acc_local": local, "acc_global": glob, "loss": 0.5, "num_samples": 100, "arch": arch}
 
 
-def _step(round_: int, phase: str, agents: dict[str, Any], nbytes: dict[str, int],
-          **extra: Any) -> dict[str, Any]:
+def _step(
+    round_: int, phase: str, agents: dict[str, Any], nbytes: dict[str, int], **extra: Any
+) -> dict[str, Any]:
     record: dict[str, Any] = {
-        "round": round_, "phase": phase, "time": 1.0e9 + round_, "duration_s": 0.5,
-        "participants": sorted(agents), "quorum_met": True, "agents": agents,
-        "bytes": nbytes, "bytes_total": sum(nbytes.values()),
+        "round": round_,
+        "phase": phase,
+        "time": 1.0e9 + round_,
+        "duration_s": 0.5,
+        "participants": sorted(agents),
+        "quorum_met": True,
+        "agents": agents,
+        "bytes": nbytes,
+        "bytes_total": sum(nbytes.values()),
     }
     record.update(extra)
     return record
 
 
-def _write_run(run_dir: Path, records: list[dict[str, Any]], tail: str = "",
-               config: dict[str, Any] | None = None) -> Path:
+def _write_run(
+    run_dir: Path,
+    records: list[dict[str, Any]],
+    tail: str = "",
+    config: dict[str, Any] | None = None,
+) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r) + "\n" for r in records) + tail
     (run_dir / "metrics.jsonl").write_text(text)
@@ -43,14 +54,32 @@ def _write_run(run_dir: Path, records: list[dict[str, Any]], tail: str = "",
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     records = [
-        _step(1, "train", {"a": _agent(0.4, None, "mlp"), "b": _agent(0.6, None)},
-              {"tx.task": 1000, "rx.reply": 2000},
-              mean_acc_local=0.5, std_acc_local=0.1, mean_acc_global=None, std_acc_global=None),
+        _step(
+            1,
+            "train",
+            {"a": _agent(0.4, None, "mlp"), "b": _agent(0.6, None)},
+            {"tx.task": 1000, "rx.reply": 2000},
+            mean_acc_local=0.5,
+            std_acc_local=0.1,
+            mean_acc_global=None,
+            std_acc_global=None,
+        ),
         # no mean/std fields: computed from the agents
-        _step(2, "train", {"a": _agent(0.6, 0.3, "mlp"), "b": _agent(0.8, 0.5)},
-              {"tx.task": 1000, "rx.reply": 2500}),
-        _step(3, "finetune", {"a": _agent(None, 0.7, "mlp")}, {"tx.task": 500},
-              mean_acc_local=None, mean_acc_global=0.7, std_acc_global=0.0),
+        _step(
+            2,
+            "train",
+            {"a": _agent(0.6, 0.3, "mlp"), "b": _agent(0.8, 0.5)},
+            {"tx.task": 1000, "rx.reply": 2500},
+        ),
+        _step(
+            3,
+            "finetune",
+            {"a": _agent(None, 0.7, "mlp")},
+            {"tx.task": 500},
+            mean_acc_local=None,
+            mean_acc_global=0.7,
+            std_acc_global=0.0,
+        ),
     ]
     config = {"run": {"run_id": "demo-7", "algorithm": "fedvtc", "rounds": 2}}
     return _write_run(tmp_path / "run", records, tail='{"round": 4, "phase": "tr', config=config)
@@ -119,8 +148,9 @@ def test_plot_writes_a_valid_png(run_dir: Path, tmp_path: Path) -> None:
     assert (width, height) == (800, 650)
 
 
-def test_plot_without_matplotlib_names_the_extra(run_dir: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_names_the_extra(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match=r"pip install 'edgefl\[report\]'"):
         plot_report(run_dir, tmp_path / "x.png")

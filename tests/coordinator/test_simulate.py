@@ -12,11 +12,24 @@ MODELS = ("cnn_t1", "mlp_s", "cnn_t2")
 
 
 def run(tmp_path: Path, algorithm: str, rounds: int, **hyper: object):
-    cfg = load_config(None, [f"hyper.{k}={v}" for k, v in hyper.items()], algorithm=algorithm,
-                      rounds=rounds, run_dir=str(tmp_path / algorithm), min_agents=3,
-                      deadline_s=120.0, run_id=f"test-{algorithm}")
-    fleet = FleetSpec(num_agents=3, models=MODELS, data="digits", partition="dirichlet:0.5",
-                      feature_dim=32, global_test_size=200)
+    cfg = load_config(
+        None,
+        [f"hyper.{k}={v}" for k, v in hyper.items()],
+        algorithm=algorithm,
+        rounds=rounds,
+        run_dir=str(tmp_path / algorithm),
+        min_agents=3,
+        deadline_s=120.0,
+        run_id=f"test-{algorithm}",
+    )
+    fleet = FleetSpec(
+        num_agents=3,
+        models=MODELS,
+        data="digits",
+        partition="dirichlet:0.5",
+        feature_dim=32,
+        global_test_size=200,
+    )
     return simulate(cfg, fleet)
 
 

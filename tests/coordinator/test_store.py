@@ -25,8 +25,10 @@ def test_update_is_stored_once_and_survives_reopen(tmp_path: Path) -> None:
 def test_complete_step_persists_state_and_metrics(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     store.open_step(StepRecord(0, 1, "train", ["a"], "open", 0))
-    state = {"protos": PrototypeSet(np.array([1]), np.ones((1, 3)), np.array([2]), sd=np.ones(3)),
-             "w": TensorMap({"x": np.arange(4.0)})}
+    state = {
+        "protos": PrototypeSet(np.array([1]), np.ones((1, 3)), np.array([2]), sd=np.ones(3)),
+        "w": TensorMap({"x": np.arange(4.0)}),
+    }
     store.complete_step(0, "done", state, {"round": 1})
     assert store.last_done_step() == 0
     back = store.global_state()

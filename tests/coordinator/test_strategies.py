@@ -13,21 +13,32 @@ from protocol.payloads import PrototypeSet, TensorMap
 
 
 def agent(device_id: str, classes: dict[int, int], algorithm: str = "fedproto") -> AgentInfo:
-    reg = Register(device_id=device_id, arch="cnn_t1", num_params=10,
-                   capabilities=Capabilities(device="cpu"), input_spec=InputSpec(1, 8, 8),
-                   num_classes=4, class_counts={str(c): n for c, n in classes.items()},
-                   algorithm=algorithm)
+    reg = Register(
+        device_id=device_id,
+        arch="cnn_t1",
+        num_params=10,
+        capabilities=Capabilities(device="cpu"),
+        input_spec=InputSpec(1, 8, 8),
+        num_classes=4,
+        class_counts={str(c): n for c, n in classes.items()},
+        algorithm=algorithm,
+    )
     return AgentInfo(device_id, reg)
 
 
 def protos(ids: list[int], vecs: list[list[float]], sd: list[float] | None = None) -> PrototypeSet:
-    return PrototypeSet(np.array(ids), np.array(vecs, np.float32), np.ones(len(ids), np.int32),
-                        sd=None if sd is None else np.array(sd, np.float32))
+    return PrototypeSet(
+        np.array(ids),
+        np.array(vecs, np.float32),
+        np.ones(len(ids), np.int32),
+        sd=None if sd is None else np.array(sd, np.float32),
+    )
 
 
 def reply(payloads: dict, n: int = 10, metrics: dict | None = None, phase: str = "train") -> Reply:
-    return Reply(task_id="t", round=1, phase=phase, num_samples=n, payloads=payloads,
-                 metrics=metrics or {})
+    return Reply(
+        task_id="t", round=1, phase=phase, num_samples=n, payloads=payloads, metrics=metrics or {}
+    )
 
 
 def test_mean_prototypes_per_class_over_holders_only() -> None:
@@ -99,12 +110,19 @@ def test_generator_averaging_includes_bn_buffers_and_skips_untrained() -> None:
     a, b, c = (agent(x, {0: 1}, "fedvtc") for x in "abc")
 
     def gen(v: float, n: int) -> TensorMap:
-        return TensorMap({"bn.running_mean": np.full(3, v), "conv.weight": np.full((2, 2), v),
-                          "bn.num_batches_tracked": np.array(n)})
+        return TensorMap(
+            {
+                "bn.running_mean": np.full(3, v),
+                "conv.weight": np.full((2, 2), v),
+                "bn.num_batches_tracked": np.array(n),
+            }
+        )
 
-    replies = [(a, reply({"generator": gen(1.0, 5)}, metrics={"generator_trained": 1.0})),
-               (b, reply({"generator": gen(3.0, 9)}, metrics={"generator_trained": 1.0})),
-               (c, reply({"generator": gen(100.0, 0)}, metrics={"generator_trained": 0.0}))]
+    replies = [
+        (a, reply({"generator": gen(1.0, 5)}, metrics={"generator_trained": 1.0})),
+        (b, reply({"generator": gen(3.0, 9)}, metrics={"generator_trained": 1.0})),
+        (c, reply({"generator": gen(100.0, 0)}, metrics={"generator_trained": 0.0})),
+    ]
     out = s.aggregate(Step(3, "upload_generator", "all"), replies)
     assert out["generators_averaged"] == 2
     g = s.configure(Step(3, "final", "all"), a)["generator"]
@@ -143,8 +161,16 @@ def test_fedvtc_per_class_mean_over_holders_keeps_unheld_and_never_invents() -> 
     assert out["classes_with_prototype"] == 3.0
     # round 1's class-1 prototype was the unweighted mean of a's and b's, whatever the counts
     s2 = create_strategy("fedvtc", config_type("fedvtc")(), num_classes=4)
-    heavy = reply({"protos": PrototypeSet(np.array([1]), np.array([[3.0, 5.0]], np.float32),
-                                          np.array([1000], np.int32), sd=np.ones(2, np.float32))})
+    heavy = reply(
+        {
+            "protos": PrototypeSet(
+                np.array([1]),
+                np.array([[3.0, 5.0]], np.float32),
+                np.array([1000], np.int32),
+                sd=np.ones(2, np.float32),
+            )
+        }
+    )
     s2.aggregate(Step(1, "train"), [(a, r1a), (b, heavy)])
     sent = s2.configure(Step(2, "train"), b)["protos"]
     assert isinstance(sent, PrototypeSet)

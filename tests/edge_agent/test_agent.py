@@ -27,8 +27,9 @@ class FakeCoordinator:
         self.inbox: queue.Queue[Envelope] = queue.Queue()
         # raw frames, not an Endpoint: a resent reply keeps its message id, which an Endpoint
         # would (rightly) drop as a duplicate
-        self.transport.subscribe(f"{Topics().base}/dev/+/up/#",
-                                 lambda t, data: self.inbox.put(decode(data)))
+        self.transport.subscribe(
+            f"{Topics().base}/dev/+/up/#", lambda t, data: self.inbox.put(decode(data))
+        )
 
     def next(self, kind: type) -> Envelope:
         while True:
@@ -48,8 +49,16 @@ def make(tmp_path: Path, broker: MemoryBroker):
 
 def task(task_id: str = "run.0.0.agent0", payloads: dict | None = None) -> Task:
     cfg = config_type("fedproto")(local_epochs=1).to_dict()
-    return Task(task_id=task_id, run_id="run", round=1, phase="train", deadline=1e12,
-                algorithm="fedproto", config=cfg, payloads=payloads or {})
+    return Task(
+        task_id=task_id,
+        run_id="run",
+        round=1,
+        phase="train",
+        deadline=1e12,
+        algorithm="fedproto",
+        config=cfg,
+        payloads=payloads or {},
+    )
 
 
 def test_task_reply_outbox_and_ack(tmp_path: Path) -> None:

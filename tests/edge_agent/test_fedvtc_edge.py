@@ -28,22 +28,41 @@ def make_edge(seed: int = 0, model: str = "cnn_bn3") -> FedVTCEdge:
     test = TensorData(torch.rand(len(yt), 1, 8, 8, generator=g), yt)
     torch.manual_seed(seed)  # model and (per-client) generator init, as build_agent does
     net = create_model(model, num_classes=C, in_chans=1, feature_dim=P, input_size=8)
-    ctx = EdgeContext(model=net, train=TensorData(x, y), test=TensorData(x[:4], y[:4]),
-                      num_classes=C, device=torch.device("cpu"),
-                      generator=torch.Generator().manual_seed(seed), global_test=test)
+    ctx = EdgeContext(
+        model=net,
+        train=TensorData(x, y),
+        test=TensorData(x[:4], y[:4]),
+        num_classes=C,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(seed),
+        global_test=test,
+    )
     return FedVTCEdge(ctx)
 
 
 def task(phase: str, payloads: dict[str, Payload] | None = None, **cfg: object) -> Task:
-    config = FedVTCConfig(local_epochs=1, batch_size=8, synthetic_per_class=6,
-                          finetune_epochs=1).replace(**cfg)
-    return Task(task_id=f"t-{phase}", run_id="r", round=1, phase=phase, deadline=0.0,
-                algorithm="fedvtc", config=config.to_dict(), payloads=payloads or {})
+    config = FedVTCConfig(
+        local_epochs=1, batch_size=8, synthetic_per_class=6, finetune_epochs=1
+    ).replace(**cfg)
+    return Task(
+        task_id=f"t-{phase}",
+        run_id="r",
+        round=1,
+        phase=phase,
+        deadline=0.0,
+        algorithm="fedvtc",
+        config=config.to_dict(),
+        payloads=payloads or {},
+    )
 
 
 def protos(classes: list[int], value: float = 0.5, sd: float = 1.0) -> PrototypeSet:
-    return PrototypeSet(np.array(classes), np.full((len(classes), P), value, np.float32),
-                        np.ones(len(classes), np.int32), sd=np.full(P, sd, np.float32))
+    return PrototypeSet(
+        np.array(classes),
+        np.full((len(classes), P), value, np.float32),
+        np.ones(len(classes), np.int32),
+        sd=np.full(P, sd, np.float32),
+    )
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -149,8 +168,12 @@ def test_diagnostics_report_controls_without_changing_the_finetuned_model() -> N
     assert same(plain, diag)  # the controls ran on copies and restored the random stream
     assert m_plain["synthetic_samples"] == m_diag["synthetic_samples"] == 4 * 6
     assert m_plain["acc_global_before_ft"] == m_diag["acc_global_before_ft"]
-    for key in ("acc_global_noise_control", "probe_acc_global", "probe_acc_global_own_gen",
-                "gen_class_contrast"):
+    for key in (
+        "acc_global_noise_control",
+        "probe_acc_global",
+        "probe_acc_global_own_gen",
+        "gen_class_contrast",
+    ):
         assert key in m_diag and key not in m_plain
         assert np.isfinite(m_diag[key])
     assert 0.0 <= m_diag["probe_acc_global"] <= 1.0
@@ -179,8 +202,9 @@ def test_averaged_generator_carries_mean_weights_and_bn_buffers_into_the_client(
         if k.endswith("num_batches_tracked"):
             assert int(v) == max(int(ga.tensors[k]), int(gb.tensors[k])) > 0
         else:
-            np.testing.assert_allclose(v.numpy(), (ga.tensors[k] + gb.tensors[k]) / 2, rtol=1e-6,
-                                       atol=1e-7)
+            np.testing.assert_allclose(
+                v.numpy(), (ga.tensors[k] + gb.tensors[k]) / 2, rtol=1e-6, atol=1e-7
+            )
     # generation uses those averaged running statistics (eval mode): batch-independent
     c.generator.eval()
     v = c.table[[0, 2]]

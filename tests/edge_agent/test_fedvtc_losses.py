@@ -61,9 +61,16 @@ def make_edge(labels: list[int], **cfg: object) -> FedVTCEdge:
     x = torch.rand(len(y), 1, 8, 8, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     net = create_model("mlp_s", num_classes=4, in_chans=1, feature_dim=64, input_size=8)
-    edge = FedVTCEdge(EdgeContext(model=net, train=TensorData(x, y), test=TensorData(x, y),
-                                  num_classes=4, device=torch.device("cpu"),
-                                  generator=torch.Generator().manual_seed(0)))
+    edge = FedVTCEdge(
+        EdgeContext(
+            model=net,
+            train=TensorData(x, y),
+            test=TensorData(x, y),
+            num_classes=4,
+            device=torch.device("cpu"),
+            generator=torch.Generator().manual_seed(0),
+        )
+    )
     edge.cfg = FedVTCConfig().replace(**cfg)
     return edge
 
@@ -97,8 +104,16 @@ def test_tc_combines_terms_with_lambda_and_per_dim_scale() -> None:
             edge.noise.manual_seed(3)
             eps = torch.randn(z.shape, generator=edge.noise)
             x_gen = edge.generator(z + edge.rho.exp() * eps)
-            return tc_terms(x, z, x_gen, edge.ctx.model.forward_features(x_gen), edge.table[y],
-                            torch.ones(len(y)), edge.rho, 1.0)
+            return tc_terms(
+                x,
+                z,
+                x_gen,
+                edge.ctx.model.forward_features(x_gen),
+                edge.table[y],
+                torch.ones(len(y)),
+                edge.rho,
+                1.0,
+            )
 
         def tc() -> float:
             edge.noise.manual_seed(3)

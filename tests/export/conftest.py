@@ -28,13 +28,26 @@ def _one_thread_seeded() -> Iterator[None]:
 def checkpoint(tmp_path: Path) -> Callable[..., Path]:
     """Factory: save a checkpoint of a fresh registry model and return its path."""
 
-    def make(name: str = "mlp_s", head: str = "logits", *, invalid: tuple[int, ...] = (),
-             meta: dict[str, Any] | None = None, **model_kw: Any) -> Path:
+    def make(
+        name: str = "mlp_s",
+        head: str = "logits",
+        *,
+        invalid: tuple[int, ...] = (),
+        meta: dict[str, Any] | None = None,
+        **model_kw: Any,
+    ) -> Path:
         kw = {"num_classes": 10, "in_chans": 1, "input_size": 8, **model_kw}
         model = create_model(name, **kw)
-        meta = {"algorithm": "fedproto", "round": 5, "federation": "fleet", "run_id": "run-1",
-                "device_id": "dev-7", "class_names": CLASS_NAMES,
-                "metrics": {"accuracy": 0.5}, **(meta or {})}
+        meta = {
+            "algorithm": "fedproto",
+            "round": 5,
+            "federation": "fleet",
+            "run_id": "run-1",
+            "device_id": "dev-7",
+            "class_names": CLASS_NAMES,
+            "metrics": {"accuracy": 0.5},
+            **(meta or {}),
+        }
         ckpt = Checkpoint.from_model(model, make_head(head, model.num_features, invalid), meta)
         return save_checkpoint(tmp_path / f"{name}-{head}.pt", ckpt)
 

@@ -74,15 +74,20 @@ def test_metadata_describes_the_run(checkpoint: Callable[..., Path], tmp_path: P
 
 
 def test_without_samples_verification_is_random_and_says_so(
-        checkpoint: Callable[..., Path], tmp_path: Path) -> None:
-    manifest = export_bundle(checkpoint(), tmp_path / "b", variants=("fp16", "int8-dynamic"),
-                             dynamo=False)
+    checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    manifest = export_bundle(
+        checkpoint(), tmp_path / "b", variants=("fp16", "int8-dynamic"), dynamo=False
+    )
     assert manifest.verification_inputs == "random"
-    assert all(r.verification is not None and r.verification.inputs == "random"
-               for r in manifest.files)
+    assert all(
+        r.verification is not None and r.verification.inputs == "random" for r in manifest.files
+    )
     assert all(r.accuracy is None for r in manifest.files)
-    assert json.loads((tmp_path / "b" / "manifest.json").read_text())[
-        "verification_inputs"] == "random"
+    assert (
+        json.loads((tmp_path / "b" / "manifest.json").read_text())["verification_inputs"]
+        == "random"
+    )
 
 
 def test_no_verify_records_none(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
@@ -96,13 +101,16 @@ def test_no_verify_records_none(checkpoint: Callable[..., Path], tmp_path: Path)
         ({"variants": ("int8-static",)}, "int8-static needs calibration samples"),
         ({"variants": ("int4",)}, r"unknown variant\(s\) \['int4'\]"),
         ({"labels": np.zeros(3, dtype=np.int64)}, "labels given without samples"),
-        ({"samples": images(4), "labels": np.array([0, 1, 2, 10])},
-         r"labels: values must lie in \[0, 10\)"),
+        (
+            {"samples": images(4), "labels": np.array([0, 1, 2, 10])},
+            r"labels: values must lie in \[0, 10\)",
+        ),
         ({"samples": images(4, (3, 8, 8))}, r"expected shape \[N, 1, 8, 8\]"),
     ],
 )
-def test_bad_requests_fail_before_exporting(checkpoint: Callable[..., Path], tmp_path: Path,
-                                            kwargs: dict[str, object], message: str) -> None:
+def test_bad_requests_fail_before_exporting(
+    checkpoint: Callable[..., Path], tmp_path: Path, kwargs: dict[str, object], message: str
+) -> None:
     with pytest.raises(ExportError, match=message):
         export_bundle(checkpoint(), tmp_path / "b", **kwargs)  # type: ignore[arg-type]
     assert not (tmp_path / "b").exists()

@@ -43,25 +43,47 @@ def test_help_does_not_import_torch() -> None:
         "heavy = [m for m in ('torch', 'onnx', 'onnxruntime', 'numpy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False, timeout=60, cwd=Path(__file__).parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+    )
     assert proc.returncode == 0, proc.stderr
     for fragment in ("--int8 [{static,dynamic}]", "--exporter {dynamo,legacy}", "--calibration"):
         assert fragment in proc.stdout
 
 
-def test_success_writes_bundle_and_summary(checkpoint: Callable[..., Path], tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_success_writes_bundle_and_summary(
+    checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = tmp_path / "d.npz"
     x = (images(40) * 255).astype(np.uint8)  # uint8 pixels are scaled to [0, 1]
     np.savez(data, x=x[:, 0], y=np.arange(40) % 10)  # [N, H, W]: channel axis added
-    code, out, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--fp16",
-                          "--int8", "static", "--data", str(data), "--exporter", "legacy",
-                          "--providers", "CUDAExecutionProvider,CPUExecutionProvider")
+    code, out, err = _run(
+        capsys,
+        str(checkpoint()),
+        "-o",
+        str(tmp_path / "b"),
+        "--fp16",
+        "--int8",
+        "static",
+        "--data",
+        str(data),
+        "--exporter",
+        "legacy",
+        "--providers",
+        "CUDAExecutionProvider,CPUExecutionProvider",
+    )
     assert code == 0, err
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    assert [f["file"] for f in manifest["files"]] == ["model.onnx", "model.fp16.onnx",
-                                                      "model.int8.onnx"]
+    assert [f["file"] for f in manifest["files"]] == [
+        "model.onnx",
+        "model.fp16.onnx",
+        "model.int8.onnx",
+    ]
     assert manifest["verification_inputs"] == "real" and manifest["num_samples"] == 40
     assert manifest["export"]["exporter"] == "legacy"
     assert manifest["providers_requested"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -69,14 +91,26 @@ def test_success_writes_bundle_and_summary(checkpoint: Callable[..., Path], tmp_
 
 
 def test_bare_int8_is_static_calibrated_on_calibration_file(
-        checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-        ) -> None:
+    checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     test, calib = tmp_path / "test.npz", tmp_path / "train.npz"
     np.savez(test, x=images(20), y=np.arange(20) % 10)
     np.savez(calib, x=images(50, seed=1))  # no labels needed for calibration
-    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--data",
-                        str(test), "--calibration", str(calib), "--int8", "--int8", "dynamic",
-                        "--exporter", "legacy")
+    code, _, err = _run(
+        capsys,
+        str(checkpoint()),
+        "-o",
+        str(tmp_path / "b"),
+        "--data",
+        str(test),
+        "--calibration",
+        str(calib),
+        "--int8",
+        "--int8",
+        "dynamic",
+        "--exporter",
+        "legacy",
+    )
     assert code == 0, err
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     files = {f["variant"]: f for f in manifest["files"]}
@@ -95,10 +129,18 @@ def test_bare_int8_is_static_calibrated_on_calibration_file(
         assert mode == 0o666 & ~umask, oct(mode)
 
 
-def test_missing_calibration_file(checkpoint: Callable[..., Path], tmp_path: Path,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--int8",
-                        "--calibration", "absent.npz")
+def test_missing_calibration_file(
+    checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(
+        capsys,
+        str(checkpoint()),
+        "-o",
+        str(tmp_path / "b"),
+        "--int8",
+        "--calibration",
+        "absent.npz",
+    )
     assert code == 2
     _one_error_line(err, "--calibration: file not found: absent.npz")
 
@@ -117,8 +159,9 @@ def test_corrupt_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     _one_error_line(err, "bad.pt", "not a torch.save archive")
 
 
-def test_truncated_checkpoint(checkpoint: Callable[..., Path], tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncated_checkpoint(
+    checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = checkpoint()
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     code, _, err = _run(capsys, str(path), "-o", str(tmp_path / "b"))
@@ -129,18 +172,28 @@ def test_truncated_checkpoint(checkpoint: Callable[..., Path], tmp_path: Path,
 @pytest.mark.parametrize(
     ("edit", "fragments"),
     [
-        (lambda raw: raw["model"].update(name="cnn_t1"),  # another family: other layer names
-         ("state_dict does not match cnn_t1", "missing", "unexpected")),
-        (lambda raw: raw["model"].update(name="no_such_net"),
-         ("checkpoint model 'no_such_net' cannot be built",)),
-        (lambda raw: raw["model"].update(num_classes=7),
-         ("state_dict does not match mlp_s", "[10, 64] vs model [7, 64]")),
+        (
+            lambda raw: raw["model"].update(name="cnn_t1"),  # another family: other layer names
+            ("state_dict does not match cnn_t1", "missing", "unexpected"),
+        ),
+        (
+            lambda raw: raw["model"].update(name="no_such_net"),
+            ("checkpoint model 'no_such_net' cannot be built",),
+        ),
+        (
+            lambda raw: raw["model"].update(num_classes=7),
+            ("state_dict does not match mlp_s", "[10, 64] vs model [7, 64]"),
+        ),
     ],
     ids=["other-family", "unknown-name", "other-num-classes"],
 )
 def test_checkpoint_not_matching_its_architecture(
-        checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        edit: Callable[[dict[str, Any]], None], fragments: tuple[str, ...]) -> None:
+    checkpoint: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    edit: Callable[[dict[str, Any]], None],
+    fragments: tuple[str, ...],
+) -> None:
     path = checkpoint()
     raw = torch.load(path, weights_only=True)
     edit(raw)
@@ -151,16 +204,21 @@ def test_checkpoint_not_matching_its_architecture(
     assert not (tmp_path / "b" / "model.onnx").exists()
 
 
-def test_architecture_mismatch(checkpoint: Callable[..., Path], tmp_path: Path,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_architecture_mismatch(
+    checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = checkpoint()
     raw = torch.load(path, weights_only=True)
     raw["model"]["name"] = "mlp_m"  # same layer names, other widths
     torch.save(raw, path)
     code, _, err = _run(capsys, str(path), "-o", str(tmp_path / "b"))
     assert code == 2
-    _one_error_line(err, "state_dict does not match mlp_m", "shape-mismatched",
-                    "trunk.1.weight: checkpoint [64, 64] vs model [128, 64]")
+    _one_error_line(
+        err,
+        "state_dict does not match mlp_m",
+        "shape-mismatched",
+        "trunk.1.weight: checkpoint [64, 64] vs model [128, 64]",
+    )
 
 
 class _Bessel(nn.Module):
@@ -169,9 +227,12 @@ class _Bessel(nn.Module):
         return out
 
 
-def test_unsupported_op(checkpoint: Callable[..., Path], tmp_path: Path,
-                        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-                        ) -> None:
+def test_unsupported_op(
+    checkpoint: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     path = checkpoint("mlp_s")
     odd = Classifier(_Bessel(), 64, num_classes=10, in_chans=1, input_size=(8, 8))
     odd.model_name = "mlp_s"
@@ -190,8 +251,11 @@ def test_unsupported_op(checkpoint: Callable[..., Path], tmp_path: Path,
 
 
 def test_export_not_matching_pytorch_exits_3(
-        checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import export.bundle
     from export.heads import with_head
 
@@ -202,8 +266,9 @@ def test_export_not_matching_pytorch_exits_3(
         return with_head(other, head)
 
     monkeypatch.setattr(export.bundle, "with_head", shifted_reference)
-    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"),
-                        "--exporter", "legacy")
+    code, _, err = _run(
+        capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--exporter", "legacy"
+    )
     assert code == 3
     _one_error_line(err, "ONNX does not match PyTorch on 64 random samples", "max |score diff|")
 
@@ -216,9 +281,13 @@ def test_export_not_matching_pytorch_exits_3(
         ({"x": np.zeros((2, 3, 8, 8), np.float32)}, "expected shape [N, 1, 8, 8]"),
     ],
 )
-def test_bad_data_file(checkpoint: Callable[..., Path], tmp_path: Path,
-                       capsys: pytest.CaptureFixture[str], arrays: dict[str, np.ndarray],
-                       fragment: str) -> None:
+def test_bad_data_file(
+    checkpoint: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    arrays: dict[str, np.ndarray],
+    fragment: str,
+) -> None:
     data = tmp_path / "d.npz"
     np.savez(data, **arrays)  # type: ignore[arg-type]
     code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--data", str(data))
@@ -226,13 +295,22 @@ def test_bad_data_file(checkpoint: Callable[..., Path], tmp_path: Path,
     _one_error_line(err, fragment)
 
 
-def test_missing_data_file_and_bad_provider(checkpoint: Callable[..., Path], tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_data_file_and_bad_provider(
+    checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt = str(checkpoint())
     code, _, err = _run(capsys, ckpt, "-o", str(tmp_path / "b"), "--data", "absent.npz")
     assert code == 2
     _one_error_line(err, "--data: file not found: absent.npz")
-    code, _, err = _run(capsys, ckpt, "-o", str(tmp_path / "b"), "--providers", "TypoProvider",
-                        "--exporter", "legacy")
+    code, _, err = _run(
+        capsys,
+        ckpt,
+        "-o",
+        str(tmp_path / "b"),
+        "--providers",
+        "TypoProvider",
+        "--exporter",
+        "legacy",
+    )
     assert code == 2
     _one_error_line(err, "unknown execution provider(s) ['TypoProvider']")

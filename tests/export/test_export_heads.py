@@ -57,6 +57,9 @@ def test_logits_head_is_the_model() -> None:
 
 def test_prototype_width_must_match_features() -> None:
     model = create_model("mlp_s", num_classes=10, in_chans=1, input_size=8)
-    with pytest.raises(ExportError, match=r"prototypes are \[10, 5\] but the model's features "
-                                          r"have 64 dimensions"):
+    with pytest.raises(
+        ExportError,
+        match=r"prototypes are \[10, 5\] but the model's features "
+        r"have 64 dimensions",
+    ):
         make_head(model, HeadSpec("prototype", torch.randn(10, 5)))

@@ -42,8 +42,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Classifier, Expo
     model = _model()
     extra = {"class_names": json.dumps(["a", "b"]), "algorithm": "fedktl", "round": "9"}
     path = tmp_path_factory.mktemp("exported") / "m.onnx"
-    return model, export_model(model, HeadSpec("logits"), path, input_shape=SHAPE,
-                               metadata=extra)
+    return model, export_model(model, HeadSpec("logits"), path, input_shape=SHAPE, metadata=extra)
 
 
 @pytest.mark.parametrize("kind", ["logits", "prototype", "cosine"])
@@ -118,25 +117,37 @@ def test_mismatch_raises_verification_error(exported: tuple[Classifier, ExportRe
     _, result = exported
     torch.manual_seed(1)
     other = _model()  # different random weights
-    with pytest.raises(VerificationError, match=r"does not match PyTorch on 16 real samples: "
-                                                 r"max \|score diff\|") as info:
+    with pytest.raises(
+        VerificationError,
+        match=r"does not match PyTorch on 16 real samples: "
+        r"max \|score diff\|",
+    ) as info:
         verify_onnx(result.path, with_head(other, HeadSpec("logits")), images(16))
     assert not info.value.report.passed
 
 
 def test_near_ties_are_excluded_from_label_agreement() -> None:
     tol = Tolerance(atol=1e-4, rtol=1e-5, min_agreement=1.0)
-    scores = np.array([[5.0, 5.00005, -1.0],  # gap 5e-5 <= 2 * (1e-4 + 5e-5): a near tie
-                       [5.0, 4.9, -1.0],  # decisive
-                       [300.0, 300.005, 0.0]], dtype=np.float32)  # rtol widens the bound
+    scores = np.array(
+        [
+            [5.0, 5.00005, -1.0],  # gap 5e-5 <= 2 * (1e-4 + 5e-5): a near tie
+            [5.0, 4.9, -1.0],  # decisive
+            [300.0, 300.005, 0.0],
+        ],
+        dtype=np.float32,
+    )  # rtol widens the bound
     assert _near_ties(scores, tol).tolist() == [True, False, True]
     assert not _near_ties(scores[:, :1], tol).any()  # one class: never a tie
 
 
 def test_providers_requested_vs_used(exported: tuple[Classifier, ExportResult]) -> None:
     model, result = exported
-    report = verify_onnx(result.path, with_head(model, HeadSpec("logits")), images(4),
-                         providers=["CUDAExecutionProvider"])
+    report = verify_onnx(
+        result.path,
+        with_head(model, HeadSpec("logits")),
+        images(4),
+        providers=["CUDAExecutionProvider"],
+    )
     assert report.providers_requested == ["CUDAExecutionProvider"]
     import onnxruntime as ort
 
@@ -154,8 +165,9 @@ def test_gpu_provider_options_turn_the_trt_engine_cache_on(tmp_path: Path) -> No
     assert provider_options("CPUExecutionProvider", tmp_path) == {}
 
 
-def test_bad_samples_and_files_are_precise(exported: tuple[Classifier, ExportResult],
-                                          tmp_path: Path) -> None:
+def test_bad_samples_and_files_are_precise(
+    exported: tuple[Classifier, ExportResult], tmp_path: Path
+) -> None:
     model, result = exported
     ref = with_head(model, HeadSpec("logits"))
     with pytest.raises(ExportError, match=r"scaled to \[0, 1\].*got range \[0\.\d+, 254"):

@@ -22,10 +22,22 @@ from models.checkpoint import HeadSpec
 # Measured export + verify seconds (one thread, loaded 2-core machine): resnet152 28,
 # resnet101 23, googlenet 18, efficientnet_b0 14, shufflenet_v2 12, resnet50 11,
 # mobilenet_v2 10, mobilenet_v3_small 10, resnet34 8, resnet18/22 6, resnet26 5.5.
-SLOW_MODELS = frozenset({
-    "resnet152", "resnet101", "resnet50", "resnet34", "resnet26", "resnet22", "resnet18",
-    "googlenet", "efficientnet_b0", "shufflenet_v2", "mobilenet_v2", "mobilenet_v3_small",
-})
+SLOW_MODELS = frozenset(
+    {
+        "resnet152",
+        "resnet101",
+        "resnet50",
+        "resnet34",
+        "resnet26",
+        "resnet22",
+        "resnet18",
+        "googlenet",
+        "efficientnet_b0",
+        "shufflenet_v2",
+        "mobilenet_v2",
+        "mobilenet_v3_small",
+    }
+)
 ZOO = [
     pytest.param(name, marks=pytest.mark.slow if name in SLOW_MODELS else ())
     for name in list_models()
@@ -41,8 +53,14 @@ def test_registry_model_exports_and_verifies(name: str, tmp_path: Path) -> None:
     cfg = model_info(name)
     shape = (cfg.in_chans, *cfg.input_size)
     # feature_dim and normalisation exercise the projection and the in-graph Normalize.
-    model = create_model(name, num_classes=10, in_chans=cfg.in_chans, feature_dim=16,
-                         mean=(0.5,) * cfg.in_chans, std=(0.25,) * cfg.in_chans)
+    model = create_model(
+        name,
+        num_classes=10,
+        in_chans=cfg.in_chans,
+        feature_dim=16,
+        mean=(0.5,) * cfg.in_chans,
+        std=(0.25,) * cfg.in_chans,
+    )
     calibrate_batchnorm(model, images(32, shape, seed=1))
     head = HeadSpec("logits")
     result = export_model(model, head, tmp_path / "m.onnx", input_shape=shape)

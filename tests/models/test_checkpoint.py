@@ -23,9 +23,16 @@ from models.checkpoint import (
     save_checkpoint,
 )
 
-META = {"algorithm": "fedproto", "round": 7, "federation": "fleet-a", "run_id": "r1",
-        "device_id": "dev-3", "class_names": [f"c{i}" for i in range(10)],
-        "toolkit_version": "0.1.0", "metrics": {"acc": 0.91, "loss": 0.3}}
+META = {
+    "algorithm": "fedproto",
+    "round": 7,
+    "federation": "fleet-a",
+    "run_id": "r1",
+    "device_id": "dev-3",
+    "class_names": [f"c{i}" for i in range(10)],
+    "toolkit_version": "0.1.0",
+    "metrics": {"acc": 0.91, "loss": 0.3},
+}
 
 
 def _model(**kw: Any) -> Classifier:
@@ -55,8 +62,9 @@ def test_round_trip_restores_weights_head_and_meta(tmp_path: Path) -> None:
     model = _model(mean=[0.5], std=[0.25])
     head = _proto_head(model.num_features)
     extra = {"generator.weight": torch.randn(3, 4)}
-    path = save_checkpoint(tmp_path / "sub" / "ck.pt",
-                           Checkpoint.from_model(model, head, META, extra))
+    path = save_checkpoint(
+        tmp_path / "sub" / "ck.pt", Checkpoint.from_model(model, head, META, extra)
+    )
     ckpt = load_checkpoint(path)
     assert ckpt.model_spec.name == "cnn_t1"
     assert ckpt.model_spec.input_size == (8, 8)
@@ -134,8 +142,9 @@ def test_pickled_module_is_refused_not_executed(tmp_path: Path) -> None:
 def test_wrong_format_tag(tmp_path: Path) -> None:
     raw = _raw(tmp_path)
     raw["format"] = "something/2"
-    with pytest.raises(CheckpointError, match=r"format tag is 'something/2', expected "
-                       + re.escape(repr(FORMAT))):
+    with pytest.raises(
+        CheckpointError, match=r"format tag is 'something/2', expected " + re.escape(repr(FORMAT))
+    ):
         load_checkpoint(_save(tmp_path, raw))
 
 
@@ -163,12 +172,16 @@ def test_missing_top_level_key(tmp_path: Path, key: str) -> None:
         (lambda r: r["state_dict"].update(bad=[1.0]), r"\.state_dict\['bad'\]: expected a tensor"),
         (lambda r: r["head"].update(type="knn"), r"head\.type: expected one of"),
         (lambda r: r["head"].pop("valid"), r"\.head: missing key 'valid'"),
-        (lambda r: r["head"].update(prototypes=torch.zeros(10)),
-         r"head\.prototypes: .*float tensor \[C, D\], got tensor float32 \[10\]"),
+        (
+            lambda r: r["head"].update(prototypes=torch.zeros(10)),
+            r"head\.prototypes: .*float tensor \[C, D\], got tensor float32 \[10\]",
+        ),
         (lambda r: r["head"].update(valid=torch.ones(10)), r"head\.valid: expected a bool tensor"),
         (lambda r: r["head"].update(valid=torch.zeros(10, dtype=torch.bool)), r"no class is valid"),
-        (lambda r: r["head"].update(prototypes=torch.randn(9, 128), valid=torch.ones(9).bool()),
-         r"9 rows but model\.num_classes is 10"),
+        (
+            lambda r: r["head"].update(prototypes=torch.randn(9, 128), valid=torch.ones(9).bool()),
+            r"9 rows but model\.num_classes is 10",
+        ),
         (lambda r: r["meta"].update(round="7"), r"\.meta\.round: expected int"),
         (lambda r: r["meta"].update(class_names=[1, 2]), r"class_names: expected a list of str"),
         (lambda r: r["meta"]["metrics"].update(acc="high"), r"metrics\.acc: expected a float"),

@@ -46,8 +46,10 @@ def f32(shape: Any, bound: float = 1e4) -> st.SearchStrategy[np.ndarray]:
 
 @st.composite
 def class_ids(draw: st.DrawFn, m: int, below: int = 1000) -> np.ndarray:
-    return np.array(draw(st.lists(st.integers(0, below - 1), min_size=m, max_size=m,
-                                  unique=True)), dtype=np.int32)
+    return np.array(
+        draw(st.lists(st.integers(0, below - 1), min_size=m, max_size=m, unique=True)),
+        dtype=np.int32,
+    )
 
 
 @st.composite
@@ -55,9 +57,11 @@ def prototype_sets(draw: st.DrawFn) -> PrototypeSet:
     m, d = draw(rows), draw(dims)
     sd = draw(st.none() | hnp.arrays(np.float32, (d,), elements=st.floats(0.125, 1024.0, width=32)))
     return PrototypeSet(
-        class_ids=draw(class_ids(m)), vectors=draw(f32((m, d))),
+        class_ids=draw(class_ids(m)),
+        vectors=draw(f32((m, d))),
         counts=np.array(draw(st.lists(counts, min_size=m, max_size=m)), dtype=np.int32),
-        sd=sd, encoding=draw(st.sampled_from(["raw", "f16"])),
+        sd=sd,
+        encoding=draw(st.sampled_from(["raw", "f16"])),
     )
 
 
@@ -66,7 +70,9 @@ def feature_logit_sets(draw: st.DrawFn) -> FeatureLogitSet:
     m, d, c = draw(rows), draw(dims), draw(st.integers(1, 8))
     m = min(m, c)
     return FeatureLogitSet(
-        class_ids=draw(class_ids(m, below=c)), features=draw(f32((m, d))), logits=draw(f32((m, c))),
+        class_ids=draw(class_ids(m, below=c)),
+        features=draw(f32((m, d))),
+        logits=draw(f32((m, c))),
         counts=np.array(draw(st.lists(counts, min_size=m, max_size=m)), dtype=np.int32),
         encoding=draw(st.sampled_from(["raw", "f16"])),
     )
@@ -76,8 +82,11 @@ def feature_logit_sets(draw: st.DrawFn) -> FeatureLogitSet:
 def image_vector_pairs(draw: st.DrawFn) -> ImageVectorPairs:
     n = draw(rows)
     images = draw(hnp.arrays(np.uint8, (n, draw(st.integers(1, 3)), draw(dims), draw(dims))))
-    return ImageVectorPairs(images=images, vectors=draw(f32((n, draw(dims)))),
-                            encoding=draw(st.sampled_from(["raw", "f16"])))
+    return ImageVectorPairs(
+        images=images,
+        vectors=draw(f32((n, draw(dims)))),
+        encoding=draw(st.sampled_from(["raw", "f16"])),
+    )
 
 
 @st.composite
@@ -88,8 +97,9 @@ def tensor_maps(draw: st.DrawFn) -> TensorMap:
         hnp.arrays(np.int64, shapes, elements=st.integers(-(2**40), 2**40)),
         hnp.arrays(np.bool_, shapes),
     )
-    tensors = draw(st.dictionaries(st.from_regex(r"[a-z][a-z0-9_.]{0,12}", fullmatch=True),
-                                   tensor, max_size=4))
+    tensors = draw(
+        st.dictionaries(st.from_regex(r"[a-z][a-z0-9_.]{0,12}", fullmatch=True), tensor, max_size=4)
+    )
     return TensorMap(tensors=tensors, encoding=draw(st.sampled_from(["raw", "f16", "i8"])))
 
 
@@ -103,27 +113,49 @@ def registers(draw: st.DrawFn) -> Register:
     k = draw(st.integers(1, 20))
     cc = draw(st.dictionaries(st.integers(0, k - 1).map(str), counts, max_size=k))
     return Register(
-        device_id=draw(names), arch=draw(names), num_params=draw(small_ints),
-        capabilities=Capabilities(device=draw(st.sampled_from(["cpu", "cuda"])),
-                                  accelerator=draw(text), memory_mb=draw(small_ints),
-                                  cpu_count=draw(st.integers(1, 256))),
-        input_spec=InputSpec(channels=draw(st.integers(1, 4)), height=draw(st.integers(1, 512)),
-                             width=draw(st.integers(1, 512))),
-        num_classes=k, class_counts=cc, algorithm=draw(names), agent_version=draw(text),
+        device_id=draw(names),
+        arch=draw(names),
+        num_params=draw(small_ints),
+        capabilities=Capabilities(
+            device=draw(st.sampled_from(["cpu", "cuda"])),
+            accelerator=draw(text),
+            memory_mb=draw(small_ints),
+            cpu_count=draw(st.integers(1, 256)),
+        ),
+        input_spec=InputSpec(
+            channels=draw(st.integers(1, 4)),
+            height=draw(st.integers(1, 512)),
+            width=draw(st.integers(1, 512)),
+        ),
+        num_classes=k,
+        class_counts=cc,
+        algorithm=draw(names),
+        agent_version=draw(text),
     )
 
 
 def _task(draw: st.DrawFn) -> Task:
-    return Task(task_id=draw(names), run_id=draw(text), round=draw(small_ints),
-                phase=draw(names), deadline=draw(times), algorithm=draw(names),
-                config=draw(st.dictionaries(ids, scalars, max_size=4)),
-                payloads=draw(payload_maps))
+    return Task(
+        task_id=draw(names),
+        run_id=draw(text),
+        round=draw(small_ints),
+        phase=draw(names),
+        deadline=draw(times),
+        algorithm=draw(names),
+        config=draw(st.dictionaries(ids, scalars, max_size=4)),
+        payloads=draw(payload_maps),
+    )
 
 
 def _reply(draw: st.DrawFn) -> Reply:
-    return Reply(task_id=draw(names), round=draw(small_ints), phase=draw(text),
-                 num_samples=draw(small_ints), payloads=draw(payload_maps),
-                 metrics=draw(st.dictionaries(ids, finite, max_size=4)))
+    return Reply(
+        task_id=draw(names),
+        round=draw(small_ints),
+        phase=draw(text),
+        num_samples=draw(small_ints),
+        payloads=draw(payload_maps),
+        metrics=draw(st.dictionaries(ids, finite, max_size=4)),
+    )
 
 
 digests = st.binary(min_size=32, max_size=32)
@@ -132,8 +164,13 @@ digests = st.binary(min_size=32, max_size=32)
 @st.composite
 def chunks(draw: st.DrawFn) -> Chunk:
     count = draw(st.integers(1, 100))
-    return Chunk(digest=draw(digests), index=draw(st.integers(0, count - 1)), count=count,
-                 total_size=draw(small_ints), data=draw(st.binary(max_size=64)))
+    return Chunk(
+        digest=draw(digests),
+        index=draw(st.integers(0, count - 1)),
+        count=count,
+        total_size=draw(small_ints),
+        data=draw(st.binary(max_size=64)),
+    )
 
 
 @st.composite
@@ -145,29 +182,54 @@ def messages(draw: st.DrawFn) -> Any:
 
 BUILDERS: dict[str, st.SearchStrategy[Any]] = {
     "register": registers(),
-    "status": st.builds(Status, state=st.sampled_from(["online", "offline", "busy", "done"]),
-                        detail=text),
-    "coord_state": st.builds(CoordinatorState,
-                             state=st.sampled_from(["starting", "running", "finished", "offline"]),
-                             run_id=text, algorithm=text, round=small_ints,
-                             total_rounds=small_ints),
-    "round": st.builds(RoundDescriptor, run_id=text, round=small_ints, phase=text, deadline=times,
-                       selected=st.lists(ids, max_size=4)),
+    "status": st.builds(
+        Status, state=st.sampled_from(["online", "offline", "busy", "done"]), detail=text
+    ),
+    "coord_state": st.builds(
+        CoordinatorState,
+        state=st.sampled_from(["starting", "running", "finished", "offline"]),
+        run_id=text,
+        algorithm=text,
+        round=small_ints,
+        total_rounds=small_ints,
+    ),
+    "round": st.builds(
+        RoundDescriptor,
+        run_id=text,
+        round=small_ints,
+        phase=text,
+        deadline=times,
+        selected=st.lists(ids, max_size=4),
+    ),
     "task": st.composite(_task)(),
     "reply": st.composite(_reply)(),
     "error": st.builds(ErrorReply, code=text, reason=text, task_id=text, ref_id=text),
     "ack": st.builds(Ack, ref_id=text, task_id=text, accepted=st.booleans(), reason=text),
-    "progress": st.builds(Progress, task_id=text, round=small_ints, phase=text, step=small_ints,
-                          total=small_ints, loss=finite, samples_per_s=finite),
+    "progress": st.builds(
+        Progress,
+        task_id=text,
+        round=small_ints,
+        phase=text,
+        step=small_ints,
+        total=small_ints,
+        loss=finite,
+        samples_per_s=finite,
+    ),
     "chunk": chunks(),
-    "chunk_req": st.builds(ChunkRequest, digest=digests,
-                           missing=st.lists(st.integers(0, 2**31), max_size=8)),
+    "chunk_req": st.builds(
+        ChunkRequest, digest=digests, missing=st.lists(st.integers(0, 2**31), max_size=8)
+    ),
 }
 
 
 @st.composite
 def envelopes(draw: st.DrawFn, body: st.SearchStrategy[Any] | None = None) -> Envelope:
     """An envelope around ``body`` (default: any message) with random routing metadata."""
-    return Envelope(body=draw(body if body is not None else messages()), sender=draw(names),
-                    federation=draw(names), round=draw(small_ints),
-                    msg_id=draw(st.from_regex(r"[0-9a-f]{1,32}", fullmatch=True)), ts=draw(times))
+    return Envelope(
+        body=draw(body if body is not None else messages()),
+        sender=draw(names),
+        federation=draw(names),
+        round=draw(small_ints),
+        msg_id=draw(st.from_regex(r"[0-9a-f]{1,32}", fullmatch=True)),
+        ts=draw(times),
+    )

@@ -67,9 +67,14 @@ def test_u8_error_is_at_most_half_of_one_255th() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(a=hnp.arrays(np.float32, hnp.array_shapes(min_dims=0, max_dims=3, max_side=6),
-                    elements=st.floats(-3e4, 3e4, width=32)),
-       encoding=st.sampled_from(["raw", "f16", "i8"]))
+@given(
+    a=hnp.arrays(
+        np.float32,
+        hnp.array_shapes(min_dims=0, max_dims=3, max_side=6),
+        elements=st.floats(-3e4, 3e4, width=32),
+    ),
+    encoding=st.sampled_from(["raw", "f16", "i8"]),
+)
 def test_lossy_encodings_are_idempotent(a: np.ndarray, encoding: Any) -> None:
     # Decoding and encoding again reproduces the same bytes: relays and vectors never drift.
     wire = encode_array(a, encoding)
@@ -87,13 +92,17 @@ def test_u8_is_idempotent() -> None:
     assert encode_array(decode_array(wire), "u8") == wire
 
 
-@pytest.mark.parametrize(("encoding", "values", "match"), [
-    ("f16", [1.0, 70000.0], "65504"),
-    ("u8", [0.5, 1.5], r"\[0, 1\]"),
-    ("i8", [1.0, float("nan")], "finite"),
-])
-def test_lossy_encoding_refuses_values_it_cannot_carry(encoding: Any, values: list[float],
-                                                      match: str) -> None:
+@pytest.mark.parametrize(
+    ("encoding", "values", "match"),
+    [
+        ("f16", [1.0, 70000.0], "65504"),
+        ("u8", [0.5, 1.5], r"\[0, 1\]"),
+        ("i8", [1.0, float("nan")], "finite"),
+    ],
+)
+def test_lossy_encoding_refuses_values_it_cannot_carry(
+    encoding: Any, values: list[float], match: str
+) -> None:
     with pytest.raises(ValidationError, match=match) as info:
         encode_array(np.array(values, dtype=np.float32), encoding, field="vectors")
     assert info.value.field == "vectors"
@@ -110,20 +119,23 @@ def test_oversized_array_is_refused_before_allocating() -> None:
         decode_array(wire, "w", max_bytes=1 << 20)
 
 
-@pytest.mark.parametrize(("wire", "field"), [
-    ({"dt": "<f8", "sh": [1], "d": bytes(8)}, "w.dt"),
-    ({"dt": "<f4", "sh": [-1], "d": b""}, "w.sh"),
-    ({"dt": "<f4", "sh": [True], "d": bytes(4)}, "w.sh"),
-    ({"dt": "<f4", "sh": [1] * 9, "d": bytes(4)}, "w.sh"),
-    ({"dt": "<f4", "sh": [2], "d": bytes(4)}, "w.d"),
-    ({"dt": "<f4", "sh": [1], "d": "abcd"}, "w.d"),
-    ({"dt": "<f4", "sh": [1], "d": bytes(4), "x": 1}, "w"),
-    ({"dt": "|i1", "sh": [1], "d": bytes(1), "as": "<f4", "sc": -1.0, "zp": 0}, "w.sc"),
-    ({"dt": "|i1", "sh": [1], "d": bytes(1), "as": "<f4", "sc": 1.0, "zp": 999}, "w.zp"),
-    ({"dt": "|i1", "sh": [1], "d": bytes(1), "as": "<f8", "sc": 1.0, "zp": 0}, "w.as"),
-    ({"dt": "|b1", "sh": [1], "d": bytes(1), "as": "<f4", "sc": 1.0, "zp": 0}, "w.dt"),
-    ([1, 2], "w"),
-])
+@pytest.mark.parametrize(
+    ("wire", "field"),
+    [
+        ({"dt": "<f8", "sh": [1], "d": bytes(8)}, "w.dt"),
+        ({"dt": "<f4", "sh": [-1], "d": b""}, "w.sh"),
+        ({"dt": "<f4", "sh": [True], "d": bytes(4)}, "w.sh"),
+        ({"dt": "<f4", "sh": [1] * 9, "d": bytes(4)}, "w.sh"),
+        ({"dt": "<f4", "sh": [2], "d": bytes(4)}, "w.d"),
+        ({"dt": "<f4", "sh": [1], "d": "abcd"}, "w.d"),
+        ({"dt": "<f4", "sh": [1], "d": bytes(4), "x": 1}, "w"),
+        ({"dt": "|i1", "sh": [1], "d": bytes(1), "as": "<f4", "sc": -1.0, "zp": 0}, "w.sc"),
+        ({"dt": "|i1", "sh": [1], "d": bytes(1), "as": "<f4", "sc": 1.0, "zp": 999}, "w.zp"),
+        ({"dt": "|i1", "sh": [1], "d": bytes(1), "as": "<f8", "sc": 1.0, "zp": 0}, "w.as"),
+        ({"dt": "|b1", "sh": [1], "d": bytes(1), "as": "<f4", "sc": 1.0, "zp": 0}, "w.dt"),
+        ([1, 2], "w"),
+    ],
+)
 def test_malformed_array_maps_name_the_field(wire: Any, field: str) -> None:
     with pytest.raises(ValidationError) as info:
         decode_array(wire, "w")

@@ -21,8 +21,9 @@ from protocol.transport import MemoryBroker, MemoryTransport
 T = Topics("fed")
 LIMITS = Limits()
 UP = T.up("dev1", "reply")
-POLICY = ChunkPolicy(threshold=4096, request_after=1.0, partial_timeout=10.0, max_requests=2,
-                     sweep_interval=None)
+POLICY = ChunkPolicy(
+    threshold=4096, request_after=1.0, partial_timeout=10.0, max_requests=2, sweep_interval=None
+)
 
 
 class Clock:
@@ -64,10 +65,22 @@ class Pair:
         self.coord_t = HoldingTransport(broker, "coord")
         self.agent_t.connect()
         self.coord_t.connect()
-        self.agent = Endpoint(self.agent_t, sender="dev1", federation="fed", chunking=policy,
-                              limits=limits, clock=self.clock)
-        self.coord = Endpoint(self.coord_t, sender="coord", federation="fed", chunking=policy,
-                              limits=limits, clock=self.clock)
+        self.agent = Endpoint(
+            self.agent_t,
+            sender="dev1",
+            federation="fed",
+            chunking=policy,
+            limits=limits,
+            clock=self.clock,
+        )
+        self.coord = Endpoint(
+            self.coord_t,
+            sender="coord",
+            federation="fed",
+            chunking=policy,
+            limits=limits,
+            clock=self.clock,
+        )
         self.at_coord: list[Envelope] = []
         self.at_agent: list[Envelope] = []
         self.coord.subscribe(f"{T.base}/dev/+/up/#", lambda e, t: self.at_coord.append(e))
@@ -77,8 +90,9 @@ class Pair:
 
 def _reply(n_floats: int = 12_000, seed: int = 0) -> Reply:
     w = np.random.default_rng(seed).standard_normal(n_floats).astype(np.float32)
-    return Reply(task_id="t1", round=3, phase="train", num_samples=7,
-                 payloads={"w": TensorMap({"w": w})})
+    return Reply(
+        task_id="t1", round=3, phase="train", num_samples=7, payloads={"w": TensorMap({"w": w})}
+    )
 
 
 def _weights(env: Envelope) -> np.ndarray:
@@ -117,7 +131,8 @@ def test_reordered_and_duplicated_chunks_deliver_once() -> None:
     assert pair.coord.rejected == {}
     # every received byte counts under the inner kind, late duplicates included
     assert pair.coord.traffic.snapshot() == {
-        "rx.reply": sum(len(pair.agent_t.held[i][1]) for i in order)}
+        "rx.reply": sum(len(pair.agent_t.held[i][1]) for i in order)
+    }
 
 
 def test_lost_chunk_is_requested_and_resent() -> None:
@@ -143,8 +158,15 @@ def test_lost_chunk_is_requested_and_resent() -> None:
 def test_lost_broadcast_chunk_is_requested_by_the_agent() -> None:
     pair = Pair()
     pair.coord_t.hold = True
-    task = Task(task_id="t", run_id="r", round=1, phase="train", deadline=1.0, algorithm="fedavg",
-                payloads={"w": _reply().payloads["w"]})
+    task = Task(
+        task_id="t",
+        run_id="r",
+        round=1,
+        phase="train",
+        deadline=1.0,
+        algorithm="fedavg",
+        payloads={"w": _reply().payloads["w"]},
+    )
     pair.coord.send(T.bcast("task"), task)
     pair.coord_t.hold = False
     pair.coord_t.release(list(range(1, len(pair.coord_t.held))))  # chunk 0 lost
@@ -184,8 +206,11 @@ def test_declared_size_above_the_cap_is_refused_before_holding_anything() -> Non
 
 
 def test_partial_messages_are_bounded_in_number_and_bytes() -> None:
-    pair = Pair(policy=ChunkPolicy(threshold=4096, max_partials=2, max_partial_bytes=10_000,
-                                   sweep_interval=None))
+    pair = Pair(
+        policy=ChunkPolicy(
+            threshold=4096, max_partials=2, max_partial_bytes=10_000, sweep_interval=None
+        )
+    )
     for i in range(3):
         chunk = Chunk(digest=bytes([i]) * 32, index=0, count=2, total_size=100, data=b"x")
         pair.agent_t.publish(UP, _chunk_frame(chunk))
@@ -199,8 +224,13 @@ def test_tampered_chunk_fails_the_digest_check() -> None:
     pair = Pair()
     frame = encode(Envelope(body=_reply(), sender="dev1", federation="fed"))
     chunks = split_frame(frame, 3000)
-    bad = Chunk(digest=chunks[1].digest, index=1, count=chunks[1].count,
-                total_size=chunks[1].total_size, data=bytes(len(chunks[1].data)))
+    bad = Chunk(
+        digest=chunks[1].digest,
+        index=1,
+        count=chunks[1].count,
+        total_size=chunks[1].total_size,
+        data=bytes(len(chunks[1].data)),
+    )
     for c in [chunks[0], bad, *chunks[2:]]:
         pair.agent_t.publish(UP, _chunk_frame(c))
     assert pair.at_coord == []
@@ -210,10 +240,12 @@ def test_tampered_chunk_fails_the_digest_check() -> None:
 def test_chunk_contradicting_earlier_chunks_is_rejected() -> None:
     pair = Pair()
     digest = hashlib.sha256(b"whatever").digest()
-    pair.agent_t.publish(UP, _chunk_frame(Chunk(digest=digest, index=0, count=3, total_size=30,
-                                                data=b"a" * 10)))
-    pair.agent_t.publish(UP, _chunk_frame(Chunk(digest=digest, index=1, count=4, total_size=30,
-                                                data=b"a" * 10)))
+    pair.agent_t.publish(
+        UP, _chunk_frame(Chunk(digest=digest, index=0, count=3, total_size=30, data=b"a" * 10))
+    )
+    pair.agent_t.publish(
+        UP, _chunk_frame(Chunk(digest=digest, index=1, count=4, total_size=30, data=b"a" * 10))
+    )
     assert pair.coord.rejected == {"ValidationError": 1}
     assert pair.coord._reassembler.pending == 0
 
@@ -243,8 +275,11 @@ def test_broker_max_packet_size_lowers_the_threshold() -> None:
 
 
 def test_request_for_an_evicted_frame_is_ignored() -> None:
-    pair = Pair(policy=ChunkPolicy(threshold=4096, sent_cache_bytes=10, request_after=1.0,
-                                   sweep_interval=None))
+    pair = Pair(
+        policy=ChunkPolicy(
+            threshold=4096, sent_cache_bytes=10, request_after=1.0, sweep_interval=None
+        )
+    )
     pair.agent_t.hold = True
     pair.agent.send(UP, _reply())
     pair.agent_t.hold = False
@@ -274,12 +309,15 @@ def test_background_sweeper_requests_missing_chunks() -> None:
         coord.close()
 
 
-@pytest.mark.parametrize(("topic", "expected"), [
-    (T.up("d7", "reply"), T.down("d7", "chunk_req")),
-    (T.down("d7", "task"), T.up("d7", "chunk_req")),
-    (T.bcast("generator"), T.up("me", "chunk_req")),
-    (T.round, None),
-    ("other/prefix/dev/d7/up/reply", None),
-])
+@pytest.mark.parametrize(
+    ("topic", "expected"),
+    [
+        (T.up("d7", "reply"), T.down("d7", "chunk_req")),
+        (T.down("d7", "task"), T.up("d7", "chunk_req")),
+        (T.bcast("generator"), T.up("me", "chunk_req")),
+        (T.round, None),
+        ("other/prefix/dev/d7/up/reply", None),
+    ],
+)
 def test_request_topics_follow_the_acl_layout(topic: str, expected: str | None) -> None:
     assert request_topic(T, topic, "me") == expected

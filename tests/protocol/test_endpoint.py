@@ -26,8 +26,14 @@ def _setup(**kw: object) -> tuple[MemoryTransport, Endpoint, list[tuple[str, Env
 def test_duplicates_are_dropped_and_reported_to_the_hook() -> None:
     dups: list[Envelope] = []
     raw, endpoint, seen = _setup(on_duplicate=lambda e, t: dups.append(e))
-    frame = encode(Envelope(body=Reply(task_id="t", round=1, phase="p", num_samples=1),
-                            sender="dev1", federation="fed", msg_id="m-1"))
+    frame = encode(
+        Envelope(
+            body=Reply(task_id="t", round=1, phase="p", num_samples=1),
+            sender="dev1",
+            federation="fed",
+            msg_id="m-1",
+        )
+    )
     raw.publish(T.up("dev1", "reply"), frame)
     raw.publish(T.up("dev1", "reply"), frame)
     # both matching handlers see the first copy once; the second copy goes to the hook only

@@ -27,17 +27,25 @@ from protocol.signing import HmacSigner, Verifier
 from protocol.transport import MemoryBroker, MemoryTransport
 
 pytestmark = pytest.mark.timeout(120)
-FUZZ = settings(max_examples=int(os.environ.get("EDGEFL_FUZZ_EXAMPLES", "200")), deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=int(os.environ.get("EDGEFL_FUZZ_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 LIMITS = Limits(max_message=1 << 20, max_items=10_000)
 SIGNER = HmacSigner("dev-1", b"0123456789abcdef")
 VERIFIER = Verifier({"dev-1": SIGNER.verify_key()}, window=1e12)
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats()
-    | st.text(max_size=8) | st.binary(max_size=16),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
-                                                               max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=16),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
     max_leaves=10,
 )
 
@@ -84,7 +92,7 @@ def test_byte_mutations_of_valid_frames(env: Envelope, data: st.DataObject) -> N
     elif op == "truncate":
         del frame[pos:]
     elif op == "splice":
-        frame[pos:pos + 4] = data.draw(st.binary(min_size=1, max_size=8))
+        frame[pos : pos + 4] = data.draw(st.binary(min_size=1, max_size=8))
     else:
         frame[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
     _decode_or_protocol_error(bytes(frame))
@@ -106,8 +114,9 @@ def test_structure_mutations_of_valid_frames(env: Envelope, data: st.DataObject)
 @FUZZ
 @given(env=envelopes(), data=st.data())
 def test_signed_frames_mutated_never_escape(env: Envelope, data: st.DataObject) -> None:
-    signed = bytearray(SIGNER.sign(encode(Envelope(body=env.body, sender="dev-1", ts=env.ts,
-                                                   msg_id=env.msg_id))))
+    signed = bytearray(
+        SIGNER.sign(encode(Envelope(body=env.body, sender="dev-1", ts=env.ts, msg_id=env.msg_id)))
+    )
     pos = data.draw(st.integers(0, len(signed) - 1))
     signed[pos] ^= data.draw(st.integers(1, 255))
     with contextlib.suppress(ProtocolError):
@@ -133,8 +142,9 @@ def test_endpoint_never_raises_into_the_transport(data: bytes) -> None:
     sender.connect()
     receiver.connect()
     delivered: list[Envelope] = []
-    endpoint = Endpoint(receiver, sender="coordinator", limits=LIMITS,
-                        chunking=ChunkPolicy(sweep_interval=None))
+    endpoint = Endpoint(
+        receiver, sender="coordinator", limits=LIMITS, chunking=ChunkPolicy(sweep_interval=None)
+    )
     endpoint.subscribe("edgefl/#", lambda env, topic: delivered.append(env))
     sender.publish("edgefl/v1/default/dev/x/up/reply", data)
     # Delivered, rejected or consumed (chunks, chunk requests): every byte is accounted for.

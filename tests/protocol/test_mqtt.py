@@ -32,18 +32,26 @@ def clients() -> Iterator[list[MqttTransport]]:
         t.close()
 
 
-def _client(made: list[MqttTransport], port: int, client_id: str | None = None,
-            **kw: object) -> MqttTransport:
-    t = MqttTransport(client_id=client_id or unique_id("c"), port=port, reconnect_min=0.05,
-                      reconnect_max=0.5, connect_timeout=5.0, **kw)  # type: ignore[arg-type]
+def _client(
+    made: list[MqttTransport], port: int, client_id: str | None = None, **kw: object
+) -> MqttTransport:
+    t = MqttTransport(
+        client_id=client_id or unique_id("c"),
+        port=port,
+        reconnect_min=0.05,
+        reconnect_max=0.5,
+        connect_timeout=5.0,
+        **kw,
+    )  # type: ignore[arg-type]
     made.append(t)
     return t
 
 
 def _reply(n_floats: int, seed: int = 0) -> Reply:
     w = np.random.default_rng(seed).standard_normal(n_floats).astype(np.float32)
-    return Reply(task_id="t1", round=1, phase="train", num_samples=5,
-                 payloads={"w": TensorMap({"w": w})})
+    return Reply(
+        task_id="t1", round=1, phase="train", num_samples=5, payloads={"w": TensorMap({"w": w})}
+    )
 
 
 def _exchange(port: int, made: list[MqttTransport], n_floats: int = 1000) -> None:
@@ -61,8 +69,10 @@ def _exchange(port: int, made: list[MqttTransport], n_floats: int = 1000) -> Non
     env, topic = at_coord.items[0]
     assert isinstance(env, Envelope) and env.msg_id == sent.msg_id
     assert topic == T.up("dev1", "reply")
-    assert np.array_equal(env.body.payloads["w"].tensors["w"],  # type: ignore[union-attr]
-                          sent.body.payloads["w"].tensors["w"])  # type: ignore[union-attr]
+    assert np.array_equal(
+        env.body.payloads["w"].tensors["w"],  # type: ignore[union-attr]
+        sent.body.payloads["w"].tensors["w"],
+    )  # type: ignore[union-attr]
     coord.send(T.down("dev1", "ack"), Ack(ref_id=sent.msg_id))
     assert at_agent.wait(1)
     assert at_agent.items[0][0].body == Ack(ref_id=sent.msg_id)  # type: ignore[attr-defined]
@@ -71,25 +81,31 @@ def _exchange(port: int, made: list[MqttTransport], n_floats: int = 1000) -> Non
     assert coord.rejected == {} and agent.rejected == {}
 
 
-@pytest.mark.parametrize(("address", "expected"), [
-    ("broker.local", ("broker.local", 1883)),
-    ("10.0.0.2:8883", ("10.0.0.2", 8883)),
-    ("[::1]:1884", ("::1", 1884)),
-    ("::1", ("::1", 1883)),
-    (" host:1 ", ("host", 1)),
-])
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("broker.local", ("broker.local", 1883)),
+        ("10.0.0.2:8883", ("10.0.0.2", 8883)),
+        ("[::1]:1884", ("::1", 1884)),
+        ("::1", ("::1", 1883)),
+        (" host:1 ", ("host", 1)),
+    ],
+)
 def test_parse_broker(address: str, expected: tuple[str, int]) -> None:
     assert parse_broker(address) == expected
 
 
-@pytest.mark.parametrize(("address", "match"), [
-    ("", "expected 'host\\[:port\\]'"),
-    ("host:abc", "port: expected an int in 1..65535, got 'abc'"),
-    ("host:70000", "1..65535"),
-    (":1883", "empty host"),
-    ("mqtt://host:1883", "without scheme"),
-    ("[::1", "ipv6"),
-])
+@pytest.mark.parametrize(
+    ("address", "match"),
+    [
+        ("", "expected 'host\\[:port\\]'"),
+        ("host:abc", "port: expected an int in 1..65535, got 'abc'"),
+        ("host:70000", "1..65535"),
+        (":1883", "empty host"),
+        ("mqtt://host:1883", "without scheme"),
+        ("[::1", "ipv6"),
+    ],
+)
 def test_parse_broker_errors(address: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_broker(address)
@@ -113,14 +129,16 @@ def test_a_server_that_never_answers_is_a_connect_error() -> None:
 
 
 @pytest.mark.network
-def test_qos1_exchange_through_mosquitto(mosquitto: MosquittoBroker,
-                                         clients: list[MqttTransport]) -> None:
+def test_qos1_exchange_through_mosquitto(
+    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+) -> None:
     _exchange(mosquitto.port, clients)
 
 
 @pytest.mark.network
-def test_20_mb_payload_travels_in_chunks(mosquitto: MosquittoBroker,
-                                         clients: list[MqttTransport]) -> None:
+def test_20_mb_payload_travels_in_chunks(
+    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+) -> None:
     agent_t, coord_t = _client(clients, mosquitto.port, "dev1"), _client(clients, mosquitto.port)
     agent_t.connect()
     coord_t.connect()
@@ -138,7 +156,8 @@ def test_20_mb_payload_travels_in_chunks(mosquitto: MosquittoBroker,
 
 @pytest.mark.network
 def test_persistent_session_keeps_messages_while_the_client_is_away(
-        mosquitto: MosquittoBroker, clients: list[MqttTransport]) -> None:
+    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+) -> None:
     # Prepare: the agent's session exists with a subscription, then the agent goes away
     sub_id, topic = unique_id("dev"), T.down("dev9", "task")
     first = _client(clients, mosquitto.port, sub_id)
@@ -161,8 +180,9 @@ def test_persistent_session_keeps_messages_while_the_client_is_away(
 
 
 @pytest.mark.network
-def test_reconnect_and_delivery_after_broker_restart(mosquitto: MosquittoBroker,
-                                                     clients: list[MqttTransport]) -> None:
+def test_reconnect_and_delivery_after_broker_restart(
+    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+) -> None:
     a, b = _client(clients, mosquitto.port), _client(clients, mosquitto.port)
     at_a, at_b = Inbox(), Inbox()
     a.subscribe("loop/a", at_a)
@@ -186,8 +206,9 @@ def test_reconnect_and_delivery_after_broker_restart(mosquitto: MosquittoBroker,
 
 
 @pytest.mark.network
-def test_last_will_on_abrupt_disconnect(mosquitto: MosquittoBroker,
-                                        clients: list[MqttTransport]) -> None:
+def test_last_will_on_abrupt_disconnect(
+    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+) -> None:
     will_env = Envelope(body=Status(state="offline"), sender="dev1", federation="fed")
     agent = _client(clients, mosquitto.port, will=Will(T.status("dev1"), encode(will_env)))
     agent.connect()
@@ -221,8 +242,9 @@ def test_mqtt5_max_packet_size_lowers_the_chunk_size(clients: list[MqttTransport
 
 
 @pytest.mark.network
-def test_a_failing_handler_does_not_stop_delivery(mosquitto: MosquittoBroker,
-                                                  clients: list[MqttTransport]) -> None:
+def test_a_failing_handler_does_not_stop_delivery(
+    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+) -> None:
     t = _client(clients, mosquitto.port)
     good = Inbox()
     calls = threading.Event()
@@ -240,6 +262,7 @@ def test_a_failing_handler_does_not_stop_delivery(mosquitto: MosquittoBroker,
 
 
 @pytest.mark.network
-def test_exchange_through_the_embedded_broker(embedded_broker: EmbeddedBroker,
-                                              clients: list[MqttTransport]) -> None:
+def test_exchange_through_the_embedded_broker(
+    embedded_broker: EmbeddedBroker, clients: list[MqttTransport]
+) -> None:
     _exchange(embedded_broker.port, clients, n_floats=200_000)  # 800 KB: chunked too

@@ -16,22 +16,31 @@ from protocol.messages import MESSAGE_TYPES, Reply
 from protocol.payloads import PAYLOAD_TYPES
 
 # EDGEFL_HYPOTHESIS_EXAMPLES=2000 for a long local campaign; CI keeps the default
-FAST = settings(max_examples=int(os.environ.get("EDGEFL_HYPOTHESIS_EXAMPLES", "40")),
-                deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=int(os.environ.get("EDGEFL_HYPOTHESIS_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def _same(a: Any, b: Any) -> bool:
     """Structural equality that compares numpy arrays by dtype, shape and values."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and a.shape == b.shape and np.array_equal(a, b))
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and np.array_equal(a, b)
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
     if hasattr(a, "__dataclass_fields__"):
         return type(a) is type(b) and all(
-            _same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+            _same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__
+        )
     return bool(a == b) and type(a) is type(b)
 
 
@@ -52,7 +61,12 @@ def test_encode_decode_encode_is_byte_identical(kind: str, data: st.DataObject) 
     assert encode(back) == wire
     assert back.kind == kind
     assert (back.sender, back.federation, back.round, back.msg_id, back.ts) == (
-        env.sender, env.federation, env.round, env.msg_id, env.ts)
+        env.sender,
+        env.federation,
+        env.round,
+        env.msg_id,
+        env.ts,
+    )
 
 
 @FAST
@@ -61,10 +75,23 @@ def test_exact_payloads_decode_to_equal_objects(env: Envelope) -> None:
     body = env.body
     assert isinstance(body, Reply)
     exact = {k: p for k, p in body.payloads.items() if getattr(p, "encoding", "raw") == "raw"}
-    back = decode(encode(Envelope(body=Reply(task_id=body.task_id, round=body.round,
-                                             phase=body.phase, num_samples=body.num_samples,
-                                             payloads=exact, metrics=body.metrics),
-                                  sender=env.sender, ts=env.ts, msg_id=env.msg_id)))
+    back = decode(
+        encode(
+            Envelope(
+                body=Reply(
+                    task_id=body.task_id,
+                    round=body.round,
+                    phase=body.phase,
+                    num_samples=body.num_samples,
+                    payloads=exact,
+                    metrics=body.metrics,
+                ),
+                sender=env.sender,
+                ts=env.ts,
+                msg_id=env.msg_id,
+            )
+        )
+    )
     assert _same(back.body.payloads, exact)  # type: ignore[union-attr]
     assert back.body.metrics == body.metrics  # type: ignore[union-attr]
 
@@ -72,8 +99,12 @@ def test_exact_payloads_decode_to_equal_objects(env: Envelope) -> None:
 @FAST
 @given(payload=payloads)
 def test_every_payload_type_round_trips_in_a_reply(payload: Any) -> None:
-    env = Envelope(body=Reply(task_id="t", round=1, phase="train", num_samples=3,
-                              payloads={"p": payload}), sender="dev-1", ts=1.0, msg_id="m")
+    env = Envelope(
+        body=Reply(task_id="t", round=1, phase="train", num_samples=3, payloads={"p": payload}),
+        sender="dev-1",
+        ts=1.0,
+        msg_id="m",
+    )
     back = decode(encode(env)).body.payloads["p"]  # type: ignore[union-attr]
     assert type(back) is type(payload) and type(back).KIND in PAYLOAD_TYPES
     assert back.encoding == payload.encoding
@@ -84,8 +115,12 @@ def test_every_payload_type_round_trips_in_a_reply(payload: Any) -> None:
 
 def test_float_fields_given_as_int_encode_canonically() -> None:
     # A float field built from an int still travels as a float64, so re-encoding is stable.
-    env = Envelope(body=Reply(task_id="t", round=0, phase="p", num_samples=1,
-                              metrics={"acc": 1}), sender="s", ts=5, msg_id="m")  # type: ignore[arg-type]
+    env = Envelope(
+        body=Reply(task_id="t", round=0, phase="p", num_samples=1, metrics={"acc": 1}),
+        sender="s",
+        ts=5,
+        msg_id="m",
+    )  # type: ignore[arg-type]
     wire = encode(env)
     assert encode(decode(wire)) == wire
     assert isinstance(decode(wire).body.metrics["acc"], float)  # type: ignore[union-attr]

@@ -26,8 +26,11 @@ DEV_KEY, OTHER_KEY = b"device-1-secret-key", b"device-2-secret-key"
 
 def _hmac() -> tuple[Signer, Signer, Signer]:
     """dev1, dev2, and an impostor holding another key under dev1's id."""
-    return (HmacSigner("dev1", DEV_KEY), HmacSigner("dev2", OTHER_KEY),
-            HmacSigner("dev1", OTHER_KEY))
+    return (
+        HmacSigner("dev1", DEV_KEY),
+        HmacSigner("dev2", OTHER_KEY),
+        HmacSigner("dev1", OTHER_KEY),
+    )
 
 
 def _ed25519() -> tuple[Signer, Signer, Signer]:
@@ -49,8 +52,9 @@ def _verifier(*signers: Signer, window: float = 300.0) -> Verifier:
 
 
 def _frame(sender: str = "dev1", ts: float = NOW, msg_id: str = "m1") -> bytes:
-    return encode(Envelope(body=Ack(ref_id="r"), sender=sender, federation="fed", ts=ts,
-                           msg_id=msg_id))
+    return encode(
+        Envelope(body=Ack(ref_id="r"), sender=sender, federation="fed", ts=ts, msg_id=msg_id)
+    )
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -142,21 +146,38 @@ def test_short_hmac_keys_are_refused() -> None:
 
 # -- through endpoints ---------------------------------------------------------------------
 
+
 def _endpoints(require: bool = True) -> tuple[Endpoint, Endpoint, MemoryTransport, list[Envelope]]:
     dev1, dev2, _ = _hmac()
     coord_signer = HmacSigner("coord", b"coordinator-secret")
-    keys = {"dev1": dev1.verify_key(), "dev2": dev2.verify_key(),  # type: ignore[attr-defined]
-            "coord": coord_signer.verify_key()}
+    keys = {
+        "dev1": dev1.verify_key(),
+        "dev2": dev2.verify_key(),  # type: ignore[attr-defined]
+        "coord": coord_signer.verify_key(),
+    }
     broker = MemoryBroker()
     agent_t, coord_t, rogue_t = (MemoryTransport(broker, n) for n in ("dev1", "coord", "rogue"))
     for t in (agent_t, coord_t, rogue_t):
         t.connect()
     policy = ChunkPolicy(threshold=4096, sweep_interval=None)
-    agent = Endpoint(agent_t, sender="dev1", federation="fed", signer=dev1,
-                     verifier=Verifier(keys), chunking=policy)
-    coord = Endpoint(coord_t, sender="coord", federation="fed", signer=coord_signer,
-                     verifier=Verifier(keys), require_signatures=require,
-                     unsigned_kinds=frozenset({"status"}), chunking=policy)
+    agent = Endpoint(
+        agent_t,
+        sender="dev1",
+        federation="fed",
+        signer=dev1,
+        verifier=Verifier(keys),
+        chunking=policy,
+    )
+    coord = Endpoint(
+        coord_t,
+        sender="coord",
+        federation="fed",
+        signer=coord_signer,
+        verifier=Verifier(keys),
+        require_signatures=require,
+        unsigned_kinds=frozenset({"status"}),
+        chunking=policy,
+    )
     got: list[Envelope] = []
     coord.subscribe(f"{T.base}/dev/+/#", lambda e, t: got.append(e))
     return agent, coord, rogue_t, got
@@ -165,8 +186,10 @@ def _endpoints(require: bool = True) -> tuple[Endpoint, Endpoint, MemoryTranspor
 def test_endpoint_delivers_signed_chunked_messages() -> None:
     agent, coord, _, got = _endpoints()
     w = np.arange(20_000, dtype=np.float32)
-    agent.send(T.up("dev1", "reply"), Reply(task_id="t", round=1, phase="p", num_samples=1,
-                                            payloads={"w": TensorMap({"w": w})}))
+    agent.send(
+        T.up("dev1", "reply"),
+        Reply(task_id="t", round=1, phase="p", num_samples=1, payloads={"w": TensorMap({"w": w})}),
+    )
     assert len(got) == 1 and coord.rejected == {}
     assert np.array_equal(got[0].body.payloads["w"].tensors["w"], w)  # type: ignore[union-attr]
 
@@ -182,7 +205,8 @@ def test_endpoint_rejects_unsigned_replayed_and_forged_frames() -> None:
     rogue.publish(T.up("dev1", "ack"), captured[-1])
     # forged: dev2's key speaking for dev1
     forged = HmacSigner("dev2", OTHER_KEY).sign(
-        encode(Envelope(body=Ack(ref_id="y"), sender="dev1", federation="fed")))
+        encode(Envelope(body=Ack(ref_id="y"), sender="dev1", federation="fed"))
+    )
     rogue.publish(T.up("dev1", "ack"), forged)
     assert [e.body for e in got] == [Ack(ref_id="x")]
     assert coord.rejected == {"SignatureError": 3}

@@ -23,14 +23,42 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _issue(name: str, cn: str, cwd: Path, san: str | None = None) -> None:
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}", cwd=cwd)
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={cn}",
+        cwd=cwd,
+    )
     extra: list[str] = []
     if san:
         (cwd / f"{name}.ext").write_text(f"subjectAltName={san}\n")
         extra = ["-extfile", f"{name}.ext"]
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", f"{name}.crt", "-days", "1", *extra, cwd=cwd)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        "1",
+        *extra,
+        cwd=cwd,
+    )
 
 
 @pytest.fixture
@@ -43,9 +71,24 @@ def pki() -> Iterator[Path]:
     # not pytest's tmp_path: mosquitto drops to its own user and must read these files
     d = Path(tempfile.mkdtemp(prefix="edgefl-pki-"))
     d.chmod(0o755)
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-             "-subj", "/CN=edgefl-test-ca", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=edgefl-test-ca",
+        cwd=d,
+    )
     _issue("server", "localhost", d, san="IP:127.0.0.1,DNS:localhost")
     _issue("dev1", "dev1", d)
     for f in d.iterdir():
@@ -55,12 +98,17 @@ def pki() -> Iterator[Path]:
 
 
 def test_tls_with_client_certificates(pki: Path) -> None:
-    conf = (f"cafile {pki / 'ca.crt'}\ncertfile {pki / 'server.crt'}\n"
-            f"keyfile {pki / 'server.key'}\nrequire_certificate true\n"
-            "use_identity_as_username true\n")
+    conf = (
+        f"cafile {pki / 'ca.crt'}\ncertfile {pki / 'server.crt'}\n"
+        f"keyfile {pki / 'server.key'}\nrequire_certificate true\n"
+        "use_identity_as_username true\n"
+    )
     with MosquittoBroker(extra_config=conf) as broker:
-        tls = TlsOptions(ca_certs=str(pki / "ca.crt"), certfile=str(pki / "dev1.crt"),
-                         keyfile=str(pki / "dev1.key"))
+        tls = TlsOptions(
+            ca_certs=str(pki / "ca.crt"),
+            certfile=str(pki / "dev1.crt"),
+            keyfile=str(pki / "dev1.key"),
+        )
         t = MqttTransport(client_id="dev1", port=broker.port, tls=tls, connect_timeout=5)
         got = Inbox()
         t.subscribe("secure/topic", got)
@@ -72,7 +120,11 @@ def test_tls_with_client_certificates(pki: Path) -> None:
         finally:
             t.close()
         # without a client certificate the broker refuses the handshake
-        anonymous = MqttTransport(client_id="anon", port=broker.port, connect_timeout=2,
-                                  tls=TlsOptions(ca_certs=str(pki / "ca.crt")))
+        anonymous = MqttTransport(
+            client_id="anon",
+            port=broker.port,
+            connect_timeout=2,
+            tls=TlsOptions(ca_certs=str(pki / "ca.crt")),
+        )
         with pytest.raises(ConnectError, match=f"127.0.0.1:{broker.port}"):
             anonymous.connect()

@@ -54,8 +54,9 @@ def test_resize_digits_to_28() -> None:
 def test_resize_matches_torch_bilinear(size_in: int, size_out: int) -> None:
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(1).random((3, 2, size_in, size_in), dtype=np.float32)
-    ref = torch.nn.functional.interpolate(torch.from_numpy(x), size=(size_out, size_out),
-                                          mode="bilinear", align_corners=False).numpy()
+    ref = torch.nn.functional.interpolate(
+        torch.from_numpy(x), size=(size_out, size_out), mode="bilinear", align_corners=False
+    ).numpy()
     np.testing.assert_allclose(resize_images(x, size_out), ref, atol=1e-5)
 
 
@@ -153,14 +154,19 @@ def test_npz_greyscale_nhw_float(tmp_path: Path) -> None:
         ({"x": np.zeros((2, 1, 4, 4)), "y": np.array([0])}, r"shape \(2,\)"),
         ({"x": np.zeros((2, 1, 4, 4), np.int32), "y": np.array([0, 1])}, "uint8"),
         ({"x": np.zeros((2, 5, 4, 6)), "y": np.array([0, 1])}, "channel axis"),
-        ({"x": np.zeros((2, 1, 4, 4)), "y": np.array([0, 2]), "class_names": np.array(["a"])},
-         "has no class name"),
-        ({"x": np.zeros((2, 1, 4, 4)), "y": np.array([0, 1]), "extra": np.zeros(1)},
-         r"unexpected \['extra'\]"),
+        (
+            {"x": np.zeros((2, 1, 4, 4)), "y": np.array([0, 2]), "class_names": np.array(["a"])},
+            "has no class name",
+        ),
+        (
+            {"x": np.zeros((2, 1, 4, 4)), "y": np.array([0, 1]), "extra": np.zeros(1)},
+            r"unexpected \['extra'\]",
+        ),
     ],
 )
-def test_bad_npz_is_a_precise_config_error(tmp_path: Path, arrays: dict[str, np.ndarray],
-                                            message: str) -> None:
+def test_bad_npz_is_a_precise_config_error(
+    tmp_path: Path, arrays: dict[str, np.ndarray], message: str
+) -> None:
     path = tmp_path / "bad.npz"
     np.savez(path, **arrays)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=message) as err:
@@ -190,7 +196,8 @@ def _image_folder(root: Path, mode: str, sizes: list[tuple[int, int]]) -> Path:
         folder = root / ("cat" if i % 2 else "dog")
         folder.mkdir(parents=True, exist_ok=True)
         image.new(mode, size, color=(i * 40) if mode == "L" else (i * 40, 0, 255)).save(
-            folder / f"{i}.png")
+            folder / f"{i}.png"
+        )
     return root
 
 
@@ -247,9 +254,13 @@ def test_subset_and_counts() -> None:
     ],
 )
 def test_dataset_validation(change: dict[str, object], field: str) -> None:
-    args: dict[str, object] = {"x": np.zeros((2, 1, 4, 4), np.float32),
-                               "y": np.array([0, 1]), "num_classes": 3,
-                               "class_names": ("a", "b", "c"), "name": "t"}
+    args: dict[str, object] = {
+        "x": np.zeros((2, 1, 4, 4), np.float32),
+        "y": np.array([0, 1]),
+        "num_classes": 3,
+        "class_names": ("a", "b", "c"),
+        "name": "t",
+    }
     args.update(change)
     with pytest.raises(ValidationError) as err:
         ArrayDataset(**args)  # type: ignore[arg-type]

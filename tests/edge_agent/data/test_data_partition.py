@@ -27,8 +27,9 @@ def test_registry_matches_the_scheme_literal() -> None:
 @pytest.mark.parametrize("scheme", ALL_SCHEMES)
 @pytest.mark.parametrize("num_clients", [1, 7, 10])
 def test_every_index_used_exactly_once(scheme: Scheme, num_clients: int) -> None:
-    parts = partition(LABELS, num_clients, scheme=scheme, seed=3,
-                      classes_per_client=2 if num_clients > 4 else 10)
+    parts = partition(
+        LABELS, num_clients, scheme=scheme, seed=3, classes_per_client=2 if num_clients > 4 else 10
+    )
     assert len(parts) == num_clients
     assert all(p.dtype == np.int64 and np.all(np.diff(p) > 0) for p in parts)
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(LABELS)))
@@ -45,8 +46,11 @@ def test_same_seed_same_partition_other_seed_differs(scheme: Scheme) -> None:
 
 def test_dirichlet_skew_grows_as_alpha_shrinks() -> None:
     def mean_entropy(alpha: float) -> float:
-        vals = [_entropy(LABELS[p]) for seed in range(3)
-                for p in partition(LABELS, 10, scheme="dirichlet", alpha=alpha, seed=seed)]
+        vals = [
+            _entropy(LABELS[p])
+            for seed in range(3)
+            for p in partition(LABELS, 10, scheme="dirichlet", alpha=alpha, seed=seed)
+        ]
         return float(np.mean(vals))
 
     strong, medium, weak = mean_entropy(0.1), mean_entropy(1.0), mean_entropy(10.0)
@@ -74,8 +78,7 @@ def test_impossible_min_size_fails_before_drawing() -> None:
 
 @pytest.mark.parametrize(("num_clients", "k"), [(10, 2), (7, 3), (5, 2), (3, 10), (12, 1)])
 def test_pathological_gives_exactly_k_classes(num_clients: int, k: int) -> None:
-    parts = partition(LABELS, num_clients, scheme="pathological", classes_per_client=k,
-                      min_size=1)
+    parts = partition(LABELS, num_clients, scheme="pathological", classes_per_client=k, min_size=1)
     assert [len(np.unique(LABELS[p])) for p in parts] == [k] * num_clients
 
 

@@ -90,8 +90,9 @@ def test_parse_partition_errors(text: str, message: str) -> None:
 
 def test_make_partition_spec_from_cli_values() -> None:
     spec = make_partition_spec("pathological:3", num_clients=6, seed=2, global_test_size=10)
-    assert spec == PartitionSpec(scheme="pathological", classes_per_client=3, num_clients=6,
-                                 seed=2, global_test_size=10)
+    assert spec == PartitionSpec(
+        scheme="pathological", classes_per_client=3, num_clients=6, seed=2, global_test_size=10
+    )
 
 
 # ----- federated split ---------------------------------------------------------------------------
@@ -128,28 +129,38 @@ def test_split_is_deterministic_and_seed_dependent() -> None:
 
 def test_split_is_identical_in_another_process(tmp_path: Path) -> None:
     path = save_npz(_synthetic(), tmp_path / "fleet.npz")
-    spec = PartitionSpec(scheme="dirichlet", alpha=0.5, num_clients=4, seed=7,
-                         global_test_size=60)
+    spec = PartitionSpec(scheme="dirichlet", alpha=0.5, num_clients=4, seed=7, global_test_size=60)
     code = (
         "import json, sys\n"
         "from edge_agent.data import PartitionSpec, load_dataset, make_federated_split\n"
         "spec = PartitionSpec.from_dict(json.loads(sys.argv[2]))\n"
         "print(make_federated_split(load_dataset(sys.argv[1]), spec).digest())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(path), json.dumps(spec.to_dict())],
-                         cwd=REPO, capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path), json.dumps(spec.to_dict())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == make_federated_split(load_dataset(str(path)), spec).digest()
 
 
 def test_summary_is_json_and_counts_add_up() -> None:
     ds = _synthetic()
-    split = make_federated_split(ds, PartitionSpec(scheme="pathological", classes_per_client=2,
-                                                   num_clients=5, global_test_size=50))
+    split = make_federated_split(
+        ds,
+        PartitionSpec(
+            scheme="pathological", classes_per_client=2, num_clients=5, global_test_size=50
+        ),
+    )
     summary = json.loads(json.dumps(split.summary()))
     assert summary["spec"]["scheme"] == "pathological" and summary["dataset"] == "synthetic"
     assert summary["global_test"]["size"] == 50
     total = summary["global_test"]["size"] + sum(
-        c["train_size"] + c["test_size"] for c in summary["clients"])
+        c["train_size"] + c["test_size"] for c in summary["clients"]
+    )
     assert total == len(ds)
     for c in summary["clients"]:
         assert sum(c["train_class_counts"]) == c["train_size"]
