@@ -108,25 +108,25 @@ def _serve(args: argparse.Namespace) -> int:
     from protocol.mqtt import MqttTransport, parse_broker
 
     cfg = _config(args, broker=args.broker, min_agents=args.min_agents, embedded_port=args.port)
-    if cfg.broker:  # type: ignore[attr-defined]
-        host, port = parse_broker(cfg.broker)  # type: ignore[attr-defined]
+    if cfg.broker:
+        host, port = parse_broker(cfg.broker)
         transport = MqttTransport(
             host=host, port=port, client_id="edgefl-coordinator", will=coordinator_will(cfg)
-        )  # type: ignore[arg-type]
-        run_coordinator(cfg, transport)  # type: ignore[arg-type]
+        )
+        run_coordinator(cfg, transport)
         return 0
     from protocol.broker import EmbeddedBroker
 
-    with EmbeddedBroker(host="0.0.0.0", port=cfg.embedded_port) as broker:  # type: ignore[attr-defined]
+    with EmbeddedBroker(host="0.0.0.0", port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
         transport = MqttTransport(
             host="127.0.0.1",
             port=broker.port,
             client_id="edgefl-coordinator",
             will=coordinator_will(cfg),
-        )  # type: ignore[arg-type]
+        )
         try:
-            run_coordinator(cfg, transport)  # type: ignore[arg-type]
+            run_coordinator(cfg, transport)
         finally:
             transport.close()
     return 0
@@ -148,7 +148,7 @@ def _demo(args: argparse.Namespace) -> int:
     args.rounds = args.rounds if args.rounds is not None else DEMO_DEFAULTS["rounds"]
     args.overrides = DEMO_HYPER.get(args.algorithm, []) + list(args.overrides)
     cfg = _config(args)
-    run_demo(cfg, DemoSpec(agents=args.agents, export=not args.no_export))  # type: ignore[arg-type]
+    run_demo(cfg, DemoSpec(agents=args.agents, export=not args.no_export))
     return 0
 
 
@@ -173,8 +173,8 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     from coordinator.demo import summarize
 
-    result = simulate(cfg, fleet)  # type: ignore[arg-type]
-    print(summarize(result, Path(cfg.run_dir)))  # type: ignore[attr-defined]
+    result = simulate(cfg, fleet)
+    print(summarize(result, Path(cfg.run_dir)))
     return 0
 
 

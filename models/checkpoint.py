@@ -281,7 +281,7 @@ class HeadSpec:
             _get(d, "prototypes", Tensor, where)
             _get(d, "valid", Tensor, where)
         try:
-            return cls(type=kind, prototypes=d.get("prototypes"), valid=d.get("valid"))  # type: ignore[arg-type]
+            return cls(type=kind, prototypes=d.get("prototypes"), valid=d.get("valid"))
         except CheckpointError as exc:
             raise CheckpointError(f"{where}: {exc}") from None
 

@@ -61,7 +61,7 @@ def _create_resnet(
     elif args.in_chans != 3:
         net.conv1 = nn.Conv2d(args.in_chans, 64, 7, stride=2, padding=3, bias=False)
     nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
-    net.fc = nn.Identity()  # type: ignore[assignment]
+    net.fc = nn.Identity()
     dim = 64 * 2 ** (len(layers) - 1) * block.expansion
     return args.classifier(net, dim)
 

@@ -70,7 +70,7 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
                 ).astype(np.float32)
             else:  # e.g. num_batches_tracked: not meaningful to average
                 out[name] = arrs[int(np.argmax(n))]
-        self.weights = TensorMap(out, encoding=self.config.weight_encoding)  # type: ignore[arg-type]
+        self.weights = TensorMap(out, encoding=self.config.weight_encoding)
         return {"aggregated": float(len(replies))}
 
     def state_dict(self) -> dict[str, Payload]:
