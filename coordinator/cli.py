@@ -132,12 +132,18 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# The demo's defaults: the best algorithm available, sized to finish in a few minutes on 2 CPU
-# cores; every value can still be overridden with --algorithm/--rounds/--set.
-DEMO_DEFAULTS = {"algorithm": "fedvtc", "rounds": 8}
+# The demo's defaults: the algorithm that measured best on the demo's own set-up, sized to finish
+# in about a minute on 2 CPU cores; --algorithm, --rounds and --set override every value.
+# Measured (4 agents, digits, Dir 0.5, 8 rounds, these hyperparameters),
+# mean accuracy local / global test: fedproto 96.2% / 60.8%, local-only 94.0% / 64.0%, fedvtc
+# 22.1% / 14.0% (its fine-tuning on synthetic data hurts; docs/fedvtc.md has the controls).
+DEMO_DEFAULTS = {"algorithm": "fedproto", "rounds": 8}
+_DEMO_TRAINING = ["hyper.local_epochs=2", "hyper.lr=0.05"]
 DEMO_HYPER = {
-    "fedvtc": ["hyper.local_epochs=2", "hyper.lr=0.05", "hyper.synthetic_per_class=50"],
-    "fedproto": ["hyper.local_epochs=2", "hyper.lr=0.05"],
+    "local": _DEMO_TRAINING,
+    "fedavg": _DEMO_TRAINING,
+    "fedproto": _DEMO_TRAINING,
+    "fedvtc": [*_DEMO_TRAINING, "hyper.synthetic_per_class=50"],
 }
 
 
