@@ -7,6 +7,7 @@ permutation, which keeps the loop's overhead over bare PyTorch negligible for ed
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -110,29 +111,38 @@ def train_epochs(
     epochs = cfg.local_epochs if epochs is None else epochs
     device = data.x.device
     use_amp = cfg.mixed_precision and device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    # Without AMP the scaler and autocast are bypassed: on tiny models their per-step Python
+    # cost was a measurable share of the step (benchmarks/bench_trainloop.py).
+    scaler = torch.amp.GradScaler("cuda") if use_amp else None
     params = [p for g in optimizer.param_groups for p in g["params"]]
     total = epochs * math.ceil(len(data) / cfg.batch_size)
     model.train()
     steps, samples, loss_sum, t0 = 0, 0, 0.0, time.perf_counter()
     for _ in range(epochs):
         for x, y in data.batches(cfg.batch_size, generator):
-            with torch.autocast(device.type, enabled=use_amp):
+            with torch.autocast(device.type) if use_amp else contextlib.nullcontext():
                 features = model.forward_features(x)  # type: ignore[operator]
                 logits = model.forward_head(features)  # type: ignore[operator]
                 loss = hooks.step_loss(x, y, features, logits)
-            if not torch.isfinite(loss):
-                raise TrainingError(f"loss became {loss.item()} at step {steps + 1}/{total}")
+            loss_value = float(loss.detach())  # one device sync per step serves both uses
+            if not math.isfinite(loss_value):
+                raise TrainingError(f"loss became {loss_value} at step {steps + 1}/{total}")
             optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch stub
-            if cfg.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
+            if scaler is None:
+                loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+                if cfg.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                optimizer.step()
+            else:
+                scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch stub
+                if cfg.grad_clip > 0:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
             hooks.after_step(x, y, features.detach())
             steps, samples = steps + 1, samples + int(y.shape[0])
-            loss_sum += float(loss.detach())
+            loss_sum += loss_value
             if on_progress is not None:
                 on_progress(steps, total, loss_sum / steps)
     seconds = time.perf_counter() - t0
