@@ -57,6 +57,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedvtc_recal": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
     "fedvtc_fix": ("fedvtc", {"diagnostics": True}),
 }
+# methods with the noise control and the probe, in the paired and diagnostics tables
+DIAG_METHODS = ("fedvtc_le", "fedvtc", "fedvtc_fix", "fedvtc_recal", "fedvtc_combo")
 # per-round diagnostics kept in the JSON (means over the agents of that round)
 ROUND_KEYS = (
     "diag_ce",
@@ -359,7 +361,7 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
         "probe − chance (10%) | after − local | after − FedProto |",
         "|---|---|---|---|---|---|---|",
     ]
-    for m in ("fedvtc_le", "fedvtc", "fedvtc_fix"):
+    for m in DIAG_METHODS:
         for alpha in alphas:
             rs = groups.get((m, alpha), [])
             if not rs:
@@ -419,7 +421,7 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
         "gen std avg / own | class contrast avg / own | probe own ψ |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for m in ("fedvtc_le", "fedvtc", "fedvtc_fix"):
+    for m in DIAG_METHODS:
         for alpha in alphas:
             rs = groups.get((m, alpha), [])
             if not rs:

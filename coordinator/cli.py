@@ -6,6 +6,7 @@ No torch import happens before the arguments are parsed, so ``--help`` is instan
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -92,7 +93,7 @@ def _config(args: argparse.Namespace, **extra: object) -> RunConfig:
     from coordinator.config import load_config
 
     run_dir = args.run_dir or f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return load_config(
+    cfg = load_config(
         args.config,
         args.overrides,
         algorithm=args.algorithm,
@@ -101,6 +102,9 @@ def _config(args: argparse.Namespace, **extra: object) -> RunConfig:
         seed=args.seed,
         **extra,
     )
+    if cfg.run_id == "run":  # not chosen: name the run after its directory (reports, plots)
+        cfg = dataclasses.replace(cfg, run_id=Path(cfg.run_dir).name)
+    return cfg
 
 
 def _serve(args: argparse.Namespace) -> int:
