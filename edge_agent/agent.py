@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from edge_agent.algorithms import EdgeAlgorithm
+from edge_agent.progress import TerminalProgress
 from edge_agent.state import AgentState
 from edge_agent.trainer import evaluate
 from models.checkpoint import Checkpoint, ModelSpec, load_checkpoint, save_checkpoint
@@ -84,6 +85,7 @@ class EdgeAgent:
         self.finished = threading.Event()
         self._current: Task | None = None
         self._last_progress = 0.0
+        self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress
         self._restore()
 
@@ -208,9 +210,11 @@ class EdgeAgent:
             if task.phase == "final":
                 metrics.update(self._export_safely(task))
         except EdgeFLError as exc:
+            self._bar.close()
             self._fail(task, reply_topic, exc)
             return
         except Exception as exc:  # a bug must cost one task, not the device's process
+            self._bar.close()
             self.log.exception("task %s crashed", task.task_id)
             self._fail(task, reply_topic, exc)
             return
@@ -310,10 +314,11 @@ class EdgeAgent:
 
     def _progress(self, step: int, total: int, loss: float) -> None:
         task = self._current
+        if task is None:
+            return
+        self._bar.update(task.round, task.phase, step, total, loss)
         now = time.monotonic()
-        if task is None or (
-            now - self._last_progress < self.settings.progress_interval_s and step != total
-        ):
+        if now - self._last_progress < self.settings.progress_interval_s and step != total:
             return
         self._last_progress = now
         body = Progress(

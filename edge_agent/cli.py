@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--federation", default="default", help="federation name (topic namespace)")
     p.add_argument("--username", default=None, help="MQTT username")
     p.add_argument("--password", default=None, help="MQTT password")
-    p.add_argument("--algorithm", default="fedvtc", help="algorithm the coordinator runs")
+    p.add_argument("--algorithm", default="fedproto", help="algorithm the coordinator runs")
     p.add_argument("--model", default="cnn_t1", help="architecture name (see `models` registry)")
     p.add_argument(
         "--feature-dim",

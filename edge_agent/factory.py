@@ -30,7 +30,7 @@ class AgentOptions:
     """Everything that defines one agent (the CLI's flags, typed)."""
 
     device_id: str
-    algorithm: str = "fedvtc"
+    algorithm: str = "fedproto"  # the coordinator's default too
     model: str = "cnn_t1"
     feature_dim: int | None = 64
     data: str = "digits"
