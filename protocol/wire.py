@@ -68,10 +68,43 @@ def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
 def _encode_model(model: WireModel) -> dict[str, Any]:
     enc_field = type(model).ENCODING_FIELD
     encoding: Encoding = getattr(model, enc_field) if enc_field else "raw"
+    omittable = _omittable(type(model))
     out: dict[str, Any] = {}
     for name, tp in _hints(type(model)):
-        out[name] = _encode_value(getattr(model, name), tp, encoding, name)
+        value = getattr(model, name)
+        if name in omittable and _is_default(value, omittable[name]):
+            continue  # canonical form: a field equal to its default is left out (WIRE.md §3)
+        out[name] = _encode_value(value, tp, encoding, name)
     return out
+
+
+_EMPTY = object()  # marks a default factory that builds an empty container
+_OMITTABLE: dict[type, dict[str, Any]] = {}
+
+
+def _omittable(cls: type) -> dict[str, Any]:
+    """Fields whose default is a scalar, ``None`` or an empty container, with that default."""
+    found = _OMITTABLE.get(cls)
+    if found is None:
+        found = {}
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                if f.default is None or isinstance(f.default, (bool, int, float, str)):
+                    found[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                made = f.default_factory()
+                if isinstance(made, (dict, list, tuple)) and not made:
+                    found[f.name] = _EMPTY
+        _OMITTABLE[cls] = found
+    return found
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if default is _EMPTY:
+        return isinstance(value, (dict, list, tuple)) and not value
+    if default is None:
+        return value is None
+    return type(value) is type(default) and bool(value == default)
 
 
 def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 from msg_strategies import BUILDERS, envelopes, payloads
 
 from protocol.codec import Envelope, decode, encode
-from protocol.messages import MESSAGE_TYPES, Reply
-from protocol.payloads import PAYLOAD_TYPES
+from protocol.messages import MESSAGE_TYPES, Ack, Reply
+from protocol.payloads import PAYLOAD_TYPES, TensorMap
 
 # EDGEFL_HYPOTHESIS_EXAMPLES=2000 for a long local campaign; CI keeps the default
 FAST = settings(
@@ -124,3 +125,23 @@ def test_float_fields_given_as_int_encode_canonically() -> None:
     wire = encode(env)
     assert encode(decode(wire)) == wire
     assert isinstance(decode(wire).body.metrics["acc"], float)  # type: ignore[union-attr]
+
+
+def test_fields_equal_to_their_defaults_are_left_out_and_restored() -> None:
+    plain = encode(Envelope(body=Ack(ref_id="r1", task_id="t1"), sender="c"))
+    assert msgpack.unpackb(plain)["b"] == {"ref_id": "r1", "task_id": "t1"}
+    assert decode(plain).body == Ack(ref_id="r1", task_id="t1", accepted=True, reason="")
+    rejected = Ack(ref_id="r1", accepted=False, reason="stale")
+    body = msgpack.unpackb(encode(Envelope(body=rejected, sender="c")))["b"]
+    assert body == {"ref_id": "r1", "accepted": False, "reason": "stale"}  # task_id "" left out
+    reply = Reply(task_id="t", round=1, phase="train", num_samples=3)
+    assert set(msgpack.unpackb(encode(Envelope(body=reply, sender="a")))["b"]) == {
+        "task_id",
+        "round",
+        "phase",
+        "num_samples",
+    }
+    w = np.ones(4, np.float32)
+    raw = TensorMap({"w": w}).to_wire()
+    assert "encoding" not in raw
+    assert TensorMap({"w": w}, encoding="f16").to_wire()["encoding"] == "f16"

@@ -135,7 +135,7 @@ def _set_vector_nan(f: dict[str, Any]) -> None:
         (lambda f: f["b"].pop("task_id"), "reply.task_id", "required"),
         (lambda f: f["b"].update(num_samples=True), "reply.num_samples", "int"),
         (lambda f: f["b"].update(num_samples=-3), "reply.num_samples", "non-negative"),
-        (lambda f: f["b"]["metrics"].update(acc=float("nan")), "reply.metrics.acc", "finite"),
+        (lambda f: f["b"].update(metrics={"acc": float("nan")}), "reply.metrics.acc", "finite"),
         (
             lambda f: f["b"]["payloads"]["protos"].update(t="bogus"),
             "reply.payloads.protos.t",
