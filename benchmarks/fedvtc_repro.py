@@ -19,6 +19,9 @@ Methods (``--methods``):
 * ``fedvtc_recal``: ``fedvtc`` + re-estimated generator BatchNorm statistics after averaging.
 * ``fedvtc_fix``: ``fedvtc`` + the deviations of ``--fix`` (default ``model_tc_weight=0.01``:
   L_tc weighted 0.01 in the model's step A only; see docs/fedvtc.md).
+* ``fedvtc_combo``: ``fedvtc`` + three deviations together (chosen on a one-seed scan, see
+  docs/fedvtc.md "Combined deviations"): ``model_tc_weight=0.1``, BN re-estimation of the
+  averaged generator, and sigma held at 0.1 (``sd_init=0.1``, ``sd_max=0.1``).
 
 Usage::
 
@@ -56,6 +59,16 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedvtc_f16": ("fedvtc", {"proto_encoding": "f16"}),
     "fedvtc_recal": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
     "fedvtc_fix": ("fedvtc", {"diagnostics": True}),
+    "fedvtc_combo": (
+        "fedvtc",
+        {
+            "diagnostics": True,
+            "model_tc_weight": 0.1,
+            "generator_bn_recalibrate": True,
+            "sd_init": 0.1,
+            "sd_max": 0.1,
+        },
+    ),
 }
 # methods with the noise control and the probe, in the paired and diagnostics tables
 DIAG_METHODS = ("fedvtc_le", "fedvtc", "fedvtc_fix", "fedvtc_recal", "fedvtc_combo")
