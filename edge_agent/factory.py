@@ -15,6 +15,7 @@ import torch
 from edge_agent.agent import AgentSettings, EdgeAgent
 from edge_agent.algorithms import EdgeContext, create_edge_algorithm
 from edge_agent.data import ArrayDataset, PartitionSpec, load_dataset, make_federated_split
+from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import create_model
 from models.checkpoint import ModelSpec
@@ -82,25 +83,26 @@ def build_agent(
     device = pick_device(opts.device)
     train, test, global_test = _shards(opts)
     c, h, _w = train.x.shape[1:]
-    torch.manual_seed(opts.seed * 1009 + opts.client_index)  # model init differs per device
-    model = create_model(
-        opts.model,
-        num_classes=train.num_classes,
-        in_chans=int(c),
-        feature_dim=opts.feature_dim,
-        input_size=int(h),
-    ).to(device)
-    gen = torch.Generator().manual_seed(opts.seed * 7919 + opts.client_index)
-    ctx = EdgeContext(
-        model=model,
-        train=_tensors(train, device),
-        test=_tensors(test, device),
-        num_classes=train.num_classes,
-        device=device,
-        generator=gen,
-        global_test=None if global_test is None else _tensors(global_test, device),
-    )
-    algorithm = create_edge_algorithm(opts.algorithm, ctx)
+    # model and algorithm init differ per device and are reproducible (thread-safe: simulate)
+    with seeded(opts.seed * 1009 + opts.client_index):
+        model = create_model(
+            opts.model,
+            num_classes=train.num_classes,
+            in_chans=int(c),
+            feature_dim=opts.feature_dim,
+            input_size=int(h),
+        ).to(device)
+        gen = torch.Generator().manual_seed(opts.seed * 7919 + opts.client_index)
+        ctx = EdgeContext(
+            model=model,
+            train=_tensors(train, device),
+            test=_tensors(test, device),
+            num_classes=train.num_classes,
+            device=device,
+            generator=gen,
+            global_test=None if global_test is None else _tensors(global_test, device),
+        )
+        algorithm = create_edge_algorithm(opts.algorithm, ctx)
     spec = ModelSpec.from_model(model)
     endpoint = Endpoint(transport, sender=opts.device_id, federation=opts.federation)
     settings = AgentSettings(

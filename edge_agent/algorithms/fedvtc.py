@@ -24,6 +24,7 @@ from edge_agent.algorithms.base import (
     register_edge_algorithm,
 )
 from edge_agent.knowledge import class_prototypes, prototype_table
+from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData, TrainStats
 from models.vtc import VTCGenerator, vtc_for
 from protocol.algorithms.fedvtc import FedVTCConfig
@@ -257,8 +258,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     def _shared_init(self, seed: int) -> None:
         """psi's initial weights from ``seed`` alone, identical on every client, so that the
         one-shot average of the trained generators is an average of related networks."""
-        with torch.random.fork_rng(devices=[]):  # leave the agent's global RNG untouched
-            torch.manual_seed(seed)
+        with seeded(seed):  # exclusive among simulated agents; global RNG restored after
             fresh = vtc_for(
                 self.generator.latent_dim, self.generator.out_chans, self.generator.out_size
             )
@@ -420,8 +420,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         from models import create_model
 
         c, h, _ = synthetic.x.shape[1:]
-        with torch.random.fork_rng(devices=[]):  # seeded init; the global RNG is left alone
-            torch.manual_seed(self.ctx.generator.initial_seed())
+        with seeded(self.ctx.generator.initial_seed()):  # global RNG restored after
             probe = create_model(
                 "mlp_m", num_classes=self.ctx.num_classes, in_chans=int(c), input_size=int(h)
             ).to(self.ctx.device)

@@ -1,0 +1,31 @@
+"""Seeded, thread-exclusive use of torch's global random generator.
+
+Module construction (``nn.init``) draws from torch's *global* generator, so a seeded init means
+``torch.manual_seed`` followed by the construction. ``coordinator simulate`` runs many agents as
+threads of one process: two agents seeding and building at the same time would interleave
+their draws and make "seeded" weights depend on thread timing (seen as run-to-run differences
+of the FedVTC reproduction, whose clients must all start from the same generator weights).
+:func:`seeded` makes such a block exclusive among threads and restores the global generator
+afterwards, so an agent's other random streams (its own ``torch.Generator`` objects) and the
+other agents are unaffected.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["seeded"]
+
+_LOCK = threading.RLock()
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the block with the global CPU generator seeded to ``seed``; restore it after."""
+    with _LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
