@@ -16,6 +16,8 @@ Methods (``--methods``):
   control (same pre-fine-tuning models fine-tuned on uniform noise with the same labels) and
   the synthetic-only probe (a fresh MLP trained on the synthetic set, tested on real images).
 * ``fedvtc_f16``: ``fedvtc`` with prototypes and SDs sent as float16.
+* ``fedvtc_combo_f16``: ``fedvtc_combo`` with float16 transport (diagnostics off; they run on
+  copies and do not change the fine-tuned model).
 * ``fedvtc_recal``: ``fedvtc`` + re-estimated generator BatchNorm statistics after averaging.
 * ``fedvtc_fix``: ``fedvtc`` + the deviations of ``--fix`` (default ``model_tc_weight=0.01``:
   L_tc weighted 0.01 in the model's step A only; see docs/fedvtc.md).
@@ -69,7 +71,19 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
             "sd_max": 0.1,
         },
     ),
+    "fedvtc_combo_f16": (
+        "fedvtc",
+        {
+            "proto_encoding": "f16",
+            "model_tc_weight": 0.1,
+            "generator_bn_recalibrate": True,
+            "sd_init": 0.1,
+            "sd_max": 0.1,
+        },
+    ),
 }
+# float16 variants and the float32 method each is paired with (same seeds)
+F16_PAIRS = (("fedvtc", "fedvtc_f16"), ("fedvtc_combo", "fedvtc_combo_f16"))
 # methods with the noise control and the probe, in the paired and diagnostics tables
 DIAG_METHODS = ("fedvtc_le", "fedvtc", "fedvtc_fix", "fedvtc_recal", "fedvtc_combo")
 # per-round diagnostics kept in the JSON (means over the agents of that round)
@@ -399,30 +413,41 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
             )
     lines += [
         "",
-        "float16 transport of prototypes and SDs (paired with `fedvtc`, same seeds):",
+        "float16 transport of prototypes and SDs (each f16 method paired with its float32 "
+        "method, same seeds; MB without the time-throttled progress messages):",
         "",
-        "| Dir α | seeds | train-round MB raw | train-round MB f16 | saving | "
+        "| method | Dir α | seeds | train-round MB raw | train-round MB f16 | saving | "
         "total MB raw → f16 | acc f16 − raw (pp) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for alpha in alphas:
-        f16 = _by_seed(groups.get(("fedvtc_f16", alpha), []))
-        raw = {k: v for k, v in _by_seed(groups.get(("fedvtc", alpha), [])).items() if k in f16}
-        if not raw:
-            continue
 
-        def train_mb(r: dict[str, Any]) -> float:
-            return sum(r["bytes_by_phase"].get("train", {}).values()) / 1e6
-
-        a = statistics.fmean(train_mb(r) for r in raw.values())
-        b = statistics.fmean(train_mb(f16[k]) for k in raw)
-        ta = statistics.fmean(r["bytes_total"] for r in raw.values()) / 1e6
-        tb = statistics.fmean(f16[k]["bytes_total"] for k in raw) / 1e6
-        acc = [f16[k]["acc_global"] - raw[k]["acc_global"] for k in raw]
-        lines.append(
-            f"| {alpha:g} | {len(raw)} | {a:.3f} | {b:.3f} | {100 * (1 - b / a):.1f}% | "
-            f"{ta:.2f} → {tb:.2f} | {_ms(acc)} |"
+    def payload_mb(r: dict[str, Any], phase: str | None = None) -> float:
+        phases = [phase] if phase else list(r["bytes_by_phase"])
+        return (
+            sum(
+                n
+                for ph in phases
+                for kind, n in r["bytes_by_phase"].get(ph, {}).items()
+                if not kind.endswith(".progress")
+            )
+            / 1e6
         )
+
+    for base, variant in F16_PAIRS:
+        for alpha in alphas:
+            f16 = _by_seed(groups.get((variant, alpha), []))
+            raw = {k: v for k, v in _by_seed(groups.get((base, alpha), [])).items() if k in f16}
+            if not raw:
+                continue
+            a = statistics.fmean(payload_mb(r, "train") for r in raw.values())
+            b = statistics.fmean(payload_mb(f16[k], "train") for k in raw)
+            ta = statistics.fmean(payload_mb(r) for r in raw.values())
+            tb = statistics.fmean(payload_mb(f16[k]) for k in raw)
+            acc = [f16[k]["acc_global"] - raw[k]["acc_global"] for k in raw]
+            lines.append(
+                f"| {variant} | {alpha:g} | {len(raw)} | {a:.3f} | {b:.3f} | "
+                f"{100 * (1 - b / a):.1f}% | {ta:.2f} → {tb:.2f} | {_ms(acc)} |"
+            )
     lines += [
         "",
         "Last training round's diagnostics (means over agents, then over seeds; "
@@ -471,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
             for seed in args.seeds:
                 for m in args.methods:
                     f16 = args.f16_seeds
-                    if m == "fedvtc_f16" and f16 is not None and seed not in f16:
+                    if m.endswith("_f16") and f16 is not None and seed not in f16:
                         continue
                     spec = run_spec(args, m, alpha, seed)
                     if json.dumps(spec, sort_keys=True) not in done:
