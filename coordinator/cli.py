@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(demo)
     demo.add_argument("--agents", type=int, default=4, help="number of edge-agent processes")
     demo.add_argument("--no-export", action="store_true", help="skip the ONNX export")
+    demo.add_argument(
+        "--data", default=None, help="bundled dataset: mnist5k (28x28, default) or digits (8x8)"
+    )
+    demo.add_argument(
+        "--feature-dim", type=int, default=None, help="feature size (digits 64, mnist5k 980)"
+    )
     sim = sub.add_parser("simulate", help="many agents in one process (in-memory transport)")
     _run_options(sim)
     sim.add_argument("--agents", type=int, default=10, help="simulated devices")
@@ -136,21 +142,33 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# The demo's defaults, sized to finish in about a minute on 2 CPU cores; --algorithm, --rounds
-# and --set override every value. Measured on the demo's own set-up (4 agents, digits, Dir 0.5,
-# 8 rounds, these hyperparameters), mean accuracy on local / global test data over seeds 0-2:
-# fedproto 94.5% / 63.8%, local-only 93.9% / 67.4%, fedvtc with the docs/fedvtc.md deviations
-# (model_tc_weight 0.1, BN re-estimation, sigma 0.1) 75.1% / 59.1%, fedvtc as in the paper
-# 22.1% / 14.0% (seed 0). FedProto is the default because it is the federated method that costs
-# nothing on a device's own data here; on 8x8 digits none beats local-only on the global test
-# set, so the demo shows the system working, not an accuracy gain (that is docs/fedvtc.md).
-DEMO_DEFAULTS = {"algorithm": "fedproto", "rounds": 8}
+# The demo's defaults, sized to finish in about a minute and a half on 2 CPU cores;
+# --algorithm, --rounds, --data and --set override every value. Measured with these settings
+# (4 agent processes, Dir 0.5, 8 rounds, local_epochs 2, lr 0.05), mean accuracy over the agents
+# on local / global test data, mean over seeds 0-2 (`coordinator demo --algorithm A --seed S`):
+#   mnist5k (28x28): fedvtc 80.5% / 75.2%, fedproto 94.2% / 72.8%, local-only 93.1% / 71.7%
+#   digits (8x8):    fedvtc 75.1% / 59.1%, fedproto 94.5% / 63.8%, local-only 93.9% / 67.4%
+# fedvtc here carries the three deviations that make its generator work (docs/fedvtc.md,
+# "Combined deviations"; with the paper's settings it scores 22.1% / 14.0% on digits, seed 0).
+# On mnist5k it gives every device the best accuracy on all classes (global, +3.5 points over
+# local-only, no seed below it) and costs accuracy on the device's own skewed label mix (local,
+# -12.6): its final fine-tuning on class-balanced synthetic data removes the local label prior.
+DEMO_DEFAULTS = {"algorithm": "fedvtc", "rounds": 8, "data": "mnist5k"}
+# feature size per dataset: mnist5k uses the paper's MNIST generator (980 = 20x7x7 latent)
+DEMO_FEATURE_DIM = {"digits": 64, "mnist5k": 980}
 _DEMO_TRAINING = ["hyper.local_epochs=2", "hyper.lr=0.05"]
 DEMO_HYPER = {
     "local": _DEMO_TRAINING,
     "fedavg": _DEMO_TRAINING,
     "fedproto": _DEMO_TRAINING,
-    "fedvtc": [*_DEMO_TRAINING, "hyper.synthetic_per_class=50"],
+    "fedvtc": [
+        *_DEMO_TRAINING,
+        "hyper.synthetic_per_class=50",
+        "hyper.model_tc_weight=0.1",
+        "hyper.generator_bn_recalibrate=true",
+        "hyper.sd_init=0.1",
+        "hyper.sd_max=0.1",
+    ],
 }
 
 
@@ -160,8 +178,13 @@ def _demo(args: argparse.Namespace) -> int:
     args.algorithm = args.algorithm or DEMO_DEFAULTS["algorithm"]
     args.rounds = args.rounds if args.rounds is not None else DEMO_DEFAULTS["rounds"]
     args.overrides = DEMO_HYPER.get(args.algorithm, []) + list(args.overrides)
+    args.data = args.data or DEMO_DEFAULTS["data"]
     cfg = _config(args)
-    run_demo(cfg, DemoSpec(agents=args.agents, export=not args.no_export))
+    feature_dim = args.feature_dim or DEMO_FEATURE_DIM.get(args.data, 64)
+    spec = DemoSpec(
+        agents=args.agents, data=args.data, feature_dim=feature_dim, export=not args.no_export
+    )
+    run_demo(cfg, spec)
     return 0
 
 

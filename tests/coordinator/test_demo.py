@@ -1,0 +1,64 @@
+"""``coordinator demo`` end to end: its defaults (FedVTC on MNIST 5k), real agent processes over
+the embedded broker, the finalisation phase and verified ONNX bundles; and its summary table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coordinator.cli import main
+from coordinator.demo import summarize
+from coordinator.engine import RunResult
+
+
+def test_default_demo_runs_fedvtc_to_verified_onnx(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "demo"
+    code = main(
+        [
+            "demo",
+            "--agents",
+            "2",
+            "--rounds",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--log-level",
+            "ERROR",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # FedVTC's schedule: training rounds, the one-shot generator upload, the final broadcast
+    assert [s["phase"] for s in steps] == ["train", "upload_generator", "final"]
+    final = steps[-1]["agents"]
+    assert sorted(final) == ["agent0", "agent1"]
+    assert all(0.0 <= a["acc_global"] <= 1.0 for a in final.values())
+    for dev in final:
+        manifest = json.loads((run_dir / "export" / dev / "manifest.json").read_text())
+        assert manifest["files"][0]["verification"]["passed"] is True
+    assert out.count("| verified |") == 2
+    assert "| **mean** |" in out
+
+
+def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
+    metrics = [
+        {
+            "phase": "train",
+            "agents": {"a": {"acc_local": 0.5, "acc_global": 0.2}, "b": {"acc_local": 0.7}},
+        },
+        {
+            "phase": "final",
+            "agents": {
+                "a": {"arch": "mlp_s", "acc_local": 0.6, "acc_global": 0.4},
+                "b": {"arch": "cnn_t1", "acc_local": 0.8, "acc_global": 0.6},
+            },
+        },
+    ]
+    text = summarize(RunResult(run_id="r", steps=2, metrics=metrics, rejected={}), tmp_path)
+    # global at round 1 is known for one agent only: its mean is that agent's value
+    assert "| **mean** | | 60.0% -> 70.0% | 20.0% -> 50.0% | |" in text
