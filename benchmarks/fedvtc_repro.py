@@ -16,6 +16,7 @@ Methods (``--methods``):
   control (same pre-fine-tuning models fine-tuned on uniform noise with the same labels) and
   the synthetic-only probe (a fresh MLP trained on the synthetic set, tested on real images).
 * ``fedvtc_f16``: ``fedvtc`` with prototypes and SDs sent as float16.
+* ``fedvtc_combo_every``: ``fedvtc_combo`` with the generator averaged every round (Table 3 ②).
 * ``fedvtc_combo_f16``: ``fedvtc_combo`` with float16 transport (diagnostics off; they run on
   copies and do not change the fine-tuned model).
 * ``fedvtc_recal``: ``fedvtc`` + re-estimated generator BatchNorm statistics after averaging.
@@ -71,6 +72,17 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
             "sd_max": 0.1,
         },
     ),
+    "fedvtc_combo_every": (
+        "fedvtc",
+        {
+            "diagnostics": True,
+            "generator_exchange": "every_round",
+            "model_tc_weight": 0.1,
+            "generator_bn_recalibrate": True,
+            "sd_init": 0.1,
+            "sd_max": 0.1,
+        },
+    ),
     "fedvtc_combo_f16": (
         "fedvtc",
         {
@@ -85,7 +97,14 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
 # float16 variants and the float32 method each is paired with (same seeds)
 F16_PAIRS = (("fedvtc", "fedvtc_f16"), ("fedvtc_combo", "fedvtc_combo_f16"))
 # methods with the noise control and the probe, in the paired and diagnostics tables
-DIAG_METHODS = ("fedvtc_le", "fedvtc", "fedvtc_fix", "fedvtc_recal", "fedvtc_combo")
+DIAG_METHODS = (
+    "fedvtc_le",
+    "fedvtc",
+    "fedvtc_fix",
+    "fedvtc_recal",
+    "fedvtc_combo",
+    "fedvtc_combo_every",
+)
 # per-round diagnostics kept in the JSON (means over the agents of that round)
 ROUND_KEYS = (
     "diag_ce",

@@ -61,3 +61,28 @@ def test_fedvtc_end_to_end_finetune_not_worse(tmp_path: Path) -> None:
     assert np.mean(after) >= np.mean(before) - 0.01
     sigma = [m["aggregate"]["sigma_mean"] for m in result.metrics[:3]]
     assert all(np.isfinite(sigma)) and all(s > 0 for s in sigma)
+
+
+@pytest.mark.slow
+def test_fedvtc_every_round_exchanges_the_generator(tmp_path: Path) -> None:
+    """Table 3's ablation: each training reply carries the generator, each later task the
+    averaged one; the one-shot default sends it only in the finalisation phases."""
+    once = run(tmp_path / "once", "fedvtc", rounds=2, local_epochs=1, synthetic_per_class=10)
+    every = run(
+        tmp_path / "every",
+        "fedvtc",
+        rounds=2,
+        local_epochs=1,
+        synthetic_per_class=10,
+        generator_exchange="every_round",
+    )
+    assert [m["phase"] for m in every.metrics] == [m["phase"] for m in once.metrics]
+    uploads = once.metrics[2]["bytes"]["rx.reply"]  # the one-shot upload of 3 generators
+    for r in (0, 1):
+        extra_up = every.metrics[r]["bytes"]["rx.reply"] - once.metrics[r]["bytes"]["rx.reply"]
+        assert extra_up >= 0.9 * uploads, (r, extra_up, uploads)
+    extra_down = [
+        every.metrics[r]["bytes"]["tx.task"] - once.metrics[r]["bytes"]["tx.task"] for r in (0, 1)
+    ]
+    assert extra_down[0] < 0.1 * uploads  # nothing averaged before round 1
+    assert extra_down[1] >= 0.9 * uploads  # round 2's tasks carry the averaged generator
