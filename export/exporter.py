@@ -206,33 +206,31 @@ def _torch_export(
             # TracerWarnings (data-dependent control flow) still show.
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", FutureWarning)
-            if dynamo:
-                torch.onnx.export(
-                    module,
-                    (example,),
-                    path,
-                    input_names=[input_name],
-                    output_names=list(output_names),
-                    opset_version=opset,
-                    dynamo=True,
-                    external_data=False,
-                    dynamic_shapes=({0: torch.export.Dim.DYNAMIC},),
-                    optimize=True,
-                    verbose=False,
-                )
-            else:
-                axes = {name: {0: BATCH_DIM} for name in (input_name, *output_names)}
-                torch.onnx.export(
-                    module,
-                    (example,),
-                    path,
-                    input_names=[input_name],
-                    output_names=list(output_names),
-                    opset_version=opset,
-                    dynamo=False,
-                    dynamic_axes=axes,
-                    do_constant_folding=True,
-                )
+            # what differs between the exporters: how the batch axis is declared, and their
+            # own graph clean-up switches
+            specific: dict[str, Any] = (
+                {
+                    "external_data": False,
+                    "dynamic_shapes": ({0: torch.export.Dim.DYNAMIC},),
+                    "optimize": True,
+                    "verbose": False,
+                }
+                if dynamo
+                else {
+                    "dynamic_axes": {n: {0: BATCH_DIM} for n in (input_name, *output_names)},
+                    "do_constant_folding": True,
+                }
+            )
+            torch.onnx.export(
+                module,
+                (example,),
+                path,
+                input_names=[input_name],
+                output_names=list(output_names),
+                opset_version=opset,
+                dynamo=dynamo,
+                **specific,
+            )
     except ModuleNotFoundError as exc:
         raise ExportError(
             f"cannot export {what}: missing module {exc.name!r} (the dynamo exporter needs "
