@@ -86,6 +86,7 @@ class Coordinator:
         self.agents: dict[str, AgentInfo] = {}
         self.online: set[str] = set()
         self.rejected: dict[str, int] = {}
+        self.deferred = 0  # replies that arrived while no step was open (left unacknowledged)
         self.plan = strategy.plan(cfg.rounds)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self._outstanding: dict[str, Task] = {}  # device -> task of the open step
@@ -387,13 +388,17 @@ class Coordinator:
         if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
             self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
             return
-        if (
-            rec is None
-            or step is None
-            or outcome is None
-            or task is None
-            or reply.task_id != task.task_id
-        ):
+        if rec is None or step is None or outcome is None:
+            # No step is open (start-up, a resume before its step reopens, between steps): the
+            # reply cannot be judged yet. Refusing it would make the agent drop it from its
+            # outbox, and a resumed step would then wait in vain for an update the agent has
+            # already computed. Without an ack the agent keeps it and sends it again when the
+            # step's task reaches it; a reply to a step that is closed for good is refused once
+            # it arrives again while a step is open.
+            self.deferred += 1
+            self.log.info("reply %s from %s deferred: no step is open", reply.task_id, device)
+            return
+        if task is None or reply.task_id != task.task_id:
             self._reject("late", f"reply {reply.task_id} from {device} matches no open task")
             self._ack(
                 ack_topic,

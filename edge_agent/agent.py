@@ -198,9 +198,13 @@ class EdgeAgent:
         reply_topic = self.topics.up(self.settings.device_id, "reply")
         done_id = self.state.completed_reply(task.task_id)
         if done_id is not None:
+            resent = False
             for topic, pending in self.state.pending():
                 if pending.msg_id == done_id:
                     self.endpoint.send_envelope(topic, pending)
+                    resent = True
+            if not resent:  # acknowledged (or refused) already: training twice would be wrong
+                self.log.warning("task %s repeated after its reply was acknowledged", task.task_id)
             return
         self._current = task
         self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)

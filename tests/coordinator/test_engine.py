@@ -10,8 +10,8 @@ import pytest
 from coordinator.engine import QuorumError
 from coordinator.runner import coordinator_will, make_coordinator
 from coordinator.strategies.baselines import FedProtoStrategy
-from protocol.codec import Envelope, encode
-from protocol.messages import Progress, Task
+from protocol.codec import Envelope, decode, encode
+from protocol.messages import Ack, Progress, Reply, Task
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import InProcessAgent, run_config
@@ -49,6 +49,42 @@ def test_garbage_and_wrong_messages_are_rejected_while_the_run_goes_on(tmp_path:
     assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
     assert coord.endpoint.rejected["DecodeError"] >= 2
     assert result.rejected["unexpected_kind"] == 1 and result.rejected["sender_mismatch"] == 1
+    for a in agents:
+        a.close()
+
+
+def test_a_reply_arriving_while_no_step_is_open_is_deferred_not_refused(tmp_path: Path) -> None:
+    # A resumed coordinator hears an agent's resent reply before it reopens the step. Refusing
+    # it made the agent drop the update for good (the resumed step then closed one short).
+    # Prepare
+    cfg = run_config(tmp_path, rounds=1)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    topics = Topics(cfg.federation)
+    acks: list[Ack] = []
+    rogue = MemoryTransport(broker, "rogue")
+    rogue.connect()
+    rogue.subscribe(
+        topics.down("agent0", "ack"), lambda _topic, data: acks.append(decode(data).body)
+    )
+    early = Envelope(
+        body=Reply(task_id=f"{cfg.run_id}.0.0.agent0", round=1, phase="train", num_samples=1),
+        sender="agent0",
+    )
+    # Execute
+    rogue.publish(topics.up("agent0", "reply"), encode(early))
+    coord.wait_for_agents(3, 60)
+    deferred_before_run = coord.deferred
+    result = coord.run()
+    # Assert
+    assert deferred_before_run == 1
+    assert not [a for a in acks if a.ref_id == early.msg_id]
+    assert "late" not in coord.rejected
+    assert [m["phase"] for m in result.metrics] == ["train", "final"]
     for a in agents:
         a.close()
 
