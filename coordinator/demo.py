@@ -22,8 +22,11 @@ from typing import Any
 from coordinator.config import RunConfig
 from coordinator.engine import RunResult
 from coordinator.runner import coordinator_will, run_coordinator
+from protocol.errors import EdgeFLError
 
-__all__ = ["DemoSpec", "run_demo", "summarize"]
+__all__ = ["AgentProcessError", "DemoSpec", "run_demo", "summarize"]
+
+LOG_TAIL_LINES = 15  # of a dead agent's log, quoted in the error
 
 log = logging.getLogger("edgefl.demo")
 
@@ -38,6 +41,36 @@ class DemoSpec:
     partition: str = "dirichlet:0.5"
     feature_dim: int = 64
     export: bool = True
+
+
+class AgentProcessError(EdgeFLError):
+    """One of the demo's agent processes exited with an error before the run finished."""
+
+
+@dataclass
+class _AgentProc:
+    index: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: Any
+
+
+def _check_agents(agents: list[_AgentProc]) -> None:
+    """Raise :class:`AgentProcessError` for the first agent that exited with an error.
+
+    Without it a broken agent (bad install, missing data) would leave the coordinator waiting
+    for a registration or a reply until its deadline (``wait_agents_s``, 5 min by default).
+    """
+    for a in agents:
+        code = a.proc.poll()
+        if code not in (None, 0):
+            a.log_file.flush()
+            lines = a.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            tail = "\n".join(f"  | {line}" for line in lines) or "  | (empty log)"
+            raise AgentProcessError(
+                f"edge-agent process agent{a.index} exited with code {code} before the run "
+                f"finished; the end of {a.log_path}:\n{tail}"
+            )
 
 
 def _agent_executable() -> list[str]:
@@ -98,19 +131,14 @@ def run_demo(cfg: RunConfig, spec: DemoSpec) -> RunResult:
     cfg = cfg.replace(min_agents=spec.agents)
     with EmbeddedBroker(port=0) as broker:
         log.info("embedded MQTT broker on 127.0.0.1:%d", broker.port)
-        procs = []
+        agents: list[_AgentProc] = []
         for i in range(spec.agents):
-            out = (run_dir / "logs" / f"agent{i}.log").open("w")
-            procs.append(
-                (
-                    subprocess.Popen(
-                        _agent_cmd(cfg, spec, broker.port, i, run_dir),
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    ),
-                    out,
-                )
+            log_path = run_dir / "logs" / f"agent{i}.log"
+            out = log_path.open("w")
+            proc = subprocess.Popen(
+                _agent_cmd(cfg, spec, broker.port, i, run_dir), stdout=out, stderr=subprocess.STDOUT
             )
+            agents.append(_AgentProc(i, proc, log_path, out))
         log.info("started %d edge-agent processes (logs in %s)", spec.agents, run_dir / "logs")
         transport = MqttTransport(
             host="127.0.0.1",
@@ -118,24 +146,28 @@ def run_demo(cfg: RunConfig, spec: DemoSpec) -> RunResult:
             client_id="edgefl-coordinator",
             will=coordinator_will(cfg),
         )
+        finished = False
         try:
-            result = run_coordinator(cfg, transport)
+            result = run_coordinator(cfg, transport, health_check=lambda: _check_agents(agents))
+            finished = True
         finally:
             transport.close()
-            _reap(procs)
+            # after a failed run nobody will tell the agents to stop: end them now
+            _reap(agents, timeout=120.0 if finished else 0.0)
     print(summarize(result, run_dir))
     return result
 
 
-def _reap(procs: list[tuple[subprocess.Popen[bytes], Any]], timeout: float = 120.0) -> None:
+def _reap(agents: list[_AgentProc], timeout: float) -> None:
+    """Wait up to ``timeout`` for the agents to exit on their own, then terminate the rest."""
     end = time.monotonic() + timeout
-    for proc, out in procs:
+    for a in agents:
         try:
-            proc.wait(timeout=max(0.1, end - time.monotonic()))
+            a.proc.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.terminate()
-            proc.wait(timeout=10)
-        out.close()
+            a.proc.terminate()
+            a.proc.wait(timeout=10)
+        a.log_file.close()
 
 
 def summarize(result: RunResult, run_dir: Path) -> str:

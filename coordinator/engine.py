@@ -12,6 +12,7 @@ import logging
 import math
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -75,8 +76,13 @@ class Coordinator:
         store: Store,
         strategy: Strategy[Any],
         logger: logging.Logger | None = None,
+        *,
+        health_check: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        # called before every wait for messages; raises to end the run (the demo uses it to stop
+        # at once when one of its agent processes dies instead of waiting out a deadline)
+        self.health_check = health_check
         self.endpoint = endpoint
         self.store = store
         self.strategy = strategy
@@ -282,6 +288,8 @@ class Coordinator:
         leave only after it commits, so an acknowledged update is durable while a burst of N
         replies costs one fsync instead of N (1000 agents: see benchmarks/bench_coordinator.py).
         """
+        if self.health_check is not None:
+            self.health_check()
         try:
             batch = [self.inbox.get(timeout=timeout)]
         except queue.Empty:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.config import RunConfig
@@ -37,9 +38,16 @@ def coordinator_will(cfg: RunConfig) -> Will:
 
 
 def make_coordinator(
-    cfg: RunConfig, transport: Transport, logger: logging.Logger | None = None
+    cfg: RunConfig,
+    transport: Transport,
+    logger: logging.Logger | None = None,
+    *,
+    health_check: Callable[[], None] | None = None,
 ) -> Coordinator:
-    """Open the run's store and strategy and wire them to ``transport``."""
+    """Open the run's store and strategy and wire them to ``transport``.
+
+    ``health_check`` runs before every wait for messages and may raise to end the run.
+    """
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2))
@@ -48,14 +56,18 @@ def make_coordinator(
         cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed
     )
     endpoint = Endpoint(transport, sender=SENDER, federation=cfg.federation)
-    return Coordinator(cfg, endpoint, store, strategy, logger)
+    return Coordinator(cfg, endpoint, store, strategy, logger, health_check=health_check)
 
 
 def run_coordinator(
-    cfg: RunConfig, transport: Transport, logger: logging.Logger | None = None
+    cfg: RunConfig,
+    transport: Transport,
+    logger: logging.Logger | None = None,
+    *,
+    health_check: Callable[[], None] | None = None,
 ) -> RunResult:
     """Connect, run every step, disconnect."""
-    coord = make_coordinator(cfg, transport, logger)
+    coord = make_coordinator(cfg, transport, logger, health_check=health_check)
     try:
         coord.start()  # subscriptions first: queued messages of our session arrive on connect
         if not transport.connected:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import main
-from coordinator.demo import summarize
+from coordinator.config import RunConfig
+from coordinator.demo import AgentProcessError, DemoSpec, run_demo, summarize
 from coordinator.engine import RunResult
 
 
@@ -43,6 +44,19 @@ def test_default_demo_runs_fedvtc_to_verified_onnx(
         assert manifest["files"][0]["verification"]["passed"] is True
     assert out.count("| verified |") == 2
     assert "| **mean** |" in out
+
+
+def test_demo_stops_with_the_log_of_an_agent_process_that_died(tmp_path: Path) -> None:
+    # one agent gets an unknown architecture and exits at start-up; without the check the
+    # coordinator would wait wait_agents_s (an hour here) for it to register
+    cfg = RunConfig(algorithm="local", rounds=1, run_dir=str(tmp_path / "run"), wait_agents_s=3600)
+    spec = DemoSpec(agents=2, models=("mlp_s", "no_such_model"), data="digits", export=False)
+    with pytest.raises(AgentProcessError) as err:
+        run_demo(cfg, spec)
+    text = str(err.value)
+    assert "agent1 exited with code" in text
+    assert "unknown model 'no_such_model'" in text  # the agent's own message, from its log
+    assert str(tmp_path / "run" / "logs" / "agent1.log") in text
 
 
 def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
