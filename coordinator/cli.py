@@ -24,10 +24,11 @@ def _run_options(p: argparse.ArgumentParser, default_algorithm: str | None = Non
     p.add_argument(
         "--set",
         dest="overrides",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="SECTION.KEY=V",
-        help="override a config value, e.g. --set run.rounds=5 --set hyper.lr=0.05",
+        help="override config values, e.g. --set run.rounds=5 hyper.lr=0.05 (repeatable)",
     )
     p.add_argument("--algorithm", default=default_algorithm, help="algorithm name")
     p.add_argument("--rounds", type=int, default=None, help="training rounds")

@@ -64,3 +64,12 @@ def test_unknown_config_key_is_rejected(tmp_path, capsys: pytest.CaptureFixture[
     code = main(["serve", "--set", "run.roundz=3", "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and "roundz" in err, err
+
+
+def test_set_takes_several_overrides_and_repeats() -> None:
+    from coordinator.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["serve", "--set", "run.rounds=5", "hyper.lr=0.05", "--set", "hyper.local_epochs=2"]
+    )
+    assert args.overrides == ["run.rounds=5", "hyper.lr=0.05", "hyper.local_epochs=2"]
