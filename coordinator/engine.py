@@ -146,7 +146,7 @@ class Coordinator:
     # ----- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:
         """Wait for agents, then run every remaining step of the plan."""
-        first = self.store.last_done_step() + 1
+        first = self.store.last_closed_step() + 1
         if first < len(self.plan):
             self.wait_for_agents(self.cfg.min_agents, self.cfg.wait_agents_s)
             self._publish_state("running", self.plan[first].round)
@@ -456,15 +456,13 @@ class Coordinator:
             agg = self.strategy.aggregate(step, ordered)
             agg.update(self.strategy.server_train(step))
         except AggregationError as exc:
-            self.log.error("step %d aggregation failed: %s", rec.idx + 1, exc)
-            raise
-        traffic = self.endpoint.traffic.snapshot()
-        delta = {k: v - traffic0.get(k, 0) for k, v in traffic.items() if v - traffic0.get(k, 0)}
-        record = self._metrics_record(rec, step, outcome, ordered, agg, started, delta)
+            self._fail_aggregation(rec, step, outcome, ordered, started, traffic0, exc)
+            return
+        record = self._metrics_record(
+            rec, step, outcome, ordered, agg, started, self._traffic_since(traffic0)
+        )
         self.store.complete_step(rec.idx, "done", self.strategy.state_dict(), record)
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        self._append_metrics(record)
         self.log.info(
             "step %d/%d %s round %d: %d/%d replies, local acc %s, global acc %s, %d bytes",
             rec.idx + 1,
@@ -477,6 +475,43 @@ class Coordinator:
             _fmt(record["mean_acc_global"]),
             record["bytes_total"],
         )
+
+    def _fail_aggregation(  # noqa: PLR0917 - internal, called once
+        self,
+        rec: StepRecord,
+        step: Step,
+        outcome: StepOutcome,
+        ordered: list[tuple[AgentInfo, Reply]],
+        started: float,
+        traffic0: dict[str, int],
+        exc: AggregationError,
+    ) -> None:
+        """Close the step as failed and go on: re-raising left it open, so every resume
+        replayed the same stored replies into the same error and the run never moved again."""
+        self.log.error(
+            "step %d (%s round %d) aggregation failed, step skipped: %s",
+            rec.idx + 1,
+            step.phase,
+            step.round,
+            exc,
+        )
+        # aggregate may have mutated the strategy before raising: back to the last good state
+        self.strategy.load_state_dict(self.store.global_state())
+        record = self._metrics_record(
+            rec, step, outcome, ordered, {}, started, self._traffic_since(traffic0)
+        )
+        record.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        self.store.fail_step(rec.idx, record, str(exc))
+        self._append_metrics(record)
+
+    def _traffic_since(self, traffic0: dict[str, int]) -> dict[str, int]:
+        traffic = self.endpoint.traffic.snapshot()
+        return {k: v - traffic0.get(k, 0) for k, v in traffic.items() if v - traffic0.get(k, 0)}
+
+    def _append_metrics(self, record: dict[str, Any]) -> None:
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
 
     def _metrics_record(  # noqa: PLR0917 - internal, called once
         self,

@@ -3,7 +3,8 @@
 An update is acknowledged on the wire only after :meth:`Store.add_update` has committed it.
 Aggregation and the step's completion commit in one transaction (:meth:`Store.complete_step`),
 so a restarted coordinator resumes the open step with the updates it already has and never
-aggregates an update twice.
+aggregates an update twice. A step whose aggregation failed is closed as ``failed`` and its
+updates move to ``quarantine`` (:meth:`Store.fail_step`): kept for inspection, never replayed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ CREATE TABLE IF NOT EXISTS updates (step INTEGER NOT NULL, device_id TEXT NOT NU
     PRIMARY KEY (step, device_id));
 -- every reply is first checked for a duplicate msg_id: without this, a scan of all updates
 CREATE INDEX IF NOT EXISTS updates_by_msg ON updates (msg_id);
+-- updates of a step whose aggregation failed: kept for a post-mortem, never aggregated again
+CREATE TABLE IF NOT EXISTS quarantine (step INTEGER NOT NULL, device_id TEXT NOT NULL,
+    msg_id TEXT NOT NULL, task_id TEXT NOT NULL, envelope BLOB NOT NULL, received REAL NOT NULL,
+    reason TEXT NOT NULL, PRIMARY KEY (step, device_id));
+CREATE INDEX IF NOT EXISTS quarantine_by_msg ON quarantine (msg_id);
 CREATE TABLE IF NOT EXISTS global_state (name TEXT PRIMARY KEY, blob BLOB NOT NULL,
     step INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS metrics (step INTEGER PRIMARY KEY, record TEXT NOT NULL);
@@ -147,6 +153,18 @@ class Store:
         row = self.db.execute("SELECT MAX(idx) FROM steps WHERE status='done'").fetchone()
         return -1 if row[0] is None else int(row[0])
 
+    def last_closed_step(self) -> int:
+        """Index of the last step closed for good, -1 if none: done, or failed in aggregation.
+
+        A step that failed its quorum is not closed for good (a restart retries it); one whose
+        aggregation failed is, since replaying its stored replies would fail again.
+        """
+        row = self.db.execute(
+            "SELECT MAX(idx) FROM steps WHERE status='done' OR (status='failed' AND "
+            "EXISTS (SELECT 1 FROM quarantine WHERE quarantine.step=steps.idx))"
+        ).fetchone()
+        return -1 if row[0] is None else int(row[0])
+
     def add_update(
         self, step: int, device_id: str, msg_id: str, task_id: str, envelope: bytes
     ) -> bool:
@@ -167,11 +185,11 @@ class Store:
         )
 
     def has_update_msg(self, msg_id: str) -> bool:
-        """Whether a reply with this message id is already stored (any step)."""
-        return (
-            self.db.execute("SELECT 1 FROM updates WHERE msg_id=?", (msg_id,)).fetchone()
-            is not None
-        )
+        """Whether a reply with this message id is already stored (any step, quarantine too)."""
+        for table in ("updates", "quarantine"):
+            if self.db.execute(f"SELECT 1 FROM {table} WHERE msg_id=?", (msg_id,)).fetchone():
+                return True
+        return False
 
     def clear_updates(self, step: int) -> None:
         """Drop a failed attempt's updates before the step is retried."""
@@ -191,6 +209,33 @@ class Store:
                     (pack_payloads(state), step),
                 )
             db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, json.dumps(metrics)))
+
+    def fail_step(self, step: int, metrics: dict[str, Any], reason: str) -> None:
+        """Atomically close a step whose aggregation failed and quarantine its updates.
+
+        The global state stays that of the last good step; the moved updates are never
+        replayed by a resume (see :meth:`last_closed_step`).
+        """
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO quarantine SELECT step, device_id, msg_id, task_id, "
+                "envelope, received, ? FROM updates WHERE step=?",
+                (reason, step),
+            )
+            db.execute("DELETE FROM updates WHERE step=?", (step,))
+            db.execute(
+                "UPDATE steps SET status='failed', finished=? WHERE idx=?", (time.time(), step)
+            )
+            db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, json.dumps(metrics)))
+
+    def quarantined(self, step: int) -> list[tuple[str, str, str]]:
+        """(device_id, msg_id, reason) of every quarantined reply of ``step``."""
+        return list(
+            self.db.execute(
+                "SELECT device_id, msg_id, reason FROM quarantine WHERE step=? ORDER BY device_id",
+                (step,),
+            )
+        )
 
     def global_state(self) -> dict[str, Payload]:
         """The strategy state of the last completed step (empty before the first)."""

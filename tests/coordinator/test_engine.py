@@ -11,6 +11,7 @@ from coordinator.engine import QuorumError
 from coordinator.runner import coordinator_will, make_coordinator
 from coordinator.strategies.baselines import FedProtoStrategy
 from protocol.codec import Envelope, decode, encode
+from protocol.errors import AggregationError
 from protocol.messages import Ack, Progress, Reply, Task
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
@@ -157,5 +158,68 @@ def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, m
     assert seen[1] == (2, ["agent0", "agent1", "agent2"])
     assert [m["round"] for m in result.metrics] == [1, 2, 3, 4]
     assert [u[1] for u in second.store.updates(1)] == updates_before
+    for a in agents:
+        a.close()
+
+
+def test_a_step_whose_aggregation_fails_is_closed_failed_and_never_replayed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Prepare: round 2's aggregation half-updates the strategy, then raises; round 3's first
+    # aggregation crashes the coordinator, which is restarted on the same run directory
+    cfg = run_config(tmp_path, rounds=3)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    seen: list[int] = []
+    original = FedProtoStrategy.aggregate
+    crashed = threading.Event()
+
+    def aggregate(self, step, replies):
+        if step.round == 2:
+            self.protos = None  # a partial mutation the engine must undo
+            raise AggregationError("round 2 is poisoned")
+        if step.round == 3 and not crashed.is_set():
+            crashed.set()
+            raise CrashOnceError
+        seen.append(step.round)
+        return original(self, step, replies)
+
+    monkeypatch.setattr(FedProtoStrategy, "aggregate", aggregate)
+    t1 = MemoryTransport(broker, "coordinator")
+    first = make_coordinator(cfg, t1)
+    t1.connect()
+    first.start()
+    state_after_round_1: list[object] = []
+    original_fail = first.store.fail_step
+
+    def fail_step(step, metrics, reason):
+        original_fail(step, metrics, reason)
+        state_after_round_1.append(first.strategy.protos)
+
+    monkeypatch.setattr(first.store, "fail_step", fail_step)
+    # Execute
+    with pytest.raises(CrashOnceError):
+        first.run()
+    t1.kill()
+    first.store.close()
+    t2 = MemoryTransport(broker, "coordinator")
+    second = make_coordinator(cfg, t2)
+    t2.connect()
+    second.start()
+    result = second.run()
+    # Assert: round 2 failed once, its replies quarantined, and the restart went on at round 3
+    assert seen == [1, 3, 4]  # 4 = the final phase; round 2 was never aggregated again
+    rec = second.store.step(1)
+    assert rec is not None and rec.status == "failed"
+    assert second.store.updates(1) == []
+    assert [q[0] for q in second.store.quarantined(1)] == ["agent0", "agent1", "agent2"]
+    assert state_after_round_1[0] is not None  # round 1's prototypes restored, not None
+    assert [(m["round"], m.get("status", "done")) for m in result.metrics] == [
+        (1, "done"),
+        (2, "failed"),
+        (3, "done"),
+        (4, "done"),
+    ]
+    assert "round 2 is poisoned" in result.metrics[1]["error"]
     for a in agents:
         a.close()
