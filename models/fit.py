@@ -1,0 +1,108 @@
+"""The one server-side fit loop: every ``server_train`` that trains a network uses it.
+
+Velo's CVAE, FedKTL's feature transformer, FedTGP's and FedGen's generators, FedGH's and CCVR's
+heads all train a small module on tensors the coordinator holds. They differ only in the loss,
+so this loop owns batching (seeded), the optimiser, clipping, device placement and the
+finiteness check, and each algorithm passes a loss function. It lives in ``models`` because the
+coordinator must not import ``edge_agent`` (whose loop is the edge's one training loop).
+
+The caller gives a ``torch.Generator``; it drives both the batch order and any noise the loss
+draws (passed to the loss function), so a resumed server step replays training exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from protocol.errors import EdgeFLError
+
+__all__ = ["FitError", "FitStats", "LossFn", "fit"]
+
+# (module, one batch of the tensors, generator for any noise the loss draws) -> named terms;
+# the term "loss" is minimised, the others are averaged for logging.
+LossFn = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], dict[str, Tensor]]
+
+
+class FitError(EdgeFLError):
+    """Server-side training could not run or diverged."""
+
+
+@dataclass(frozen=True)
+class FitStats:
+    """What one :func:`fit` call did; ``terms`` are means over its last epoch."""
+
+    epochs: int
+    steps: int
+    samples: int
+    seconds: float
+    terms: dict[str, float] = field(default_factory=dict)
+
+
+def fit(
+    module: nn.Module,
+    tensors: Sequence[Tensor],
+    loss_fn: LossFn,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+    optimizer: Literal["adam", "sgd"] = "adam",
+    grad_clip: float = 0.0,
+    device: str | torch.device = "cpu",
+) -> FitStats:
+    """Train ``module`` for ``epochs`` over ``tensors`` (same first dimension) with a fresh
+    optimiser; the module is left on ``device`` in train mode."""
+    n = _check_tensors(tensors)
+    if epochs < 0 or batch_size < 1 or lr <= 0:
+        raise FitError(
+            f"fit: epochs >= 0, batch_size >= 1, lr > 0 required; got {epochs}, {batch_size}, {lr}"
+        )
+    dev = torch.device(device)
+    module.to(dev).train()
+    data = [t.to(dev) for t in tensors]
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt: torch.optim.Optimizer = (
+        torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr)
+    )
+    steps, t0 = 0, time.perf_counter()
+    sums: dict[str, float] = {}
+    for _ in range(epochs):
+        sums, batches = {}, 0
+        order = torch.randperm(n, generator=generator).to(dev)  # generator stays on the CPU
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            terms = loss_fn(module, tuple(t[idx] for t in data), generator)
+            loss = terms["loss"]
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise FitError(f"fit: loss became {value} at step {steps + 1}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+            if grad_clip > 0:
+                nn.utils.clip_grad_norm_(params, grad_clip)
+            opt.step()
+            for k, v in terms.items():
+                sums[k] = sums.get(k, 0.0) + float(v.detach())
+            steps, batches = steps + 1, batches + 1
+        sums = {k: v / max(batches, 1) for k, v in sums.items()}
+    return FitStats(epochs, steps, n * epochs, time.perf_counter() - t0, sums)
+
+
+def _check_tensors(tensors: Sequence[Tensor]) -> int:
+    if not tensors:
+        raise FitError("fit: no tensors to train on")
+    n = int(tensors[0].shape[0])
+    if n == 0:
+        raise FitError("fit: no samples to train on")
+    bad = [tuple(t.shape) for t in tensors if int(t.shape[0]) != n]
+    if bad:
+        raise FitError(f"fit: tensors must share their first dimension {n}; got shapes {bad}")
+    return n

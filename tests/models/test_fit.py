@@ -1,0 +1,79 @@
+"""The one server-side fit loop: it trains, it replays exactly, it refuses bad input."""
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from models.fit import FitError, fit
+
+
+def mse(module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator) -> dict[str, Tensor]:
+    x, y = batch
+    noise = torch.randn(y.shape, generator=gen) * 1e-3  # the generator also drives noise
+    err = nn.functional.mse_loss(module(x) + noise, y)
+    return {"loss": err, "mse": err}
+
+
+def problem() -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 4, generator=g)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+
+def trained(seed: int) -> tuple[nn.Linear, float]:
+    torch.manual_seed(1)
+    model = nn.Linear(4, 1)
+    stats = fit(
+        model,
+        problem(),
+        mse,
+        epochs=30,
+        batch_size=32,
+        lr=0.05,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return model, stats.terms["mse"]
+
+
+def test_fit_learns_a_linear_map() -> None:
+    model, last = trained(0)
+    assert last < 1e-2
+    assert torch.allclose(model.weight, torch.tensor([[1.0, -2.0, 0.5, 3.0]]), atol=0.05)
+
+
+def test_same_generator_replays_exactly_another_does_not() -> None:
+    a, _ = trained(0)
+    b, _ = trained(0)
+    c, _ = trained(1)
+    assert torch.equal(a.weight, b.weight)
+    assert not torch.equal(a.weight, c.weight)
+
+
+def test_diverging_loss_is_an_error() -> None:
+    def nan_loss(module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator):
+        return {"loss": module(batch[0]).sum() * float("nan")}
+
+    with pytest.raises(FitError, match="loss became nan"):
+        fit(
+            nn.Linear(4, 1),
+            problem(),
+            nan_loss,
+            epochs=1,
+            batch_size=8,
+            lr=0.1,
+            generator=torch.Generator(),
+        )
+
+
+def test_tensors_of_different_lengths_are_refused() -> None:
+    x, y = problem()
+    with pytest.raises(FitError, match="first dimension"):
+        fit(
+            nn.Linear(4, 1),
+            (x, y[:10]),
+            mse,
+            epochs=1,
+            batch_size=8,
+            lr=0.1,
+            generator=torch.Generator(),
+        )
