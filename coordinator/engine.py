@@ -22,8 +22,15 @@ from coordinator.store import StepRecord, Store
 from coordinator.strategies import AgentInfo, Step, Strategy
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
-from protocol.errors import AggregationError, EdgeFLError, ProtocolError, ValidationError
+from protocol.errors import (
+    AdmissionError,
+    AggregationError,
+    EdgeFLError,
+    ProtocolError,
+    ValidationError,
+)
 from protocol.messages import (
+    REFUSED,
     Ack,
     CoordinatorState,
     ErrorReply,
@@ -92,6 +99,7 @@ class Coordinator:
         self.agents: dict[str, AgentInfo] = {}
         self.online: set[str] = set()
         self.rejected: dict[str, int] = {}
+        self.refused: dict[str, str] = {}  # device -> why its latest registration was refused
         self.deferred = 0  # replies that arrived while no step was open (left unacknowledged)
         self.plan = strategy.plan(cfg.rounds)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
@@ -172,7 +180,7 @@ class Coordinator:
         )
 
     def _online_agents(self) -> list[str]:
-        return sorted(d for d in self.agents if d in self.online)
+        return sorted(d for d in self.agents if d in self.online and d not in self.refused)
 
     def run_step(self, idx: int, step: Step) -> None:
         """One step: select, dispatch, collect until quorum and deadline, aggregate, persist."""
@@ -358,16 +366,15 @@ class Coordinator:
         if reg.device_id != env.sender:
             self._reject("sender_mismatch", f"register for {reg.device_id} sent by {env.sender}")
             return
-        if reg.algorithm != self.strategy.name or reg.num_classes != self.cfg.num_classes:
-            self._reject(
-                "incompatible_agent",
-                f"{reg.device_id} runs {reg.algorithm} with "
-                f"{reg.num_classes} classes; run is {self.strategy.name} with "
-                f"{self.cfg.num_classes}",
-            )
+        agent = AgentInfo(reg.device_id, reg)
+        try:
+            self._admit(agent)
+        except AdmissionError as exc:
+            self._refuse(env, exc)
             return
         known = reg.device_id in self.agents
-        self.agents[reg.device_id] = AgentInfo(reg.device_id, reg)
+        self.refused.pop(reg.device_id, None)
+        self.agents[reg.device_id] = agent
         self.online.add(reg.device_id)
         self.store.upsert_agent(reg.device_id, encode(env), online=True)
         if not known:
@@ -381,6 +388,29 @@ class Coordinator:
         task = self._outstanding.get(reg.device_id)
         if task is not None:  # a restarted agent lost its task: send it again
             self.endpoint.send(self.topics.down(reg.device_id, "task"), task, round=task.round)
+
+    def _admit(self, agent: AgentInfo) -> None:
+        """The engine's own checks, then the strategy's, against the agents admitted so far."""
+        reg = agent.register
+        if reg.algorithm != self.strategy.name:
+            raise AdmissionError(
+                agent.device_id, f"it runs {reg.algorithm}; this run is {self.strategy.name}"
+            )
+        if reg.num_classes != self.cfg.num_classes:
+            raise AdmissionError(
+                agent.device_id,
+                f"it has {reg.num_classes} classes; this run has {self.cfg.num_classes}",
+            )
+        fleet = [a for d, a in sorted(self.agents.items()) if d != agent.device_id]
+        self.strategy.admit(agent, fleet)
+
+    def _refuse(self, env: Envelope, exc: AdmissionError) -> None:
+        """Tell the agent why it may not join: without an answer it would wait forever."""
+        self._reject("refused_agent", str(exc))
+        self.refused[exc.device_id] = exc.reason
+        self.online.discard(exc.device_id)  # a re-registration that is refused now: never select
+        body = ErrorReply(code=REFUSED, reason=exc.reason, ref_id=env.msg_id)
+        self.endpoint.send(self.topics.down(exc.device_id, "error"), body)
 
     def _on_reply(
         self,

@@ -29,6 +29,7 @@ from protocol.codec import Envelope
 from protocol.endpoint import Endpoint
 from protocol.errors import EdgeFLError
 from protocol.messages import (
+    REFUSED,
     Ack,
     Capabilities,
     CoordinatorState,
@@ -83,6 +84,7 @@ class EdgeAgent:
         self.inbox: queue.Queue[Envelope] = queue.Queue()
         self.history: list[dict[str, float]] = []
         self.finished = threading.Event()
+        self.refusal: str | None = None  # the coordinator's reason, if it refused us
         self._current: Task | None = None
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
@@ -179,8 +181,18 @@ class EdgeAgent:
                 self.log.warning("coordinator refused %s: %s", body.ref_id, body.reason)
         elif isinstance(body, CoordinatorState):
             self.on_coordinator_state(body)
+        elif isinstance(body, ErrorReply) and body.code == REFUSED:
+            self.on_refused(body)
         else:
             self.log.debug("ignoring %s from %s", env.kind, env.sender)
+
+    def on_refused(self, error: ErrorReply) -> None:
+        """The coordinator will not admit us: say why and stop instead of waiting forever."""
+        self.refusal = error.reason
+        self.log.error("coordinator refused this agent: %s; stopping", error.reason)
+        status = Status(state="done", detail=f"refused: {error.reason}"[:1000])
+        self.endpoint.send(self.topics.status(self.settings.device_id), status, retain=True)
+        self.finished.set()
 
     def on_coordinator_state(self, state: CoordinatorState) -> None:
         """Re-register when a coordinator (re)starts; stop when the run is finished."""

@@ -7,6 +7,7 @@ log line is enough to find the bad sender or the bad file.
 from __future__ import annotations
 
 __all__ = [
+    "AdmissionError",
     "AggregationError",
     "ConfigError",
     "ConnectError",
@@ -64,6 +65,15 @@ class ConnectError(TransportError):
 
 class AggregationError(EdgeFLError):
     """Replies could not be aggregated (inconsistent shapes, no valid replies)."""
+
+
+class AdmissionError(EdgeFLError):
+    """An agent may not join this run; ``reason`` is sent to it so that it stops waiting."""
+
+    def __init__(self, device_id: str, reason: str) -> None:
+        self.device_id = device_id
+        self.reason = reason
+        super().__init__(f"agent {device_id} refused: {reason}")
 
 
 class ConfigError(EdgeFLError):

@@ -17,6 +17,7 @@ from protocol.wire import WireModel
 
 __all__ = [
     "MESSAGE_TYPES",
+    "REFUSED",
     "Ack",
     "Capabilities",
     "Chunk",
@@ -186,9 +187,17 @@ class Reply(WireModel):
         _check_metrics(self.metrics, "metrics")
 
 
+#: ``ErrorReply.code`` of the coordinator's answer to a registration it does not admit.
+REFUSED = "refused"
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorReply(WireModel):
-    """Agent -> coordinator (or either way): a task failed or a message was rejected."""
+    """Agent -> coordinator (or either way): a task failed or a message was rejected.
+
+    Coordinator -> agent with ``code`` :data:`REFUSED`: the agent is not admitted to the run
+    (``reason`` says why, ``ref_id`` is its ``register`` message); it stops.
+    """
 
     KIND: ClassVar[str] = "error"
     code: str

@@ -1,7 +1,8 @@
 """The server half of an algorithm: hooks the one round engine calls, registered by name.
 
 The engine owns selection, dispatch, deadlines, quorum, persistence and metrics. A strategy
-only says what each step is (:meth:`Strategy.plan`), what each selected agent receives
+only says what each step is (:meth:`Strategy.plan`), which agents may join (:meth:`admit`),
+what each selected agent receives
 (:meth:`configure`), whether a reply is acceptable (:meth:`validate`), how replies become the
 new global state (:meth:`aggregate`), what the server trains between steps
 (:meth:`server_train`), and how its state is saved (:meth:`state_dict`).
@@ -88,6 +89,14 @@ class Strategy(Generic[C]):
         return sorted(random.Random(f"{self.seed}:{step_index}").sample(ids, k))
 
     # ----- hooks ----------------------------------------------------------------------------
+    def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
+        """Refuse an agent that cannot join the already-admitted ``fleet``.
+
+        Raise :class:`~protocol.errors.AdmissionError` with a precise reason: the engine sends
+        it to the agent, which stops. The engine has already checked the algorithm name and
+        ``num_classes``; the default admits everyone else.
+        """
+
     def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         """Payloads for one selected agent (default: none)."""
         return {}

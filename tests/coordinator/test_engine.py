@@ -9,10 +9,21 @@ import pytest
 
 from coordinator.engine import QuorumError
 from coordinator.runner import coordinator_will, make_coordinator
+from coordinator.strategies import AgentInfo
 from coordinator.strategies.baselines import FedProtoStrategy
 from protocol.codec import Envelope, decode, encode
-from protocol.errors import AggregationError
-from protocol.messages import Ack, Progress, Reply, Task
+from protocol.errors import AdmissionError, AggregationError
+from protocol.messages import (
+    REFUSED,
+    Ack,
+    Capabilities,
+    ErrorReply,
+    InputSpec,
+    Progress,
+    Register,
+    Reply,
+    Task,
+)
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import InProcessAgent, run_config
@@ -221,5 +232,62 @@ def test_a_step_whose_aggregation_fails_is_closed_failed_and_never_replayed(
         (4, "done"),
     ]
     assert "round 2 is poisoned" in result.metrics[1]["error"]
+    for a in agents:
+        a.close()
+
+
+# A fake notion of feature dimension per architecture: the strategy below admits only agents
+# whose dimension matches the first admitted agent's (a Felo-style same-embedding constraint).
+FEATURE_DIM = {"mlp_s": 16, "cnn_t1": 16, "mlp_m": 32}
+
+
+def admit_same_feature_dim(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
+    dim = FEATURE_DIM[agent.register.arch]
+    if fleet and dim != (first := FEATURE_DIM[fleet[0].register.arch]):
+        raise AdmissionError(agent.device_id, f"feature dim {dim}; the fleet's is {first}")
+
+
+def test_a_refused_agent_is_told_why_stops_and_is_never_selected(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Prepare: agent0 and agent1 (dim 16) are admitted first; then agent2 (dim 32) and a rogue
+    # agent running another algorithm register
+    monkeypatch.setattr(FedProtoStrategy, "admit", admit_same_feature_dim)
+    cfg = run_config(tmp_path, rounds=2, min_agents=2)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker, n=2)
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    coord.wait_for_agents(2, 60)
+    topics = Topics(cfg.federation)
+    heard: list[ErrorReply] = []
+    rogue = MemoryTransport(broker, "rogue")
+    rogue.connect()
+    rogue.subscribe(topics.down("rogue", "error"), lambda _t, data: heard.append(decode(data).body))
+    register = Register(
+        device_id="rogue",
+        arch="cnn_t1",
+        num_params=1,
+        capabilities=Capabilities(device="cpu"),
+        input_spec=InputSpec(1, 8, 8),
+        num_classes=cfg.num_classes,
+        class_counts={"0": 1},
+        algorithm="fedavg",
+    )
+    rogue.publish(topics.up("rogue", "register"), encode(Envelope(body=register, sender="rogue")))
+    late = InProcessAgent(cfg, broker, 2).start()  # its registration is queued synchronously
+    # Execute
+    result = coord.run()
+    late.close()
+    # Assert
+    assert late.agent is not None and late.agent.refusal == "feature dim 32; the fleet's is 16"
+    assert [(e.code, e.reason) for e in heard] == [
+        (REFUSED, "it runs fedavg; this run is fedproto")
+    ]
+    assert result.rejected["refused_agent"] >= 2
+    assert "agent2" not in coord.agents and "rogue" not in coord.agents
+    assert all(m["participants"] == ["agent0", "agent1"] for m in result.metrics)
     for a in agents:
         a.close()
