@@ -15,6 +15,7 @@ Unknown keys and wrong types are errors, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
 __all__ = ["RunConfig", "load_config", "parse_override"]
+
+_SERVER_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class RunConfig:
     run_dir: str = "runs/run"
     broker: str = ""  # host[:port]; empty = start the embedded broker
     embedded_port: int = 1883
+    # where server_train runs: "auto" = cuda when torch sees a GPU, else cpu (resolved only
+    # when a strategy asks, so runs without server training never import torch)
+    server_device: str = "auto"
     hyper: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -68,6 +74,10 @@ class RunConfig:
             raise ConfigError("run: fraction must be in (0, 1] and quorum_fraction in [0, 1]")
         if self.deadline_s <= 0 or self.grace_s < 0 or self.num_classes < 1:
             raise ConfigError("run: deadline_s > 0, grace_s >= 0, num_classes >= 1")
+        if not _SERVER_DEVICE.fullmatch(self.server_device):
+            raise ConfigError(
+                f"run.server_device: expected auto, cpu, cuda or cuda:N, got {self.server_device!r}"
+            )
         self.algorithm_config()  # validates the hyperparameters against the algorithm
 
     def algorithm_config(self) -> AlgorithmConfig:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from coordinator.config import RunConfig
 from coordinator.store import StepRecord, Store
-from coordinator.strategies import AgentInfo, Step, Strategy
+from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import (
@@ -484,7 +484,8 @@ class Coordinator:
         ordered = [(self.agents[d], outcome.replies[d]) for d in sorted(outcome.replies)]
         try:
             agg = self.strategy.aggregate(step, ordered)
-            agg.update(self.strategy.server_train(step))
+            ctx = ServerContext.for_step(self.cfg.seed, rec.idx, self.cfg.server_device)
+            agg.update(self.strategy.server_train(step, ctx))
         except AggregationError as exc:
             self._fail_aggregation(rec, step, outcome, ordered, started, traffic0, exc)
             return

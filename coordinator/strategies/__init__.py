@@ -5,10 +5,19 @@ from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
 from coordinator.strategies.base import (
     STRATEGIES,
     AgentInfo,
+    ServerContext,
     Step,
     Strategy,
     create_strategy,
     register_strategy,
 )
 
-__all__ = ["STRATEGIES", "AgentInfo", "Step", "Strategy", "create_strategy", "register_strategy"]
+__all__ = [
+    "STRATEGIES",
+    "AgentInfo",
+    "ServerContext",
+    "Step",
+    "Strategy",
+    "create_strategy",
+    "register_strategy",
+]

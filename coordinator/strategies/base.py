@@ -5,26 +5,32 @@ only says what each step is (:meth:`Strategy.plan`), which agents may join (:met
 what each selected agent receives
 (:meth:`configure`), whether a reply is acceptable (:meth:`validate`), how replies become the
 new global state (:meth:`aggregate`), what the server trains between steps
-(:meth:`server_train`), and how its state is saved (:meth:`state_dict`).
+(:meth:`server_train`, given a :class:`ServerContext`), and how its state is saved
+(:meth:`state_dict`).
 
 The seams were drawn against all five seed algorithms (see ``docs/strategy-seams.md``).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
 from protocol.errors import ConfigError, ValidationError
 from protocol.messages import Register, Reply
 from protocol.payloads import Payload, PrototypeSet
 
+if TYPE_CHECKING:  # the coordinator never imports torch unless a strategy trains
+    import torch
+
 __all__ = [
     "STRATEGIES",
     "AgentInfo",
+    "ServerContext",
     "Step",
     "Strategy",
     "create_strategy",
@@ -59,6 +65,46 @@ class Step:
     round: int
     phase: str
     participation: Literal["sample", "all"] = "sample"
+
+
+@functools.cache
+def resolve_device(setting: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; other settings as given."""
+    if setting != "auto":
+        return setting
+    import torch  # lazy: only a strategy that trains on the server pays for it
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What :meth:`Strategy.server_train` may use for step ``step_index``.
+
+    ``seed`` depends only on the run's seed and the step's index, never on the attempt or the
+    wall clock, so a step replayed after a restart trains the server exactly as before.
+    """
+
+    server_device: str  # the run's setting: auto, cpu, cuda or cuda:N
+    seed: int
+    step_index: int
+
+    @classmethod
+    def for_step(cls, run_seed: int, step_index: int, server_device: str = "auto") -> ServerContext:
+        """The context of step ``step_index`` of a run seeded with ``run_seed``."""
+        seed = random.Random(f"{run_seed}:server:{step_index}").getrandbits(63)
+        return cls(server_device, seed, step_index)
+
+    @property
+    def device(self) -> str:
+        """The torch device to train on (``auto`` resolved on first use)."""
+        return resolve_device(self.server_device)
+
+    def torch_generator(self) -> torch.Generator:
+        """A CPU generator seeded with :attr:`seed` (draw on it, not on torch's global RNG)."""
+        import torch
+
+        return torch.Generator(device="cpu").manual_seed(self.seed)
 
 
 class Strategy(Generic[C]):
@@ -108,8 +154,12 @@ class Strategy(Generic[C]):
         """Fold valid replies into the global state; return scalar metrics (default: none)."""
         return {}
 
-    def server_train(self, step: Step) -> dict[str, float]:
-        """Server-side training after aggregation (Velo's CVAE, FedKTL's F); default none."""
+    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+        """Server-side training after aggregation (Velo's CVAE, FedKTL's F); default none.
+
+        Train on ``ctx.device`` and draw randomness from ``ctx.torch_generator()`` so that a
+        resumed step replays the same training.
+        """
         return {}
 
     def state_dict(self) -> dict[str, Payload]:

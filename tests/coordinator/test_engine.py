@@ -9,10 +9,10 @@ import pytest
 
 from coordinator.engine import QuorumError
 from coordinator.runner import coordinator_will, make_coordinator
-from coordinator.strategies import AgentInfo
+from coordinator.strategies import AgentInfo, ServerContext
 from coordinator.strategies.baselines import FedProtoStrategy
 from protocol.codec import Envelope, decode, encode
-from protocol.errors import AdmissionError, AggregationError
+from protocol.errors import AdmissionError, AggregationError, ConfigError
 from protocol.messages import (
     REFUSED,
     Ack,
@@ -291,3 +291,33 @@ def test_a_refused_agent_is_told_why_stops_and_is_never_selected(
     assert all(m["participants"] == ["agent0", "agent1"] for m in result.metrics)
     for a in agents:
         a.close()
+
+
+def test_server_train_gets_the_run_device_and_a_seed_fixed_per_step(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Prepare
+    cfg = run_config(tmp_path, rounds=1, server_device="cpu", seed=5)
+    seen: list[ServerContext] = []
+
+    def server_train(self, step, ctx):
+        seen.append(ctx)
+        return {"server_seed_low_bits": float(ctx.seed % 1000)}
+
+    monkeypatch.setattr(FedProtoStrategy, "server_train", server_train)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    transport = MemoryTransport(broker, "coordinator")
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    # Execute
+    result = coord.run()
+    # Assert: one context per step, from (run seed, step index) alone
+    assert [(c.step_index, c.device) for c in seen] == [(0, "cpu"), (1, "cpu")]
+    assert [c.seed for c in seen] == [ServerContext.for_step(5, i).seed for i in (0, 1)]
+    assert result.metrics[0]["aggregate"]["server_seed_low_bits"] == seen[0].seed % 1000
+    for a in agents:
+        a.close()
+    with pytest.raises(ConfigError, match="server_device"):
+        run_config(tmp_path, server_device="gpu")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from coordinator.strategies import STRATEGIES, AgentInfo, Step, create_strategy
+from coordinator.strategies import STRATEGIES, AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.baselines import mean_prototypes
 from coordinator.strategies.fedvtc import average_tensor_maps
 from protocol.algorithms import config_type
@@ -176,3 +176,17 @@ def test_fedvtc_per_class_mean_over_holders_keeps_unheld_and_never_invents() -> 
     assert isinstance(sent, PrototypeSet)
     assert sent.class_ids.tolist() == [1]  # b never receives class 0, which it lacks
     np.testing.assert_allclose(sent.as_dict()[1], [2.0, 3.0])
+
+
+def test_server_context_seed_depends_only_on_run_seed_and_step() -> None:
+    # Prepare
+    torch = pytest.importorskip("torch")
+    a, again = ServerContext.for_step(7, 3), ServerContext.for_step(7, 3, "cpu")
+    # Execute
+    draws = [torch.rand(4, generator=c.torch_generator()) for c in (a, again)]
+    # Assert: a replayed step draws the same numbers; another step or run seed does not
+    assert a.seed == again.seed and a.step_index == 3
+    assert torch.equal(draws[0], draws[1])
+    assert len({a.seed, ServerContext.for_step(7, 4).seed, ServerContext.for_step(8, 3).seed}) == 3
+    assert again.device == "cpu"
+    assert ServerContext.for_step(7, 3, "auto").device in ("cpu", "cuda")
