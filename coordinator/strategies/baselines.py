@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from coordinator.aggregation import weighted_mean
 from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
 from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
-from protocol.errors import AggregationError, ValidationError
-from protocol.messages import Reply
+from protocol.errors import AdmissionError, AggregationError, ValidationError
+from protocol.messages import Register, Reply
 from protocol.payloads import Payload, PrototypeSet, TensorMap
 
 __all__ = ["FedAvgStrategy", "FedProtoStrategy", "LocalStrategy", "mean_prototypes"]
@@ -25,6 +26,23 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
     def __init__(self, config: FedAvgConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.weights: TensorMap | None = None
+
+    def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
+        """One architecture and input for the whole fleet: FedAvg averages full weights."""
+        others = [a.register for a in fleet if a.device_id != agent.device_id]
+        reg = agent.register
+        if others and (reg.arch, reg.input_spec, reg.num_params) != (
+            others[0].arch,
+            others[0].input_spec,
+            others[0].num_params,
+        ):
+            ref = others[0]
+            raise AdmissionError(
+                agent.device_id,
+                f"fedavg averages one architecture; the fleet runs {ref.arch} "
+                f"({ref.num_params} params, input {_shape(ref)}), this agent {reg.arch} "
+                f"({reg.num_params} params, input {_shape(reg)})",
+            )
 
     def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         """The current global weights (none before the first aggregation)."""
@@ -50,27 +68,12 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
                 )
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """Weights averaged by sample count (integer buffers: taken from the largest client)."""
+        """Weights averaged by sample count (integer buffers: the maximum)."""
         if step.phase != "train":
             return {}
-        maps = [r.payloads["weights"] for _, r in replies]
-        names = [set(m.tensors) for m in maps if isinstance(m, TensorMap)]
-        if any(n != names[0] for n in names):
-            raise AggregationError(
-                "fedavg: replies carry different tensors (heterogeneous models?)"
-            )
-        n = np.array([max(r.num_samples, 1) for _, r in replies], dtype=np.float64)
-        w = n / n.sum()
-        out: dict[str, np.ndarray] = {}
-        for name in sorted(names[0]):
-            arrs = [m.tensors[name] for m in maps if isinstance(m, TensorMap)]
-            if arrs[0].dtype.kind == "f":
-                out[name] = sum(
-                    wi * a.astype(np.float64) for wi, a in zip(w, arrs, strict=True)
-                ).astype(np.float32)
-            else:  # e.g. num_batches_tracked: not meaningful to average
-                out[name] = arrs[int(np.argmax(n))]
-        self.weights = TensorMap(out, encoding=self.config.weight_encoding)
+        maps = [w for _, r in replies if isinstance(w := r.payloads["weights"], TensorMap)]
+        n = [max(r.num_samples, 1) for _, r in replies]
+        self.weights = weighted_mean(maps, n, self.config.weight_encoding, what="fedavg weights")
         return {"aggregated": float(len(replies))}
 
     def state_dict(self) -> dict[str, Payload]:
@@ -81,6 +84,11 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
         """Restore the global weights."""
         w = state.get("weights")
         self.weights = w if isinstance(w, TensorMap) else None
+
+
+def _shape(reg: Register) -> str:
+    spec = reg.input_spec
+    return f"{spec.channels}x{spec.height}x{spec.width}"
 
 
 def mean_prototypes(

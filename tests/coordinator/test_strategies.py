@@ -84,7 +84,7 @@ def test_fedavg_weighted_by_samples() -> None:
     w = s.state_dict()["weights"]
     assert isinstance(w, TensorMap)
     np.testing.assert_allclose(w.tensors["w"], [1.0, 1.0])
-    assert int(w.tensors["n"]) == 3  # integer buffer from the largest client, not averaged
+    assert int(w.tensors["n"]) == 5  # integer buffers (counters) take the maximum, never a mean
 
 
 def test_fedvtc_sigma_mean_and_subset_sent_down() -> None:

@@ -1,0 +1,33 @@
+"""FedAvg refuses, at registration, an agent whose model cannot be averaged with the fleet's."""
+
+import pytest
+
+from coordinator.strategies import AgentInfo, create_strategy
+from protocol.algorithms import config_type
+from protocol.errors import AdmissionError
+from protocol.messages import Capabilities, InputSpec, Register
+
+
+def agent(device_id: str, arch: str, params: int = 100, size: int = 8) -> AgentInfo:
+    reg = Register(
+        device_id=device_id,
+        arch=arch,
+        num_params=params,
+        capabilities=Capabilities(device="cpu"),
+        input_spec=InputSpec(1, size, size),
+        num_classes=4,
+        class_counts={"0": 5},
+        algorithm="fedavg",
+    )
+    return AgentInfo(device_id, reg)
+
+
+def test_fedavg_admits_one_architecture_and_names_the_mismatch() -> None:
+    s = create_strategy("fedavg", config_type("fedavg")(), num_classes=4)
+    fleet = [agent("a", "mlp_s")]
+    s.admit(agent("b", "mlp_s"), fleet)  # same architecture: admitted
+    s.admit(agent("a", "cnn_t1"), fleet)  # the only member re-registering: nothing to match
+    with pytest.raises(AdmissionError, match=r"fleet runs mlp_s .* this agent cnn_t1"):
+        s.admit(agent("c", "cnn_t1"), fleet)
+    with pytest.raises(AdmissionError, match="input 1x28x28"):
+        s.admit(agent("d", "mlp_s", size=28), fleet)
