@@ -64,6 +64,20 @@ class StepOutcome:
 
 
 @dataclass
+class OpenStep:
+    """The step whose replies are being collected: one object instead of four optionals."""
+
+    rec: StepRecord
+    step: Step
+    outcome: StepOutcome = field(default_factory=StepOutcome)
+    tasks: dict[str, Task] = field(default_factory=dict)  # device -> task sent this attempt
+
+    def waiting_for(self) -> set[str]:
+        """Devices with a task in flight that have neither replied nor failed."""
+        return set(self.tasks) - set(self.outcome.replies) - set(self.outcome.failed)
+
+
+@dataclass
 class RunResult:
     """Summary of a finished run."""
 
@@ -103,7 +117,7 @@ class Coordinator:
         self.deferred = 0  # replies that arrived while no step was open (left unacknowledged)
         self.plan = strategy.plan(cfg.rounds)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
-        self._outstanding: dict[str, Task] = {}  # device -> task of the open step
+        self._open_step: OpenStep | None = None  # set only while collect() is waiting
         self._state: tuple[StateName, int] = ("starting", 0)  # last published coordinator state
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._restore()
@@ -189,12 +203,13 @@ class Coordinator:
             rec = self._open(idx, step, attempt=0)
         while True:
             started, traffic0 = time.time(), self.endpoint.traffic.snapshot()
-            outcome = self.collect(rec, step)
+            open_step = self.collect(rec, step)
+            outcome = open_step.outcome
             needed = max(
                 self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * len(rec.participants))
             )
             if len(outcome.replies) >= needed:
-                self._finish(rec, step, outcome, started, traffic0)
+                self._finish(open_step, started, traffic0)
                 return
             self.log.warning(
                 "step %d (%s round %d) missed quorum: %d of %d needed valid replies; failed: %s",
@@ -233,18 +248,17 @@ class Coordinator:
         return rec
 
     # ----- collecting replies ---------------------------------------------------------------
-    def collect(self, rec: StepRecord, step: Step) -> StepOutcome:
+    def collect(self, rec: StepRecord, step: Step) -> OpenStep:
         """Send tasks to participants without a stored update and wait for their replies."""
-        outcome = StepOutcome()
+        open_step = OpenStep(rec, step)
         for device_id, _msg_id, blob in self.store.updates(rec.idx):  # resumed step
             body = decode(blob).body
             if isinstance(body, Reply):
-                outcome.replies[device_id] = body
+                open_step.outcome.replies[device_id] = body
         deadline = time.time() + self.cfg.deadline_s
-        self._outstanding = {}
         for device_id in rec.participants:
-            if device_id not in outcome.replies:
-                self._send_task(rec, step, device_id, deadline)
+            if device_id not in open_step.outcome.replies:
+                self._send_task(open_step, device_id, deadline)
         self.endpoint.send(
             self.topics.round,
             RoundDescriptor(
@@ -256,20 +270,24 @@ class Coordinator:
             ),
             retain=True,
         )
-        end = deadline + self.cfg.grace_s
-        while set(self._outstanding) - set(outcome.replies) - set(outcome.failed):
+        self._open_step = open_step
+        try:
+            self._wait_for_replies(open_step, deadline + self.cfg.grace_s)
+        finally:
+            self._open_step = None
+        return open_step
+
+    def _wait_for_replies(self, open_step: OpenStep, end: float) -> None:
+        while open_step.waiting_for():
             remaining = end - time.time()
             if remaining <= 0:
-                missing = set(self._outstanding) - set(outcome.replies) - set(outcome.failed)
-                for d in missing:
-                    outcome.failed[d] = "deadline"
-                break
-            self._pump(min(remaining, 0.5), rec, step, outcome)
-        self._outstanding = {}
-        return outcome
+                for d in open_step.waiting_for():
+                    open_step.outcome.failed[d] = "deadline"
+                return
+            self._pump(min(remaining, 0.5))
 
-    def _send_task(self, rec: StepRecord, step: Step, device_id: str, deadline: float) -> None:
-        agent = self.agents[device_id]
+    def _send_task(self, open_step: OpenStep, device_id: str, deadline: float) -> None:
+        rec, step, agent = open_step.rec, open_step.step, self.agents[device_id]
         task = Task(
             task_id=f"{self.cfg.run_id}.{rec.idx}.{rec.attempt}.{device_id}",
             run_id=self.cfg.run_id,
@@ -280,16 +298,10 @@ class Coordinator:
             config=self.strategy.config.to_dict(),
             payloads=self.strategy.configure(step, agent),
         )
-        self._outstanding[device_id] = task
+        open_step.tasks[device_id] = task
         self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
 
-    def _pump(
-        self,
-        timeout: float,
-        rec: StepRecord | None = None,
-        step: Step | None = None,
-        outcome: StepOutcome | None = None,
-    ) -> None:
+    def _pump(self, timeout: float) -> None:
         """Handle what arrived (waiting up to ``timeout`` for the first message).
 
         Group commit: everything already queued is handled in one transaction, and the acks
@@ -309,7 +321,7 @@ class Coordinator:
                 break
         with self.store.transaction():
             for env, topic in batch:
-                self._handle(env, topic, rec, step, outcome)
+                self._handle(env, topic)
         acks, self._acks = self._acks, []
         for ack_topic, ack in acks:
             self.endpoint.send(ack_topic, ack)
@@ -317,35 +329,24 @@ class Coordinator:
     def _ack(self, topic: str, ack: Ack) -> None:
         self._acks.append((topic, ack))  # sent by _pump once the batch is committed
 
-    def _handle(
-        self,
-        env: Envelope,
-        topic: str,
-        rec: StepRecord | None,
-        step: Step | None,
-        outcome: StepOutcome | None,
-    ) -> None:
+    def _handle(self, env: Envelope, topic: str) -> None:
         device = self.topics.device_from(topic)
         if device is None or device != env.sender:
             self._reject("sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}")
             return
         body = env.body
         if isinstance(body, Register):
-            self._on_register(env, body, rec, step)
+            self._on_register(env, body)
         elif isinstance(body, Status):
             if body.state in ("online", "busy"):
                 self.online.add(device)
             else:
                 self.online.discard(device)
         elif isinstance(body, Reply):
-            self._on_reply(env, body, rec, step, outcome)
+            self._on_reply(env, body)
         elif isinstance(body, ErrorReply):
-            if (
-                outcome is not None
-                and device in self._outstanding
-                and body.task_id == self._outstanding[device].task_id
-            ):
-                outcome.failed[device] = f"{body.code}: {body.reason}"
+            if self._task_of(device, body.task_id) is not None and self._open_step is not None:
+                self._open_step.outcome.failed[device] = f"{body.code}: {body.reason}"
             self.log.warning("agent %s reported %s: %s", device, body.code, body.reason)
         elif isinstance(body, Progress):
             self.log.debug(
@@ -360,9 +361,14 @@ class Coordinator:
         else:
             self._reject("unexpected_kind", f"{env.kind} from {device}")
 
-    def _on_register(
-        self, env: Envelope, reg: Register, rec: StepRecord | None, step: Step | None
-    ) -> None:
+    def _task_of(self, device: str, task_id: str | None = None) -> Task | None:
+        """The open step's task for ``device`` (``None`` if none, or if ``task_id`` differs)."""
+        task = None if self._open_step is None else self._open_step.tasks.get(device)
+        if task is None or (task_id is not None and task.task_id != task_id):
+            return None
+        return task
+
+    def _on_register(self, env: Envelope, reg: Register) -> None:
         if reg.device_id != env.sender:
             self._reject("sender_mismatch", f"register for {reg.device_id} sent by {env.sender}")
             return
@@ -385,7 +391,7 @@ class Coordinator:
                 reg.num_params,
                 sum(reg.counts_by_class().values()),
             )
-        task = self._outstanding.get(reg.device_id)
+        task = self._task_of(reg.device_id)
         if task is not None:  # a restarted agent lost its task: send it again
             self.endpoint.send(self.topics.down(reg.device_id, "task"), task, round=task.round)
 
@@ -401,7 +407,11 @@ class Coordinator:
                 agent.device_id,
                 f"it has {reg.num_classes} classes; this run has {self.cfg.num_classes}",
             )
-        fleet = [a for d, a in sorted(self.agents.items()) if d != agent.device_id]
+        fleet = [
+            a
+            for d, a in sorted(self.agents.items())
+            if d != agent.device_id and d not in self.refused
+        ]
         self.strategy.admit(agent, fleet)
 
     def _refuse(self, env: Envelope, exc: AdmissionError) -> None:
@@ -412,21 +422,14 @@ class Coordinator:
         body = ErrorReply(code=REFUSED, reason=exc.reason, ref_id=env.msg_id)
         self.endpoint.send(self.topics.down(exc.device_id, "error"), body)
 
-    def _on_reply(
-        self,
-        env: Envelope,
-        reply: Reply,
-        rec: StepRecord | None,
-        step: Step | None,
-        outcome: StepOutcome | None,
-    ) -> None:
+    def _on_reply(self, env: Envelope, reply: Reply) -> None:
         device = env.sender
         ack_topic = self.topics.down(device, "ack")
-        task = self._outstanding.get(device)
         if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
             self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
             return
-        if rec is None or step is None or outcome is None:
+        open_step = self._open_step
+        if open_step is None:
             # No step is open (start-up, a resume before its step reopens, between steps): the
             # reply cannot be judged yet. Refusing it would make the agent drop it from its
             # outbox, and a resumed step would then wait in vain for an update the agent has
@@ -436,62 +439,47 @@ class Coordinator:
             self.deferred += 1
             self.log.info("reply %s from %s deferred: no step is open", reply.task_id, device)
             return
-        if task is None or reply.task_id != task.task_id:
+        if self._task_of(device, reply.task_id) is None:
             self._reject("late", f"reply {reply.task_id} from {device} matches no open task")
-            self._ack(
-                ack_topic,
-                Ack(
-                    ref_id=env.msg_id,
-                    task_id=reply.task_id,
-                    accepted=False,
-                    reason="late or unknown task",
-                ),
-            )
+            self._refuse_reply(ack_topic, env, reply, "late or unknown task")
             return
         try:
-            if reply.phase != step.phase or reply.round != step.round:
-                raise ValidationError(
-                    "reply.phase/round",
-                    f"{step.phase}/{step.round}",
-                    f"{reply.phase}/{reply.round}",
-                )
-            self.strategy.validate(step, self.agents[device], reply)
+            self._check_reply(open_step.step, self.agents[device], reply)
         except ValidationError as exc:
             self._reject("invalid_reply", f"{device}: {exc}")
-            outcome.failed[device] = str(exc)
-            self._ack(
-                ack_topic,
-                Ack(ref_id=env.msg_id, task_id=reply.task_id, accepted=False, reason=str(exc)),
-            )
+            open_step.outcome.failed[device] = str(exc)
+            self._refuse_reply(ack_topic, env, reply, str(exc))
             return
-        self.store.add_update(rec.idx, device, env.msg_id, reply.task_id, encode(env))
-        outcome.replies[device] = reply
+        self.store.add_update(open_step.rec.idx, device, env.msg_id, reply.task_id, encode(env))
+        open_step.outcome.replies[device] = reply
         self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))  # after the commit
+
+    def _check_reply(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Raise :class:`ValidationError` for a reply that cannot be aggregated."""
+        if reply.phase != step.phase or reply.round != step.round:
+            raise ValidationError(
+                "reply.phase/round", f"{step.phase}/{step.round}", f"{reply.phase}/{reply.round}"
+            )
+        self.strategy.validate(step, agent, reply)
+
+    def _refuse_reply(self, ack_topic: str, env: Envelope, reply: Reply, reason: str) -> None:
+        ack = Ack(ref_id=env.msg_id, task_id=reply.task_id, accepted=False, reason=reason)
+        self._ack(ack_topic, ack)
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         self.log.warning("rejected (%s): %s", reason, detail)
 
     # ----- closing a step -------------------------------------------------------------------
-    def _finish(
-        self,
-        rec: StepRecord,
-        step: Step,
-        outcome: StepOutcome,
-        started: float,
-        traffic0: dict[str, int],
-    ) -> None:
+    def _finish(self, open_step: OpenStep, started: float, traffic0: dict[str, int]) -> None:
+        rec, step, outcome = open_step.rec, open_step.step, open_step.outcome
         ordered = [(self.agents[d], outcome.replies[d]) for d in sorted(outcome.replies)]
         try:
-            agg = self.strategy.aggregate(step, ordered)
-            ctx = ServerContext.for_step(self.cfg.seed, rec.idx, self.cfg.server_device)
-            agg.update(self.strategy.server_train(step, ctx))
+            agg = self._aggregate(rec.idx, step, ordered)
         except AggregationError as exc:
-            self._fail_aggregation(rec, step, outcome, ordered, started, traffic0, exc)
+            self._fail_aggregation(open_step, exc, ordered, started, traffic0)
             return
-        record = self._metrics_record(
-            rec, step, outcome, ordered, agg, started, self._traffic_since(traffic0)
-        )
+        record = self._metrics_record(open_step, ordered, agg, started, traffic0)
         self.store.complete_step(rec.idx, "done", self.strategy.state_dict(), record)
         self._append_metrics(record)
         self.log.info(
@@ -507,18 +495,27 @@ class Coordinator:
             record["bytes_total"],
         )
 
-    def _fail_aggregation(  # noqa: PLR0917 - internal, called once
+    def _aggregate(
+        self, idx: int, step: Step, ordered: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
+        """The strategy's handler for the step's phase (none: nothing to fold), then
+        server-side training."""
+        handler = self.strategy.aggregators().get(step.phase)
+        agg = {} if handler is None else handler(step, ordered)
+        ctx = ServerContext.for_step(self.cfg.seed, idx, self.cfg.server_device)
+        return {**agg, **self.strategy.server_train(step, ctx)}
+
+    def _fail_aggregation(
         self,
-        rec: StepRecord,
-        step: Step,
-        outcome: StepOutcome,
+        open_step: OpenStep,
+        exc: AggregationError,
         ordered: list[tuple[AgentInfo, Reply]],
         started: float,
         traffic0: dict[str, int],
-        exc: AggregationError,
     ) -> None:
         """Close the step as failed and go on: re-raising left it open, so every resume
         replayed the same stored replies into the same error and the run never moved again."""
+        rec, step = open_step.rec, open_step.step
         self.log.error(
             "step %d (%s round %d) aggregation failed, step skipped: %s",
             rec.idx + 1,
@@ -528,32 +525,26 @@ class Coordinator:
         )
         # aggregate may have mutated the strategy before raising: back to the last good state
         self.strategy.load_state_dict(self.store.global_state())
-        record = self._metrics_record(
-            rec, step, outcome, ordered, {}, started, self._traffic_since(traffic0)
-        )
+        record = self._metrics_record(open_step, ordered, {}, started, traffic0)
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         self.store.fail_step(rec.idx, record, str(exc))
         self._append_metrics(record)
-
-    def _traffic_since(self, traffic0: dict[str, int]) -> dict[str, int]:
-        traffic = self.endpoint.traffic.snapshot()
-        return {k: v - traffic0.get(k, 0) for k, v in traffic.items() if v - traffic0.get(k, 0)}
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
 
-    def _metrics_record(  # noqa: PLR0917 - internal, called once
+    def _metrics_record(
         self,
-        rec: StepRecord,
-        step: Step,
-        outcome: StepOutcome,
+        open_step: OpenStep,
         ordered: list[tuple[AgentInfo, Reply]],
         agg: dict[str, float],
         started: float,
-        traffic: dict[str, int],
+        traffic0: dict[str, int],
     ) -> dict[str, Any]:
+        now = self.endpoint.traffic.snapshot()
+        traffic = {k: v - traffic0.get(k, 0) for k, v in now.items() if v - traffic0.get(k, 0)}
         agents = {
             a.device_id: {
                 "acc_local": r.metrics.get("acc_local"),
@@ -566,13 +557,13 @@ class Coordinator:
             for a, r in ordered
         }
         record: dict[str, Any] = {
-            "round": step.round,
-            "phase": step.phase,
+            "round": open_step.step.round,
+            "phase": open_step.step.phase,
             "time": time.time(),
             "duration_s": time.time() - started,
-            "participants": rec.participants,
+            "participants": open_step.rec.participants,
             "quorum_met": True,
-            "failed": outcome.failed,
+            "failed": open_step.outcome.failed,
             "agents": agents,
             "aggregate": agg,
             "bytes": traffic,

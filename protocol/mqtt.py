@@ -119,6 +119,7 @@ class MqttTransport(Transport):
                 "reconnect delays: expected 0 < min <= max, got "
                 f"min={reconnect_min}, max={reconnect_max}"
             )
+        super().__init__()
         self.client_id = client_id
         self.host = host
         self.port = port
@@ -131,7 +132,6 @@ class MqttTransport(Transport):
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
         self.flush_timeout = flush_timeout
-        self.max_packet_size: int | None = None
         self.session_present = False
         self.log = logger or logging.getLogger(f"edgefl.mqtt.{client_id}")
         self._lock = threading.Lock()

@@ -35,10 +35,15 @@ class Will:
 
 
 class Transport(ABC):
-    """Publish/subscribe of raw bytes with MQTT semantics (QoS 0/1, retained, last will)."""
+    """Publish/subscribe of raw bytes with MQTT semantics (QoS 0/1, retained, last will).
 
-    #: Largest packet the broker accepts, when it says so; ``None`` = unknown.
-    max_packet_size: int | None = None
+    Subclasses call ``super().__init__()`` first.
+    """
+
+    def __init__(self) -> None:
+        #: Largest packet the broker accepts, when it says so; ``None`` = unknown.
+        self.max_packet_size: int | None = None
+        self._connect_listeners: list[Callable[[bool], None]] = []
 
     def add_connect_listener(self, listener: Callable[[bool], None]) -> None:
         """Call ``listener(session_present)`` after every (re)connect, on the delivery thread.
@@ -46,10 +51,10 @@ class Transport(ABC):
         Used to re-announce retained state (birth, coordinator state) after a broker restart,
         which loses retained messages when the broker keeps no persistence. Must not block.
         """
-        self.__dict__.setdefault("_connect_listeners", []).append(listener)
+        self._connect_listeners.append(listener)
 
     def _notify_connect(self, session_present: bool) -> None:
-        for listener in self.__dict__.get("_connect_listeners", []):
+        for listener in list(self._connect_listeners):
             try:
                 listener(session_present)
             except Exception:  # a listener's bug must not break the transport thread
@@ -127,6 +132,7 @@ class MemoryTransport(Transport):
     """A client of a :class:`MemoryBroker`; ``kill()`` simulates an abrupt disconnect."""
 
     def __init__(self, broker: MemoryBroker, client_id: str, *, will: Will | None = None) -> None:
+        super().__init__()
         self.broker = broker
         self.client_id = client_id
         self.will = will

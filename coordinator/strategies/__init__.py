@@ -5,6 +5,7 @@ from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
 from coordinator.strategies.base import (
     STRATEGIES,
     AgentInfo,
+    Aggregator,
     ServerContext,
     Step,
     Strategy,
@@ -15,6 +16,7 @@ from coordinator.strategies.base import (
 __all__ = [
     "STRATEGIES",
     "AgentInfo",
+    "Aggregator",
     "ServerContext",
     "Step",
     "Strategy",

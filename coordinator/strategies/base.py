@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the coordinator never imports torch unless a strategy train
 __all__ = [
     "STRATEGIES",
     "AgentInfo",
+    "Aggregator",
     "ServerContext",
     "Step",
     "Strategy",
@@ -107,6 +108,10 @@ class ServerContext:
         return torch.Generator(device="cpu").manual_seed(self.seed)
 
 
+#: Folds one step's valid replies, ordered by device id, into the global state; returns metrics.
+Aggregator = Callable[[Step, list[tuple[AgentInfo, Reply]]], dict[str, float]]
+
+
 class Strategy(Generic[C]):
     """Base strategy: no knowledge exchanged; subclasses fill the hooks."""
 
@@ -150,8 +155,17 @@ class Strategy(Generic[C]):
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Reject a reply that cannot be aggregated (raise :class:`ValidationError`)."""
 
+    def aggregators(self) -> dict[str, Aggregator]:
+        """Phase -> handler of that phase's replies; a phase without one aggregates nothing.
+
+        Default: ``train`` steps go to :meth:`aggregate`. A multi-phase algorithm adds its
+        phases here (FedVTC's ``upload_generator``) instead of branching on ``step.phase``.
+        """
+        return {"train": self.aggregate}
+
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """Fold valid replies into the global state; return scalar metrics (default: none)."""
+        """Fold a training round's valid replies into the global state; return scalar metrics
+        (default: none)."""
         return {}
 
     def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:

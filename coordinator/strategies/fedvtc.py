@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
+from coordinator.strategies.base import (
+    AgentInfo,
+    Aggregator,
+    Step,
+    Strategy,
+    register_strategy,
+)
 from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.errors import AggregationError, ValidationError
@@ -54,18 +60,19 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
 
     def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         """Training: prototypes of the agent's classes + sigma. Final: everything + generator."""
+        build = {"train": self._configure_train, "final": self._configure_final}.get(step.phase)
+        return {} if build is None else build(agent)
+
+    def _configure_train(self, agent: AgentInfo) -> dict[str, Payload]:
         out: dict[str, Payload] = {}
-        if step.phase == "train":
-            if self.protos is not None:
-                out["protos"] = self._subset(self.protos, agent.classes)
-            if self.config.generator_exchange == "every_round" and self.generator is not None:
-                out["generator"] = self.generator
-        elif step.phase == "final":
-            if self.protos is not None:
-                out["protos"] = self.protos
-            if self.generator is not None:
-                out["generator"] = self.generator
+        if self.protos is not None:
+            out["protos"] = self._subset(self.protos, agent.classes)
+        if self.config.generator_exchange == "every_round" and self.generator is not None:
+            out["generator"] = self.generator
         return out
+
+    def _configure_final(self, agent: AgentInfo) -> dict[str, Payload]:
+        return self.state_dict()  # all prototypes with sigma, and the averaged generator
 
     def _subset(self, protos: PrototypeSet, classes: list[int]) -> PrototypeSet:
         keep = np.isin(protos.class_ids, classes)
@@ -80,52 +87,64 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Prototypes with an SD of the fleet's dimension; generators with the known layout."""
         if step.phase == "train":
-            known = self.protos is not None and self.protos.class_ids.size
-            dim = self.protos.dim if known and self.protos is not None else None
-            protos = self.check_prototypes(agent, reply, "protos", dim)
-            if protos.sd is None:
-                raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)
-            if protos.sd.shape[0] != protos.dim and protos.class_ids.size:
-                raise ValidationError(
-                    "reply.payloads.protos.sd", f"length {protos.dim}", protos.sd.shape[0]
-                )
+            self._check_protos(agent, reply)
         if step.phase == "upload_generator" or (
             step.phase == "train" and self.config.generator_exchange == "every_round"
         ):
-            gen = reply.payloads.get("generator")
-            if not isinstance(gen, TensorMap):
-                raise ValidationError(
-                    "reply.payloads.generator", "tensors", None if gen is None else gen.KIND
-                )
-            if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
-                raise ValidationError(
-                    "reply.payloads.generator",
-                    "the fleet's generator layout",
-                    sorted(set(gen.tensors) ^ set(self.generator.tensors))[:5],
-                )
+            self._check_generator(reply)
+
+    def _check_protos(self, agent: AgentInfo, reply: Reply) -> None:
+        known = self.protos is not None and self.protos.class_ids.size
+        dim = self.protos.dim if known and self.protos is not None else None
+        protos = self.check_prototypes(agent, reply, "protos", dim)
+        if protos.sd is None:
+            raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)
+        if protos.sd.shape[0] != protos.dim and protos.class_ids.size:
+            raise ValidationError(
+                "reply.payloads.protos.sd", f"length {protos.dim}", protos.sd.shape[0]
+            )
+
+    def _check_generator(self, reply: Reply) -> None:
+        gen = reply.payloads.get("generator")
+        if not isinstance(gen, TensorMap):
+            raise ValidationError(
+                "reply.payloads.generator", "tensors", None if gen is None else gen.KIND
+            )
+        if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
+            raise ValidationError(
+                "reply.payloads.generator",
+                "the fleet's generator layout",
+                sorted(set(gen.tensors) ^ set(self.generator.tensors))[:5],
+            )
+
+    def aggregators(self) -> dict[str, Aggregator]:
+        """``train``: prototypes and SD (and generators every round); ``upload_generator``."""
+        return {"train": self.aggregate, "upload_generator": self.aggregate_generators}
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """Per-class plain means and the plain SD mean; generator mean over trained uploads."""
-        if step.phase == "train":
-            sets = [r.payloads["protos"] for _, r in replies]
-            protos = [s for s in sets if isinstance(s, PrototypeSet)]
-            sds = [s.sd for s in protos if s.sd is not None]
-            sd = np.mean(np.stack(sds), axis=0).astype(np.float32) if sds else None
-            if sd is None and self.protos is not None:
-                sd = self.protos.sd
-            self.protos = mean_prototypes(
-                self.protos, protos, self.num_classes, self.config.proto_encoding, sd=sd
-            )
-            if self.config.generator_exchange == "every_round":
-                self._average_generators(replies, require_trained=False)
-            held = 0 if self.protos is None else self.protos.class_ids.size
-            return {
-                "classes_with_prototype": float(held),
-                "sigma_mean": float(sd.mean()) if sd is not None else 1.0,
-            }
-        if step.phase == "upload_generator":
-            return {"generators_averaged": float(self._average_generators(replies, True))}
-        return {}
+        """Per-class plain means of the prototypes and the plain mean of the SDs."""
+        sets = [r.payloads["protos"] for _, r in replies]
+        protos = [s for s in sets if isinstance(s, PrototypeSet)]
+        sds = [s.sd for s in protos if s.sd is not None]
+        sd = np.mean(np.stack(sds), axis=0).astype(np.float32) if sds else None
+        if sd is None and self.protos is not None:
+            sd = self.protos.sd
+        self.protos = mean_prototypes(
+            self.protos, protos, self.num_classes, self.config.proto_encoding, sd=sd
+        )
+        if self.config.generator_exchange == "every_round":
+            self._average_generators(replies, require_trained=False)
+        held = 0 if self.protos is None else self.protos.class_ids.size
+        return {
+            "classes_with_prototype": float(held),
+            "sigma_mean": float(sd.mean()) if sd is not None else 1.0,
+        }
+
+    def aggregate_generators(
+        self, step: Step, replies: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
+        """The one-shot generator mean (spec M3) over the uploads that trained."""
+        return {"generators_averaged": float(self._average_generators(replies, True))}
 
     def _average_generators(
         self, replies: list[tuple[AgentInfo, Reply]], require_trained: bool

@@ -123,7 +123,7 @@ def test_generator_averaging_includes_bn_buffers_and_skips_untrained() -> None:
         (b, reply({"generator": gen(3.0, 9)}, metrics={"generator_trained": 1.0})),
         (c, reply({"generator": gen(100.0, 0)}, metrics={"generator_trained": 0.0})),
     ]
-    out = s.aggregate(Step(3, "upload_generator", "all"), replies)
+    out = s.aggregators()["upload_generator"](Step(3, "upload_generator", "all"), replies)
     assert out["generators_averaged"] == 2
     g = s.configure(Step(3, "final", "all"), a)["generator"]
     assert isinstance(g, TensorMap)
@@ -190,3 +190,15 @@ def test_server_context_seed_depends_only_on_run_seed_and_step() -> None:
     assert len({a.seed, ServerContext.for_step(7, 4).seed, ServerContext.for_step(8, 3).seed}) == 3
     assert again.device == "cpu"
     assert ServerContext.for_step(7, 3, "auto").device in ("cpu", "cuda")
+
+
+def test_aggregation_is_dispatched_by_phase_through_a_table() -> None:
+    # Prepare
+    fedproto = create_strategy("fedproto", config_type("fedproto")(), num_classes=4)
+    fedvtc = create_strategy("fedvtc", config_type("fedvtc")(), num_classes=4)
+    # Execute
+    tables = {name: s.aggregators() for name, s in (("fedproto", fedproto), ("fedvtc", fedvtc))}
+    # Assert: every phase of the plan either has a handler or aggregates nothing
+    assert sorted(tables["fedproto"]) == ["train"]
+    assert sorted(tables["fedvtc"]) == ["train", "upload_generator"]
+    assert [s.phase for s in fedvtc.plan(1)] == ["train", "upload_generator", "final"]
