@@ -20,6 +20,7 @@ from typing import Any, Literal
 from coordinator.config import RunConfig
 from coordinator.store import StepRecord, Store
 from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
+from protocol.algorithms.base import check_payloads
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import (
@@ -460,6 +461,10 @@ class Coordinator:
             raise ValidationError(
                 "reply.phase/round", f"{step.phase}/{step.round}", f"{reply.phase}/{reply.round}"
             )
+        # keys and kinds once, from the algorithm's declaration; shapes are the strategy's
+        specs = type(self.strategy.config).reply_payloads(step.phase)
+        if specs is not None:
+            check_payloads(specs, reply.payloads, step.phase)
         self.strategy.validate(step, agent, reply)
 
     def _refuse_reply(self, ack_topic: str, env: Envelope, reply: Reply, reason: str) -> None:

@@ -23,6 +23,7 @@ from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
 from protocol.errors import ConfigError, ValidationError
 from protocol.messages import Register, Reply
 from protocol.payloads import Payload, PrototypeSet
+from protocol.wire import WireModel
 
 if TYPE_CHECKING:  # the coordinator never imports torch unless a strategy trains
     import torch
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 C = TypeVar("C", bound=TrainConfig)
+P = TypeVar("P", bound=WireModel)
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,19 @@ class Strategy(Generic[C]):
         """Restore what :meth:`state_dict` produced."""
 
     # ----- shared validation helpers --------------------------------------------------------
+    @staticmethod
+    def payload(reply: Reply, key: str, kind: type[P]) -> P:
+        """``reply.payloads[key]`` typed as ``kind``.
+
+        The engine has checked keys and kinds against the algorithm's ``REPLY_PAYLOADS``, so
+        this raises only for an optional payload that this configuration requires.
+        """
+        value = reply.payloads.get(key)
+        if not isinstance(value, kind):
+            got = "nothing" if value is None else type(value).KIND
+            raise ValidationError(f"reply.payloads.{key}", f"a {kind.KIND} payload", got)
+        return value
+
     def check_prototypes(
         self, agent: AgentInfo, reply: Reply, key: str, dim: int | None
     ) -> PrototypeSet:

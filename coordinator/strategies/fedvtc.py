@@ -85,15 +85,16 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         )
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Prototypes with an SD of the fleet's dimension; generators with the known layout."""
-        if step.phase == "train":
-            self._check_protos(agent, reply)
-        if step.phase == "upload_generator" or (
-            step.phase == "train" and self.config.generator_exchange == "every_round"
-        ):
-            self._check_generator(reply)
+        """Prototypes with an SD of the fleet's dimension; generators with the known layout.
 
-    def _check_protos(self, agent: AgentInfo, reply: Reply) -> None:
+        Payload keys and kinds were checked by the engine (``FedVTCConfig.REPLY_PAYLOADS``).
+        """
+        check = {"train": self._validate_train, "upload_generator": self._validate_upload}
+        phase_check = check.get(step.phase)
+        if phase_check is not None:
+            phase_check(agent, reply)
+
+    def _validate_train(self, agent: AgentInfo, reply: Reply) -> None:
         known = self.protos is not None and self.protos.class_ids.size
         dim = self.protos.dim if known and self.protos is not None else None
         protos = self.check_prototypes(agent, reply, "protos", dim)
@@ -103,13 +104,11 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             raise ValidationError(
                 "reply.payloads.protos.sd", f"length {protos.dim}", protos.sd.shape[0]
             )
+        if self.config.generator_exchange == "every_round":  # optional in the schema only
+            self._validate_upload(agent, reply)
 
-    def _check_generator(self, reply: Reply) -> None:
-        gen = reply.payloads.get("generator")
-        if not isinstance(gen, TensorMap):
-            raise ValidationError(
-                "reply.payloads.generator", "tensors", None if gen is None else gen.KIND
-            )
+    def _validate_upload(self, agent: AgentInfo, reply: Reply) -> None:
+        gen = self.payload(reply, "generator", TensorMap)
         if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
             raise ValidationError(
                 "reply.payloads.generator",
@@ -123,8 +122,7 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Per-class plain means of the prototypes and the plain mean of the SDs."""
-        sets = [r.payloads["protos"] for _, r in replies]
-        protos = [s for s in sets if isinstance(s, PrototypeSet)]
+        protos = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
         sds = [s.sd for s in protos if s.sd is not None]
         sd = np.mean(np.stack(sds), axis=0).astype(np.float32) if sds else None
         if sd is None and self.protos is not None:
@@ -150,12 +148,11 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         self, replies: list[tuple[AgentInfo, Reply]], require_trained: bool
     ) -> int:
         # D10: average only generators that were trained at least once
-        uploads = [
-            r.payloads["generator"]
+        maps = [
+            self.payload(r, "generator", TensorMap)
             for _, r in replies
             if not require_trained or r.metrics.get("generator_trained", 1.0) > 0
         ]
-        maps = [m for m in uploads if isinstance(m, TensorMap)]
         if maps:
             self.generator = average_tensor_maps(maps, self.config.generator_encoding)
         return len(maps)

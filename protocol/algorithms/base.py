@@ -4,21 +4,71 @@ Each algorithm declares one frozen dataclass here, derived from :class:`TrainCon
 coordinator builds it from the run's TOML (unknown keys and wrong types are errors) and sends it
 flattened into ``Task.config``; the agent rebuilds it with the same checks. Both halves thus
 agree on names and types by construction, not by convention.
+
+The same class declares what each phase's reply carries (:attr:`AlgorithmConfig.REPLY_PAYLOADS`,
+a tuple of :class:`PayloadSpec` per phase): the coordinator checks every reply's payload keys
+and kinds against it before the strategy looks at shapes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, ValidationError
+from protocol.wire import WireModel
 
-__all__ = ["CONFIG_TYPES", "AlgorithmConfig", "TrainConfig", "config_type", "register_config"]
+__all__ = [
+    "CONFIG_TYPES",
+    "AlgorithmConfig",
+    "PayloadSpec",
+    "TrainConfig",
+    "check_payloads",
+    "config_type",
+    "register_config",
+]
 
 C = TypeVar("C", bound="AlgorithmConfig")
 Scalar = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class PayloadSpec:
+    """One named payload a reply carries: its key, its payload class and whether it must be there.
+
+    ``kind`` is a class from :mod:`protocol.payloads` (``PrototypeSet``, ``TensorMap``, ...).
+    """
+
+    key: str
+    kind: type[WireModel]
+    required: bool = True
+
+
+def check_payloads(
+    specs: tuple[PayloadSpec, ...], payloads: Mapping[str, WireModel], phase: str
+) -> None:
+    """Raise :class:`ValidationError` naming the first key that is unknown, missing or of the
+    wrong kind in a ``phase`` reply."""
+    declared = {s.key: s for s in specs}
+    for key, value in payloads.items():
+        spec = declared.get(key)
+        if spec is None:
+            known = f"one of {sorted(declared)}" if declared else "no payload"
+            raise ValidationError(f"reply.payloads.{key}", f"{known} in phase {phase}", value.KIND)
+        if not isinstance(value, spec.kind):
+            raise ValidationError(
+                f"reply.payloads.{key}", f"a {spec.kind.KIND} payload", value.KIND
+            )
+    for spec in specs:
+        if spec.required and spec.key not in payloads:
+            raise ValidationError(
+                f"reply.payloads.{spec.key}",
+                f"a {spec.kind.KIND} payload (required in phase {phase})",
+                "nothing",
+            )
 
 
 @dataclass(frozen=True)
@@ -26,6 +76,16 @@ class AlgorithmConfig:
     """Base of every algorithm config: flat scalar fields only."""
 
     NAME: ClassVar[str] = ""
+    #: Phase -> the payloads of that phase's replies; a phase absent here carries none.
+    #: ``None``: not declared, replies are not checked (an algorithm still being written).
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = None
+
+    @classmethod
+    def reply_payloads(cls, phase: str) -> tuple[PayloadSpec, ...] | None:
+        """What a ``phase`` reply carries (``None``: the algorithm declares nothing)."""
+        if cls.REPLY_PAYLOADS is None:
+            return None
+        return cls.REPLY_PAYLOADS.get(phase, ())
 
     @classmethod
     def from_dict(cls: type[C], values: dict[str, Any], *, where: str = "config") -> C:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from protocol.algorithms.base import TrainConfig, register_config
+from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.payloads import PrototypeSet, TensorMap
 
 __all__ = ["FedAvgConfig", "FedProtoConfig", "LocalConfig"]
 
@@ -15,11 +16,17 @@ __all__ = ["FedAvgConfig", "FedProtoConfig", "LocalConfig"]
 class LocalConfig(TrainConfig):
     """Local training only; no knowledge is exchanged (the lower bound)."""
 
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {}  # nothing, ever
+
 
 @register_config("fedavg")
 @dataclass(frozen=True)
 class FedAvgConfig(TrainConfig):
     """FedAvg: sample-weighted averaging of full weights (homogeneous fleets only)."""
+
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
+        "train": (PayloadSpec("weights", TensorMap),),
+    }
 
     weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # uploaded and broadcast weights
 
@@ -28,6 +35,10 @@ class FedAvgConfig(TrainConfig):
 @dataclass(frozen=True)
 class FedProtoConfig(TrainConfig):
     """FedProto: CE + lam * MSE(feature, global prototype of its label); prototypes exchanged."""
+
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
+        "train": (PayloadSpec("protos", PrototypeSet),),
+    }
 
     proto_weight: float = 1.0  # FedProto's lambda
     proto_encoding: Literal["raw", "f16"] = "raw"

@@ -8,9 +8,10 @@ clipping at 10 (the paper's sum-reduced losses diverge at lr 0.01 without it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from protocol.algorithms.base import TrainConfig, register_config
+from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.payloads import PrototypeSet, TensorMap
 
 __all__ = ["FedVTCConfig"]
 
@@ -19,6 +20,16 @@ __all__ = ["FedVTCConfig"]
 @dataclass(frozen=True)
 class FedVTCConfig(TrainConfig):
     """Prototypes + SDs per round, one-shot VTC generator, synthetic fine-tuning."""
+
+    # M2 (the generator too under generator_exchange = "every_round": the strategy requires
+    # it then, since this table cannot depend on the config's values), then M3
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
+        "train": (
+            PayloadSpec("protos", PrototypeSet),
+            PayloadSpec("generator", TensorMap, required=False),
+        ),
+        "upload_generator": (PayloadSpec("generator", TensorMap),),
+    }
 
     local_epochs: int = 5  # E
     batch_size: int = 16

@@ -321,3 +321,31 @@ def test_server_train_gets_the_run_device_and_a_seed_fixed_per_step(
         a.close()
     with pytest.raises(ConfigError, match="server_device"):
         run_config(tmp_path, server_device="gpu")
+
+
+def test_a_reply_with_an_undeclared_payload_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    # Prepare: every agent adds a payload FedProto does not declare
+    from edge_agent.algorithms.baselines import FedProtoEdge
+    from protocol.payloads import TensorMap
+
+    original = FedProtoEdge.reply_payloads
+    monkeypatch.setattr(
+        FedProtoEdge, "reply_payloads", lambda self: {**original(self), "extra": TensorMap({})}
+    )
+    cfg = run_config(tmp_path, rounds=1, max_retries=0)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    transport = MemoryTransport(broker, "coordinator")
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    # Execute
+    with pytest.raises(QuorumError):
+        coord.run()
+    # Assert
+    assert coord.rejected["invalid_reply"] == 3
+    assert "reply.payloads.extra: expected one of ['protos'] in phase train" in caplog.text
+    for a in agents:
+        a.close()

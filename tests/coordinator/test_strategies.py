@@ -202,3 +202,12 @@ def test_aggregation_is_dispatched_by_phase_through_a_table() -> None:
     assert sorted(tables["fedproto"]) == ["train"]
     assert sorted(tables["fedvtc"]) == ["train", "upload_generator"]
     assert [s.phase for s in fedvtc.plan(1)] == ["train", "upload_generator", "final"]
+
+
+def test_fedvtc_every_round_requires_the_generator_the_schema_leaves_optional() -> None:
+    s = create_strategy(
+        "fedvtc", config_type("fedvtc")(generator_exchange="every_round"), num_classes=4
+    )
+    a = agent("a", {0: 5}, "fedvtc")
+    with pytest.raises(ValidationError, match=r"reply\.payloads\.generator: expected a tensors"):
+        s.validate(Step(1, "train"), a, reply({"protos": protos([0], [[1.0, 1.0]], sd=[1.0, 1.0])}))
