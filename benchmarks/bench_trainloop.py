@@ -1,7 +1,8 @@
 """Training-loop overhead: samples/s of the agent's loop vs a bare PyTorch loop.
 
 Same model, same data (already on the device), same batch size, optimizer and number of steps.
-The agent loop adds the hooks, the finite-loss check and the progress callback.
+The agent loop adds the hooks, the finite-loss check, the progress callback and the parameter
+groups (it builds its own optimizer from the default group: the whole model, the config's SGD).
 
     python benchmarks/bench_trainloop.py --model cnn_t2 --image-size 28 --repeats 5
 """
@@ -26,7 +27,7 @@ class CE:
     def step_loss(self, x, y, features, logits):  # type: ignore[no-untyped-def]
         return F.cross_entropy(logits, y)
 
-    def after_step(self, x, y, features):  # type: ignore[no-untyped-def]
+    def after_step(self, x, y, features, logits):  # type: ignore[no-untyped-def]
         return None
 
 
@@ -43,12 +44,11 @@ def bare(model, data: TensorData, cfg: LocalConfig, opt, gen) -> float:  # type:
 
 def agent(model, data: TensorData, cfg: LocalConfig, opt, gen) -> float:  # type: ignore[no-untyped-def]
     progress = []
-    stats = train_epochs(
+    stats = train_epochs(  # builds the same SGD as ``opt`` from the default parameter group
         model,
         data,
         cfg,
         CE(),
-        optimizer=opt,
         epochs=1,
         generator=gen,
         on_progress=lambda s, t, lo: progress.append(s),

@@ -5,6 +5,7 @@ Used by the ``edge-agent`` CLI and by in-process simulation, so both run the sam
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,15 +84,18 @@ def build_agent(
     device = pick_device(opts.device)
     train, test, global_test = _shards(opts)
     c, h, _w = train.x.shape[1:]
-    # model and algorithm init differ per device and are reproducible (thread-safe: simulate)
+    build = functools.partial(
+        create_model,
+        opts.model,
+        num_classes=train.num_classes,
+        in_chans=int(c),
+        feature_dim=opts.feature_dim,
+        input_size=int(h),
+    )
+    # model and algorithm init differ per device and are reproducible (thread-safe: simulate);
+    # algorithms that average weights re-initialise shared modules from a common seed
     with seeded(opts.seed * 1009 + opts.client_index):
-        model = create_model(
-            opts.model,
-            num_classes=train.num_classes,
-            in_chans=int(c),
-            feature_dim=opts.feature_dim,
-            input_size=int(h),
-        ).to(device)
+        model = build().to(device)
         gen = torch.Generator().manual_seed(opts.seed * 7919 + opts.client_index)
         ctx = EdgeContext(
             model=model,
@@ -101,6 +105,7 @@ def build_agent(
             device=device,
             generator=gen,
             global_test=None if global_test is None else _tensors(global_test, device),
+            model_builder=build,
         )
         algorithm = create_edge_algorithm(opts.algorithm, ctx)
     spec = ModelSpec.from_model(model)

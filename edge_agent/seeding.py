@@ -13,12 +13,13 @@ other agents are unaffected.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["seeded"]
+__all__ = ["derived_seed", "seeded"]
 
 _LOCK = threading.RLock()
 
@@ -29,3 +30,9 @@ def seeded(seed: int) -> Iterator[None]:
     with _LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+def derived_seed(base: int, key: str) -> int:
+    """A seed from ``base`` and a name, the same in every process (unlike ``hash(str)``, which
+    Python salts per process): agents that agree on both agree on the seed."""
+    return (base + zlib.crc32(key.encode())) % 2**63

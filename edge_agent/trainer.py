@@ -1,8 +1,9 @@
 """The one local training loop and the one evaluation loop of every algorithm.
 
 Algorithms never copy this loop: they fill :class:`TrainHooks` (the loss of a step, work after a
-step). Data lives in memory as tensors on the training device and is batched by index
-permutation, which keeps the loop's overhead over bare PyTorch negligible for edge-sized data.
+step) and declare what trains as :class:`ParamGroup` s. Data lives in memory as tensors on the
+training device and is batched by index permutation, which keeps the loop's overhead over bare
+PyTorch negligible for edge-sized data.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,8 @@ from protocol.errors import EdgeFLError
 
 __all__ = [
     "EvalResult",
+    "GroupLoss",
+    "ParamGroup",
     "TensorData",
     "TrainHooks",
     "TrainStats",
@@ -33,6 +37,8 @@ __all__ = [
 ]
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, running loss)
+# A group's own loss on the batch (x, y); None skips that group's update for this batch.
+GroupLoss = Callable[[Tensor, Tensor], Tensor | None]
 
 
 class TrainingError(EdgeFLError):
@@ -68,8 +74,38 @@ class TrainHooks(Protocol):
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
         """The loss to minimise for this batch (cross-entropy plus the algorithm's terms)."""
 
-    def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
-        """Work after the optimizer step (e.g. a second model's update, statistics)."""
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
+        """Work after the batch's updates (statistics); ``features``/``logits`` are detached
+        and come from the forward pass of ``step_loss``."""
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters the loop trains with one optimizer; ``None`` settings take the task config's.
+
+    A group without ``loss`` steps on ``step_loss`` (the main step). A group with a ``loss`` is
+    a sub-step after the main update, in declaration order (FedVTC's step B). While a step runs,
+    its groups' modules are in train mode and their parameters take gradients; every other
+    group's module is in eval mode with its parameters frozen.
+    """
+
+    name: str
+    module: nn.Module  # owner: its train/eval mode is set by the loop
+    params: Sequence[Tensor] | None = None  # None: every parameter of ``module``
+    lr: float | None = None
+    grad_clip: float | None = None  # max global norm of this group's gradients; 0 = off
+    optimizer: Literal["sgd", "adam"] | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    loss: GroupLoss | None = None
+    after_update: Callable[[], None] | None = None  # e.g. project onto a constraint set
+
+    def tensors(self) -> list[Tensor]:
+        """The trained tensors, in a fixed order."""
+        return list(self.module.parameters()) if self.params is None else list(self.params)
+
+
+_CONFIG_GROUP = ParamGroup("config", nn.Identity())  # every setting from the task config
 
 
 @dataclass(frozen=True)
@@ -88,12 +124,96 @@ class TrainStats:
 
 
 def make_optimizer(
-    params: Iterator[nn.Parameter] | list[nn.Parameter], cfg: TrainConfig
+    params: Sequence[Tensor] | Iterator[nn.Parameter],
+    cfg: TrainConfig,
+    group: ParamGroup | None = None,
 ) -> torch.optim.Optimizer:
-    """SGD (with momentum) or Adam as the config says."""
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    """SGD (with momentum) or Adam with the group's settings, the config's where it has none."""
+    g = group or _CONFIG_GROUP
+    kind = g.optimizer or cfg.optimizer
+    lr = cfg.lr if g.lr is None else g.lr
+    wd = cfg.weight_decay if g.weight_decay is None else g.weight_decay
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    momentum = cfg.momentum if g.momentum is None else g.momentum
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
+
+
+@dataclass(eq=False)  # compared by identity in _activate
+class _Stepper:
+    """A group with its optimizer, its clip norm and its tensors' gradient flags on entry."""
+
+    group: ParamGroup
+    params: list[Tensor]
+    optimizer: torch.optim.Optimizer
+    clip: float
+    found: list[bool]
+
+    @classmethod
+    def of(cls, group: ParamGroup, cfg: TrainConfig) -> _Stepper:
+        params = group.tensors()
+        clip = cfg.grad_clip if group.grad_clip is None else group.grad_clip
+        opt = make_optimizer(params, cfg, group)
+        return cls(group, params, opt, clip, [p.requires_grad for p in params])
+
+
+def _activate(steppers: list[_Stepper], active: list[_Stepper]) -> None:
+    """Train mode and gradients for the active groups; eval mode and frozen for the others.
+
+    A tensor frozen on entry stays frozen: the loop never unfreezes what an algorithm froze.
+    """
+    for s in steppers:
+        on = s in active
+        s.group.module.train(on)
+        for p, flag in zip(s.params, s.found, strict=True):
+            p.requires_grad_(on and flag)
+
+
+def _restore(steppers: list[_Stepper]) -> None:
+    """Every group's module back in train mode, its tensors with their entry flags."""
+    for s in steppers:
+        s.group.module.train()
+        for p, flag in zip(s.params, s.found, strict=True):
+            p.requires_grad_(flag)
+
+
+def _update(loss: Tensor, steppers: list[_Stepper], scaler: torch.amp.GradScaler | None) -> None:
+    """zero_grad, backward, per-group clipping, step: the only optimiser step there is."""
+    for s in steppers:
+        s.optimizer.zero_grad(set_to_none=True)
+    if scaler is None:
+        loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+    else:
+        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch stub
+    for s in steppers:
+        if s.clip > 0:
+            if scaler is not None:
+                scaler.unscale_(s.optimizer)
+            nn.utils.clip_grad_norm_(s.params, s.clip)
+        if scaler is None:
+            s.optimizer.step()
+        else:
+            scaler.step(s.optimizer)
+        if s.group.after_update is not None:
+            s.group.after_update()
+    if scaler is not None:
+        scaler.update()
+
+
+def _finite(loss: Tensor, step: int, total: int, group: str = "") -> float:
+    value = float(loss.detach())  # one device sync per step serves the check and the stats
+    if not math.isfinite(value):
+        of = f" (group {group!r})" if group else ""
+        raise TrainingError(f"loss became {value} at step {step}/{total}{of}")
+    return value
+
+
+def _sub_steps(steppers: list[_Stepper]) -> list[tuple[_Stepper, GroupLoss]]:
+    return [(s, s.group.loss) for s in steppers if s.group.loss is not None]
+
+
+def _autocast(use_amp: bool, device: torch.device) -> AbstractContextManager[object]:
+    return torch.autocast(device.type) if use_amp else contextlib.nullcontext()
 
 
 def train_epochs(
@@ -102,49 +222,54 @@ def train_epochs(
     cfg: TrainConfig,
     hooks: TrainHooks,
     *,
-    optimizer: torch.optim.Optimizer,
+    groups: Sequence[ParamGroup] | None = None,
     epochs: int | None = None,
     generator: torch.Generator | None = None,
     on_progress: ProgressFn | None = None,
 ) -> TrainStats:
-    """Train ``model`` for ``epochs`` (default ``cfg.local_epochs``) over ``data``."""
+    """Train ``groups`` (default: all of ``model``) for ``epochs`` (default ``cfg.local_epochs``).
+
+    Per batch: forward ``model``, ``hooks.step_loss``, update the main groups; then each
+    sub-step group on its own loss; then ``hooks.after_step``.
+    """
     epochs = cfg.local_epochs if epochs is None else epochs
-    device = data.x.device
-    use_amp = cfg.mixed_precision and device.type == "cuda"
+    steppers = [_Stepper.of(g, cfg) for g in groups or [ParamGroup("model", model)]]
+    main = [s for s in steppers if s.group.loss is None]
+    subs = _sub_steps(steppers)
+    if not main:
+        raise TrainingError("no parameter group trains on step_loss")
+    use_amp = cfg.mixed_precision and data.x.device.type == "cuda"
     # Without AMP the scaler and autocast are bypassed: on tiny models their per-step Python
     # cost was a measurable share of the step (benchmarks/bench_trainloop.py).
     scaler = torch.amp.GradScaler("cuda") if use_amp else None
-    params = [p for g in optimizer.param_groups for p in g["params"]]
     total = epochs * math.ceil(len(data) / cfg.batch_size)
-    model.train()
+    _activate(steppers, main)
     steps, samples, loss_sum, t0 = 0, 0, 0.0, time.perf_counter()
-    for _ in range(epochs):
-        for x, y in data.batches(cfg.batch_size, generator):
-            with torch.autocast(device.type) if use_amp else contextlib.nullcontext():
-                features = model.forward_features(x)  # type: ignore[operator]
-                logits = model.forward_head(features)  # type: ignore[operator]
-                loss = hooks.step_loss(x, y, features, logits)
-            loss_value = float(loss.detach())  # one device sync per step serves both uses
-            if not math.isfinite(loss_value):
-                raise TrainingError(f"loss became {loss_value} at step {steps + 1}/{total}")
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is None:
-                loss.backward()  # type: ignore[no-untyped-call]  # torch stub
-                if cfg.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                optimizer.step()
-            else:
-                scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch stub
-                if cfg.grad_clip > 0:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-            hooks.after_step(x, y, features.detach())
-            steps, samples = steps + 1, samples + int(y.shape[0])
-            loss_sum += loss_value
-            if on_progress is not None:
-                on_progress(steps, total, loss_sum / steps)
+    try:
+        for _ in range(epochs):
+            for x, y in data.batches(cfg.batch_size, generator):
+                if subs:  # the last sub-step switched modes and gradients to its group
+                    _activate(steppers, main)
+                with _autocast(use_amp, data.x.device):
+                    features = model.forward_features(x)  # type: ignore[operator]
+                    logits = model.forward_head(features)  # type: ignore[operator]
+                    loss = hooks.step_loss(x, y, features, logits)
+                loss_value = _finite(loss, steps + 1, total)
+                _update(loss, main, scaler)
+                for sub, sub_loss_fn in subs:  # e.g. a generator against the updated model
+                    _activate(steppers, [sub])
+                    with _autocast(use_amp, data.x.device):
+                        sub_loss = sub_loss_fn(x, y)
+                    if sub_loss is not None:  # None: nothing to learn from this batch
+                        _finite(sub_loss, steps + 1, total, sub.group.name)
+                        _update(sub_loss, [sub], scaler)
+                hooks.after_step(x, y, features.detach(), logits.detach())
+                steps, samples = steps + 1, samples + int(y.shape[0])
+                loss_sum += loss_value
+                if on_progress is not None:
+                    on_progress(steps, total, loss_sum / steps)
+    finally:
+        _restore(steppers)
     seconds = time.perf_counter() - t0
     return TrainStats(steps, samples, loss_sum / steps if steps else 0.0, seconds)
 

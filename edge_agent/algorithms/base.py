@@ -3,8 +3,9 @@
 An :class:`EdgeAlgorithm` answers tasks by phase. The base class implements the phases every
 algorithm shares (``train``: receive knowledge, run the loop, reply with knowledge; ``final``:
 nothing to learn, just evaluate) and leaves the algorithm to fill small hooks:
-``receive`` (payloads from the coordinator), ``step_loss`` and ``after_step`` (the loop),
-``reply_payloads`` (knowledge to upload), ``scores`` (how the model predicts), and
+``receive`` (payloads from the coordinator), ``param_groups``, ``step_loss`` and ``after_step``
+(what the loop trains and on which loss), ``shared_modules`` (what every agent must start from
+identically), ``reply_payloads`` (knowledge to upload), ``scores`` (how the model predicts), and
 ``extra_state`` / ``load_extra_state`` (what must survive a restart besides the model).
 """
 
@@ -18,14 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edge_agent.trainer import (
-    TensorData,
-    TrainStats,
-    make_optimizer,
-    train_epochs,
-)
+from edge_agent.seeding import derived_seed, seeded
+from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
 from models import Classifier
-from models.checkpoint import HeadSpec
+from models.checkpoint import HeadSpec, ModelSpec
 from protocol.algorithms import TrainConfig, config_type
 from protocol.errors import ConfigError, ProtocolError
 from protocol.messages import Task
@@ -36,6 +33,7 @@ __all__ = [
     "EdgeAlgorithm",
     "EdgeContext",
     "PhaseResult",
+    "SharedModule",
     "create_edge_algorithm",
     "register_edge_algorithm",
 ]
@@ -56,11 +54,30 @@ class EdgeContext:
     generator: torch.Generator
     global_test: TensorData | None = None
     on_progress: ProgressFn | None = None
+    # a fresh model of the same architecture (the factory's create_model call), so that an
+    # algorithm can re-initialise the model from a seed shared by the fleet
+    model_builder: Callable[[], Classifier] | None = None
 
     @property
     def class_counts(self) -> list[int]:
         """Training samples per class."""
         return torch.bincount(self.train.y.cpu(), minlength=self.num_classes).tolist()
+
+    def build_model(self) -> Classifier:
+        """A freshly initialised model like :attr:`model` (random unless the caller seeds)."""
+        if self.model_builder is None:
+            raise ConfigError("EdgeContext.model_builder is not set: the model cannot be rebuilt")
+        return self.model_builder()
+
+
+@dataclass(frozen=True)
+class SharedModule:
+    """A module every agent starts from identically: its weights become ``build()``'s, built
+    under :func:`edge_agent.seeding.seeded` with ``seed``, which all agents must agree on."""
+
+    module: nn.Module
+    build: Callable[[], nn.Module]
+    seed: int
 
 
 @dataclass
@@ -80,6 +97,7 @@ class EdgeAlgorithm(Generic[C]):
     def __init__(self, ctx: EdgeContext) -> None:
         self.ctx = ctx
         self.cfg: C | None = None
+        self._shared_ready = False  # shared_init ran (or a checkpoint was restored)
 
     # ----- phase dispatch -------------------------------------------------------------------
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
@@ -118,6 +136,9 @@ class EdgeAlgorithm(Generic[C]):
     # ----- shared phases --------------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
         """Receive knowledge, train locally with the one loop, reply with knowledge."""
+        if self.needs_shared_init():  # before receive: received knowledge wins over the init
+            self.shared_init()
+            self._shared_ready = True
         self.receive(task.payloads)
         stats = self.local_train(self.ctx.train)
         payloads = self.reply_payloads()
@@ -133,33 +154,64 @@ class EdgeAlgorithm(Generic[C]):
         self.receive(task.payloads)
         return PhaseResult(num_samples=len(self.ctx.train))
 
-    def local_train(
-        self, data: TensorData, epochs: int | None = None, params: list[nn.Parameter] | None = None
-    ) -> TrainStats:
-        """The one training loop over ``data`` with this algorithm's hooks."""
-        params = list(self.ctx.model.parameters()) if params is None else params
-        optimizer = make_optimizer(params, self.config)
+    def local_train(self, data: TensorData, epochs: int | None = None) -> TrainStats:
+        """The one training loop over ``data`` with this algorithm's hooks and groups."""
         return train_epochs(
             self.ctx.model,
             data,
             self.config,
             self,
-            optimizer=optimizer,
+            groups=self.param_groups(),
             epochs=epochs,
             generator=self.ctx.generator,
             on_progress=self.ctx.on_progress,
         )
 
+    # ----- shared initial state -------------------------------------------------------------
+    def shared_modules(self) -> dict[str, SharedModule]:
+        """Modules every agent must start from identically, by name (default: none).
+
+        Averaging weights is only meaningful between networks that started alike: an algorithm
+        that averages a module declares it here (FedAvg: the model; FedVTC: the generator).
+        """
+        return {}
+
+    def needs_shared_init(self) -> bool:
+        """Whether :meth:`shared_init` runs before this round: once, before the first step."""
+        return not self._shared_ready
+
+    def shared_init(self) -> None:
+        """Give each shared module the weights its seed alone determines."""
+        for shared in self.shared_modules().values():
+            with seeded(shared.seed):  # exclusive among simulated agents; global RNG restored
+                fresh = shared.build()
+            shared.module.load_state_dict(fresh.state_dict())
+
+    def shared_model(self, base_seed: int) -> SharedModule:
+        """The whole model as a shared module, seeded by ``base_seed``, its architecture name
+        and input spec: agents of one architecture agree, different architectures differ."""
+        spec = ModelSpec.from_model(self.ctx.model)
+        h, w = spec.input_size
+        key = f"{spec.name}|{spec.in_chans}x{h}x{w}"
+        return SharedModule(self.ctx.model, self.ctx.build_model, derived_seed(base_seed, key))
+
     # ----- hooks ----------------------------------------------------------------------------
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Take the coordinator's knowledge (default: none expected)."""
+
+    def param_groups(self) -> list[ParamGroup]:
+        """What the loop trains: by default the whole model with the task config's settings.
+
+        Add a group with its own ``loss`` for a second update per batch (FedVTC's generator).
+        """
+        return [ParamGroup("model", self.ctx.model)]
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
         """Cross-entropy; algorithms add their terms."""
         return F.cross_entropy(logits, y)
 
-    def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
-        """Nothing by default."""
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
+        """Nothing by default (e.g. statistics from the step's detached features and logits)."""
 
     def reply_payloads(self) -> dict[str, Payload]:
         """Knowledge to upload after training (default: none)."""
@@ -179,7 +231,12 @@ class EdgeAlgorithm(Generic[C]):
         return {}
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
-        """Restore what :meth:`extra_state` saved."""
+        """Restore what :meth:`extra_state` saved; overrides call ``super()`` first.
+
+        Called on every restore from a checkpoint: the restored weights are no longer a fresh
+        start, so the shared initialisation must not overwrite them.
+        """
+        self._shared_ready = True
 
 
 EDGE_ALGORITHMS: dict[str, type[EdgeAlgorithm[Any]]] = {}

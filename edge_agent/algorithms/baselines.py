@@ -7,11 +7,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, register_edge_algorithm
+from edge_agent.algorithms.weights import WeightExchangeEdge
 from edge_agent.knowledge import class_prototypes, prototype_scores, prototype_table
 from models.checkpoint import HeadSpec
 from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
+from protocol.arrays import Encoding
 from protocol.errors import ValidationError
-from protocol.payloads import Payload, PrototypeSet, TensorMap
+from protocol.payloads import Payload, PrototypeSet
 
 __all__ = ["FedAvgEdge", "FedProtoEdge", "LocalEdge"]
 
@@ -22,33 +24,13 @@ class LocalEdge(EdgeAlgorithm[LocalConfig]):
 
 
 @register_edge_algorithm("fedavg")
-class FedAvgEdge(EdgeAlgorithm[FedAvgConfig]):
-    """Loads the global weights, trains, uploads the full weights (homogeneous fleets)."""
+class FedAvgEdge(WeightExchangeEdge[FedAvgConfig]):
+    """Loads the global weights, trains, uploads the full weights (homogeneous fleets); every
+    agent of one architecture starts from the same weights, so round 1 averages alike nets."""
 
-    def receive(self, payloads: dict[str, Payload]) -> None:
-        """Overwrite the model with the global weights when the task carries them."""
-        weights = payloads.get("weights")
-        if weights is None:
-            return
-        if not isinstance(weights, TensorMap):
-            raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
-        own = self.ctx.model.state_dict()
-        if set(weights.tensors) != set(own):
-            raise ValidationError(
-                "payloads.weights",
-                f"the {len(own)} tensors of this model",
-                f"{len(weights.tensors)} tensors with other names",
-            )
-        state = {
-            k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
-            for k, v in weights.tensors.items()
-        }
-        self.ctx.model.load_state_dict(state)
-
-    def reply_payloads(self) -> dict[str, Payload]:
-        """The full state dict (BatchNorm buffers included)."""
-        tensors = {k: v.detach().cpu().numpy() for k, v in self.ctx.model.state_dict().items()}
-        return {"weights": TensorMap(tensors, encoding=self.config.weight_encoding)}
+    def weight_encoding(self) -> Encoding:
+        """As the run configures (``weight_encoding``)."""
+        return self.config.weight_encoding
 
 
 @register_edge_algorithm("fedproto")
@@ -118,6 +100,7 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
         """Restore the prototype table if it fits this model."""
+        super().load_extra_state(state)
         table, valid = state.get("proto_table"), state.get("proto_valid")
         if table is not None and valid is not None and table.shape == self.table.shape:
             self.table, self.valid = table.to(self.ctx.device), valid.to(self.ctx.device).bool()

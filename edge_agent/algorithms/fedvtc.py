@@ -10,6 +10,7 @@ images per class and fine-tune the whole model on them, with no further communic
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 
@@ -21,11 +22,13 @@ from edge_agent.algorithms.base import (
     EdgeAlgorithm,
     EdgeContext,
     PhaseResult,
+    SharedModule,
     register_edge_algorithm,
 )
+from edge_agent.algorithms.fedvtc_diagnostics import final_diagnostics, round_diagnostics
+from edge_agent.algorithms.weights import load_tensormap, module_to_tensormap
 from edge_agent.knowledge import class_prototypes, prototype_table
-from edge_agent.seeding import seeded
-from edge_agent.trainer import TensorData, TrainStats
+from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models.vtc import VTCGenerator, vtc_for
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.errors import ValidationError
@@ -94,8 +97,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             int(ctx.generator.initial_seed())
         )
         self._finetuning = False
-        self._gen_opt: torch.optim.Optimizer | None = None
-        self._diag: dict[str, list[float]] = {}  # per-round loss terms when diagnostics is on
+        self.diag_terms: dict[str, list[float]] = {}  # per-round loss terms (diagnostics on)
 
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
         """``train`` rounds, the one-shot ``upload_generator``, and ``final`` (fine-tune)."""
@@ -117,7 +119,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         if gen is not None:
             if not isinstance(gen, TensorMap):
                 raise ValidationError("payloads.generator", "tensors", type(gen).KIND)
-            self._load_generator(gen)
+            load_tensormap(self.generator, gen, "payloads.generator")
 
     def _take_prototypes(self, protos: PrototypeSet) -> None:
         p = self.table.shape[1]
@@ -137,21 +139,6 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             sd = torch.as_tensor(protos.sd, device=self.ctx.device)
             with torch.no_grad():  # sigma_k <- global sigma (Algorithm line 9)
                 self.rho.copy_(sd.clamp(self.config.sd_min, self.config.sd_max).log())
-
-    def _load_generator(self, gen: TensorMap) -> None:
-        own = self.generator.state_dict()
-        if set(gen.tensors) != set(own):
-            raise ValidationError(
-                "payloads.generator",
-                f"the {len(own)} tensors of the VTC generator",
-                sorted(set(gen.tensors) ^ set(own))[:5],
-            )
-        self.generator.load_state_dict(
-            {
-                k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
-                for k, v in gen.tensors.items()
-            }
-        )
 
     # ----- the loop hooks -------------------------------------------------------------------
     def _targets(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -189,16 +176,33 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         return self._reduce(rc + kl + self.config.dm_weight * dm, y, weight)
 
     def _log(self, name: str, value: Tensor | float) -> None:
-        self._diag.setdefault(name, []).append(float(value))
+        self.diag_terms.setdefault(name, []).append(float(value))
+
+    def param_groups(self) -> list[ParamGroup]:
+        """Step A trains the model (the default group); step B, after it on every batch, the
+        generator and sigma on L_tc, the model frozen in eval mode. Fine-tuning: the model."""
+        groups = super().param_groups()
+        if self._finetuning:
+            return groups
+        cfg = self.config
+        step_b = ParamGroup(
+            "generator",
+            self.generator,
+            params=[*self.generator.parameters(), self.rho],
+            lr=cfg.generator_lr or cfg.lr,
+            optimizer="sgd",
+            momentum=0.0,
+            weight_decay=0.0,
+            loss=self._generator_loss,
+            after_update=self._clamp_sigma,
+        )
+        return [*groups, step_b]
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
-        """Step A: CE + L_tc with the generator and sigma frozen (plain CE while fine-tuning)."""
+        """Step A: CE + L_tc (the loop froze the generator and sigma); CE while fine-tuning."""
         ce = F.cross_entropy(logits, y)
         if self._finetuning:
             return ce
-        _set_trainable(self.generator, False)
-        self.rho.requires_grad_(False)
-        self.generator.eval()
         log = self.config.diagnostics
         tc = self._tc(x, y, features, log=log)
         if log:
@@ -206,106 +210,48 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             self._log("tc", tc.detach())
         return ce + self.config.model_tc_weight * tc
 
-    def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
-        """Step B: generator and sigma on L_tc with the model frozen (eval mode)."""
-        if self._finetuning or self._gen_opt is None:
-            return
-        model = self.ctx.model
-        _set_trainable(self.generator, True)
-        self.rho.requires_grad_(True)
-        _set_trainable(model, False)
-        model.eval()
-        self.generator.train()
+    def _generator_loss(self, x: Tensor, y: Tensor) -> Tensor | None:
+        """Step B's L_tc on features of the model step A just updated (frozen, eval mode); a
+        non-finite batch is skipped rather than ending the round."""
         with torch.no_grad():
-            z = model.forward_features(x)
+            z = self.ctx.model.forward_features(x)
         loss = self._tc(x, y, z)
-        if torch.isfinite(loss):
-            self._gen_opt.zero_grad(set_to_none=True)
-            torch.autograd.backward(loss)
-            if self.config.grad_clip > 0:
-                nn.utils.clip_grad_norm_(
-                    [*self.generator.parameters(), self.rho], self.config.grad_clip
-                )
-            self._gen_opt.step()
-            with torch.no_grad():
-                self.rho.clamp_(math.log(self.config.sd_min), math.log(self.config.sd_max))
-            self.generator_trained = True
-        _set_trainable(model, True)
-        model.train()
+        if not torch.isfinite(loss):
+            return None
+        self.generator_trained = True
+        return loss
+
+    @torch.no_grad()
+    def _clamp_sigma(self) -> None:
+        self.rho.clamp_(math.log(self.config.sd_min), math.log(self.config.sd_max))
 
     # ----- phases ---------------------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
         """One federated round (step A/B alternation per mini-batch)."""
         cfg = self.config
         if not self.generator_trained:  # before the first step; a received global SD wins
-            if cfg.shared_generator_init:
-                self._shared_init(cfg.generator_seed)
             with torch.no_grad():
                 self.rho.fill_(math.log(cfg.sd_init))
-        lr = cfg.generator_lr or cfg.lr
-        self._gen_opt = torch.optim.SGD([*self.generator.parameters(), self.rho], lr=lr)
-        self._diag = {}
-        try:
-            result = super().train_phase(task)
-        finally:
-            _set_trainable(self.generator, True)
-            self.rho.requires_grad_(True)
+        self.diag_terms = {}
+        result = super().train_phase(task)
         result.metrics["sigma_mean"] = float(self.rho.detach().exp().mean())
         if cfg.diagnostics:
-            result.metrics.update(self._round_diagnostics())
+            result.metrics.update(round_diagnostics(self))
         return result
 
-    def _shared_init(self, seed: int) -> None:
-        """psi's initial weights from ``seed`` alone, identical on every client, so that the
-        one-shot average of the trained generators is an average of related networks."""
-        with seeded(seed):  # exclusive among simulated agents; global RNG restored after
-            fresh = vtc_for(
-                self.generator.latent_dim, self.generator.out_chans, self.generator.out_size
-            )
-        self.generator.load_state_dict(fresh.state_dict())
-
-    @torch.no_grad()
-    def _round_diagnostics(self) -> dict[str, float]:
-        """Why the generator does (not) carry class content: loss scales, the geometry of
-        features vs the latent noise, and the range of the generator's output."""
-        out = {f"diag_{k}": sum(v) / len(v) for k, v in self._diag.items() if v}
-        rng_state = self.ctx.generator.get_state()  # diagnostics must not move the batch order
-        local = class_prototypes(self.ctx.model, self.ctx.train, self.ctx.num_classes)
-        vec = torch.as_tensor(local.vectors)
-        out["diag_sigma_norm"] = float(self.rho.exp().norm())
-        out["diag_proto_norm"] = float(vec.norm(dim=1).mean()) if len(vec) else 0.0
-        if len(vec) > 1:  # mean distance between this client's class prototypes
-            d = torch.cdist(vec, vec)
-            out["diag_proto_sep"] = float(d.sum() / (len(vec) * (len(vec) - 1)))
-        held = self.valid.nonzero().flatten()
-        if held.numel():
-            out["diag_global_proto_norm"] = float(self.table[held].norm(dim=1).mean())
-        out.update({f"diag_{k}": v for k, v in self._generator_stats(8).items()})
-        self.ctx.generator.set_state(rng_state)
-        return out
-
-    @torch.no_grad()
-    def _generator_stats(self, per_class: int) -> dict[str, float]:
-        """Range of psi(c^y + sigma*eps) and its class contrast: the pixel std of the class
-        means over the mean within-class pixel std (near 0 = the class does not matter)."""
-        data = self.synthesize(per_class, source="generator")
-        if len(data) == 0:
+    def shared_modules(self) -> dict[str, SharedModule]:
+        """psi's initial weights from ``generator_seed`` alone, identical on every client, so
+        that the one-shot average of the trained generators is an average of related networks.
+        """
+        if not self.config.shared_generator_init:
             return {}
-        x = data.x.flatten(1)
-        classes = torch.unique(data.y)
-        means = torch.stack([x[data.y == c].mean(0) for c in classes])
-        within = (
-            torch.stack([x[data.y == c].std(0) for c in classes]).mean()
-            if per_class > 1
-            else x.new_tensor(0.0)
-        )
-        between = means.std(0).mean() if len(classes) > 1 else x.new_tensor(0.0)
-        return {
-            "gen_min": float(x.min()),
-            "gen_max": float(x.max()),
-            "gen_std": float(x.std()),
-            "gen_class_contrast": float(between / within.clamp(min=1e-8)),
-        }
+        g = self.generator
+        build = functools.partial(vtc_for, g.latent_dim, g.out_chans, g.out_size)
+        return {"generator": SharedModule(g, build, self.config.generator_seed)}
+
+    def needs_shared_init(self) -> bool:
+        """Until the generator has trained (a restored trained generator is kept)."""
+        return not self.generator_trained
 
     def reply_payloads(self) -> dict[str, Payload]:
         """Local prototypes of the held classes and sigma (and the generator if every round)."""
@@ -321,17 +267,17 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             )
         }
         if self.config.generator_exchange == "every_round":
-            out["generator"] = self._generator_payload()
+            out["generator"] = self.generator_payload()
         return out
 
-    def _generator_payload(self) -> TensorMap:
-        tensors = {k: v.detach().cpu().numpy() for k, v in self.generator.state_dict().items()}
-        return TensorMap(tensors, encoding=self.config.generator_encoding)
+    def generator_payload(self) -> TensorMap:
+        """psi's state dict (BN buffers included) as the ``generator`` payload."""
+        return module_to_tensormap(self.generator, self.config.generator_encoding)
 
     def upload_phase(self, task: Task) -> PhaseResult:
         """The one-shot generator upload (M3)."""
         return PhaseResult(
-            {"generator": self._generator_payload()},
+            {"generator": self.generator_payload()},
             {"generator_trained": float(self.generator_trained)},
             len(self.ctx.train),
         )
@@ -342,12 +288,12 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self.receive(task.payloads)
         if self.config.generator_bn_recalibrate:
             self._recalibrate_bn(max(self.config.synthetic_per_class, 32))
-        before = self._eval_metrics("before_ft")
+        before = self.eval_metrics("before_ft")
         synthetic = self.synthesize(self.config.synthetic_per_class)
         if len(synthetic) == 0:
             return PhaseResult(metrics=before, num_samples=0)
-        diagnostics = self._diagnostics(synthetic, own) if own is not None else {}
-        stats = self._finetune(synthetic)
+        diagnostics = final_diagnostics(self, synthetic, own) if own is not None else {}
+        stats = self.finetune(synthetic)
         metrics = {
             **before,
             **diagnostics,
@@ -379,65 +325,13 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             m.momentum = momentum
         self.generator.eval()
 
-    def _finetune(self, data: TensorData) -> TrainStats:
+    def finetune(self, data: TensorData) -> TrainStats:
+        """The model alone, plain CE, ``finetune_epochs`` over ``data`` (the one loop)."""
         self._finetuning = True
         try:
             return self.local_train(data, epochs=self.config.finetune_epochs)
         finally:
             self._finetuning = False
-
-    def _diagnostics(self, synthetic: TensorData, own: dict[str, Tensor]) -> dict[str, float]:
-        """Noise control and synthetic-only probe (spec §10.1), on copies: the model is untouched.
-
-        Also the probe on this client's *own* generator (before averaging) and the range and
-        class contrast of the generated images. The agent's random stream is restored after, so
-        the fine-tuning itself is the same as without diagnostics.
-        """
-        model = self.ctx.model
-        saved = copy.deepcopy(model.state_dict())
-        rng_state = self.ctx.generator.get_state()
-        noise_x = torch.rand(synthetic.x.shape, generator=self.ctx.generator)
-        noise = TensorData(noise_x.to(self.ctx.device), synthetic.y)
-        self._finetune(noise)
-        out = {
-            k.replace("before_ft", "noise_control"): v
-            for k, v in self._eval_metrics("before_ft").items()
-        }
-        model.load_state_dict(saved)
-        out.update(self._probe(synthetic))
-        out.update(self._generator_stats(8))
-        averaged = copy.deepcopy(self.generator.state_dict())
-        self.generator.load_state_dict(own)
-        mine = self._probe(self.synthesize(self.config.synthetic_per_class))
-        out.update({f"{k}_own_gen": v for k, v in mine.items()})
-        out.update({f"{k}_own_gen": v for k, v in self._generator_stats(8).items()})
-        self.generator.load_state_dict(averaged)
-        self.ctx.generator.set_state(rng_state)
-        return out
-
-    def _probe(self, synthetic: TensorData) -> dict[str, float]:
-        from edge_agent.trainer import evaluate, make_optimizer, train_epochs
-        from models import create_model
-
-        c, h, _ = synthetic.x.shape[1:]
-        with seeded(self.ctx.generator.initial_seed()):  # global RNG restored after
-            probe = create_model(
-                "mlp_m", num_classes=self.ctx.num_classes, in_chans=int(c), input_size=int(h)
-            ).to(self.ctx.device)
-        cfg = self.config.replace(optimizer="adam", lr=1e-3, grad_clip=0.0)
-        train_epochs(
-            probe,
-            synthetic,
-            cfg,
-            _CrossEntropy(),
-            optimizer=make_optimizer(list(probe.parameters()), cfg),
-            epochs=max(5, self.config.finetune_epochs),
-            generator=self.ctx.generator,
-        )
-        out = {"probe_acc_local": evaluate(probe, self.ctx.test).accuracy}
-        if self.ctx.global_test is not None:
-            out["probe_acc_global"] = evaluate(probe, self.ctx.global_test).accuracy
-        return {k: v for k, v in out.items() if not math.isnan(v)}
 
     @torch.no_grad()
     def synthesize(self, per_class: int, source: str | None = None) -> TensorData:
@@ -458,9 +352,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         x = torch.cat([self.generator(chunk) for chunk in torch.split(v, 512)])
         return TensorData(x, y)
 
-    def _eval_metrics(self, suffix: str) -> dict[str, float]:
-        from edge_agent.trainer import evaluate
-
+    def eval_metrics(self, suffix: str) -> dict[str, float]:
+        """Local and global test accuracy as ``acc_local_<suffix>`` / ``acc_global_<suffix>``."""
         model = self.ctx.model
         out = {f"acc_local_{suffix}": evaluate(model, self.ctx.test, self.scores).accuracy}
         if self.ctx.global_test is not None:
@@ -483,6 +376,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
         """Restore :meth:`extra_state`."""
+        super().load_extra_state(state)
         gen = {
             k.removeprefix("generator."): v for k, v in state.items() if k.startswith("generator.")
         }
@@ -496,18 +390,3 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             self.valid = state["proto_valid"].to(self.ctx.device).bool()
         if "generator_trained" in state:
             self.generator_trained = bool(state["generator_trained"])
-
-
-class _CrossEntropy:
-    """Plain CE hooks for the probe classifier."""
-
-    def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
-        return F.cross_entropy(logits, y)
-
-    def after_step(self, x: Tensor, y: Tensor, features: Tensor) -> None:
-        return None
-
-
-def _set_trainable(module: nn.Module, flag: bool) -> None:
-    for p in module.parameters():
-        p.requires_grad_(flag)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fedvtc import FedVTCEdge
-from edge_agent.trainer import TensorData
+from edge_agent.trainer import TensorData, train_epochs
 from models import create_model
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.messages import Task
@@ -89,29 +91,43 @@ def test_train_round_replies_held_prototypes_with_sd_and_stays_finite() -> None:
 
 
 def test_step_a_moves_only_the_model_and_step_b_only_the_generator() -> None:
+    # Prepare: one batch through the one loop, with a spy at the start of step B
     edge = make_edge()
     edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))  # config + protos
     assert edge.valid.tolist() == [True, False, True, False]
-    model, x, y = edge.ctx.model, edge.ctx.train.x[:8], edge.ctx.train.y[:8]
-    edge._gen_opt = torch.optim.SGD([*edge.generator.parameters(), edge.rho], lr=0.05)
+    model = edge.ctx.model
+    batch = TensorData(edge.ctx.train.x[:8], edge.ctx.train.y[:8])
     m0, g0, rho0 = snapshot(model), snapshot(edge.generator), edge.rho.detach().clone()
-    # step A: the loop's loss and optimizer over the model's parameters only
-    model.train()
-    z = model.forward_features(x)
-    loss = edge.step_loss(x, y, z, model.forward_head(z))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    opt.zero_grad()
-    loss.backward()
-    assert all(p.grad is None for p in edge.generator.parameters()) and edge.rho.grad is None
-    opt.step()
-    m1 = snapshot(model)
-    assert not same(m0, m1)
-    assert same(g0, snapshot(edge.generator)) and torch.equal(rho0, edge.rho.detach())
-    # step B: generator and sigma move, the model (BN buffers included) does not
-    edge.after_step(x, y, z.detach())
-    assert same(m1, snapshot(model))
+    model_group, step_b = edge.param_groups()
+    assert step_b.loss is not None
+    seen: dict[str, object] = {}
+
+    def spy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        seen.update(
+            model=snapshot(model),
+            generator=snapshot(edge.generator),
+            rho=edge.rho.detach().clone(),
+            modes=(model.training, edge.generator.training),
+            model_frozen=not any(p.requires_grad for p in model.parameters()),
+            generator_free=all(p.requires_grad for p in step_b.tensors()),
+        )
+        return step_b.loss(x, y)  # type: ignore[misc]
+
+    groups = [model_group, dataclasses.replace(step_b, loss=spy)]
+    # Execute
+    train_epochs(model, batch, edge.config, edge, groups=groups, epochs=1)
+    # Assert: step A moved the model only (generator and sigma frozen) ...
+    assert not same(m0, seen["model"])  # type: ignore[arg-type]
+    assert same(g0, seen["generator"])  # type: ignore[arg-type]
+    assert torch.equal(rho0, seen["rho"])  # type: ignore[arg-type]
+    # ... step B ran with the model frozen in eval mode and the generator training ...
+    assert seen["modes"] == (False, True) and seen["model_frozen"] and seen["generator_free"]
+    # ... and moved the generator and sigma, not the model (BN buffers included)
+    assert same(seen["model"], snapshot(model))  # type: ignore[arg-type]
     assert not same(g0, snapshot(edge.generator)) and not torch.equal(rho0, edge.rho.detach())
-    assert all(p.requires_grad for p in model.parameters()) and model.training  # restored
+    # the loop leaves every group training with its gradients on
+    assert model.training and edge.generator.training
+    assert all(p.requires_grad for g in groups for p in g.tensors())
 
 
 def test_classes_without_a_global_prototype_add_no_prototype_terms() -> None:
@@ -161,7 +177,7 @@ def test_diagnostics_report_controls_without_changing_the_finetuned_model() -> N
     for diagnostics in (False, True):
         edge = make_edge(model="cnn_t1")
         edge.handle(task("train", {"protos": protos([0, 2])}))
-        final = {"protos": protos([0, 1, 2, 3], sd=0.3), "generator": edge._generator_payload()}
+        final = {"protos": protos([0, 1, 2, 3], sd=0.3), "generator": edge.generator_payload()}
         result = edge.handle(task("final", final, diagnostics=diagnostics))
         runs.append((snapshot(edge.ctx.model), result.metrics))
     (plain, m_plain), (diag, m_diag) = runs
@@ -186,7 +202,7 @@ def test_averaged_generator_carries_mean_weights_and_bn_buffers_into_the_client(
     a, b = make_edge(seed=1), make_edge(seed=2)
     a.handle(task("train", {"protos": protos([0, 2], value=0.2)}))
     b.handle(task("train", {"protos": protos([0, 2], value=0.9)}, local_epochs=2))
-    ga, gb = a._generator_payload(), b._generator_payload()
+    ga, gb = a.generator_payload(), b.generator_payload()
     bn_keys = [k for k in ga.tensors if k.endswith(("running_mean", "running_var"))]
     assert len(bn_keys) == 8  # 4 blocks x (mean, var)
     assert any(not np.allclose(ga.tensors[k], gb.tensors[k]) for k in bn_keys)

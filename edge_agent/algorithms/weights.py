@@ -1,0 +1,82 @@
+"""Weights on the wire: a module's state dict as a ``TensorMap`` and back, and the edge half of
+any algorithm that averages one module's weights (FedAvg: the model; LG-FedAvg: the head;
+FedType: the proxy).
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from edge_agent.algorithms.base import EdgeAlgorithm, SharedModule
+from protocol.algorithms import TrainConfig
+from protocol.arrays import Encoding
+from protocol.errors import ValidationError
+from protocol.payloads import Payload, TensorMap
+
+__all__ = ["WeightExchangeEdge", "load_tensormap", "module_to_tensormap"]
+
+C = TypeVar("C", bound=TrainConfig)
+# FedAvg-style configs carry no seed: every agent derives the model's initial weights from this
+# constant and its architecture (see EdgeAlgorithm.shared_model)
+SHARED_MODEL_SEED = 0x5EED
+
+
+def module_to_tensormap(module: nn.Module, encoding: Encoding = "raw") -> TensorMap:
+    """The full state dict (BatchNorm buffers and ``num_batches_tracked`` included), on CPU."""
+    tensors = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+    return TensorMap(tensors, encoding=encoding)
+
+
+def load_tensormap(module: nn.Module, tensors: TensorMap, where: str) -> None:
+    """Load ``tensors`` into ``module`` after checking names and shapes (``where`` names the
+    payload in errors); dtypes follow the module's, e.g. int64 for ``num_batches_tracked``."""
+    own = module.state_dict()
+    names = set(tensors.tensors)
+    if names != set(own):
+        missing, unknown = sorted(set(own) - names), sorted(names - set(own))
+        raise ValidationError(
+            where,
+            f"the {len(own)} tensors of this {type(module).__name__}",
+            f"{len(names)} tensors; missing {missing[:3]}, unknown {unknown[:3]}",
+        )
+    for name, value in tensors.tensors.items():
+        if tuple(value.shape) != tuple(own[name].shape):
+            raise ValidationError(
+                f"{where}.{name}", f"shape {list(own[name].shape)}", list(value.shape)
+            )
+    module.load_state_dict(
+        {k: torch.as_tensor(v).to(own[k].dtype) for k, v in tensors.tensors.items()}
+    )
+
+
+class WeightExchangeEdge(EdgeAlgorithm[C]):
+    """Receives and uploads one module's weights as the ``weights`` payload, and starts that
+    module from weights shared by every agent of the architecture."""
+
+    def exchanged_module(self) -> nn.Module:
+        """The module whose weights travel (default: the whole model)."""
+        return self.ctx.model
+
+    def weight_encoding(self) -> Encoding:
+        """How uploaded weights are encoded (default: exact float32)."""
+        return "raw"
+
+    def shared_modules(self) -> dict[str, SharedModule]:
+        """The model starts identical on every agent of its architecture (not per client)."""
+        return {"model": self.shared_model(SHARED_MODEL_SEED)}
+
+    def receive(self, payloads: dict[str, Payload]) -> None:
+        """Overwrite the exchanged module with the global weights when the task carries them."""
+        weights = payloads.get("weights")
+        if weights is None:
+            return
+        if not isinstance(weights, TensorMap):
+            raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
+        load_tensormap(self.exchanged_module(), weights, "payloads.weights")
+
+    def reply_payloads(self) -> dict[str, Payload]:
+        """The exchanged module's state dict."""
+        return {"weights": module_to_tensormap(self.exchanged_module(), self.weight_encoding())}
