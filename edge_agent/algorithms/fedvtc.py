@@ -218,11 +218,11 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         loss = self._tc(x, y, z)
         if not torch.isfinite(loss):
             return None
-        self.generator_trained = True
+        self.generator_trained = True  # the loop steps on a finite loss right away
         return loss
 
     @torch.no_grad()
-    def _clamp_sigma(self) -> None:
+    def _clamp_sigma(self) -> None:  # after each step B update: sigma within [sd_min, sd_max]
         self.rho.clamp_(math.log(self.config.sd_min), math.log(self.config.sd_max))
 
     # ----- phases ---------------------------------------------------------------------------
