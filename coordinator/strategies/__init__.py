@@ -2,6 +2,7 @@
 
 from coordinator.strategies import baselines as _baselines  # noqa: F401
 from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
+from coordinator.strategies import felo as _felo  # noqa: F401
 from coordinator.strategies.base import (
     STRATEGIES,
     AgentInfo,

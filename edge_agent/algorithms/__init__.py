@@ -2,6 +2,7 @@
 
 from edge_agent.algorithms import baselines as _baselines  # noqa: F401
 from edge_agent.algorithms import fedvtc as _fedvtc  # noqa: F401
+from edge_agent.algorithms import felo as _felo  # noqa: F401
 from edge_agent.algorithms.base import (
     EDGE_ALGORITHMS,
     EdgeAlgorithm,

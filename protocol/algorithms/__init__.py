@@ -2,6 +2,7 @@
 
 from protocol.algorithms import baselines as _baselines  # noqa: F401  (registers configs)
 from protocol.algorithms import fedvtc as _fedvtc  # noqa: F401
+from protocol.algorithms import felo as _felo  # noqa: F401
 from protocol.algorithms.base import (
     CONFIG_TYPES,
     AlgorithmConfig,

@@ -1,0 +1,129 @@
+"""Velo's server-side CVAE: continue training on the kept features, sample one per class.
+
+Imported lazily by :class:`coordinator.strategies.felo.VeloStrategy` (torch is only loaded on
+the server's training path). Training goes through the one server fit loop
+(:func:`models.fit.fit`), with the run's seeded generator driving batch order and the
+reparameterisation noise, so a resumed step replays the same CVAE exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from coordinator.knowledge import KnowledgeTable
+from coordinator.strategies.base import ServerContext
+from models import CVAE
+from models.fit import fit
+from protocol.algorithms.felo import VeloConfig
+from protocol.payloads import PrototypeSet, TensorMap
+
+__all__ = ["cvae_loss_fn", "train_and_sample"]
+
+
+def cvae_loss_fn(kind: str) -> Any:
+    """The loss of §8-D6: ``code`` (mean MSE + KL summed over batch and latent dims) or
+    ``elbo`` (per-sample summed squared error + KL, mean over the batch)."""
+
+    def loss(
+        module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator
+    ) -> dict[str, Tensor]:
+        s, y = batch
+        cvae = cast(CVAE, module)
+        mu, logvar = cvae.encode(s, y)
+        eps = torch.randn(mu.shape, generator=gen).to(mu.device)
+        recon = cvae.decode(mu + torch.exp(0.5 * logvar) * eps, y)
+        kl = CVAE.kl_divergence(mu, logvar)  # [B]
+        if kind == "code":
+            rec, kl_term = F.mse_loss(recon, s), kl.sum()
+        else:
+            rec, kl_term = (recon - s).pow(2).sum(dim=1).mean(), kl.mean()
+        return {
+            "loss": rec + kl_term,
+            "recon_mse": F.mse_loss(recon.detach(), s),
+            "kl_per_dim": kl.detach().mean() / cvae.z_dim,  # near 0 = posterior collapse
+        }
+
+    return loss
+
+
+def _build(
+    cfg: VeloConfig,
+    feature_dim: int,
+    num_classes: int,
+    state: TensorMap | None,
+    gen: torch.Generator,
+) -> CVAE:
+    cvae = CVAE(
+        feature_dim,
+        num_classes,
+        z_dim=cfg.cvae_z_dim,
+        embed_dim=cfg.cvae_embed_dim,
+        hidden=cfg.cvae_hidden,
+    )
+    if state is not None:
+        own = cvae.state_dict()
+        cvae.load_state_dict(
+            {
+                k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
+                for k, v in state.tensors.items()
+            }
+        )
+    else:
+        _init_from(cvae, gen)
+    return cvae
+
+
+@torch.no_grad()
+def _init_from(cvae: CVAE, gen: torch.Generator) -> None:
+    """PyTorch's default initial distributions, drawn from ``gen`` instead of the global RNG
+    (the coordinator shares its process with simulated agents, whose seeded inits must not see
+    its draws): Linear U(+-1/sqrt(fan_in)), Embedding N(0, 1), BatchNorm (1, 0)."""
+    for m in cvae.modules():
+        if isinstance(m, nn.Linear):
+            bound = 1.0 / m.in_features**0.5
+            m.weight.copy_(torch.rand(m.weight.shape, generator=gen) * 2 * bound - bound)
+            if m.bias is not None:
+                m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 2 * bound - bound)
+        elif isinstance(m, nn.Embedding):
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen))
+
+
+def train_and_sample(
+    state: TensorMap | None, table: KnowledgeTable, cfg: VeloConfig, ctx: ServerContext
+) -> tuple[TensorMap, PrototypeSet, dict[str, float]]:
+    """Continue training the persistent CVAE (fresh Adam) on the table's features, then draw
+    ``z ~ N(0, I)`` once per class present in the table."""
+    dim = table.feature_dim
+    if dim is None:
+        raise ValueError("no features to train the CVAE on")
+    gen = ctx.torch_generator()
+    device = torch.device(ctx.device)
+    cvae = _build(cfg, dim, table.num_classes, state, gen)
+    feats = torch.as_tensor(table.features, dtype=torch.float32)
+    labels = torch.as_tensor(table.cls, dtype=torch.long)
+    stats = fit(
+        cvae,
+        (feats, labels),
+        cvae_loss_fn(cfg.cvae_loss),
+        epochs=cfg.cvae_epochs,
+        batch_size=cfg.cvae_batch_size,
+        lr=cfg.cvae_lr,
+        generator=gen,
+        device=device,
+    )
+    classes = torch.as_tensor(np.unique(table.cls), dtype=torch.long)
+    cvae.eval()
+    with torch.no_grad():
+        z = torch.randn(classes.numel(), cfg.cvae_z_dim, generator=gen).to(device)
+        samples = cvae.decode(z, classes.to(device)).cpu().numpy()
+    weights = TensorMap({k: v.detach().cpu().numpy() for k, v in cvae.state_dict().items()})
+    synthetic = PrototypeSet(classes.numpy(), samples, np.ones(classes.numel(), np.int32))
+    metrics = {f"cvae_{k}": v for k, v in stats.terms.items()}
+    metrics["cvae_steps"] = float(stats.steps)
+    metrics["cvae_s"] = stats.seconds
+    return weights, synthetic, metrics

@@ -1,0 +1,189 @@
+"""Felo, Velo and FedHe, edge half (``shared/specs/felo_velo.md`` §2.3 and §3).
+
+The three differ only in configuration (and, for Velo, in what the server sends), so one class
+serves all three names. A participation: take the group model (same-architecture averaging) and
+the server's per-class knowledge, train with the one loop on
+``CE + kd_weight * (MSE(s, S[y]) + KL(softmax P[y] || softmax p))``, masked to samples whose
+class has server knowledge (§8-D10), while accumulating per-class sums of the features and
+logits of the training forward passes themselves (no second pass over the data), and upload
+their means with the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from edge_agent.algorithms.base import (
+    EdgeContext,
+    PhaseResult,
+    register_edge_algorithm,
+)
+from edge_agent.algorithms.weights import WeightExchangeEdge
+from protocol.arrays import Encoding
+from protocol.errors import ValidationError
+from protocol.messages import Task
+from protocol.payloads import FeatureLogitSet, Payload
+
+__all__ = ["FeatureLogitEdge", "FedHeEdge", "FeloEdge", "VeloEdge", "felo_kd_loss"]
+
+
+def felo_kd_loss(  # noqa: PLR0917 - the terms of Eq. (1), in order
+    features: Tensor,
+    logits: Tensor,
+    server_features: Tensor,
+    server_logits: Tensor,
+    use_features: bool = True,
+    use_logits: bool = True,
+    kl_reduction: str = "elementwise_mean",
+) -> Tensor:
+    """The KD part of Eq. (1) for samples whose class has knowledge (rows already matched):
+    ``MSE(s, S)`` (mean over elements) + ``KL(softmax S_p || softmax p)`` (mean over elements,
+    the authors' code, or per sample with ``batchmean``)."""
+    loss = features.new_zeros(())
+    if use_features:
+        loss = loss + F.mse_loss(features.float(), server_features)
+    if use_logits:
+        kl = F.kl_div(
+            F.log_softmax(logits.float(), dim=1), F.softmax(server_logits, dim=1), reduction="sum"
+        )
+        # spelled out: torch's reduction="mean" is to change meaning in a future release
+        loss = loss + kl / (logits.numel() if kl_reduction == "elementwise_mean" else len(logits))
+    return loss
+
+
+class FeatureLogitEdge(WeightExchangeEdge[Any]):
+    """Class-wise features and logits both ways; the group model when averaging is on. Every
+    agent of one architecture starts from the same weights (inherited ``shared_modules``), so a
+    group's first average is one of related networks."""
+
+    def __init__(self, ctx: EdgeContext) -> None:
+        super().__init__(ctx)
+        c, d, dev = ctx.num_classes, ctx.model.num_features, ctx.device
+        self.server_features = torch.zeros(c, d, device=dev)
+        self.server_logits = torch.zeros(c, c, device=dev)
+        self.valid = torch.zeros(c, dtype=torch.bool, device=dev)
+        self._sum_features = torch.zeros(c, d, device=dev)
+        self._sum_logits = torch.zeros(c, c, device=dev)
+        self._count = torch.zeros(c, dtype=torch.long, device=dev)
+
+    # ----- knowledge in ---------------------------------------------------------------------
+    def receive(self, payloads: dict[str, Payload]) -> None:
+        """Overwrite the model with the group model; take the server's per-class knowledge
+        (absent during warm-up: then no KD this participation)."""
+        super().receive(payloads)  # the group model, when the task carries one
+        knowledge = payloads.get("knowledge")
+        if knowledge is None:
+            self.valid.zero_()
+            return
+        if not isinstance(knowledge, FeatureLogitSet):
+            raise ValidationError("payloads.knowledge", "featlogits", type(knowledge).KIND)
+        self._take(knowledge)
+
+    def _take(self, k: FeatureLogitSet) -> None:
+        c, d = self.server_logits.shape[0], self.server_features.shape[1]
+        if k.class_ids.size and (
+            k.features.shape[1] != d or k.logits.shape[1] != c or int(k.class_ids.max()) >= c
+        ):
+            raise ValidationError(
+                "payloads.knowledge",
+                f"features of dim {d}, logits of {c} classes, ids < {c}",
+                (k.features.shape, k.logits.shape, k.class_ids.tolist()),
+            )
+        ids = torch.as_tensor(k.class_ids, dtype=torch.long, device=self.ctx.device)
+        self.valid.zero_()
+        self.valid[ids] = True
+        self.server_features[ids] = torch.as_tensor(k.features, device=self.ctx.device)
+        self.server_logits[ids] = torch.as_tensor(k.logits, device=self.ctx.device)
+
+    # ----- the loop's hooks -----------------------------------------------------------------
+    def train_phase(self, task: Task) -> PhaseResult:
+        """One participation; the statistics restart with it."""
+        self._sum_features.zero_()
+        self._sum_logits.zero_()
+        self._count.zero_()
+        return super().train_phase(task)
+
+    def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
+        """Eq. (1): CE plus the masked KD terms."""
+        loss = F.cross_entropy(logits, y)
+        mask = self.valid[y]
+        cfg = self.config
+        if cfg.kd_weight > 0 and bool(mask.any()):
+            ym = y[mask]
+            loss = loss + cfg.kd_weight * felo_kd_loss(
+                features[mask],
+                logits[mask],
+                self.server_features[ym],
+                self.server_logits[ym],
+                cfg.use_features,
+                cfg.use_logits,
+                cfg.kl_reduction,
+            )
+        return loss
+
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
+        """Per-class sums of this step's (pre-update, train-mode) features and logits."""
+        self._sum_features.index_add_(0, y, features.float())
+        self._sum_logits.index_add_(0, y, logits.float())
+        self._count += torch.bincount(y, minlength=self._count.numel())
+
+    # ----- knowledge out --------------------------------------------------------------------
+    def reply_payloads(self) -> dict[str, Payload]:
+        """Class-wise means of the participation; the whole model when averaging is on."""
+        present = (self._count > 0).nonzero().flatten()
+        n = self._count[present].unsqueeze(1).float()
+        out: dict[str, Payload] = {
+            "knowledge": FeatureLogitSet(
+                class_ids=present.cpu().numpy(),
+                features=(self._sum_features[present] / n).cpu().numpy(),
+                logits=(self._sum_logits[present] / n).cpu().numpy(),
+                counts=self._count[present].cpu().numpy(),
+                encoding=self.config.knowledge_encoding,
+            )
+        }
+        if self.config.same_arch_avg:
+            out.update(super().reply_payloads())
+        return out
+
+    def weight_encoding(self) -> Encoding:
+        """As the run configures (``weight_encoding``)."""
+        return self.config.weight_encoding  # type: ignore[no-any-return]
+
+    def extra_state(self) -> dict[str, Tensor]:
+        """The server knowledge survives restarts."""
+        return {
+            "server_features": self.server_features.cpu(),
+            "server_logits": self.server_logits.cpu(),
+            "server_valid": self.valid.cpu(),
+        }
+
+    def load_extra_state(self, state: dict[str, Tensor]) -> None:
+        """Restore the server knowledge if it fits this model."""
+        f, p, v = (state.get(k) for k in ("server_features", "server_logits", "server_valid"))
+        if f is None or p is None or v is None or f.shape != self.server_features.shape:
+            return
+        dev = self.ctx.device
+        self.server_features, self.server_logits, self.valid = (
+            f.to(dev),
+            p.to(dev),
+            v.to(dev).bool(),
+        )
+
+
+@register_edge_algorithm("felo")
+class FeloEdge(FeatureLogitEdge):
+    """Felo: features and logits, same-architecture averaging (by its config)."""
+
+
+@register_edge_algorithm("velo")
+class VeloEdge(FeatureLogitEdge):
+    """Velo: the server's features are CVAE samples; nothing changes on the edge."""
+
+
+@register_edge_algorithm("fedhe")
+class FedHeEdge(FeatureLogitEdge):
+    """FedHe: logits only, no weight averaging (by its config)."""
