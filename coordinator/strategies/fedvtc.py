@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from coordinator.aggregation import weighted_mean
 from coordinator.strategies.base import (
     AgentInfo,
     Aggregator,
@@ -18,31 +19,11 @@ from coordinator.strategies.base import (
 )
 from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms.fedvtc import FedVTCConfig
-from protocol.errors import AggregationError, ValidationError
+from protocol.errors import ValidationError
 from protocol.messages import Reply
 from protocol.payloads import Payload, PrototypeSet, TensorMap
 
-__all__ = ["FedVTCStrategy", "average_tensor_maps"]
-
-
-def average_tensor_maps(maps: list[TensorMap], encoding: str = "raw") -> TensorMap:
-    """Element-wise plain mean of float tensors (BN running stats included, D11); integer
-    tensors such as ``num_batches_tracked`` take the maximum."""
-    if not maps:
-        raise AggregationError("no generator weights to average")
-    names = set(maps[0].tensors)
-    if any(set(m.tensors) != names for m in maps):
-        raise AggregationError("generator uploads carry different tensor names")
-    out = {}
-    for name in sorted(names):
-        arrs = [m.tensors[name] for m in maps]
-        if any(a.shape != arrs[0].shape for a in arrs):
-            raise AggregationError(f"generator tensor {name} has different shapes across uploads")
-        if arrs[0].dtype.kind == "f":
-            out[name] = np.mean(np.stack(arrs).astype(np.float64), axis=0).astype(np.float32)
-        else:
-            out[name] = np.max(np.stack(arrs), axis=0)
-    return TensorMap(out, encoding=encoding)  # type: ignore[arg-type]
+__all__ = ["FedVTCStrategy"]
 
 
 @register_strategy("fedvtc")
@@ -154,7 +135,8 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             if not require_trained or r.metrics.get("generator_trained", 1.0) > 0
         ]
         if maps:
-            self.generator = average_tensor_maps(maps, self.config.generator_encoding)
+            # D11: plain mean incl. BN running stats; counters such as num_batches_tracked: max
+            self.generator = weighted_mean(maps, None, self.config.generator_encoding, "generators")
         return len(maps)
 
     def state_dict(self) -> dict[str, Payload]:

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from coordinator.aggregation import weighted_mean
 from coordinator.strategies import STRATEGIES, AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.baselines import mean_prototypes
-from coordinator.strategies.fedvtc import average_tensor_maps
 from protocol.algorithms import config_type
 from protocol.errors import AggregationError, ValidationError
 from protocol.messages import Capabilities, InputSpec, Register, Reply
@@ -130,7 +130,7 @@ def test_generator_averaging_includes_bn_buffers_and_skips_untrained() -> None:
     np.testing.assert_allclose(g.tensors["bn.running_mean"], 2.0)
     assert int(g.tensors["bn.num_batches_tracked"]) == 9
     with pytest.raises(AggregationError, match="different tensor names"):
-        average_tensor_maps([gen(1.0, 1), TensorMap({"x": np.zeros(1)})])
+        weighted_mean([gen(1.0, 1), TensorMap({"x": np.zeros(1)})])
 
 
 def test_every_strategy_has_an_edge_half_with_the_same_name() -> None:

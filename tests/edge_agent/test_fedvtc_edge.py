@@ -197,7 +197,7 @@ def test_diagnostics_report_controls_without_changing_the_finetuned_model() -> N
 
 def test_averaged_generator_carries_mean_weights_and_bn_buffers_into_the_client() -> None:
     # Prepare: two clients train their (shared-init) generators apart, BN buffers included
-    from coordinator.strategies.fedvtc import average_tensor_maps
+    from coordinator.aggregation import weighted_mean
 
     a, b = make_edge(seed=1), make_edge(seed=2)
     a.handle(task("train", {"protos": protos([0, 2], value=0.2)}))
@@ -207,7 +207,7 @@ def test_averaged_generator_carries_mean_weights_and_bn_buffers_into_the_client(
     assert len(bn_keys) == 8  # 4 blocks x (mean, var)
     assert any(not np.allclose(ga.tensors[k], gb.tensors[k]) for k in bn_keys)
     # Execute: the server's average, received by a third client in the final phase
-    avg = average_tensor_maps([ga, gb])
+    avg = weighted_mean([ga, gb])
     c = make_edge(seed=3)
     c.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))
     c.receive({"generator": avg})
