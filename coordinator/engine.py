@@ -7,7 +7,6 @@ transport thread are queued; this thread alone touches the store and the strateg
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import queue
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.config import RunConfig
+from coordinator.metrics import append_record, step_record
 from coordinator.store import StepRecord, Store
 from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
 from protocol.algorithms.base import check_payloads
@@ -536,9 +536,7 @@ class Coordinator:
         self._append_metrics(record)
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_record(self.metrics_path, record)
 
     def _metrics_record(
         self,
@@ -550,40 +548,15 @@ class Coordinator:
     ) -> dict[str, Any]:
         now = self.endpoint.traffic.snapshot()
         traffic = {k: v - traffic0.get(k, 0) for k, v in now.items() if v - traffic0.get(k, 0)}
-        agents = {
-            a.device_id: {
-                "acc_local": r.metrics.get("acc_local"),
-                "acc_global": r.metrics.get("acc_global"),
-                "loss": r.metrics.get("train_loss"),
-                "num_samples": r.num_samples,
-                "arch": a.register.arch,
-                **{k: v for k, v in r.metrics.items()},
-            }
-            for a, r in ordered
-        }
-        record: dict[str, Any] = {
-            "round": open_step.step.round,
-            "phase": open_step.step.phase,
-            "time": time.time(),
-            "duration_s": time.time() - started,
-            "participants": open_step.rec.participants,
-            "quorum_met": True,
-            "failed": open_step.outcome.failed,
-            "agents": agents,
-            "aggregate": agg,
-            "bytes": traffic,
-            "bytes_total": sum(traffic.values()),
-        }
-        for key in ("acc_local", "acc_global"):
-            vals = [float(x) for v in agents.values() if isinstance(x := v[key], (int, float))]
-            mean = sum(vals) / len(vals) if vals else None
-            std = (
-                (sum((x - mean) ** 2 for x in vals) / len(vals)) ** 0.5
-                if vals and mean is not None
-                else None
-            )
-            record[f"mean_{key}"], record[f"std_{key}"] = mean, std
-        return record
+        return step_record(
+            open_step.step,
+            open_step.rec.participants,
+            open_step.outcome.failed,
+            ordered,
+            agg,
+            started,
+            traffic,
+        )
 
 
 def _fmt(value: float | None) -> str:
