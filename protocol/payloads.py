@@ -21,6 +21,7 @@ from protocol.wire import WireModel
 
 __all__ = [
     "PAYLOAD_TYPES",
+    "ClassStats",
     "FeatureLogitSet",
     "ImageVectorPairs",
     "Payload",
@@ -119,6 +120,49 @@ class FeatureLogitSet(WireModel):
 
 
 @dataclass(frozen=True, slots=True)
+class ClassStats(WireModel):
+    """Per-class feature means, covariances and counts (CCVR's classifier calibration).
+
+    ``covariances[i]`` is the ``d x d`` covariance of class ``class_ids[i]``: symmetric, with a
+    non-negative diagonal (positive semi-definiteness is the sender's promise; checking it would
+    cost an eigendecomposition per class, and the receiver regularises before sampling anyway).
+    """
+
+    KIND: ClassVar[str] = "classstats"
+    ENCODING_FIELD: ClassVar[str | None] = "encoding"
+
+    class_ids: I32
+    means: F32
+    covariances: F32
+    counts: I32
+    encoding: Encoding = "raw"
+
+    def __post_init__(self) -> None:
+        _check_encoding(self.encoding, ("raw", "f16"))
+        _set(self, "class_ids", as_array(self.class_ids, "<i4", "class_ids"))
+        _set(self, "means", as_array(self.means, "<f4", "means"))
+        _set(self, "covariances", as_array(self.covariances, "<f4", "covariances"))
+        _set(self, "counts", as_array(self.counts, "<i4", "counts"))
+        check_shape(self.class_ids, (None,), "class_ids")
+        m = self.class_ids.shape[0]
+        check_shape(self.means, (m, None), "means")
+        d = self.means.shape[1]
+        check_shape(self.covariances, (m, d, d), "covariances")
+        check_shape(self.counts, (m,), "counts")
+        check_class_ids(self.class_ids, "class_ids")
+        check_finite(self.means, "means")
+        check_finite(self.covariances, "covariances")
+        if self.counts.size and int(self.counts.min()) < 1:
+            raise ValidationError("counts", "at least one sample per class", int(self.counts.min()))
+        cov = self.covariances
+        if not np.array_equal(cov, cov.transpose(0, 2, 1)):
+            raise ValidationError("covariances", "symmetric matrices", "an asymmetric matrix")
+        diag = np.diagonal(cov, axis1=1, axis2=2)
+        if diag.size and float(diag.min()) < 0:
+            raise ValidationError("covariances", "non-negative variances", float(diag.min()))
+
+
+@dataclass(frozen=True, slots=True)
 class ImageVectorPairs(WireModel):
     """Generator-made images (uint8, N x C x H x W) with their latent vectors (FedKTL)."""
 
@@ -171,7 +215,7 @@ class TensorMap(WireModel):
         return sum(int(a.nbytes) for a in self.tensors.values())
 
 
-Payload = Union[PrototypeSet, FeatureLogitSet, ImageVectorPairs, TensorMap]  # noqa: UP007
+Payload = Union[PrototypeSet, FeatureLogitSet, ClassStats, ImageVectorPairs, TensorMap]  # noqa: UP007
 PAYLOAD_TYPES: dict[str, type[WireModel]] = {
-    t.KIND: t for t in (PrototypeSet, FeatureLogitSet, ImageVectorPairs, TensorMap)
+    t.KIND: t for t in (PrototypeSet, FeatureLogitSet, ClassStats, ImageVectorPairs, TensorMap)
 }

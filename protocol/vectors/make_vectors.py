@@ -46,7 +46,13 @@ from protocol.messages import (
     Status,
     Task,
 )
-from protocol.payloads import FeatureLogitSet, ImageVectorPairs, PrototypeSet, TensorMap
+from protocol.payloads import (
+    ClassStats,
+    FeatureLogitSet,
+    ImageVectorPairs,
+    PrototypeSet,
+    TensorMap,
+)
 from protocol.signing import HmacSigner
 
 __all__ = ["VECTOR_DIR", "array_from_json", "envelope_from_json", "envelope_to_json"]
@@ -152,6 +158,19 @@ def _featlogits(encoding: Encoding) -> FeatureLogitSet:
     )
 
 
+def _classstats(encoding: Encoding) -> ClassStats:
+    r = _rng(5)
+    a = r.standard_normal((2, 3, 3))
+    cov = a @ a.transpose(0, 2, 1)  # positive semi-definite; averaged with its transpose below
+    return ClassStats(
+        class_ids=np.array([0, 3], np.int32),
+        means=r.standard_normal((2, 3)).astype(np.float32),
+        covariances=((cov + cov.transpose(0, 2, 1)) / 2).astype(np.float32),
+        counts=np.array([5, 7], np.int32),
+        encoding=encoding,
+    )
+
+
 def _ivpairs(encoding: Encoding) -> ImageVectorPairs:
     r = _rng(3)
     return ImageVectorPairs(
@@ -237,6 +256,7 @@ def _messages() -> dict[str, tuple[Message, str]]:
         "reply_protos_f16": (_reply("protos", _protos("f16")), "prototypes as float16"),
         "reply_featlogits_raw": (_reply("featlogits", _featlogits("raw")), "Felo features"),
         "reply_featlogits_f16": (_reply("featlogits", _featlogits("f16")), "as float16"),
+        "reply_classstats_raw": (_reply("stats", _classstats("raw")), "CCVR class statistics"),
         "task_ivpairs_raw": (_task("pairs", _ivpairs("raw")), "FedKTL image-vector pairs"),
         "task_ivpairs_f16": (_task("pairs", _ivpairs("f16")), "pairs, vectors as float16"),
         "error": (

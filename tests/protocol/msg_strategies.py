@@ -24,7 +24,13 @@ from protocol.messages import (
     Status,
     Task,
 )
-from protocol.payloads import FeatureLogitSet, ImageVectorPairs, PrototypeSet, TensorMap
+from protocol.payloads import (
+    ClassStats,
+    FeatureLogitSet,
+    ImageVectorPairs,
+    PrototypeSet,
+    TensorMap,
+)
 
 # msgpack cannot carry lone surrogates; ids and names stay within the validators' limits
 chars = st.characters(blacklist_categories=["Cs"])
@@ -79,6 +85,20 @@ def feature_logit_sets(draw: st.DrawFn) -> FeatureLogitSet:
 
 
 @st.composite
+def class_stats(draw: st.DrawFn) -> ClassStats:
+    m, d = draw(rows), draw(st.integers(1, 4))
+    a = draw(f32((m, d, d))).astype(np.float64) / 256  # product stays in float32 range
+    cov = a @ a.transpose(0, 2, 1)  # exactly symmetric after averaging with its transpose
+    return ClassStats(
+        class_ids=draw(class_ids(m)),
+        means=draw(f32((m, d))),
+        covariances=((cov + cov.transpose(0, 2, 1)) / 2).astype(np.float32),
+        counts=np.array(draw(st.lists(st.integers(1, 10**6), min_size=m, max_size=m)), np.int32),
+        encoding=draw(st.sampled_from(["raw", "f16"])),
+    )
+
+
+@st.composite
 def image_vector_pairs(draw: st.DrawFn) -> ImageVectorPairs:
     n = draw(rows)
     images = draw(hnp.arrays(np.uint8, (n, draw(st.integers(1, 3)), draw(dims), draw(dims))))
@@ -103,7 +123,9 @@ def tensor_maps(draw: st.DrawFn) -> TensorMap:
     return TensorMap(tensors=tensors, encoding=draw(st.sampled_from(["raw", "f16", "i8"])))
 
 
-payloads = st.one_of(prototype_sets(), feature_logit_sets(), image_vector_pairs(), tensor_maps())
+payloads = st.one_of(
+    prototype_sets(), feature_logit_sets(), class_stats(), image_vector_pairs(), tensor_maps()
+)
 payload_maps = st.dictionaries(ids, payloads, max_size=2)
 scalars = st.one_of(st.booleans(), st.integers(-(2**62), 2**62), finite, text)
 
