@@ -26,7 +26,13 @@ __all__ = [
     "attach_etf_head",
     "etf_matrix",
     "latent_projection",
+    "median_bandwidths",
+    "mmd2_rbf",
+    "rbf_kernel",
 ]
+
+#: The authors' RBF bandwidths for the MMD (fedktl.md §4.4): ``a`` in ``exp(-d² / (2a))``.
+MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 
 _COS_EPS = 1e-7  # acos has an infinite gradient at ±1 (§9 item 14)
 
@@ -171,3 +177,33 @@ def latent_projection(feature_dim: int, latent_dim: int) -> nn.Linear:
     (§3.0), because seeds are not bit-stable across torch builds.
     """
     return nn.Linear(feature_dim, latent_dim)
+
+
+def rbf_kernel(a: Tensor, b: Tensor, bandwidths: tuple[float, ...] = MMD_BANDWIDTHS) -> Tensor:
+    """``[n, m]`` sum over ``bandwidths`` of ``exp(-0.5 * |a_i - b_j|² / bw)`` (``bw`` plays
+    the role of sigma²)."""
+    # expanded |a|² + |b|² - 2ab rather than cdist: finite gradients at zero distance
+    d = ((a * a).sum(1, keepdim=True) + (b * b).sum(1) - 2.0 * a @ b.T).clamp_min(0.0)
+    return sum((torch.exp(-0.5 * d / bw) for bw in bandwidths), torch.zeros_like(d))
+
+
+def mmd2_rbf(x: Tensor, y: Tensor, bandwidths: tuple[float, ...] = MMD_BANDWIDTHS) -> Tensor:
+    """Biased (V-statistic) squared MMD between samples ``x`` and ``y`` ``[n, H]`` (§4.4):
+    kernel means over all pairs, diagonals included, as in the authors' ``MMD(x, y, 'rbf')``."""
+    xy = rbf_kernel(x, y, bandwidths).mean()
+    return rbf_kernel(x, x, bandwidths).mean() + rbf_kernel(y, y, bandwidths).mean() - 2.0 * xy
+
+
+@torch.no_grad()
+def median_bandwidths(
+    x: Tensor, y: Tensor, factors: tuple[float, ...] = (0.5, 1, 2, 4)
+) -> tuple[float, ...]:
+    """Bandwidths for :func:`mmd2_rbf` scaled to the data: ``factors`` times half the median
+    squared distance of the pooled sample (so ``exp(-0.5 d²/a)`` is ``e^-1`` at the median for
+    factor 1). For latents whose scale makes the fixed {10, 15, 20, 50} vanish (H = 100:
+    ``d² ≈ 200``) — fedktl.md §9 item 5."""
+    z = torch.cat([x, y]).detach().float()
+    d = torch.cdist(z, z).pow(2)
+    off = d[~torch.eye(len(z), dtype=torch.bool, device=d.device)]
+    med = float(off.median()) if off.numel() else 1.0
+    return tuple(max(f * med / 2.0, 1e-6) for f in factors)

@@ -1,0 +1,250 @@
+"""FedKTL, edge half (``shared/specs/fedktl.md`` §3.2, §3.3, §4.1, §4.2, §9.2).
+
+The model is ``normalize -> trunk -> proj -> [head]`` (:class:`models.Classifier`) built with
+``feature_dim = K``: ``forward_features`` is the ETF-space embedding ``g = h o f`` with
+``h = proj``, so the inference graph is ``forward_features`` followed by the cosine against
+the fixed ETF vectors, exactly what the export's cosine head computes (§9.2); the classifier's
+own linear head is unused. ``f``, the input of the fixed projection h', is the trunk's output
+average-pooled to K' (the authors' ``AdaptiveAvgPool1d(K')``), common to every architecture.
+
+A round: hold the set-up (ETF, h' weights; checked against the config's SHA-256), reload h'
+from it, train with ``ArcFace(cos(g(x), V)) + mu * MSE(h'(f(I)), Q)`` on cycled mini-batches of
+the received image-vector pairs (h' as its own SGD group with its own clip), then upload
+unit-norm class prototypes of g over the training split.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, register_edge_algorithm
+from edge_agent.trainer import ParamGroup, TensorData
+from models import Classifier
+from models.checkpoint import HeadSpec
+from models.ktl import arcface_logits
+from protocol.algorithms.fedktl import SETUP_KEYS, FedKTLConfig, setup_digest
+from protocol.arrays import Encoding
+from protocol.errors import ConfigError, ValidationError
+from protocol.payloads import ImageVectorPairs, Payload, PrototypeSet, TensorMap
+
+__all__ = ["FedKTLEdge", "extractor_output", "unit_prototypes"]
+
+STATE_PREFIX = "ktl_setup."
+
+
+def extractor_output(model: Classifier, x: Tensor, size: int) -> Tensor:
+    """``f(x)``: the trunk's flattened output average-pooled to ``size`` (K') values ``[B, K']``.
+
+    Reads the classifier's ``normalize`` and ``trunk`` stages (common to every registered
+    architecture) because ``forward_features`` already includes ``h``.
+    """
+    z = model.trunk(model.normalize(x)).flatten(1)
+    return F.adaptive_avg_pool1d(z.unsqueeze(1), size).squeeze(1)
+
+
+@torch.no_grad()
+def unit_prototypes(
+    model: Classifier, data: TensorData, num_classes: int, encoding: Encoding = "raw"
+) -> PrototypeSet:
+    """``normalize(mean_x normalize(g(x)))`` per class present in ``data``, in eval mode
+    (the authors' ``collect_protos``, §3.3)."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(num_classes, model.num_features, device=data.x.device)
+    counts = torch.zeros(num_classes, dtype=torch.long, device=data.x.device)
+    for x, y in data.batches(256, None, shuffle=False):
+        sums.index_add_(0, y, F.normalize(model.forward_features(x).float(), dim=1))
+        counts += torch.bincount(y, minlength=num_classes)
+    model.train(was_training)
+    present = (counts > 0).nonzero().flatten()
+    return PrototypeSet(
+        class_ids=present.cpu().numpy(),
+        vectors=F.normalize(sums[present], dim=1).cpu().numpy(),
+        counts=counts[present].cpu().numpy(),
+        encoding=encoding,
+    )
+
+
+@register_edge_algorithm("fedktl")
+class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
+    """ArcFace on the fixed ETF head + the knowledge-transfer regression; prototypes up."""
+
+    def __init__(self, ctx: EdgeContext) -> None:
+        super().__init__(ctx)
+        self.setup: dict[str, Tensor] | None = None  # SETUP_KEYS -> CPU float32
+        self.etf_t: Tensor | None = None  # rownormalise(V^T) [C, K] on the device
+        self.proj: nn.Linear | None = None  # h', reloaded from the set-up every round
+        self.images: Tensor | None = None  # received pairs: [N, ch, h, w] in [0, 1]
+        self.latents: Tensor | None = None  # [N, H]
+        self._order: list[int] = []  # what is left of the current pass over the pairs
+
+    # ----- knowledge in ---------------------------------------------------------------------
+    def receive(self, payloads: dict[str, Payload]) -> None:
+        """Take the set-up if sent, check the held one against the config's digest, reload h',
+        take this round's pairs (none in round 1: ArcFace only)."""
+        setup = payloads.get("setup")
+        if setup is not None:
+            self._take_setup(setup)
+        self._check_setup()
+        self._reset_proj()
+        self._take_pairs(payloads.get("pairs"), payloads.get("pairs_meta"))
+
+    def _take_setup(self, setup: Payload) -> None:
+        if not isinstance(setup, TensorMap) or set(setup.tensors) != set(SETUP_KEYS):
+            got = setup.KIND if not isinstance(setup, TensorMap) else sorted(setup.tensors)
+            raise ValidationError("payloads.setup", f"tensors {list(SETUP_KEYS)}", got)
+        digest = setup_digest(setup.tensors)
+        if digest != self.config.setup_sha256:
+            raise ValidationError("payloads.setup", f"sha256 {self.config.setup_sha256}", digest)
+        self._hold({k: torch.as_tensor(v) for k, v in setup.tensors.items()}, "payloads.setup")
+
+    def _hold(self, tensors: dict[str, Tensor], where: str) -> None:
+        """Check the set-up's shapes against this model and the config, then keep it."""
+        etf, weight, bias = tensors["etf"], tensors["proj.weight"], tensors["proj.bias"]
+        c, dim = self.ctx.num_classes, self.ctx.model.num_features
+        if etf.dim() != 2 or etf.shape[1] != c or etf.shape[0] < c:
+            raise ValidationError(f"{where}.etf", f"[K >= {c}, {c}]", list(etf.shape))
+        if etf.shape[0] != dim:
+            raise ConfigError(
+                f"fedktl: the ETF has K = {etf.shape[0]} dimensions but the model's features "
+                f"have {dim}; build the agent with feature_dim = {etf.shape[0]} (--feature-dim): "
+                "forward_features is the ETF-space embedding g = h o f"
+            )
+        kp = self.config.feature_dim
+        if weight.dim() != 2 or weight.shape[1] != kp or list(bias.shape) != [weight.shape[0]]:
+            raise ValidationError(
+                f"{where}.proj", f"weight [H, {kp}] and bias [H]", (weight.shape, bias.shape)
+            )
+        self.setup = {k: v.detach().float().cpu() for k, v in tensors.items()}
+        self.etf_t = F.normalize(self.setup["etf"].T, dim=1).to(self.ctx.device)
+
+    def _check_setup(self) -> None:
+        want = self.config.setup_sha256
+        if self.setup is None:
+            raise ConfigError(
+                f"fedktl: this agent holds no set-up (ETF, h') and the task carries none; the "
+                f"coordinator believes it delivered {want} (was the agent's state dir wiped?)"
+            )
+        held = setup_digest({k: v.numpy() for k, v in self.setup.items()})
+        if held != want:
+            raise ValidationError("task.config.setup_sha256", f"the held set-up {held}", want)
+
+    def _reset_proj(self) -> None:
+        assert self.setup is not None  # _check_setup passed
+        weight, bias = self.setup["proj.weight"], self.setup["proj.bias"]
+        self.proj = nn.Linear(weight.shape[1], weight.shape[0]).to(self.ctx.device)
+        with torch.no_grad():
+            self.proj.weight.copy_(weight)
+            self.proj.bias.copy_(bias)
+
+    def _take_pairs(self, pairs: Payload | None, meta: Payload | None) -> None:
+        self.images = self.latents = None
+        self._order = []
+        if pairs is None:
+            return
+        if not isinstance(pairs, ImageVectorPairs):
+            raise ValidationError("payloads.pairs", "ivpairs", pairs.KIND)
+        model, h = self.ctx.model, self.config.latent_dim
+        shape = (model.in_chans, *model.input_size)
+        n = pairs.images.shape[0]
+        if tuple(pairs.images.shape[1:]) != shape or not 0 < n <= self.ctx.num_classes:
+            raise ValidationError(
+                "payloads.pairs.images", f"[1..{self.ctx.num_classes}, {shape}]", pairs.images.shape
+            )
+        if pairs.vectors.shape[1] != h:
+            raise ValidationError("payloads.pairs.vectors", f"[{n}, {h}]", pairs.vectors.shape)
+        self._check_meta(meta, n)
+        dev = self.ctx.device
+        self.images = torch.as_tensor(pairs.images, device=dev).float() / 255.0
+        self.latents = torch.as_tensor(pairs.vectors, device=dev)
+
+    def _check_meta(self, meta: Payload | None, n: int) -> None:
+        if not isinstance(meta, TensorMap) or "classes" not in meta.tensors:
+            raise ValidationError("payloads.pairs_meta", "tensors with 'classes'", meta)
+        ids = meta.tensors["classes"].tolist()
+        if (
+            len(ids) != n
+            or len(set(ids)) != n
+            or not all(0 <= c < self.ctx.num_classes for c in ids)
+        ):
+            raise ValidationError(
+                "payloads.pairs_meta.classes", f"{n} distinct ids < {self.ctx.num_classes}", ids
+            )
+
+    # ----- the loop's hooks -----------------------------------------------------------------
+    def param_groups(self) -> list[ParamGroup]:
+        """The model, and h' with its own SGD step and clip norm (thrown away after the round)."""
+        groups = [ParamGroup("model", self.ctx.model)]
+        if self.proj is not None:
+            clip = self.config.proj_grad_clip  # lr: the client's; plain SGD as the authors'
+            h_prime = ParamGroup(
+                "proj", self.proj, grad_clip=clip, optimizer="sgd", momentum=0.0, weight_decay=0.0
+            )
+            groups.append(h_prime)
+        return groups
+
+    def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
+        """``L_A + mu * L_M`` (§4.1, §4.2); ``features`` is ``g(x)``."""
+        cfg = self.config
+        loss = F.cross_entropy(
+            arcface_logits(self._cosine(features), y, cfg.arc_scale, cfg.arc_margin), y
+        )
+        if cfg.mu > 0 and self.images is not None and self.latents is not None:
+            idx = self._next_pairs(cfg.batch_size)
+            f = extractor_output(self.ctx.model, self.images[idx], cfg.feature_dim)
+            assert self.proj is not None  # receive() reloaded it
+            loss = loss + cfg.mu * F.mse_loss(self.proj(f), self.latents[idx])
+        return loss
+
+    def _next_pairs(self, batch: int) -> Tensor:
+        """The next mini-batch of an endlessly cycled, reshuffled pass over the pairs."""
+        if not self._order:
+            assert self.latents is not None
+            n = self.latents.shape[0]
+            self._order = torch.randperm(n, generator=self.ctx.generator).tolist()
+        take, self._order = self._order[:batch], self._order[batch:]
+        return torch.tensor(take, device=self.ctx.device)
+
+    def _cosine(self, embedding: Tensor) -> Tensor:
+        if self.etf_t is None:
+            raise ConfigError("fedktl: no ETF held yet (the set-up arrives with the first task)")
+        return F.normalize(embedding.float(), dim=1) @ self.etf_t.T
+
+    # ----- knowledge out, prediction, state -------------------------------------------------
+    def reply_payloads(self) -> dict[str, Payload]:
+        """Unit-norm prototypes of the classes this device holds."""
+        return {
+            "protos": unit_prototypes(
+                self.ctx.model, self.ctx.train, self.ctx.num_classes, self.config.proto_encoding
+            )
+        }
+
+    def scores(self, x: Tensor) -> Tensor:
+        """Cosines with the ETF vectors (no scale, no margin); logits before any set-up."""
+        if self.etf_t is None:
+            out: Tensor = self.ctx.model(x)
+            return out
+        return self._cosine(self.ctx.model.forward_features(x))
+
+    def head_spec(self) -> HeadSpec:
+        """The export's cosine head over the ETF vectors."""
+        if self.etf_t is None:
+            return HeadSpec(type="logits", prototypes=None, valid=None)
+        return HeadSpec(type="cosine", prototypes=self.etf_t.cpu(), valid=None)
+
+    def extra_state(self) -> dict[str, Tensor]:
+        """The set-up survives restarts: it is sent to each agent once."""
+        if self.setup is None:
+            return {}
+        return {STATE_PREFIX + k: v for k, v in self.setup.items()}
+
+    def load_extra_state(self, state: dict[str, Tensor]) -> None:
+        """Restore the set-up (checked against this model)."""
+        super().load_extra_state(state)
+        held = {
+            k.removeprefix(STATE_PREFIX): v for k, v in state.items() if k.startswith(STATE_PREFIX)
+        }
+        if set(held) == set(SETUP_KEYS):
+            self._hold(held, "checkpoint.extra")

@@ -1,0 +1,110 @@
+"""FedKTL hyperparameters and set-up digest (``shared/specs/fedktl.md``; see docs/fedktl.md).
+
+Defaults are the spec's: the client trains with ArcFace (s = 64, m = 0.5) on a fixed simplex-ETF
+head plus ``mu * L^M``, by plain SGD (lr 0.01, batch 10, clip 100); the server aligns the feature
+transformer F with Adam (lr 0.01, batch 100, 100 epochs) on ``MMD + mse_weight * MSE`` and turns
+the class centroids into one image per class with a pretrained generator.
+
+What travels between the halves:
+
+* set-up (first task of each agent only): ``setup`` = :class:`TensorMap` with ``etf`` [K, C] and
+  the fixed projection ``proj.weight`` [H, K'], ``proj.bias`` [H]; its digest
+  (:func:`setup_digest`) travels in every task's config as ``setup_sha256``;
+* round start: ``pairs`` = :class:`ImageVectorPairs` (uint8 images at the agent's own input
+  spec, float32 latents) and ``pairs_meta`` = :class:`TensorMap` with ``classes`` [C'] and
+  ``round`` [1] (the spec's ``pairs.classes`` / ``pairs_round``);
+* reply: ``protos`` = :class:`PrototypeSet` of unit-norm K-dim class prototypes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.payloads import PrototypeSet
+
+__all__ = ["SETUP_KEYS", "FedKTLConfig", "setup_digest"]
+
+#: The tensors of the set-up payload, in digest order.
+SETUP_KEYS = ("etf", "proj.bias", "proj.weight")
+
+
+def setup_digest(tensors: Mapping[str, Any]) -> str:
+    """SHA-256 of the set-up tensors: name, shape and little-endian float32 bytes of each, in
+    :data:`SETUP_KEYS` order (independent of the transport's dict order)."""
+    h = hashlib.sha256()
+    for name in SETUP_KEYS:
+        arr = np.ascontiguousarray(np.asarray(tensors[name]), dtype="<f4")
+        h.update(f"{name}:{list(arr.shape)}:".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+@register_config("fedktl")
+@dataclass(frozen=True)
+class FedKTLConfig(TrainConfig):
+    """Both halves of FedKTL; the ``server_*``, ``generator*`` and MMD settings stay on the
+    coordinator but travel in the task config like every other field."""
+
+    # ----- client (spec §4.1, §4.2, §4.5: the authors' code) -----
+    batch_size: int = 10
+    lr: float = 0.01
+    momentum: float = 0.0
+    grad_clip: float = 100.0
+    arc_scale: float = 64.0  # ArcFace s
+    arc_margin: float = 0.5  # ArcFace m
+    mu: float = 50.0  # weight of L^M (0: the "-L^M" ablation, local training with the ETF)
+    proj_grad_clip: float = 100.0  # h' has its own SGD step with this clip norm
+    proto_encoding: Literal["raw", "f16"] = "raw"
+    # ----- shapes -----
+    etf_dim: int = 0  # K; 0 = num_classes. Agents' models need num_features == K (their
+    # forward_features is g = h o f, the embedding the exported cosine head reads)
+    feature_dim: int = 32  # K': the extractor output h' reads (the trunk average-pooled to K')
+    latent_dim: int = 0  # H; 0 = the generator's; otherwise it must equal the generator's
+    # ----- server (spec §3.4, §4.4, §4.5) -----
+    server_lr: float = 0.01
+    server_batch_size: int = 100
+    server_epochs: int = 100
+    server_grad_clip: float = 100.0  # one norm over F and the centroid table (see docs)
+    mse_weight: float = 1.0  # lambda
+    mmd_bandwidth: Literal["fixed", "median"] = "fixed"  # {10, 15, 20, 50} or median heuristic
+    pair_encoding: Literal["raw", "f16"] = "raw"  # the latents; images are always uint8
+    # ----- generator (spec §9.1) -----
+    generator: Literal["dcgan_face", "cppn", "torchscript", "onnx", "entry_point"] = "dcgan_face"
+    generator_path: str = ""  # torchscript file, onnx manifest or entry-point weights
+    generator_entry: str = ""  # "pkg.module:factory" for generator = entry_point
+    generator_state_key: str = ""  # key of the state dict inside the weights file, if any
+    cppn_w_dim: int = 16
+    cppn_channels: int = 3
+    cppn_resolution: int = 32
+    cppn_seed: int = 0
+    # ----- filled by the coordinator -----
+    setup_sha256: str = ""  # digest of the set-up every agent must hold
+
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
+        "train": (PayloadSpec("protos", PrototypeSet),),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if min(self.etf_dim, self.latent_dim) < 0 or self.feature_dim < 1:
+            raise ValueError("etf_dim, latent_dim >= 0 (0 = derived) and feature_dim >= 1")
+        if self.mu < 0 or self.mse_weight < 0 or self.arc_scale <= 0:
+            raise ValueError("mu, mse_weight >= 0 and arc_scale > 0")
+        if self.proj_grad_clip < 0 or self.server_grad_clip < 0:
+            raise ValueError("proj_grad_clip and server_grad_clip >= 0")
+        if min(self.server_batch_size, self.cppn_w_dim, self.cppn_channels) < 1:
+            raise ValueError("server_batch_size, cppn sizes >= 1")
+        if self.server_epochs < 0 or self.server_lr <= 0 or self.cppn_resolution < 1:
+            raise ValueError("server_epochs >= 0, server_lr > 0, cppn_resolution >= 1")
+        if self.setup_sha256 and len(self.setup_sha256) != 64:
+            raise ValueError("setup_sha256 is a 64-hex-digit SHA-256 (set by the coordinator)")
+
+    def etf_size(self, num_classes: int) -> int:
+        """K for ``num_classes`` classes."""
+        return self.etf_dim or num_classes
