@@ -1,0 +1,79 @@
+"""FedType, server half (``shared/specs/fedtype.md`` §3.4): FedAvg of the proxies.
+
+The server never sees a private model: it keeps one global proxy, sends it to each selected
+agent and replaces it by the sample-weighted mean of the uploaded proxies through FedAvg's own
+code (:class:`FedAvgStrategy` and :func:`coordinator.aggregation.weighted_mean`; integer
+buffers such as ``num_batches_tracked`` take the maximum). FedProx changes only the devices'
+proxy loss, so the server step is the same for both.
+
+Private architectures differ by design, so admission checks only what fixes the proxy's
+architecture: the input every agent feeds it (the proxy itself is named in the run's config).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from coordinator.aggregation import weighted_mean
+from coordinator.strategies.base import AgentInfo, Step, register_strategy
+from coordinator.strategies.baselines import FedAvgStrategy
+from protocol.algorithms.fedtype import FedTypeConfig
+from protocol.errors import AdmissionError, ValidationError
+from protocol.messages import Reply
+from protocol.payloads import TensorMap
+
+__all__ = ["FedTypeStrategy"]
+
+
+@register_strategy("fedtype")
+class FedTypeStrategy(FedAvgStrategy):
+    """One global proxy, averaged by sample count (or uniformly); private models stay home."""
+
+    def __init__(self, config: FedTypeConfig, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        # round 1 has no global proxy yet: its uploads must agree with the first one validated
+        self._layout: tuple[Step, dict[str, tuple[int, ...]]] | None = None
+
+    @property
+    def fedtype(self) -> FedTypeConfig:
+        """The config with FedType's own fields."""
+        return cast(FedTypeConfig, self.config)
+
+    def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
+        """Any private architecture; one input spec, since every agent builds the same proxy."""
+        others = [a.register for a in fleet if a.device_id != agent.device_id]
+        mine = agent.register.input_spec
+        if others and mine != others[0].input_spec:
+            theirs = others[0].input_spec
+            raise AdmissionError(
+                agent.device_id,
+                f"fedtype shares one proxy ({self.fedtype.proxy_model}) built for the fleet's "
+                f"input {theirs.channels}x{theirs.height}x{theirs.width}; this agent feeds "
+                f"{mine.channels}x{mine.height}x{mine.width}",
+            )
+
+    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """The proxy's tensors: those of the global proxy, or in round 1 those of the round's
+        first valid upload (values are finite by the payload's own decoding)."""
+        super().validate(step, agent, reply)
+        if step.phase != "train" or self.weights is not None:
+            return
+        upload = self.payload(reply, "weights", TensorMap)
+        layout = {k: tuple(v.shape) for k, v in upload.tensors.items()}
+        if self._layout is None or self._layout[0] != step:
+            self._layout = (step, layout)
+            return
+        expected = self._layout[1]
+        if layout != expected:
+            diff = sorted(set(layout.items()) ^ set(expected.items()))[:3]
+            raise ValidationError(
+                "reply.payloads.weights", "the proxy tensors of this round's uploads", diff
+            )
+
+    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """p_g = sum_i n_i p_i / sum n (§3.4); ``aggregation_weights = uniform``: plain mean."""
+        if self.fedtype.aggregation_weights == "samples":
+            return super().aggregate(step, replies)
+        maps = [self.payload(r, "weights", TensorMap) for _, r in replies]
+        self.weights = weighted_mean(maps, None, self.config.weight_encoding, "fedtype proxies")
+        return {"aggregated": float(len(replies))}
