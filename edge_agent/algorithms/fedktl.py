@@ -112,10 +112,9 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
                 f"have {dim}; build the agent with feature_dim = {etf.shape[0]} (--feature-dim): "
                 "forward_features is the ETF-space embedding g = h o f"
             )
-        kp = self.config.feature_dim
-        if weight.dim() != 2 or weight.shape[1] != kp or list(bias.shape) != [weight.shape[0]]:
+        if weight.dim() != 2 or list(bias.shape) != [weight.shape[0]]:
             raise ValidationError(
-                f"{where}.proj", f"weight [H, {kp}] and bias [H]", (weight.shape, bias.shape)
+                f"{where}.proj", "weight [H, K'] and bias [H]", (weight.shape, bias.shape)
             )
         self.setup = {k: v.detach().float().cpu() for k, v in tensors.items()}
         self.etf_t = F.normalize(self.setup["etf"].T, dim=1).to(self.ctx.device)
@@ -130,6 +129,9 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
         held = setup_digest({k: v.numpy() for k, v in self.setup.items()})
         if held != want:
             raise ValidationError("task.config.setup_sha256", f"the held set-up {held}", want)
+        kp = self.setup["proj.weight"].shape[1]
+        if kp != self.config.feature_dim:  # the config is only known once a task arrives
+            raise ValidationError("setup.proj.weight", f"K' = {self.config.feature_dim}", kp)
 
     def _reset_proj(self) -> None:
         assert self.setup is not None  # _check_setup passed
