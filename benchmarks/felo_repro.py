@@ -1,0 +1,612 @@
+"""Felo / Velo at CPU scale: the reproduction of ``shared/specs/felo_velo.md`` §9.
+
+Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+code paths as a real fleet), so accuracies are what the agents report and bytes are what the
+coordinator's endpoint counted.
+
+Setting (spec §9, defaults of this script): ``digits`` (8x8), K = 10 agents, family
+``tiny_felo`` (five architectures, two clients each, d_f = 32), Dir(alpha) label skew, a fixed
+global test set of 360 images, T = 60 rounds, participation 0.5 (the seeded choice of the
+coordinator, identical for every method of one seed), warm-up 3 rounds (``warmup_fraction``
+0.05), Adam 1e-3, batch 16, one local epoch, kd_weight 0.5, Velo CVAE z 16 / embed 16 /
+hidden 64, 10 epochs per training event, batch 50. ``--data mnist5k`` runs the same on the
+5000-image MNIST subset at 28x28.
+
+Methods (spec §9 revised): {CE, FedHe (logits only), Felo features only, Felo, Velo} x
+{``same_arch_avg`` on (``_avg``), off (``_noavg``)}. Every Felo-family variant runs the
+registered ``felo`` algorithm with overrides (Velo runs ``velo``, which only adds the CVAE), so
+the rows differ in configuration only. ``ce_avg`` is group FedAvg; ``local`` is the plain
+local-only baseline (``ce_noavg`` is its Felo-path twin). Homogeneous comparison (Table 2):
+``--family homo_mlp --methods fedavg felo_avg velo_avg``. Interval ablation (Table 4):
+``velo_avg_int{2,5,10}`` (``velo_avg`` is interval 1).
+
+Usage::
+
+    python benchmarks/felo_repro.py --alphas 0.5 --seeds 0 1 2 \\
+        --out benchmarks/results/felo_digits.json --md benchmarks/results/felo_digits.md
+    python benchmarks/felo_repro.py --out benchmarks/results/felo_digits.json --table-only
+
+Results are appended to ``--out`` after every run; a rerun skips runs already there with the
+same settings, so an interrupted grid resumes. A run that raises is recorded under
+``failures`` (with its traceback) and retried by the next invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+# the in-process transport's agents and the coordinator log per step; the grid prints a line
+# per run instead
+logging.basicConfig(level=logging.ERROR)
+
+_CE = {"kd_weight": 0.0}
+_FEDHE = {"use_features": False, "use_logits": True}
+_FEAT = {"use_features": True, "use_logits": False}
+_ON = {"same_arch_avg": True}
+_OFF = {"same_arch_avg": False}
+
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "local": ("local", {}),
+    "ce_avg": ("felo", {**_CE, **_ON}),  # group FedAvg
+    "ce_noavg": ("felo", {**_CE, **_OFF}),  # local-only through the Felo path
+    "fedhe_avg": ("felo", {**_FEDHE, **_ON}),
+    "fedhe_noavg": ("felo", {**_FEDHE, **_OFF}),  # the authors' FedHe
+    "feat_avg": ("felo", {**_FEAT, **_ON}),
+    "feat_noavg": ("felo", {**_FEAT, **_OFF}),
+    "felo_avg": ("felo", {**_ON}),  # Felo as in the paper
+    "felo_noavg": ("felo", {**_OFF}),  # Felo as in the authors' code
+    "velo_avg": ("velo", {**_ON}),
+    "velo_noavg": ("velo", {**_OFF}),
+    # Table 4: CVAE training interval (velo_avg is interval 1)
+    "velo_avg_int2": ("velo", {**_ON, "cvae_interval": 2}),
+    "velo_avg_int5": ("velo", {**_ON, "cvae_interval": 5}),
+    "velo_avg_int10": ("velo", {**_ON, "cvae_interval": 10}),
+    # sensitivity: the CVAE with the principled ELBO (§8-D6) instead of the code's loss, and
+    # the fresh K x C knowledge table (§8-D3, the window of the spec §9 prototype)
+    "velo_avg_elbo": ("velo", {**_ON, "cvae_loss": "elbo"}),
+    "felo_avg_latest": ("felo", {**_ON, "knowledge_window": "latest_per_client"}),
+    "velo_avg_latest": ("velo", {**_ON, "knowledge_window": "latest_per_client"}),
+    # Table 2 (homogeneous family): plain FedAvg of all weights
+    "fedavg": ("fedavg", {}),
+    # the registered names with their own defaults (checks that config == registered variant)
+    "fedhe_registered": ("fedhe", {}),
+}
+GRID = [
+    "local",
+    "ce_avg",
+    "fedhe_avg",
+    "fedhe_noavg",
+    "feat_avg",
+    "feat_noavg",
+    "felo_avg",
+    "felo_noavg",
+    "velo_avg",
+    "velo_noavg",
+    "ce_noavg",
+]
+# headline paired comparisons (a - b), percentage points
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("felo_avg", "ce_avg"),
+    ("felo_avg", "fedhe_avg"),
+    ("felo_noavg", "fedhe_noavg"),
+    ("velo_avg", "felo_avg"),
+    ("velo_noavg", "felo_noavg"),
+    ("fedhe_avg", "ce_avg"),
+    ("feat_avg", "ce_avg"),
+    ("felo_avg", "feat_avg"),
+    ("ce_avg", "local"),
+    ("felo_avg", "felo_noavg"),
+    ("velo_avg", "velo_noavg"),
+    ("fedhe_avg", "fedhe_noavg"),
+    ("fedhe_noavg", "local"),
+    ("felo_noavg", "local"),
+    ("velo_noavg", "local"),
+    ("ce_noavg", "local"),
+    ("felo_avg", "fedavg"),
+    ("velo_avg", "fedavg"),
+    ("velo_avg_int2", "velo_avg"),
+    ("velo_avg_int5", "velo_avg"),
+    ("velo_avg_int10", "velo_avg"),
+    ("velo_avg_elbo", "velo_avg"),
+    ("velo_avg_elbo", "felo_avg"),
+    ("felo_avg_latest", "felo_avg"),
+    ("velo_avg_latest", "felo_avg_latest"),
+    ("felo_avg_latest", "ce_avg"),
+)
+DATA = {
+    # name: (image_size, feature_dim default)
+    "digits": (None, 32),
+    "mnist5k": (28, 32),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line; defaults are spec §9's grid on digits."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", nargs="+", default=GRID, choices=sorted(METHODS))
+    ap.add_argument("--alphas", nargs="+", type=float, default=[0.5], help="Dirichlet alpha")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--data", default="digits", choices=sorted(DATA))
+    ap.add_argument("--clients", type=int, default=10, help="K")
+    ap.add_argument("--family", default="tiny_felo", help="models.families name")
+    ap.add_argument("--feature-dim", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=60, help="T (paper: 100)")
+    ap.add_argument("--fraction", type=float, default=0.5, help="participation (paper: 0.2)")
+    ap.add_argument("--epochs", type=int, default=1, help="local epochs per participation")
+    ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--kd-weight", type=float, default=0.5, help="alpha of Eq. (1)")
+    ap.add_argument("--warmup-fraction", type=float, default=0.05, help="0.05*60 = 3 rounds")
+    ap.add_argument(
+        "--window",
+        default=None,
+        choices=["history_fifo", "latest_per_client", "current_round"],
+        help="knowledge_window (default: the algorithm's, history_fifo)",
+    )
+    ap.add_argument("--cvae-z", type=int, default=16)
+    ap.add_argument("--cvae-embed", type=int, default=16)
+    ap.add_argument("--cvae-hidden", type=int, default=64)
+    ap.add_argument("--cvae-epochs", type=int, default=10)
+    ap.add_argument("--cvae-batch", type=int, default=50)
+    ap.add_argument("--global-test", type=int, default=360)
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--deadline", type=float, default=600.0, help="per-step deadline (s)")
+    ap.add_argument(
+        "--cvae-singleton-workaround",
+        action="store_true",
+        help="harness-side workaround for Velo runs that crash in the CVAE fit when a shuffled "
+        "epoch ends in a batch of one (BatchNorm1d in train mode): that batch runs with the "
+        "encoder's BatchNorm in eval mode (running statistics); each run records how often "
+        "it fired (cvae_singleton_batches). Off by default.",
+    )
+    ap.add_argument(
+        "--code",
+        default=None,
+        help="label of the code version run (default: git HEAD of this checkout, + '-dirty')",
+    )
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/felo_digits.json"))
+    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
+    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    return ap.parse_args(argv)
+
+
+def code_label() -> str:
+    """``git rev-parse --short HEAD`` of the checkout this file is in (+ ``-dirty``)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
+    """Everything that determines one run (also its identity in the results file)."""
+    algorithm, extra = METHODS[method]
+    hyper: dict[str, Any] = {
+        "local_epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "optimizer": "adam",
+    }
+    if algorithm in ("felo", "velo", "fedhe"):
+        hyper.update(kd_weight=args.kd_weight, warmup_fraction=args.warmup_fraction)
+        if args.window is not None:
+            hyper["knowledge_window"] = args.window
+    if algorithm == "velo":
+        hyper.update(
+            cvae_z_dim=args.cvae_z,
+            cvae_embed_dim=args.cvae_embed,
+            cvae_hidden=args.cvae_hidden,
+            cvae_epochs=args.cvae_epochs,
+            cvae_batch_size=args.cvae_batch,
+        )
+    hyper.update(extra)
+    return {
+        "method": method,
+        "algorithm": algorithm,
+        "data": args.data,
+        "family": args.family,
+        "alpha": alpha,
+        "seed": seed,
+        "rounds": args.rounds,
+        "fraction": args.fraction,
+        "clients": args.clients,
+        "feature_dim": args.feature_dim,
+        "global_test": args.global_test,
+        "hyper": hyper,
+    }
+
+
+_SINGLETONS = [0]
+
+
+def _patch_cvae_singletons() -> None:
+    """Velo's CVAE encoder has a BatchNorm1d, and the shared fit loop keeps a last batch of one
+    sample (``n % batch_size == 1``), which BatchNorm refuses in train mode. Run such a batch
+    with the BatchNorm layers in eval mode (running statistics) and count it."""
+    from torch import nn
+
+    import coordinator.velo_cvae as vc
+
+    if getattr(vc.cvae_loss_fn, "_singleton_patch", False):
+        return
+    original = vc.cvae_loss_fn
+
+    def patched(name: str) -> Any:
+        loss_fn = original(name)
+
+        def wrapped(module: Any, batch: Any, generator: Any) -> Any:
+            if int(batch[0].shape[0]) > 1:
+                return loss_fn(module, batch, generator)
+            _SINGLETONS[0] += 1
+            bns = [
+                m
+                for m in module.modules()
+                if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
+            ]
+            for m in bns:
+                m.eval()
+            try:
+                return loss_fn(module, batch, generator)
+            finally:
+                for m in bns:
+                    m.train()
+
+        return wrapped
+
+    patched._singleton_patch = True  # type: ignore[attr-defined]
+    vc.cvae_loss_fn = patched
+
+
+def execute(
+    spec: dict[str, Any], threads: int, deadline: float, workaround: bool = False
+) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a small summary (or an error)."""
+    try:
+        if workaround and spec["algorithm"] == "velo":
+            _patch_cvae_singletons()
+            _SINGLETONS[0] = 0
+            r = _execute(spec, threads, deadline)
+            r["workaround"] = "cvae_singleton_bn_eval"
+            r["cvae_singleton_batches"] = _SINGLETONS[0]
+            return r
+        return _execute(spec, threads, deadline)
+    except BaseException as exc:  # noqa: BLE001 - reported, the grid goes on
+        return {
+            "spec": spec,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+
+
+def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+    import torch
+
+    from coordinator.config import load_config
+    from coordinator.simulate import FleetSpec, simulate
+    from models.families import family_models
+
+    torch.set_num_threads(threads)
+    run_dir = Path(tempfile.mkdtemp(prefix="felo-repro-"))
+    try:
+        cfg = load_config(
+            None,
+            [],
+            algorithm=spec["algorithm"],
+            rounds=spec["rounds"],
+            run_dir=str(run_dir),
+            min_agents=spec["clients"],
+            seed=spec["seed"],
+            fraction=spec["fraction"],
+            deadline_s=deadline,
+            max_retries=1,
+            num_classes=10,
+            run_id="felo-repro",
+        )
+        cfg = cfg.replace(hyper=spec["hyper"])
+        cfg.algorithm_config()  # validate the hyperparameters before starting agents
+        fleet = FleetSpec(
+            num_agents=spec["clients"],
+            models=tuple(family_models(spec["family"], spec["clients"])),
+            data=spec["data"],
+            partition=f"dirichlet:{spec['alpha']}",
+            feature_dim=spec["feature_dim"],
+            image_size=DATA[spec["data"]][0],
+            global_test_size=spec["global_test"],
+        )
+        t0 = time.time()
+        result = simulate(cfg, fleet)
+        wall = time.time() - t0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return {"spec": spec, "wall_s": wall, **summarize(result.metrics, spec["rounds"])}
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    vals = [a[key] for a in records if isinstance(a.get(key), (int, float))]
+    return statistics.fmean(vals) if vals else None
+
+
+def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
+    """Final (all agents) and second-half (round means) accuracies, per-group, bytes."""
+    final = [s for s in steps if s["phase"] == "final"]
+    last = final[-1] if final else steps[-1]
+    agents = list(last["agents"].values())
+    out: dict[str, Any] = {
+        "final_phase": last["phase"],
+        "final_agents": len(agents),
+        "acc_global": _mean(agents, "acc_global"),
+        "acc_local": _mean(agents, "acc_local"),
+        "per_client": {
+            d: {"arch": a.get("arch"), "acc_global": a.get("acc_global"),
+                "acc_local": a.get("acc_local")}
+            for d, a in sorted(last["agents"].items())
+        },
+    }
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for a in agents:
+        groups.setdefault(str(a.get("arch")), []).append(a)
+    out["per_arch"] = {
+        arch: {"acc_global": _mean(g, "acc_global"), "acc_local": _mean(g, "acc_local")}
+        for arch, g in sorted(groups.items())
+    }
+    train = [s for s in steps if s["phase"] == "train"]
+    out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
+    half = [s for s in train if s["round"] >= T / 2]
+    for key in ("acc_global", "acc_local"):
+        vals = [s[f"mean_{key}"] for s in half if s.get(f"mean_{key}") is not None]
+        out[f"half_{key}"] = statistics.fmean(vals) if vals else None
+    # bytes as counted by the coordinator's endpoint (tx = to agents, rx = from them)
+    by_kind: dict[str, int] = {}
+    by_phase: dict[str, dict[str, int]] = {}
+    for s in steps:
+        bucket = by_phase.setdefault(s["phase"], {})
+        for k, v in s["bytes"].items():
+            by_kind[k] = by_kind.get(k, 0) + int(v)
+            bucket[k] = bucket.get(k, 0) + int(v)
+    out["bytes_by_kind"] = by_kind
+    out["bytes_by_phase"] = by_phase
+    out["bytes_total"] = sum(by_kind.values())
+    out["participations"] = sum(len(s["agents"]) for s in train)
+    out["rounds"] = [
+        {
+            "round": s["round"],
+            "acc_global": s.get("mean_acc_global"),
+            "acc_local": s.get("mean_acc_local"),
+            "n": len(s["agents"]),
+            **{k: v for k, v in s.get("aggregate", {}).items() if isinstance(v, (int, float))},
+        }
+        for s in train
+    ]
+    return out
+
+
+def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Runs and failures already in ``path`` (empty lists when it does not exist)."""
+    if not path.is_file():
+        return [], []
+    doc = json.loads(path.read_text())
+    return doc["runs"], doc.get("failures", [])
+
+
+def save(path: Path, runs: list[dict[str, Any]], failures: list[dict[str, Any]]) -> None:
+    """Write all results; ``commands`` records how they were produced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    commands: list[str] = []
+    if path.is_file():
+        commands = json.loads(path.read_text()).get("commands", [])
+    cmd = "python " + " ".join(sys.argv)
+    if cmd not in commands:
+        commands.append(cmd)
+    doc = {"commands": commands, "runs": runs, "failures": failures}
+    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+
+
+# ----- tables ---------------------------------------------------------------------------------
+def _ms(vals: list[float | None], scale: float = 100.0, digits: int = 1) -> str:
+    xs = [v for v in vals if v is not None]
+    if not xs:
+        return "–"
+    mean = statistics.fmean(xs) * scale
+    sd = statistics.stdev(xs) * scale if len(xs) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def _setting(r: dict[str, Any]) -> tuple[str, str, float, int, float]:
+    s = r["spec"]
+    return (s["data"], s["family"], s["alpha"], s["rounds"], s["fraction"])
+
+
+def _setting_name(key: tuple[str, str, float, int, float]) -> str:
+    data, family, alpha, rounds, fraction = key
+    return f"{data}, {family}, Dir({alpha:g}), T={rounds}, participation {fraction:g}"
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1e3:,.0f}"
+
+
+def tables(runs: list[dict[str, Any]]) -> str:
+    """Markdown, one block per setting: accuracies, per-group, bytes, paired differences."""
+    settings: dict[tuple[str, str, float, int, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        settings.setdefault(_setting(r), []).append(r)
+    lines: list[str] = []
+    # heterogeneous family first, larger alpha (milder skew) first
+    for key in sorted(settings, key=lambda k: (k[0], k[1] != "tiny_felo", k[1], -k[2], k[3:])):
+        rs = settings[key]
+        by_method: dict[str, list[dict[str, Any]]] = {}
+        for r in rs:
+            by_method.setdefault(r["spec"]["method"], []).append(r)
+        order = [m for m in METHODS if m in by_method]
+        lines += [
+            f"### {_setting_name(key)}",
+            "",
+            "Accuracy in % (mean ± sd over seeds). final = the `final` step, all agents; "
+            "2nd half = mean over rounds T/2..T of the round mean (that round's participants).",
+            "",
+            "| method | algorithm | seeds | final global | final local | 2nd-half global | "
+            "2nd-half local | wall s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for m in order:
+            g = by_method[m]
+            lines.append(
+                f"| {m} | {g[0]['spec']['algorithm']} | {len(g)} | "
+                f"{_ms([r['acc_global'] for r in g])} | {_ms([r['acc_local'] for r in g])} | "
+                f"{_ms([r['half_acc_global'] for r in g])} | "
+                f"{_ms([r['half_acc_local'] for r in g])} | "
+                f"{statistics.fmean(r['wall_s'] for r in g):.0f} |"
+            )
+        archs = sorted({a for r in rs for a in r["per_arch"]})
+        lines += [
+            "",
+            "Final global-test accuracy per architecture group (%, mean over seeds):",
+            "",
+            "| method | " + " | ".join(archs) + " |",
+            "|---|" + "---|" * len(archs),
+        ]
+        for m in order:
+            g = by_method[m]
+            cells = []
+            for a in archs:
+                vals = [r["per_arch"][a]["acc_global"] for r in g if a in r["per_arch"]]
+                cells.append(f"{100 * statistics.fmean(vals):.1f}" if vals else "–")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        kinds = sorted({k for r in rs for k in r["bytes_by_kind"]})
+        lines += [
+            "",
+            "Traffic per run (kB, mean over seeds; tx = coordinator to agents, rx = agents to "
+            "coordinator; all steps incl. final):",
+            "",
+            "| method | " + " | ".join(kinds) + " | total | per participation |",
+            "|---|" + "---|" * (len(kinds) + 2),
+        ]
+        for m in order:
+            g = by_method[m]
+            cells = [_kb(statistics.fmean(r["bytes_by_kind"].get(k, 0) for r in g)) for k in kinds]
+            tot = statistics.fmean(r["bytes_total"] for r in g)
+            per = statistics.fmean(r["bytes_total"] / max(r["participations"], 1) for r in g)
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {_kb(tot)} | {per / 1e3:.1f} |")
+        lines += paired(by_method) + [""]
+    return "\n".join(lines) + "\n"
+
+
+def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per-seed paired differences (same seed = same partition, init and participants)."""
+    rows = []
+    pairs = list(PAIRS) + [
+        (m, "local") for m in by_method if m != "local" and (m, "local") not in PAIRS
+    ]
+    for a, b in pairs:
+        if a not in by_method or b not in by_method:
+            continue
+        ra = {r["spec"]["seed"]: r for r in by_method[a]}
+        rb = {r["spec"]["seed"]: r for r in by_method[b]}
+        seeds = sorted(set(ra) & set(rb))
+        if not seeds:
+            continue
+        cols = []
+        for key in ("acc_global", "acc_local", "half_acc_global", "half_acc_local"):
+            d = [ra[s][key] - rb[s][key] for s in seeds
+                 if ra[s][key] is not None and rb[s][key] is not None]
+            cols.append(_ms(d))
+        dg = [ra[s]["acc_global"] - rb[s]["acc_global"] for s in seeds]
+        wins = sum(1 for x in dg if x > 0)
+        rows.append(f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols) + f" | {wins}/{len(seeds)} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "Paired differences (percentage points, mean ± sd over seeds):",
+        "",
+        "| comparison | seeds | final global | final local | 2nd-half global | 2nd-half local "
+        "| seeds with final global > 0 |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the missing runs of the grid, then print (and optionally write) the tables."""
+    args = parse_args(argv)
+    runs, failures = load(args.out)
+    if not args.table_only:
+        done = {json.dumps(r["spec"], sort_keys=True) for r in runs}
+        todo = []
+        for alpha in args.alphas:
+            for seed in args.seeds:
+                for m in args.methods:
+                    spec = run_spec(args, m, alpha, seed)
+                    if json.dumps(spec, sort_keys=True) not in done:
+                        todo.append(spec)
+        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
+        code = args.code or code_label()
+        t0 = time.time()
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(
+                    execute, s, args.threads, args.deadline, args.cvae_singleton_workaround
+                ) for s in todo]
+            for fut in as_completed(futures):
+                r = fut.result()
+                r["code"] = code
+                s = r["spec"]
+                key = json.dumps(s, sort_keys=True)
+                failures = [f for f in failures if json.dumps(f["spec"], sort_keys=True) != key]
+                if "error" in r:
+                    failures.append(r)
+                    save(args.out, runs, failures)
+                    print(
+                        f"[{time.time() - t0:7.0f}s] {s['method']:15s} a={s['alpha']:g} "
+                        f"seed={s['seed']} FAILED {r['error']}\n{r['traceback']}",
+                        flush=True,
+                    )
+                    continue
+                runs.append(r)
+                save(args.out, runs, failures)
+                print(
+                    f"[{time.time() - t0:7.0f}s] {s['method']:15s} a={s['alpha']:g} "
+                    f"seed={s['seed']} final g/l={r['acc_global']:.3f}/{r['acc_local']:.3f} "
+                    f"half g/l={r['half_acc_global']:.3f}/{r['half_acc_local']:.3f} "
+                    f"kB={r['bytes_total'] / 1e3:.0f} wall={r['wall_s']:.0f}s"
+                    + (
+                        f" singleton-batches={r['cvae_singleton_batches']}"
+                        if "cvae_singleton_batches" in r
+                        else ""
+                    ),
+                    flush=True,
+                )
+    text = tables(runs)
+    print(text)
+    if failures:
+        print(f"{len(failures)} failed runs recorded in {args.out}: "
+              + ", ".join(f"{f['spec']['method']}/s{f['spec']['seed']}" for f in failures))
+    if args.md is not None:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
