@@ -121,6 +121,7 @@ class Coordinator:
         self._open_step: OpenStep | None = None  # set only while collect() is waiting
         self._state: tuple[StateName, int] = ("starting", 0)  # last published coordinator state
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
+        self._refused_replies: dict[str, str] = {}  # msg_id -> reason, so a resend counts once
         self._restore()
 
     # ----- start-up -------------------------------------------------------------------------
@@ -144,12 +145,20 @@ class Coordinator:
         the coordinator's persistent session while it was down.
         """
         base = self.topics.base
+        # The endpoint drops a message id it has seen; a reply is the exception: one deferred
+        # (no step open) or whose ack was lost comes again with the same id, and only the
+        # engine knows whether to accept it now, acknowledge it again or refuse it.
+        self.endpoint.on_duplicate = self._on_duplicate
         for pattern in (f"{base}/dev/+/up/#", f"{base}/dev/+/status", f"{base}/dev/+/progress"):
             self.endpoint.subscribe(pattern, lambda env, topic: self.inbox.put((env, topic)))
         self.endpoint.transport.add_connect_listener(lambda _present: self._announce())
         self._state = ("starting", 0)
         if self.endpoint.transport.connected:
             self._announce()
+
+    def _on_duplicate(self, env: Envelope, topic: str) -> None:
+        if isinstance(env.body, Reply):
+            self.inbox.put((env, topic))
 
     def _announce(self) -> None:
         # retained state is lost when a broker without persistence restarts: publish it again
@@ -429,6 +438,9 @@ class Coordinator:
         if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
             self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
             return
+        if env.msg_id in self._refused_replies:  # resent before our refusal reached it
+            self._refuse_reply(ack_topic, env, reply, self._refused_replies[env.msg_id])
+            return
         open_step = self._open_step
         if open_step is None:
             # No step is open (start-up, a resume before its step reopens, between steps): the
@@ -436,7 +448,8 @@ class Coordinator:
             # outbox, and a resumed step would then wait in vain for an update the agent has
             # already computed. Without an ack the agent keeps it and sends it again when the
             # step's task reaches it; a reply to a step that is closed for good is refused once
-            # it arrives again while a step is open.
+            # it arrives again while a step is open. The resend passes the endpoint's duplicate
+            # filter through ``_on_duplicate``.
             self.deferred += 1
             self.log.info("reply %s from %s deferred: no step is open", reply.task_id, device)
             return
@@ -468,6 +481,7 @@ class Coordinator:
         self.strategy.validate(step, agent, reply)
 
     def _refuse_reply(self, ack_topic: str, env: Envelope, reply: Reply, reason: str) -> None:
+        self._refused_replies[env.msg_id] = reason
         ack = Ack(ref_id=env.msg_id, task_id=reply.task_id, accepted=False, reason=reason)
         self._ack(ack_topic, ack)
 

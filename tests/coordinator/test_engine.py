@@ -349,3 +349,45 @@ def test_a_reply_with_an_undeclared_payload_is_refused_naming_the_key(
     assert "reply.payloads.extra: expected one of ['protos'] in phase train" in caplog.text
     for a in agents:
         a.close()
+
+
+class CoordinatorDiedError(Exception):
+    pass
+
+
+def test_a_deferred_reply_is_accepted_when_it_is_resent(tmp_path: Path) -> None:
+    # Issue 18: the coordinator dies while replies are in flight; its successor hears them
+    # (resent on its announce) before it reopens the step and defers them. The endpoint
+    # remembered their message ids, so the resends the reopened step's tasks provoke were
+    # dropped as duplicates: the step waited out its deadline and failed every agent.
+    # Prepare: the first coordinator dies as soon as a reply of round 1 is queued
+    cfg = run_config(tmp_path, rounds=1, deadline_s=20.0, grace_s=0.0, max_retries=0)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    t1 = MemoryTransport(broker, "coordinator")
+    first = make_coordinator(cfg, t1)
+
+    def die_once_a_reply_is_queued() -> None:
+        queued = list(first.inbox.queue)  # progress and status messages do not count
+        if first._open_step is not None and any(isinstance(e.body, Reply) for e, _ in queued):
+            raise CoordinatorDiedError
+
+    first.health_check = die_once_a_reply_is_queued
+    t1.connect()
+    first.start()
+    with pytest.raises(CoordinatorDiedError):
+        first.run()
+    t1.kill()
+    first.store.close()
+    # Execute: a new coordinator on the same run directory
+    t2 = MemoryTransport(broker, "coordinator")
+    second = make_coordinator(cfg, t2)
+    t2.connect()
+    second.start()
+    result = second.run()
+    # Assert: every agent's reply of round 1 counted, none failed on the deadline
+    assert second.deferred >= 1
+    assert result.metrics[0]["failed"] == {}
+    assert sorted(result.metrics[0]["agents"]) == ["agent0", "agent1", "agent2"]
+    for a in agents:
+        a.close()
