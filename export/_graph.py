@@ -68,8 +68,12 @@ def join(trunk: ModelProto, head: ModelProto) -> ModelProto:
     ir_version = max(trunk.ir_version, head.ir_version)
     trunk.ir_version = head.ir_version = ir_version
     _merge_opsets(trunk, head)
-    for part in (trunk, head):  # `features` is an output/input; a value_info copy clashes
-        kept = [v for v in part.graph.value_info if v.name != FEATURES]
+    for part in (trunk, head):
+        # Graph inputs and outputs must not also appear in value_info: `features` would clash
+        # in the merge, and add_prefix renames value_info entries, so the Extractor's copies of
+        # `scores`/`label` came out as `head/scores`/`head/label` in every variant.
+        io_names = {v.name for v in (*part.graph.input, *part.graph.output)}
+        kept = [v for v in part.graph.value_info if v.name not in io_names]
         del part.graph.value_info[:]
         part.graph.value_info.extend(kept)
     if not any(n.name.startswith(HEAD_PREFIX) for n in head.graph.node):
@@ -79,7 +83,19 @@ def join(trunk: ModelProto, head: ModelProto) -> ModelProto:
     except Exception as exc:  # onnx.compose raises ValueError / checker errors
         raise ExportError(f"cannot join trunk and head graphs: {exc}") from exc
     merged.graph.name = "edgefl"
+    _check_io(merged)
     return merged
+
+
+def _check_io(model: ModelProto) -> None:
+    """Every file of a bundle has the same signature, so that a deployment can swap them."""
+    inputs = [v.name for v in model.graph.input]
+    outputs = [v.name for v in model.graph.output]
+    if inputs != [INPUT] or outputs != list(OUTPUTS):
+        raise ExportError(
+            f"joined graph has inputs {inputs} and outputs {outputs}; "
+            f"expected [{INPUT!r}] and {list(OUTPUTS)}"
+        )
 
 
 def toposort(model: ModelProto) -> None:

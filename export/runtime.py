@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from export._graph import OUTPUTS
 from protocol.errors import ExportError
 
 __all__ = [
@@ -137,7 +138,8 @@ def run_batches(
     for start in range(0, len(images), batch_size):
         batch = np.ascontiguousarray(images[start : start + batch_size])
         try:
-            s, lab = sess.session.run(None, {sess.input_name: batch})
+            # By name, as a deployment calls it: a variant with other names fails here.
+            s, lab = sess.session.run(list(OUTPUTS), {sess.input_name: batch})
         except Exception as exc:  # ORT runtime failure (kernel missing, shape error)
             raise ExportError(f"onnxruntime failed to run the model: {_one_line(exc)}") from exc
         scores.append(np.asarray(s))

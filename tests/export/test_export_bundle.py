@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from export_helpers import CLASS_NAMES, images
 
@@ -57,6 +58,26 @@ def test_bundle_with_all_variants(checkpoint: Callable[..., Path], tmp_path: Pat
     assert fp32.accuracy_drop is None
     assert manifest.record("int8-static").accuracy_drop is not None
     assert sizes["int8-static"] < sizes["fp32"] / 2 and sizes["fp16"] < sizes["fp32"] * 0.6
+
+
+@pytest.mark.parametrize("head", ["logits", "prototype"])
+def test_every_variant_runs_by_the_documented_names(
+    checkpoint: Callable[..., Path], tmp_path: Path, head: str
+) -> None:
+    # A deployment swaps model.onnx for model.int8.onnx and keeps calling run(["scores",
+    # "label"], {"input": x}): every variant must answer to exactly the fp32 file's names.
+    x = images(32)
+    manifest = export_bundle(
+        checkpoint("mlp_s", head), tmp_path / "b", variants=ALL_VARIANTS, samples=x, dynamo=False
+    )
+    for rec in manifest.files:
+        path = tmp_path / "b" / rec.file
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert [i.name for i in sess.get_inputs()] == ["input"], rec.file
+        assert [o.name for o in sess.get_outputs()] == ["scores", "label"], rec.file
+        scores, label = sess.run(["scores", "label"], {"input": x})
+        assert scores.shape == (32, 10) and label.dtype == np.int64, rec.file
+        assert read_metadata(path)["outputs"].startswith("scores [batch, 10] float32; label")
 
 
 def test_metadata_describes_the_run(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
