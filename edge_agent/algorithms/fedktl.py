@@ -19,7 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, register_edge_algorithm
+from edge_agent.algorithms.base import (
+    EdgeAlgorithm,
+    EdgeContext,
+    PhaseResult,
+    register_edge_algorithm,
+)
 from edge_agent.trainer import ParamGroup, TensorData
 from models import Classifier
 from models.checkpoint import HeadSpec
@@ -27,6 +32,7 @@ from models.ktl import arcface_logits
 from protocol.algorithms.fedktl import SETUP_KEYS, FedKTLConfig, setup_digest
 from protocol.arrays import Encoding
 from protocol.errors import ConfigError, ValidationError
+from protocol.messages import Task
 from protocol.payloads import ImageVectorPairs, Payload, PrototypeSet, TensorMap
 
 __all__ = ["FedKTLEdge", "extractor_output", "unit_prototypes"]
@@ -174,6 +180,12 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
             raise ValidationError(
                 "payloads.pairs_meta.classes", f"{n} distinct ids < {self.ctx.num_classes}", ids
             )
+
+    def train_phase(self, task: Task) -> PhaseResult:
+        """One participation; reports how many pairs drove ``L^M`` (0 in round 1)."""
+        result = super().train_phase(task)
+        result.metrics["ktl_pairs"] = float(0 if self.latents is None else len(self.latents))
+        return result
 
     # ----- the loop's hooks -----------------------------------------------------------------
     def param_groups(self) -> list[ParamGroup]:
