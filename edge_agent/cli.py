@@ -85,9 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``edge-agent``."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = logging.getLevelName(args.log_level.upper())  # a name it does not know: a str
+    if not isinstance(level, int):
+        print(
+            f"edge-agent: error: --log-level: unknown level {args.log_level!r}; "
+            "use DEBUG, INFO, WARNING, ERROR",
+            file=sys.stderr,
+        )
+        return 2
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from protocol.errors import EdgeFLError
 
     try:
