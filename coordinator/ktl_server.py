@@ -195,7 +195,8 @@ def _sync(aligner: Aligner, protos: Tensor, labels: Tensor, valid: Tensor) -> No
 
 
 def _loss(gen: Generator, cfg: FedKTLConfig) -> LossFn:
-    """``MMD(F(P), W) + lambda * MSE(F(P), Cent[y])`` with fresh valid latents W per batch."""
+    """``MMD(F(P), W) + lambda * MSE(F(P), Cent[y])`` with fresh valid latents W per batch
+    (``mmd_weight`` scales the MMD: 0 is the "-L^MMD" ablation)."""
 
     def loss(
         module: nn.Module, batch: tuple[Tensor, ...], rng: torch.Generator
@@ -208,7 +209,7 @@ def _loss(gen: Generator, cfg: FedKTLConfig) -> LossFn:
         mmd = mmd2_rbf(q, w, bws)
         mse = F.mse_loss(q, aligner.centroids(labels))
         return {
-            "loss": mmd + cfg.mse_weight * mse,
+            "loss": cfg.mmd_weight * mmd + cfg.mse_weight * mse,
             "mmd": mmd.detach(),
             "mse": mse.detach(),
             # near 0: the bandwidths are far below the latents' distances (fedktl.md §10)

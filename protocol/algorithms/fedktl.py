@@ -71,7 +71,8 @@ class FedKTLConfig(TrainConfig):
     server_batch_size: int = 100
     server_epochs: int = 100
     server_grad_clip: float = 100.0  # one norm over F and the centroid table (see docs)
-    mse_weight: float = 1.0  # lambda
+    mse_weight: float = 1.0  # lambda (0: the "-L^MSE" ablation)
+    mmd_weight: float = 1.0  # 0: the "-L^MMD" ablation (the paper's loss has 1)
     mmd_bandwidth: Literal["fixed", "median"] = "fixed"  # {10, 15, 20, 50} or median heuristic
     pair_encoding: Literal["raw", "f16"] = "raw"  # the latents; images are always uint8
     # ----- generator (spec §9.1) -----
@@ -94,8 +95,8 @@ class FedKTLConfig(TrainConfig):
         super().__post_init__()
         if min(self.etf_dim, self.latent_dim) < 0 or self.feature_dim < 1:
             raise ValueError("etf_dim, latent_dim >= 0 (0 = derived) and feature_dim >= 1")
-        if self.mu < 0 or self.mse_weight < 0 or self.arc_scale <= 0:
-            raise ValueError("mu, mse_weight >= 0 and arc_scale > 0")
+        if min(self.mu, self.mse_weight, self.mmd_weight) < 0 or self.arc_scale <= 0:
+            raise ValueError("mu, mse_weight, mmd_weight >= 0 and arc_scale > 0")
         if self.proj_grad_clip < 0 or self.server_grad_clip < 0:
             raise ValueError("proj_grad_clip and server_grad_clip >= 0")
         if min(self.server_batch_size, self.cppn_w_dim, self.cppn_channels) < 1:

@@ -241,3 +241,12 @@ def test_torchscript_generator_file_is_loaded_and_identified(tmp_path: Path) -> 
 def test_agents_with_other_channel_counts_are_refused() -> None:
     with pytest.raises(AdmissionError, match="takes 2"):
         strategy().admit(agent("z", [0], (2, 8, 8)), [A])
+
+
+@pytest.mark.parametrize(
+    ("hyper", "only"), [({"mmd_weight": 0.0}, "mse"), ({"mse_weight": 0.0}, "mmd")]
+)
+def test_ablations_drop_one_server_loss_term(hyper: dict[str, float], only: str) -> None:
+    metrics = one_round(strategy(**hyper))
+    assert metrics["ktl_loss"] == pytest.approx(metrics[f"ktl_{only}"], rel=1e-5)
+    assert metrics["ktl_mmd"] > 0 and metrics["ktl_mse"] > 0  # both still logged
