@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from export._defaults import DEFAULT_DYNAMO, DEFAULT_OPSET
 
@@ -61,17 +61,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--data",
-        type=Path,
         default=None,
-        help=".npz with x [N,C,H,W] in [0,1] (or uint8 0..255) and optional y; "
-        "without it verification uses random inputs",
+        help="verification/accuracy images, any source edge-agent --data takes: digits, "
+        "mnist5k, mnist[:test], fashion_mnist, cifar10, cifar100, an image-folder directory, "
+        "or an .npz with x (uint8 or [0,1] floats) and optional y; without it verification "
+        "uses random inputs",
     )
     p.add_argument(
         "--calibration",
-        type=Path,
         default=None,
-        help=".npz (same layout as --data) of training images for int8 static "
-        "calibration (default: --data; pass this when --data is a test set)",
+        help="training images for int8 static calibration, same sources as --data "
+        "(default: --data; pass this when --data is a test set)",
+    )
+    p.add_argument(
+        "--data-root", default=None, help="root directory of torchvision datasets (as the agent)"
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="resize --data/--calibration images to this size (as the agent's --image-size)",
     )
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default: %(default)s)"
@@ -107,10 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> Manifest:
     from export.bundle import export_bundle
 
-    x, y = _load_data(args.data, "--data") if args.data is not None else (None, None)
-    calib = (
-        _load_data(args.calibration, "--calibration")[0] if args.calibration is not None else None
-    )
+    x, y = _load_data(args, "--data") if args.data is not None else (None, None)
+    calib = _load_data(args, "--calibration")[0] if args.calibration is not None else None
     variants = [
         "fp32",
         *(["fp16"] if args.fp16 else []),
@@ -131,28 +138,16 @@ def _run(args: argparse.Namespace) -> Manifest:
     )
 
 
-def _load_data(path: Path, flag: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """``x`` (uint8 pixels are scaled to [0, 1]; ``[N, H, W]`` gets a channel axis), ``y``."""
-    import numpy as np
+def _load_data(args: argparse.Namespace, flag: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Images and labels (None without) of ``--data`` or ``--calibration``, read the agent's way."""
+    from edge_agent.data import load_images
+    from protocol.errors import ConfigError, ExportError
 
-    from protocol.errors import ExportError
-
-    if not path.is_file():
-        raise ExportError(f"{flag}: file not found: {path}")
+    source = args.data if flag == "--data" else args.calibration
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays: dict[str, Any] = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"{flag}: {path} is not a readable .npz: {exc}") from exc
-    if "x" not in arrays:
-        raise ExportError(f"{flag}: {path} has no array 'x' (found {sorted(arrays)})")
-    x = arrays["x"]
-    if x.dtype == np.uint8:
-        x = x.astype(np.float32) / 255.0
-    if x.ndim == 3:
-        x = x[:, None]
-    y = arrays.get("y")
-    return x, None if y is None else np.asarray(y)
+        return load_images(source, root=args.data_root, image_size=args.image_size)
+    except ConfigError as exc:
+        raise ExportError(f"{flag}: {exc}") from exc
 
 
 def _print_summary(manifest: Manifest) -> None:
@@ -169,8 +164,9 @@ def _print_summary(manifest: Manifest) -> None:
                 f"agree {v.agreement:.1%}"
             )
         if rec.accuracy is not None:
-            # + 0.0 turns -0.0 (no change) into 0.0, which prints as "+0.0".
-            drop = "" if rec.accuracy_drop is None else f" ({-rec.accuracy_drop + 0.0:+.1f} pt)"
+            # The manifest's accuracy_drop as it is (fp32 minus this file, in points: positive
+            # is worse); + 0.0 turns -0.0 into 0.0, which prints as "+0.0".
+            drop = "" if rec.accuracy_drop is None else f" (drop {rec.accuracy_drop + 0.0:+.1f} pt)"
             parts.append(f"acc {rec.accuracy:.1%}{drop}")
         parts.append(f"b1 {rec.latency_ms_b1:.3f} ms on {','.join(rec.providers_used)}")
         print("  ".join(parts))

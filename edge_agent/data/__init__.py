@@ -9,7 +9,14 @@ Numpy-only (torch and torchvision are imported lazily, for resized or torchvisio
 """
 
 from edge_agent.data.dataset import ArrayDataset, resize_images
-from edge_agent.data.loaders import DATASETS, list_datasets, load_dataset, load_npz, save_npz
+from edge_agent.data.loaders import (
+    DATASETS,
+    list_datasets,
+    load_dataset,
+    load_images,
+    load_npz,
+    save_npz,
+)
 from edge_agent.data.partition import MAX_DIRICHLET_DRAWS, SCHEMES, Scheme, partition
 from edge_agent.data.spec import (
     PartitionFields,
@@ -30,6 +37,7 @@ __all__ = [
     "Scheme",
     "list_datasets",
     "load_dataset",
+    "load_images",
     "load_npz",
     "make_federated_split",
     "make_partition_spec",

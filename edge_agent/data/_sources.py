@@ -21,6 +21,7 @@ __all__ = [
     "TORCHVISION",
     "TorchvisionSource",
     "dataset_from_arrays",
+    "images_from_array",
     "load_image_folder",
     "load_torchvision",
 ]
@@ -199,7 +200,7 @@ def dataset_from_arrays(arrays: Mapping[str, npt.NDArray[Any]], name: str) -> Ar
             f"expected arrays x, y and optionally class_names; missing {missing}, "
             f"unexpected {unknown}"
         )
-    x = _images_to_float(_to_nchw(arrays["x"]))
+    x = images_from_array(arrays["x"])
     y = _labels(arrays["y"], int(x.shape[0]))
     if "class_names" in arrays:
         raw = arrays["class_names"]
@@ -211,6 +212,15 @@ def dataset_from_arrays(arrays: Mapping[str, npt.NDArray[Any]], name: str) -> Ar
     if y.size and int(y.max()) >= len(names):
         raise ValueError(f"label {int(y.max())} has no class name ({len(names)} class_names)")
     return ArrayDataset(x, y, len(names), names, name)
+
+
+def images_from_array(x: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+    """float32 ``[N, C, H, W]`` in [0, 1] from uint8 or [0, 1] float ``NHW``, ``NCHW`` or ``NHWC``.
+
+    Raises:
+        ValueError: Another rank, no channel axis of size 1, 3 or 4, dtype or value range.
+    """
+    return _images_to_float(_to_nchw(x))
 
 
 def _to_nchw(x: npt.NDArray[Any]) -> npt.NDArray[Any]:

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent.data import _sources
-from edge_agent.data.dataset import ArrayDataset, class_names_for
+from edge_agent.data.dataset import ArrayDataset, class_names_for, resize_images
 from protocol.errors import ConfigError, ValidationError
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "Loader",
     "list_datasets",
     "load_dataset",
+    "load_images",
     "load_npz",
     "mnist5k_path",
     "read_npz",
@@ -90,17 +91,51 @@ def load_dataset(
     Raises:
         ConfigError: Unknown name, missing or malformed files.
     """
+    key, request = _request(name, root, image_size)
+    dataset = DATASETS[key](request)
+    if image_size is not None and dataset.input_shape[1:] != (image_size, image_size):
+        dataset = dataset.resized(image_size)
+    return dataset
+
+
+def load_images(
+    name: str, *, root: str | Path | None = None, image_size: int | None = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64] | None]:
+    """Images, and labels where the source has them, from any source :func:`load_dataset` takes.
+
+    One more source is accepted: an ``.npz`` holding ``x`` alone (unlabelled images, e.g. int8
+    calibration data), for which the labels are None.
+
+    Returns:
+        float32 ``[N, C, H, W]`` images in ``[0, 1]`` and int64 ``[N]`` labels or None.
+
+    Raises:
+        ConfigError: As :func:`load_dataset`.
+    """
+    key, request = _request(name, root, image_size)
+    if key == "npz":
+        path = Path(request.arg)
+        arrays = read_npz(path)
+        if "y" not in arrays and "x" in arrays and set(arrays) <= {"x", "class_names"}:
+            try:
+                x = _sources.images_from_array(arrays["x"])
+            except ValueError as exc:
+                raise ConfigError(f"npz dataset {path}: {exc}") from exc
+            if image_size is not None and x.shape[2:] != (image_size, image_size):
+                x = resize_images(x, image_size)
+            return x, None
+    dataset = load_dataset(name, root=root, image_size=image_size)
+    return dataset.x, dataset.y
+
+
+def _request(name: str, root: str | Path | None, image_size: int | None) -> tuple[str, LoadRequest]:
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"dataset name must be a non-empty string, got {name!r}")
     if image_size is not None and (
         not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < 1
     ):
         raise ConfigError(f"image_size must be an int >= 1 (pixels), got {image_size!r}")
-    key, request = _resolve(name.strip(), None if root is None else Path(root), image_size)
-    dataset = DATASETS[key](request)
-    if image_size is not None and dataset.input_shape[1:] != (image_size, image_size):
-        dataset = dataset.resized(image_size)
-    return dataset
+    return _resolve(name.strip(), None if root is None else Path(root), image_size)
 
 
 def list_datasets() -> list[str]:

@@ -142,7 +142,7 @@ def test_missing_calibration_file(
         "absent.npz",
     )
     assert code == 2
-    _one_error_line(err, "--calibration: file not found: absent.npz")
+    _one_error_line(err, "--calibration: npz dataset absent.npz not found")
 
 
 def test_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -276,8 +276,8 @@ def test_export_not_matching_pytorch_exits_3(
 @pytest.mark.parametrize(
     ("arrays", "fragment"),
     [
-        ({"images": np.zeros((2, 1, 8, 8))}, "has no array 'x'"),
-        ({"x": np.full((2, 1, 8, 8), 3.0, np.float32)}, "scaled to [0, 1]"),
+        ({"images": np.zeros((2, 1, 8, 8))}, "missing ['x', 'y'], unexpected ['images']"),
+        ({"x": np.full((2, 1, 8, 8), 3.0, np.float32)}, "float x must lie in [0, 1]"),
         ({"x": np.zeros((2, 3, 8, 8), np.float32)}, "expected shape [N, 1, 8, 8]"),
     ],
 )
@@ -301,7 +301,7 @@ def test_missing_data_file_and_bad_provider(
     ckpt = str(checkpoint())
     code, _, err = _run(capsys, ckpt, "-o", str(tmp_path / "b"), "--data", "absent.npz")
     assert code == 2
-    _one_error_line(err, "--data: file not found: absent.npz")
+    _one_error_line(err, "--data: npz dataset absent.npz not found")
     code, _, err = _run(
         capsys,
         ckpt,
@@ -314,3 +314,117 @@ def test_missing_data_file_and_bad_provider(
     )
     assert code == 2
     _one_error_line(err, "unknown execution provider(s) ['TypoProvider']")
+
+
+def _cut_npz(tmp_path: Path) -> Path:
+    path = tmp_path / "cut.npz"
+    np.savez(path, x=images(20), y=np.arange(20) % 10)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+def _noise(tmp_path: Path) -> Path:
+    path = tmp_path / "noise.npz"
+    path.write_bytes(np.random.default_rng(0).bytes(2000))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "fragments"),
+    [
+        (_cut_npz, ("--data: npz dataset", "cut.npz", "truncated or corrupt .npz")),
+        (_noise, ("noise.npz", "not an .npz archive")),
+        (lambda tmp: tmp / "absent_dir/", ("absent_dir", "does not exist")),
+    ],
+    ids=["truncated", "random-bytes", "missing-directory"],
+)
+def test_unreadable_data_is_one_line_exit_2(
+    checkpoint: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    make: Callable[[Path], Path],
+    fragments: tuple[str, ...],
+) -> None:
+    data = str(make(tmp_path))
+    code, _, err = _run(capsys, str(checkpoint()), "-o", str(tmp_path / "b"), "--data", data)
+    assert code == 2
+    _one_error_line(err, *fragments)
+    assert not (tmp_path / "b").exists()  # refused before exporting anything
+
+
+def _image_folder(root: Path, n: int = 12) -> Path:
+    image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        folder = root / f"class{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8), "L").save(folder / f"{i}.png")
+    return root
+
+
+def test_data_takes_the_agents_sources(
+    checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = str(checkpoint())
+    # a registry name, exactly as edge-agent --data takes it (1797 labelled 8x8 digits)
+    code, _, err = _run(
+        capsys, ckpt, "-o", str(tmp_path / "named"), "--data", "digits", "--exporter", "legacy"
+    )
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "named" / "manifest.json").read_text())
+    assert manifest["num_samples"] == 1797 and manifest["files"][0]["accuracy"] is not None
+    # an image-folder directory, for samples and calibration, resized like the agent's images
+    folder = _image_folder(tmp_path / "imgs")
+    code, _, err = _run(
+        capsys,
+        ckpt,
+        "-o",
+        str(tmp_path / "dir"),
+        "--data",
+        str(folder),
+        "--calibration",
+        f"imagefolder:{folder}",
+        "--image-size",
+        "8",
+        "--int8",
+        "--exporter",
+        "legacy",
+    )
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "dir" / "manifest.json").read_text())
+    assert manifest["num_samples"] == 12 and manifest["verification_inputs"] == "real"
+    assert manifest["calibration"] == {**manifest["calibration"], "num_samples": 12}
+
+
+def test_summary_prints_the_manifests_accuracy_drop_with_its_sign(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from export.bundle import Manifest, VariantRecord
+    from export.cli import _print_summary
+
+    def record(variant: str, acc: float, drop: float | None) -> VariantRecord:
+        return VariantRecord(variant, f"{variant}.onnx", "0", 1000, None, acc, drop, 0.01, ["CPU"])
+
+    manifest = Manifest(
+        path=Path("b/manifest.json"),
+        source={},
+        model={},
+        export={},
+        verification_inputs="real",
+        num_samples=10,
+        providers_requested=["CPU"],
+        files=[
+            record("fp32", 0.9, None),
+            record("int8-static", 0.875, 2.5),
+            record("fp16", 0.91, -1.0),
+        ],
+        calibration={},
+        metadata={},
+        metrics={},
+    )
+    _print_summary(manifest)
+    lines = capsys.readouterr().out.splitlines()
+    # accuracy_drop > 0 is lost accuracy in the manifest; the CLI says "drop" with that sign
+    assert "acc 87.5% (drop +2.5 pt)" in lines[2]
+    assert "acc 91.0% (drop -1.0 pt)" in lines[3]
+    assert "drop" not in lines[1]
