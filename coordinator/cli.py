@@ -6,8 +6,8 @@ No torch import happens before the arguments are parsed, so ``--help`` is instan
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.config import RunConfig
+    from coordinator.engine import RunResult
+    from coordinator.lifecycle import RunInfo
 
 __all__ = ["build_parser", "main"]
 
@@ -34,7 +36,22 @@ def _run_options(p: argparse.ArgumentParser, default_algorithm: str | None = Non
     p.add_argument("--rounds", type=int, default=None, help="training rounds")
     p.add_argument("--run-dir", default=None, help="where state, metrics and exports go")
     p.add_argument("--seed", type=int, default=None, help="run seed")
+    _log_options(p)
+
+
+def _log_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one object a line"
+    )
+
+
+def _state_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir", type=Path, default=Path("runs"), help="directory of run directories"
+    )
+    p.add_argument("--run-dir", type=Path, default=None, help="one run (default: the latest)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--feature-dim", type=int, default=64, help="shared feature size (0 = native)")
     sim.add_argument("--image-size", type=int, default=None, help="resize images")
     sim.add_argument("--export", action="store_true", help="export ONNX bundles at the end")
+    status = sub.add_parser("status", help="a run's state, round and agents (default: latest)")
+    _state_options(status)
+    runs = sub.add_parser("runs", help="the runs in a state directory with their outcome")
+    _state_options(runs)
+    stop = sub.add_parser("stop", help="stop the running coordinator(s) cleanly (resumable)")
+    _state_options(stop)
+    stop.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the exit")
+    conf = sub.add_parser("config", help="the run configuration keys")
+    conf.add_argument(
+        "--defaults", action="store_true", help="every [run] key: type, default, meaning"
+    )
+    conf.add_argument("--json", action="store_true", help="machine-readable output")
     rep = sub.add_parser("report", help="markdown table and PNG plot of a run directory")
     rep.add_argument("run_dir", type=Path)
     rep.add_argument(
@@ -83,64 +112,147 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``coordinator``."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(args, "log_level", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    _setup_logging(getattr(args, "log_level", "INFO"), getattr(args, "log_format", "text"))
     from protocol.errors import EdgeFLError
 
+    # SIGTERM (`coordinator stop`, systemd) ends a command as Ctrl-C does: cleanly
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return _COMMANDS[args.command](args)
     except EdgeFLError as exc:
         print(f"coordinator: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("coordinator: interrupted", file=sys.stderr)
+        return 130
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object a line (for journald, Loki, jq)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        out = {
+            "ts": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def _config(args: argparse.Namespace, **extra: object) -> RunConfig:
-    from coordinator.config import load_config
+    return _resolve(args, **extra)[0]
 
-    run_dir = args.run_dir or f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = load_config(
+
+def _resolve(args: argparse.Namespace, **extra: object) -> tuple[RunConfig, RunInfo | None]:
+    """The run's config, and what its run directory already holds (``None``: a new run).
+
+    ``run_dir`` may come from the TOML, ``--set run.run_dir=`` or ``--run-dir`` (that order of
+    precedence); only when none gives it is a fresh ``runs/COMMAND-TIMESTAMP`` chosen.
+    """
+    from coordinator.config import read_layers
+    from coordinator.lifecycle import resolve_config
+
+    data = read_layers(
         args.config,
         args.overrides,
         algorithm=args.algorithm,
         rounds=args.rounds,
-        run_dir=run_dir,
+        run_dir=args.run_dir,
         seed=args.seed,
         **extra,
     )
-    if cfg.run_id == "run":  # not chosen: name the run after its directory (reports, plots)
-        cfg = dataclasses.replace(cfg, run_id=Path(cfg.run_dir).name)
-    return cfg
+    data["run"].setdefault("run_dir", f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg, info = resolve_config(data)
+    if info is None and "run_id" not in data["run"]:
+        # not chosen: name the run after its directory (reports, plots, client id)
+        cfg = cfg.replace(run_id=Path(cfg.run_dir).name)
+    return cfg, info
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from coordinator.runner import coordinator_will, run_coordinator
-    from protocol.mqtt import MqttTransport, parse_broker
+    from coordinator.demo import describe_algorithm, summarize
+    from coordinator.engine import RunResult
 
-    cfg = _config(args, broker=args.broker, min_agents=args.min_agents, embedded_port=args.port)
-    if cfg.broker:
-        host, port = parse_broker(cfg.broker)
-        transport = MqttTransport(
-            host=host, port=port, client_id="edgefl-coordinator", will=coordinator_will(cfg)
-        )
-        run_coordinator(cfg, transport)
+    cfg, info = _resolve(
+        args, broker=args.broker, min_agents=args.min_agents, embedded_port=args.port
+    )
+    if info is not None and info.outcome == "finished":
+        from coordinator.store import Store
+
+        print(f"run {cfg.run_dir} is finished ({info.steps_done} steps); nothing to do")
+        store = Store(Path(cfg.run_dir) / "state.sqlite")
+        result = RunResult(cfg.run_id, info.steps_done, store.metrics(), {})
+        store.close()
+        print(summarize(result, Path(cfg.run_dir), cfg))
         return 0
+    try:
+        verb = "resuming" if info is not None else "run directory"
+        print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
+        result = _serve_run(cfg)
+    except KeyboardInterrupt:
+        _interrupted(args, cfg)
+        return 130
+    print(summarize(result, Path(cfg.run_dir), cfg))
+    return 0
+
+
+def _interrupted(args: argparse.Namespace, cfg: RunConfig) -> None:
+    from coordinator.lifecycle import read_run
+
+    if read_run(cfg.run_dir) is None:  # stopped before the run started: nothing was kept
+        print("\ncoordinator: stopped before the run started", file=sys.stderr)
+        return
+    print(
+        f"\ncoordinator: stopped; the run's state is saved in {cfg.run_dir}. Resume with:\n"
+        f"  coordinator {_resume_command(args.argv, cfg.run_dir)}",
+        file=sys.stderr,
+    )
+
+
+def _resume_command(argv: list[str], run_dir: str) -> str:
+    """The command line that resumes this run: the same one, with its run directory."""
+    import shlex
+
+    if "--run-dir" not in argv and not any(a.startswith("--run-dir=") for a in argv):
+        argv = [*argv, "--run-dir", run_dir]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _serve_run(cfg: RunConfig) -> RunResult:
+    from coordinator.runner import mqtt_transport, run_coordinator
+    from protocol.mqtt import parse_broker
+
+    if cfg.broker:
+        transport = mqtt_transport(cfg, *parse_broker(cfg.broker))
+        try:
+            return run_coordinator(cfg, transport)
+        finally:
+            transport.close()  # a clean disconnect: the retained state stays "finished"
     from protocol.broker import EmbeddedBroker
 
     with EmbeddedBroker(host="0.0.0.0", port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
-        transport = MqttTransport(
-            host="127.0.0.1",
-            port=broker.port,
-            client_id="edgefl-coordinator",
-            will=coordinator_will(cfg),
-        )
+        transport = mqtt_transport(cfg, "127.0.0.1", broker.port)
         try:
-            run_coordinator(cfg, transport)
+            return run_coordinator(cfg, transport)
         finally:
             transport.close()
-    return 0
 
 
 # The demo's defaults, sized to finish in about a minute and a half on 2 CPU cores;
@@ -214,7 +326,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from coordinator.demo import summarize
 
     result = simulate(cfg, fleet)
-    print(summarize(result, Path(cfg.run_dir)))
+    print(summarize(result, Path(cfg.run_dir), cfg))
     return 0
 
 
@@ -228,7 +340,115 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"serve": _serve, "demo": _demo, "simulate": _simulate, "report": _report}
+def _selected_runs(args: argparse.Namespace) -> list[RunInfo]:
+    from coordinator.lifecycle import list_runs, read_run
+    from protocol.errors import ConfigError
+
+    if args.run_dir is None:
+        return list_runs(args.state_dir)
+    info = read_run(args.run_dir)
+    if info is None:
+        raise ConfigError(f"{args.run_dir} holds no coordinator run (no state.sqlite)")
+    return [info]
+
+
+def _ago(ts: float) -> str:
+    secs = max(0.0, time.time() - ts)
+    return f"{secs:.0f} s ago" if secs < 120 else f"{secs / 60:.0f} min ago"
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    runs = _selected_runs(args)
+    if not runs:
+        print(f"no runs in {args.state_dir}")
+        return 0
+    run = max(runs, key=lambda r: (r.outcome == "running", r.started or 0.0))
+    if args.json:
+        print(json.dumps(run.to_json(), indent=2))
+        return 0
+    c = run.config
+    print(
+        f"run {c.get('run_id')} ({run.run_dir}): {run.outcome}"
+        + (f", pid {run.pid}" if run.pid else "")
+        + f"\nfederation {c.get('federation')}, algorithm {c.get('algorithm')}, "
+        f"round {run.round} of {c.get('rounds')} ({run.steps_done} steps done)"
+    )
+    for a in run.agents:
+        state = "online" if a.online else "offline"
+        print(f"  {a.device_id:<20} {a.arch:<14} {state:<8} last seen {_ago(a.last_seen)}")
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    import json
+
+    runs = _selected_runs(args)
+    if args.json:
+        print(json.dumps([r.to_json() for r in runs], indent=2))
+        return 0
+    print("| run | federation | algorithm | outcome | round | agents |\n|---|---|---|---|---|---|")
+    for r in runs:
+        c = r.config
+        print(
+            f"| {r.run_dir} | {c.get('federation')} | {c.get('algorithm')} | {r.outcome} "
+            f"| {r.round}/{c.get('rounds')} | {len(r.agents)} |"
+        )
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    """SIGTERM to each running coordinator (it saves, says offline, exits), then wait."""
+    import json
+    import os
+
+    from coordinator.store import lock_holder
+
+    running = [r for r in _selected_runs(args) if r.pid and r.pid > 0]
+    for r in running:
+        os.kill(r.pid or 0, signal.SIGTERM)
+    end = time.monotonic() + args.timeout
+    while any(lock_holder(r.run_dir) for r in running) and time.monotonic() < end:
+        time.sleep(0.2)
+    left = [r for r in running if lock_holder(r.run_dir)]
+    if args.json:
+        stopped = [str(r.run_dir) for r in running if r not in left]
+        print(json.dumps({"stopped": stopped, "still_running": [str(r.run_dir) for r in left]}))
+    else:
+        for r in running:
+            print(f"{r.run_dir}: {'still running' if r in left else 'stopped'} (pid {r.pid})")
+        if not running:
+            print("no coordinator is running")
+    return 1 if left else 0
+
+
+def _config_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    from coordinator.config import run_keys
+
+    keys = run_keys()
+    if args.json:
+        print(json.dumps([dict(key=k, type=t, default=d, meaning=m) for k, t, d, m in keys]))
+        return 0
+    print("[run] keys (TOML [run] section or --set run.KEY=VALUE):\n")
+    for key, type_, default, meaning in keys:
+        print(f"  {key:<16} {type_:<6} default {default!r:<12} {meaning}")
+    print("\n[hyper] keys are the algorithm's; an unknown one is an error that lists them.")
+    return 0
+
+
+_COMMANDS = {
+    "serve": _serve,
+    "demo": _demo,
+    "simulate": _simulate,
+    "report": _report,
+    "status": _status,
+    "runs": _runs,
+    "stop": _stop,
+    "config": _config_cmd,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
-__all__ = ["RunConfig", "load_config", "parse_override"]
+__all__ = ["RunConfig", "build_config", "load_config", "parse_override", "read_layers", "run_keys"]
 
 _SERVER_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -95,6 +95,43 @@ class RunConfig:
         return out
 
 
+# One line per [run] key for `coordinator config --defaults`; a test keeps it complete.
+RUN_KEY_HELP: dict[str, str] = {
+    "algorithm": "the algorithm both halves run (fedproto, fedvtc, felo, ...)",
+    "rounds": "training rounds (final phases come after them)",
+    "fraction": "share of the online agents selected each training round, in (0, 1]",
+    "min_agents": "agents that must be registered and online before the first round",
+    "min_replies": "quorum: valid replies a step needs at least",
+    "quorum_fraction": "quorum: share of the selected agents that must reply, in [0, 1]",
+    "deadline_s": "seconds a step waits for replies after dispatching its tasks",
+    "grace_s": "extra seconds after the deadline for replies already in flight",
+    "wait_agents_s": "seconds to wait for min_agents before the run gives up",
+    "rejoin_wait_s": "seconds each later step waits for min_agents to be online again",
+    "max_retries": "re-runs of a step that missed its quorum before the run stops",
+    "seed": "seed of selection and server-side training",
+    "num_classes": "classes of the federation's task; every agent must have as many",
+    "federation": "federation name: the MQTT topic namespace agents join",
+    "run_id": "the run's name (default: the run directory's name)",
+    "run_dir": "where state, metrics and exports go (default: runs/COMMAND-TIMESTAMP)",
+    "broker": "MQTT broker host[:port]; empty = start an embedded broker",
+    "embedded_port": "port of the embedded broker",
+    "server_device": "where server-side training runs: auto, cpu, cuda or cuda:N",
+}
+
+
+def run_keys() -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, meaning) of every [run] key, in declaration order."""
+    defaults = RunConfig()
+    return [
+        (name, _type_name(hint), getattr(defaults, name), RUN_KEY_HELP.get(name, ""))
+        for name, hint in _run_fields().items()
+    ]
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint)
+
+
 def _run_fields() -> dict[str, Any]:
     hints = typing.get_type_hints(RunConfig)
     return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name != "hyper"}
@@ -113,11 +150,16 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, name, value
 
 
-def load_config(
+def read_layers(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), **direct: Any
-) -> RunConfig:
-    """Read ``path`` (optional), apply ``--set`` overrides, then ``direct`` keyword values."""
-    data: dict[str, Any] = {"run": {}, "hyper": {}}
+) -> dict[str, dict[str, Any]]:
+    """The values a user gave, unvalidated: ``{"run": {...}, "hyper": {...}}``.
+
+    Later layers win: the TOML file, then ``--set`` overrides, then ``direct`` keyword values
+    (``None`` means "not given"). Callers need this to tell a chosen value from a default
+    (``run_dir``, or a resumed run whose settings must not change).
+    """
+    data: dict[str, dict[str, Any]] = {"run": {}, "hyper": {}}
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -135,9 +177,27 @@ def load_config(
         section, name, value = parse_override(text)
         data[section][name] = value
     data["run"].update({k: v for k, v in direct.items() if v is not None})
+    return data
+
+
+def build_config(data: dict[str, dict[str, Any]], base: dict[str, Any] | None = None) -> RunConfig:
+    """Validate ``data`` (from :func:`read_layers`) over ``base`` (e.g. a stored run's config)."""
+    base = dict(base or {})
+    base_hyper = dict(base.pop("hyper", None) or {})
+    run = {**base, **data["run"]}
     fields = _run_fields()
-    unknown = sorted(set(data["run"]) - set(fields))
+    unknown = sorted(set(run) - set(fields))
     if unknown:
         raise ConfigError(f"[run]: unknown key(s) {unknown}; known: {sorted(fields)}")
-    run = {k: _coerce(v, fields[k], f"run.{k}") for k, v in data["run"].items()}
-    return RunConfig(**run, hyper=dict(data["hyper"]))
+    typed = {k: _coerce(v, fields[k], f"run.{k}") for k, v in run.items()}
+    algorithm = typed.get("algorithm", RunConfig.algorithm)
+    # a stored run's hyperparameters belong to its algorithm: another algorithm starts afresh
+    hyper = base_hyper if base.get("algorithm", algorithm) == algorithm else {}
+    return RunConfig(**typed, hyper={**hyper, **data["hyper"]})
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), **direct: Any
+) -> RunConfig:
+    """Read ``path`` (optional), apply ``--set`` overrides, then ``direct`` keyword values."""
+    return build_config(read_layers(path, overrides, **direct))

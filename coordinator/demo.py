@@ -21,10 +21,10 @@ from typing import Any
 
 from coordinator.config import RunConfig
 from coordinator.engine import RunResult
-from coordinator.runner import coordinator_will, run_coordinator
+from coordinator.runner import mqtt_transport, run_coordinator
 from protocol.errors import EdgeFLError
 
-__all__ = ["AgentProcessError", "DemoSpec", "run_demo", "summarize"]
+__all__ = ["AgentProcessError", "DemoSpec", "describe_algorithm", "run_demo", "summarize"]
 
 LOG_TAIL_LINES = 15  # of a dead agent's log, quoted in the error
 
@@ -124,11 +124,11 @@ def _agent_cmd(cfg: RunConfig, spec: DemoSpec, port: int, i: int, run_dir: Path)
 def run_demo(cfg: RunConfig, spec: DemoSpec) -> RunResult:
     """Start broker and agents, coordinate the run, print the summary."""
     from protocol.broker import EmbeddedBroker
-    from protocol.mqtt import MqttTransport
 
     run_dir = Path(cfg.run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     cfg = cfg.replace(min_agents=spec.agents)
+    print(f"run directory: {run_dir}\n{describe_algorithm(cfg)}", flush=True)
     with EmbeddedBroker(port=0) as broker:
         log.info("embedded MQTT broker on 127.0.0.1:%d", broker.port)
         agents: list[_AgentProc] = []
@@ -140,12 +140,7 @@ def run_demo(cfg: RunConfig, spec: DemoSpec) -> RunResult:
             )
             agents.append(_AgentProc(i, proc, log_path, out))
         log.info("started %d edge-agent processes (logs in %s)", spec.agents, run_dir / "logs")
-        transport = MqttTransport(
-            host="127.0.0.1",
-            port=broker.port,
-            client_id="edgefl-coordinator",
-            will=coordinator_will(cfg),
-        )
+        transport = mqtt_transport(cfg, "127.0.0.1", broker.port)
         finished = False
         try:
             result = run_coordinator(cfg, transport, health_check=lambda: _check_agents(agents))
@@ -154,7 +149,7 @@ def run_demo(cfg: RunConfig, spec: DemoSpec) -> RunResult:
             transport.close()
             # after a failed run nobody will tell the agents to stop: end them now
             _reap(agents, timeout=120.0 if finished else 0.0)
-    print(summarize(result, run_dir))
+    print(summarize(result, run_dir, cfg))
     return result
 
 
@@ -170,7 +165,13 @@ def _reap(agents: list[_AgentProc], timeout: float) -> None:
         a.log_file.close()
 
 
-def summarize(result: RunResult, run_dir: Path) -> str:
+def describe_algorithm(cfg: RunConfig) -> str:
+    """``algorithm fedproto, 10 rounds: lr=0.05, ...``: what ran, in one line."""
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(cfg.algorithm_config().to_dict().items()))
+    return f"algorithm {cfg.algorithm}, {cfg.rounds} rounds: {settings or 'no settings'}"
+
+
+def summarize(result: RunResult, run_dir: Path, cfg: RunConfig | None = None) -> str:
     """Per-agent accuracy (first round vs end), traffic per message kind, export bundles."""
     train = [m for m in result.metrics if m.get("phase") == "train"]
     final = result.metrics[-1] if result.metrics else {}
@@ -182,6 +183,7 @@ def summarize(result: RunResult, run_dir: Path) -> str:
         "",
         f"# Run {result.run_id}: {len(result.metrics)} steps",
         "",
+        *([describe_algorithm(cfg), ""] if cfg is not None else []),
         "| agent | arch | local acc (round 1 -> end) | global acc (round 1 -> end) | ONNX |",
         "|---|---|---|---|---|",
     ]

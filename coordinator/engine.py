@@ -7,6 +7,7 @@ transport thread are queued; this thread alone touches the store and the strateg
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
@@ -179,6 +180,29 @@ class Coordinator:
     def run(self) -> RunResult:
         """Wait for agents, then run every remaining step of the plan."""
         first = self.store.last_closed_step() + 1
+        self.store.set_meta("outcome", "running")
+        try:
+            self._run_steps(first)
+        except QuorumError:
+            self.store.set_meta("outcome", "failed")
+            # agents must not wait for a coordinator that gave up: the retained state ends it
+            self._publish_state("finished", self._state[1])
+            raise
+        self.store.set_meta("outcome", "finished")
+        self._publish_state("finished", self.cfg.rounds)
+        return RunResult(self.cfg.run_id, len(self.plan), self.store.metrics(), dict(self.rejected))
+
+    def interrupted(self) -> None:
+        """Ctrl-C or SIGTERM: mark the run resumable and tell the fleet we are gone.
+
+        Every acknowledged update is already committed (an interrupted batch rolls back and
+        its replies stay unacknowledged in the agents' outboxes), so nothing else needs saving.
+        """
+        self.store.set_meta("outcome", "interrupted")
+        with contextlib.suppress(EdgeFLError):  # best effort: the broker may be gone too
+            self._publish_state("offline", self._state[1])
+
+    def _run_steps(self, first: int) -> None:
         if first < len(self.plan):
             self.wait_for_agents(self.cfg.min_agents, self.cfg.wait_agents_s)
             self._publish_state("running", self.plan[first].round)
@@ -186,12 +210,17 @@ class Coordinator:
             self.log.info("resuming at step %d of %d", first + 1, len(self.plan))
         for idx in range(first, len(self.plan)):
             self.run_step(idx, self.plan[idx])
-        self._publish_state("finished", self.cfg.rounds)
-        return RunResult(self.cfg.run_id, len(self.plan), self.store.metrics(), dict(self.rejected))
 
     def wait_for_agents(self, count: int, timeout: float) -> None:
         """Process messages until ``count`` agents are registered and online."""
         end = time.monotonic() + timeout
+        if len(self._online_agents()) < count:
+            self.log.info(
+                "waiting for %d agents of federation %s (up to %.0f s)",
+                count,
+                self.cfg.federation,
+                timeout,
+            )
         while len(self._online_agents()) < count:
             if time.monotonic() > end:
                 raise QuorumError(
@@ -237,7 +266,7 @@ class Coordinator:
                     {},
                     {"round": step.round, "phase": step.phase, "quorum_met": False},
                 )
-                self._publish_state("finished", step.round)
+                self._state = (self._state[0], step.round)  # run() publishes the end
                 raise QuorumError(
                     f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
                     f"{rec.attempt + 1} times; stopping the run"
@@ -345,6 +374,9 @@ class Coordinator:
             self._reject("sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}")
             return
         body = env.body
+        if device in self.agents:  # last seen, for `coordinator status`
+            online = body.state in ("online", "busy") if isinstance(body, Status) else None
+            self.store.touch_agent(device, online)
         if isinstance(body, Register):
             self._on_register(env, body)
         elif isinstance(body, Status):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,9 +19,36 @@ from protocol.messages import CoordinatorState
 from protocol.topics import Topics
 from protocol.transport import Transport, Will
 
-__all__ = ["coordinator_will", "make_coordinator", "run_coordinator"]
+__all__ = [
+    "coordinator_client_id",
+    "coordinator_will",
+    "make_coordinator",
+    "mqtt_transport",
+    "run_coordinator",
+]
 
 SENDER = "coordinator"
+
+
+def coordinator_client_id(cfg: RunConfig) -> str:
+    """The MQTT client id of the coordinator of this federation's run.
+
+    A broker allows one connection per client id and hands a reconnecting id its old session:
+    a fixed id made two coordinators (even of different federations) kick each other off and a
+    new run inherit another run's queued messages. The run directory's path makes it unique per
+    run; a resumed run keeps its id and so receives what the broker queued while it was down.
+    """
+    where = hashlib.sha256(str(Path(cfg.run_dir).resolve()).encode()).hexdigest()[:8]
+    return f"edgefl-coord-{cfg.federation}-{cfg.run_id}-{where}"
+
+
+def mqtt_transport(cfg: RunConfig, host: str, port: int) -> Transport:
+    """The coordinator's MQTT transport (client id per run, retained ``offline`` will)."""
+    from protocol.mqtt import MqttTransport
+
+    return MqttTransport(
+        host=host, port=port, client_id=coordinator_client_id(cfg), will=coordinator_will(cfg)
+    )
 
 
 def coordinator_will(cfg: RunConfig) -> Will:
@@ -44,19 +73,25 @@ def make_coordinator(
     *,
     health_check: Callable[[], None] | None = None,
 ) -> Coordinator:
-    """Open the run's store and strategy and wire them to ``transport``.
+    """Lock the run directory, open its store and strategy and wire them to ``transport``.
 
     ``health_check`` runs before every wait for messages and may raise to end the run.
+    ``run.json`` is written once, when the run starts: a resumed run keeps its record.
     """
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    store = Store(run_dir / "state.sqlite")
-    strategy = create_strategy(
-        cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed
-    )
-    endpoint = Endpoint(transport, sender=SENDER, federation=cfg.federation)
-    return Coordinator(cfg, endpoint, store, strategy, logger, health_check=health_check)
+    store = Store(run_dir / "state.sqlite", lock=True)
+    try:
+        strategy = create_strategy(
+            cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed
+        )
+        if not (run_dir / "run.json").exists():
+            (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        endpoint = Endpoint(transport, sender=SENDER, federation=cfg.federation)
+        return Coordinator(cfg, endpoint, store, strategy, logger, health_check=health_check)
+    except BaseException:
+        store.close()
+        raise
 
 
 def run_coordinator(
@@ -66,12 +101,33 @@ def run_coordinator(
     *,
     health_check: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Connect, run every step, disconnect."""
-    coord = make_coordinator(cfg, transport, logger, health_check=health_check)
+    """Connect, run every step, disconnect.
+
+    A start that fails (bad strategy settings, unreachable broker, a locked run directory)
+    removes the run directory if this call created it: a failed start leaves nothing behind.
+    """
+    run_dir = Path(cfg.run_dir)
+    created = not run_dir.exists()
     try:
-        coord.start()  # subscriptions first: queued messages of our session arrive on connect
-        if not transport.connected:
-            transport.connect()
-        return coord.run()
+        coord = make_coordinator(cfg, transport, logger, health_check=health_check)
+    except BaseException:
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    try:
+        try:
+            coord.start()  # subscriptions first: queued messages of our session arrive on connect
+            if not transport.connected:
+                transport.connect()
+        except BaseException:
+            coord.store.close()
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        try:
+            return coord.run()
+        except KeyboardInterrupt:
+            coord.interrupted()
+            raise
     finally:
         coord.store.close()

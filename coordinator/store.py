@@ -9,7 +9,9 @@ updates move to ``quarantine`` (:meth:`Store.fail_step`): kept for inspection, n
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -20,9 +22,72 @@ from typing import Any
 
 import msgpack
 
+from protocol.errors import EdgeFLError
 from protocol.payloads import PAYLOAD_TYPES, Payload
 
-__all__ = ["StepRecord", "Store", "pack_payloads", "unpack_payloads"]
+__all__ = [
+    "LOCK_FILE",
+    "RunDirBusyError",
+    "RunDirLock",
+    "StepRecord",
+    "Store",
+    "pack_payloads",
+    "unpack_payloads",
+]
+
+LOCK_FILE = "coordinator.lock"  # in the run directory; holds the pid of the coordinator
+
+
+class RunDirBusyError(EdgeFLError):
+    """Another coordinator process holds the run directory."""
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on ``RUN_DIR/coordinator.lock``, released on close or on exit.
+
+    Two coordinators on one run directory would both write its database and answer the same
+    agents; the kernel drops the lock when the process dies, so a crash never leaves it stale.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise RunDirBusyError(
+                f"run directory {run_dir} is in use by another coordinator "
+                f"(pid {lock_holder(run_dir) or 'unknown'})"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, str(os.getpid()).encode())
+
+    def release(self) -> None:
+        """Unlock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def lock_holder(run_dir: Path | str) -> int | None:
+    """The pid of the coordinator holding ``run_dir``, or ``None`` if no process holds it."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = path.read_text().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -78,17 +143,21 @@ class StepRecord:
 class Store:
     """The coordinator's SQLite database (single writer: the engine's thread)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, lock: bool = False) -> None:
+        """Open (creating) the database; ``lock=True`` first takes the run directory's lock."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = RunDirLock(self.path.parent) if lock else None
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # an acked update must survive power loss
         self.db.executescript(SCHEMA)
 
     def close(self) -> None:
-        """Close the database."""
+        """Close the database and release the run directory's lock."""
         self.db.close()
+        if self.lock is not None:
+            self.lock.release()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -118,6 +187,25 @@ class Store:
             "INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?)",
             (device_id, register, int(online), time.time()),
         )
+
+    def touch_agent(self, device_id: str, online: bool | None = None) -> None:
+        """Note that a known agent was heard from (and its online state, when it said so)."""
+        if online is None:
+            self.db.execute(
+                "UPDATE agents SET last_seen=? WHERE device_id=?", (time.time(), device_id)
+            )
+        else:
+            self.db.execute(
+                "UPDATE agents SET last_seen=?, online=? WHERE device_id=?",
+                (time.time(), int(online), device_id),
+            )
+
+    def agent_rows(self) -> list[tuple[str, bytes, bool, float]]:
+        """(device_id, register envelope, online, last_seen) of every known agent."""
+        rows = self.db.execute(
+            "SELECT device_id, register, online, last_seen FROM agents ORDER BY device_id"
+        )
+        return [(d, r, bool(o), float(t)) for d, r, o, t in rows]
 
     def agents(self) -> list[tuple[str, bytes]]:
         """All registrations ever received."""
