@@ -1,6 +1,7 @@
 """Server halves of the algorithms, registered by name (importing this registers them all)."""
 
 from coordinator.strategies import baselines as _baselines  # noqa: F401
+from coordinator.strategies import fedktl as _fedktl  # noqa: F401
 from coordinator.strategies import fedtype as _fedtype  # noqa: F401
 from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
 from coordinator.strategies import felo as _felo  # noqa: F401

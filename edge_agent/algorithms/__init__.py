@@ -1,6 +1,7 @@
 """Edge halves of the algorithms, registered by name (importing this registers them all)."""
 
 from edge_agent.algorithms import baselines as _baselines  # noqa: F401
+from edge_agent.algorithms import fedktl as _fedktl  # noqa: F401
 from edge_agent.algorithms import fedtype as _fedtype  # noqa: F401
 from edge_agent.algorithms import fedvtc as _fedvtc  # noqa: F401
 from edge_agent.algorithms import felo as _felo  # noqa: F401
