@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import re
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,13 @@ __all__ = ["DEFAULT_DYNAMO", "DEFAULT_OPSET", "PIXEL_SCALING", "ExportResult", "
 
 PIXEL_SCALING = "[0,1] float, normalisation inside the graph"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# torch.export's tracing state (fake tensor modes, symbolic shapes) and the legacy exporter's
+# GLOBALS are process-wide: simulated agents are threads of one process, and their concurrent
+# exports failed ("s77 is not tracked with proxy", KeyError on a weakref). One at a time.
+_EXPORT_LOCK = threading.Lock()
+# onnxscript's optimiser logs a dozen INFO lines per export; an agent logging at INFO should
+# not show them. Quietened only while exporting, and only where the user set no level.
+_CHATTY_LOGGERS = ("onnxscript", "onnx_ir")
 
 
 @dataclass(frozen=True)
@@ -201,7 +210,12 @@ def _torch_export(
     try:
         # The legacy exporter prints the TorchScript graph to stdout when it fails; the error
         # raised below carries the cause, so the dump is kept off the CLI's output.
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with (
+            _EXPORT_LOCK,
+            _quiet_loggers(),
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
             # The legacy exporter's deprecation notice is noise when legacy was asked for;
             # TracerWarnings (data-dependent control flow) still show.
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -246,6 +260,23 @@ def _torch_export(
             "exporter cannot convert below 18 reliably: use opset 18 or the legacy exporter)"
         )
     return model
+
+
+@contextlib.contextmanager
+def _quiet_loggers() -> Iterator[None]:
+    """WARNING for the exporter's chatty loggers that have no level of their own, then NOTSET."""
+    quietened = [
+        logger
+        for logger in map(logging.getLogger, _CHATTY_LOGGERS)
+        if logger.level == logging.NOTSET
+    ]
+    for logger in quietened:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger in quietened:
+            logger.setLevel(logging.NOTSET)
 
 
 def _model_name(module: nn.Module) -> str:

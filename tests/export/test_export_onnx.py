@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -199,3 +201,59 @@ def test_unsupported_op_names_the_op(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match=r"cannot export Classifier .*dynamo.*bessel_j0"):
         export_model(model, HeadSpec("logits"), tmp_path / "m.onnx", input_shape=SHAPE)
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_dynamo_export_keeps_onnxscript_info_lines_quiet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An agent logs at INFO; onnxscript's optimiser would add a dozen INFO lines per export.
+    caplog.set_level(logging.INFO)
+    export_model(_model(), HeadSpec("logits"), tmp_path / "m.onnx", input_shape=SHAPE)
+    noisy = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.split(".")[0] in ("onnxscript", "onnx_ir") and r.levelno < logging.WARNING
+    ]
+    assert not noisy, noisy[:3]
+    for name in ("onnxscript", "onnx_ir"):  # the user's own setting is left alone afterwards
+        assert logging.getLogger(name).level == logging.NOTSET
+
+
+def test_exports_from_several_threads_run_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Simulated agents are threads of one process, and torch.export's tracing state is global:
+    # concurrent dynamo exports failed with "s77 is not tracked with proxy" and KeyErrors.
+    barrier = threading.Barrier(2, timeout=1.0)
+    active, peak = [0], [0]
+    guard = threading.Lock()
+
+    def fake_export(*args: object, **kwargs: object) -> None:
+        with guard:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            barrier.wait()  # both threads get here only when exports overlap
+        except threading.BrokenBarrierError:
+            pass
+        finally:
+            with guard:
+                active[0] -= 1
+        raise RuntimeError("fake exporter")
+
+    monkeypatch.setattr(torch.onnx, "export", fake_export)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            export_model(_model(), HeadSpec("logits"), tmp_path / f"{i}.onnx", input_shape=SHAPE)
+        except ExportError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 2 and all("fake exporter" in str(e) for e in errors)
+    assert peak[0] == 1
