@@ -200,13 +200,35 @@ class MqttTransport(Transport):
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def connect(self) -> None:
+    def connect(self, retry_for: float = 0.0) -> None:
         """Connect and block until the broker accepts the session.
 
+        ``retry_for`` > 0 keeps trying an unreachable broker for that many seconds, with the
+        jittered backoff of reconnects: a device that boots before its broker waits for it.
+        A broker that refuses the session (bad credentials) is not retried.
+
         Raises:
-            ConnectError: the broker is unreachable, refuses the session, or sends no CONNACK
-                within ``connect_timeout`` seconds.
+            ConnectError: the broker is unreachable (still, after ``retry_for``), refuses the
+                session, or sends no CONNACK within ``connect_timeout`` seconds.
         """
+        end = time.monotonic() + retry_for
+        while True:
+            try:
+                self._connect_once()
+                return
+            except ConnectError:
+                if self._connack_error is not None or time.monotonic() >= end:
+                    raise
+            delay = min(self._next_delay(), max(0.0, end - time.monotonic()))
+            self.log.warning(
+                "broker at %s unreachable; retrying in %.1f s (for %.0f s more)",
+                self.where,
+                delay,
+                end - time.monotonic(),
+            )
+            time.sleep(delay)
+
+    def _connect_once(self) -> None:
         if self._started:
             raise TransportError(f"mqtt {self.client_id}: connect() called twice")
         deadline = time.monotonic() + self.connect_timeout

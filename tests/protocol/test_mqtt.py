@@ -266,3 +266,42 @@ def test_exchange_through_the_embedded_broker(
     embedded_broker: EmbeddedBroker, clients: list[MqttTransport]
 ) -> None:
     _exchange(embedded_broker.port, clients, n_floats=200_000)  # 800 KB: chunked too
+
+
+@pytest.mark.network
+def test_connect_waits_for_a_broker_that_starts_later(clients: list[MqttTransport]) -> None:
+    # Issue 18 §2: a device that boots before its broker exited at once
+    # Prepare: nothing listens on the port yet
+    broker = MosquittoBroker(port=free_port())
+    client = _client(clients, broker.port)
+    done = threading.Event()
+    errors: list[Exception] = []
+
+    def connect() -> None:
+        try:
+            client.connect(retry_for=60.0)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+        done.set()
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    # Execute: the broker comes up only after the client's first attempts failed
+    try:
+        assert wait_for(lambda: client._attempt >= 2, timeout=30)
+        broker.start()
+        assert done.wait(60)
+        # Assert
+        assert not errors, errors
+        assert client.connected
+    finally:
+        client.close()
+        broker.cleanup()
+
+
+def test_connect_retry_is_bounded() -> None:
+    port = free_port()
+    t = MqttTransport(client_id="x", port=port, reconnect_min=0.05, reconnect_max=0.1)
+    with pytest.raises(ConnectError, match=f"127.0.0.1:{port}"):
+        t.connect(retry_for=0.5)
+    assert t._attempt >= 2 and not t.connected
