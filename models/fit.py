@@ -72,13 +72,19 @@ def fit(
     opt: torch.optim.Optimizer = (
         torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr)
     )
-    steps, t0 = 0, time.perf_counter()
+    # BatchNorm cannot normalise a batch of one sample in train mode: a trailing singleton
+    # batch (n % batch_size == 1) is left out of that epoch rather than crash the server step
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+    steps, skipped, t0 = 0, 0, time.perf_counter()
     sums: dict[str, float] = {}
     for _ in range(epochs):
         sums, batches = {}, 0
         order = torch.randperm(n, generator=generator).to(dev)  # generator stays on the CPU
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
+            if has_bn and idx.numel() == 1:
+                skipped += 1
+                continue
             terms = loss_fn(module, tuple(t[idx] for t in data), generator)
             loss = terms["loss"]
             value = float(loss.detach())
@@ -93,7 +99,7 @@ def fit(
                 sums[k] = sums.get(k, 0.0) + float(v.detach())
             steps, batches = steps + 1, batches + 1
         sums = {k: v / max(batches, 1) for k, v in sums.items()}
-    return FitStats(epochs, steps, n * epochs, time.perf_counter() - t0, sums)
+    return FitStats(epochs, steps, n * epochs - skipped, time.perf_counter() - t0, sums)
 
 
 def _check_tensors(tensors: Sequence[Tensor]) -> int:
@@ -102,6 +108,8 @@ def _check_tensors(tensors: Sequence[Tensor]) -> int:
     n = int(tensors[0].shape[0])
     if n == 0:
         raise FitError("fit: no samples to train on")
+    if n == 1:
+        raise FitError("fit: one sample is too few to train on (BatchNorm needs two)")
     bad = [tuple(t.shape) for t in tensors if int(t.shape[0]) != n]
     if bad:
         raise FitError(f"fit: tensors must share their first dimension {n}; got shapes {bad}")

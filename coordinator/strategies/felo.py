@@ -238,10 +238,14 @@ class VeloStrategy(_FeatureLogitStrategy):
         if not due or (step.round - self.warmup) % self.config.cvae_interval or not len(self.table):
             return {}
         from coordinator.velo_cvae import train_and_sample  # torch only on the server's path
+        from models.fit import FitError
 
-        self.cvae, self.synthetic, metrics = train_and_sample(
-            self.cvae, self.table, self.config, ctx
-        )
+        try:
+            self.cvae, self.synthetic, metrics = train_and_sample(
+                self.cvae, self.table, self.config, ctx
+            )
+        except FitError as exc:  # the engine closes the step failed and keeps the last state
+            raise AggregationError(f"velo: CVAE training failed: {exc}") from exc
         return metrics
 
     def state_dict(self) -> dict[str, Payload]:

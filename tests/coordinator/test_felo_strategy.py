@@ -183,3 +183,25 @@ def test_velo_does_not_train_during_warm_up() -> None:
     s = strategy("velo", cvae_z_dim=3, cvae_embed_dim=2, cvae_hidden=8)
     s.plan(60)  # warm-up: 3 rounds; the CVAE first trains after round 3
     assert s.server_train(Step(2, "train"), ctx(0)) == {}
+
+
+def test_velo_trains_when_the_store_leaves_a_single_sample_batch() -> None:
+    # 4 entries in CVAE batches of 3: the trailing batch of one would crash BatchNorm
+    s = strategy(
+        "velo",
+        cvae_z_dim=3,
+        cvae_embed_dim=2,
+        cvae_hidden=8,
+        cvae_epochs=2,
+        cvae_batch_size=3,
+        same_arch_avg=False,
+    )
+    s.aggregate(
+        Step(1, "train"),
+        [
+            (A, reply({"knowledge": knowledge([0, 1], 1.0)})),
+            (B, reply({"knowledge": knowledge([1, 2], -1.0)})),
+        ],
+    )
+    metrics = s.server_train(Step(1, "train"), ctx(0))
+    assert metrics["cvae_steps"] == 2 and s.synthetic is not None

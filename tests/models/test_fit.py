@@ -77,3 +77,19 @@ def test_tensors_of_different_lengths_are_refused() -> None:
             lr=0.1,
             generator=torch.Generator(),
         )
+
+
+def test_a_trailing_single_sample_batch_is_skipped_with_batchnorm() -> None:
+    # 33 samples in batches of 8: the last batch has one sample, which BatchNorm refuses
+    net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 1))
+    x, y = problem()
+    stats = fit(
+        net,
+        (x[:33], y[:33]),
+        mse,
+        epochs=2,
+        batch_size=8,
+        lr=0.01,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert stats.steps == 8 and stats.samples == 64
