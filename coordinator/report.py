@@ -8,6 +8,7 @@ matplotlib is imported only by :func:`plot_report`, with the Agg canvas and no p
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -17,7 +18,15 @@ from typing import Any
 
 from protocol.errors import ConfigError
 
-__all__ = ["AgentPoint", "MetricsLog", "StepRow", "load_metrics", "plot_report", "render_report"]
+__all__ = [
+    "AgentPoint",
+    "MetricsLog",
+    "StepRow",
+    "load_metrics",
+    "plot_report",
+    "render_report",
+    "report_figure",
+]
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "run.json"
@@ -300,8 +309,13 @@ def _fmt_bytes(n: int) -> str:
 
 
 # ----- plot --------------------------------------------------------------------------------------
+FIGSIZE = (10.0, 8.0)  # inches at 100 dpi: 1000 x 800 pixels
+BYTE_UNITS = (("B", 1.0), ("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12))
+
+
 def plot_report(run_dir: str | Path, out_png: str | Path) -> Path:
-    """Write a PNG with accuracy per step (top) and cumulative traffic (bottom).
+    """Write a PNG: local and global accuracy per round (fleet mean, its ±1 std band and one
+    curve per architecture) and the cumulative traffic.
 
     Returns:
         The path written.
@@ -312,52 +326,135 @@ def plot_report(run_dir: str | Path, out_png: str | Path) -> Path:
     log = load_metrics(run_dir)
     if not log.steps:
         raise ConfigError(f"{Path(run_dir) / METRICS_FILE} has no completed step to plot")
-    figure_cls, canvas_cls = _matplotlib()
-    fig = figure_cls(figsize=(8.0, 6.5), layout="constrained")
-    canvas_cls(fig)
-    acc, traffic = fig.subplots(2, 1, sharex=True)
-    xs = list(range(1, len(log.steps) + 1))
-    for key, label in (("local", "mean local acc"), ("global", "mean global acc")):
-        means = [getattr(s, f"mean_{key}") for s in log.steps]
-        stds = [getattr(s, f"std_{key}") for s in log.steps]
-        if all(m is None for m in means):
-            continue
-        ys = [math.nan if m is None else m for m in means]
-        (line,) = acc.plot(xs, ys, marker="o", markersize=3, label=label)
-        lo = [math.nan if m is None or d is None else m - d for m, d in zip(ys, stds, strict=True)]
-        hi = [math.nan if m is None or d is None else m + d for m, d in zip(ys, stds, strict=True)]
-        acc.fill_between(xs, lo, hi, alpha=0.2, color=line.get_color())
-    for i, step in enumerate(log.steps):
-        if i and step.phase == log.steps[i - 1].phase:
-            continue
-        if i:  # a phase boundary, e.g. into fine-tuning: dashed, as in the papers' curves
-            for ax in (acc, traffic):
-                ax.axvline(i + 0.5, color="grey", linestyle="--", linewidth=1)
-        acc.annotate(
-            step.phase,
-            (i + 0.6, 0.97),
-            xycoords=("data", "axes fraction"),
-            va="top",
-            fontsize=8,
-            color="grey",
-        )
-    acc.set_ylabel("accuracy")
-    acc.set_title(f"Run {_title(log)}")
-    acc.grid(alpha=0.3)
-    if acc.lines:
-        acc.legend(loc="lower right", fontsize=8)
-    cumulative, total = [], 0
-    for s in log.steps:
-        total += s.bytes_step
-        cumulative.append(total / 1e6)
-    traffic.plot(xs, cumulative, marker="o", markersize=3, color="tab:purple")
-    traffic.set_ylabel("cumulative traffic (MB)")
-    traffic.set_xlabel("step")
-    traffic.grid(alpha=0.3)
+    fig = report_figure(log)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", dpi=100)
     return out
+
+
+def report_figure(log: MetricsLog) -> Any:
+    """The report's matplotlib ``Figure`` (Agg canvas attached), for :func:`plot_report`."""
+    figure_cls, canvas_cls = _matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
+    fig = figure_cls(figsize=FIGSIZE, layout="constrained")
+    canvas_cls(fig)
+    local_ax, global_ax, traffic_ax = fig.subplots(3, 1, sharex=True)
+    xs, xlabel = _x_values(log.steps)
+    groups = _groups(log.steps)
+    colors = {name: f"C{i % 10}" for i, name in enumerate(groups)}
+    for ax, key, label in (
+        (local_ax, "local", "local accuracy\n(own test split)"),
+        (global_ax, "global", "global accuracy\n(shared test set)"),
+    ):
+        _accuracy_panel(ax, log.steps, xs, key, groups=groups, colors=colors)
+        ax.set_ylabel(label)
+    _traffic_panel(traffic_ax, log.steps, xs)
+    traffic_ax.set_xlabel(xlabel)
+    traffic_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+    traffic_ax.set_xlim(xs[0] - 0.5, xs[-1] + 0.5)
+    _phases(log.steps, xs, (local_ax, global_ax, traffic_ax))
+    fig.suptitle(f"Run {_title(log)}")
+    handles, labels = local_ax.get_legend_handles_labels()
+    if handles:  # beside the panels, never over a curve
+        fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    return fig
+
+
+def _x_values(steps: list[StepRow]) -> tuple[list[int], str]:
+    """Round numbers when every step has its own, increasing; else step numbers."""
+    rounds = [s.round for s in steps if s.round is not None]
+    if len(rounds) == len(steps) and all(a < b for a, b in itertools.pairwise(rounds)):
+        return rounds, "round"
+    return list(range(1, len(steps) + 1)), "step"
+
+
+def _groups(steps: list[StepRow]) -> dict[str, list[str]]:
+    """Legend label -> devices: one curve per architecture (per agent when none is known)."""
+    arch: dict[str, str] = {}
+    for step in steps:
+        for device, point in step.agents.items():
+            if point.arch != "-" or device not in arch:
+                arch[device] = point.arch
+    by_key: dict[str, list[str]] = {}
+    for device in sorted(arch):
+        by_key.setdefault(arch[device] if arch[device] != "-" else device, []).append(device)
+    return {
+        f"{key} ({devices[0] if len(devices) == 1 else f'{len(devices)} agents'})": devices
+        for key, devices in sorted(by_key.items())
+    }
+
+
+def _accuracy_panel(
+    ax: Any,
+    steps: list[StepRow],
+    xs: list[int],
+    key: str,
+    *,
+    groups: dict[str, list[str]],
+    colors: dict[str, str],
+) -> None:
+    means = [getattr(s, f"mean_{key}") for s in steps]
+    stds = [getattr(s, f"std_{key}") for s in steps]
+    ys = [math.nan if m is None else m for m in means]
+    lo = [max(0.0, y - d) if d is not None else math.nan for y, d in zip(ys, stds, strict=True)]
+    hi = [min(1.0, y + d) if d is not None else math.nan for y, d in zip(ys, stds, strict=True)]
+    ax.fill_between(
+        xs, lo, hi, color="0.5", alpha=0.25, linewidth=0, label="fleet ± 1 std over agents"
+    )
+    ax.plot(xs, ys, color="black", linewidth=2, marker="o", markersize=3, label="fleet mean")
+    for label, devices in groups.items():
+        curve = [_group_mean(s, devices, key) for s in steps]
+        ax.plot(xs, curve, color=colors[label], linewidth=1, linestyle="--", label=label)
+    if all(m is None for m in means):
+        ax.text(0.5, 0.5, f"no {key} accuracy recorded", transform=ax.transAxes, ha="center")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+
+
+def _group_mean(step: StepRow, devices: list[str], key: str) -> float:
+    values = [getattr(step.agents[d], f"acc_{key}") for d in devices if d in step.agents]
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else math.nan
+
+
+def _traffic_panel(ax: Any, steps: list[StepRow], xs: list[int]) -> None:
+    cumulative, total = [], 0
+    for s in steps:
+        total += s.bytes_step
+        cumulative.append(total)
+    unit, scale = _byte_unit(total)
+    ax.plot(xs, [c / scale for c in cumulative], marker="o", markersize=3, color="tab:purple")
+    ax.set_ylabel(f"cumulative traffic ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
+def _byte_unit(n: int) -> tuple[str, float]:
+    """The largest decimal unit in which ``n`` is at least 1 (as the markdown tables)."""
+    chosen = BYTE_UNITS[0]
+    for unit in BYTE_UNITS:
+        if n >= unit[1]:
+            chosen = unit
+    return chosen
+
+
+def _phases(steps: list[StepRow], xs: list[int], axes: tuple[Any, ...]) -> None:
+    """Dashed lines between phases, and each phase's name above the top panel, centred."""
+    spans: list[tuple[str, int, int]] = []  # phase, first index, last index
+    for i, step in enumerate(steps):
+        if spans and spans[-1][0] == step.phase:
+            spans[-1] = (step.phase, spans[-1][1], i)
+        else:
+            spans.append((step.phase, i, i))
+    for _, first, _ in spans[1:]:  # e.g. into fine-tuning: dashed, as in the papers' curves
+        for ax in axes:
+            ax.axvline((xs[first - 1] + xs[first]) / 2, color="grey", linestyle="--", linewidth=1)
+    # A secondary axis takes part in the layout: the names cannot collide with the title.
+    top = axes[0].secondary_xaxis("top")
+    top.set_xticks([(xs[a] + xs[b]) / 2 for _, a, b in spans], labels=[p for p, _, _ in spans])
+    top.tick_params(length=0, labelsize=8, labelcolor="grey")
 
 
 def _matplotlib() -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.report import load_metrics, plot_report, render_report
+from coordinator.report import load_metrics, plot_report, render_report, report_figure
 from protocol.errors import ConfigError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -145,7 +145,7 @@ def test_plot_writes_a_valid_png(run_dir: Path, tmp_path: Path) -> None:
     data = out.read_bytes()
     assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    assert (width, height) == (800, 650)
+    assert (width, height) == (1000, 800)
 
 
 def test_plot_without_matplotlib_names_the_extra(
@@ -154,3 +154,75 @@ def test_plot_without_matplotlib_names_the_extra(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match=r"pip install 'edgefl\[report\]'"):
         plot_report(run_dir, tmp_path / "x.png")
+
+
+def _panels(fig: Any) -> dict[str, Any]:
+    return {ax.get_ylabel().split()[0]: ax for ax in fig.axes if ax.get_ylabel()}
+
+
+def _tick_labels(axis: Any) -> list[Any]:
+    """The labels of the ticks inside the view (matplotlib keeps a few more, never drawn)."""
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [t for t in axis.get_major_ticks() if lo - 1e-9 <= t.get_loc() <= hi + 1e-9]
+    return [label for t in ticks for label in (t.label1, t.label2) if t.get_visible()]
+
+
+def _texts(fig: Any) -> list[Any]:
+    """Every piece of text the PNG shows (tick labels only where ticks are in view)."""
+    texts = [fig._suptitle, *(t for legend in fig.legends for t in legend.get_texts())]
+    for ax in [a for top in fig.axes for a in (top, *top.child_axes)]:
+        texts += [*_tick_labels(ax.xaxis), *_tick_labels(ax.yaxis)]
+        texts += [*ax.texts, ax.xaxis.label, ax.yaxis.label, ax.title]
+    return [t for t in texts if t is not None and t.get_visible() and t.get_text().strip()]
+
+
+def test_plot_has_round_ticks_labelled_band_curves_per_architecture_and_units(
+    run_dir: Path,
+) -> None:
+    pytest.importorskip("matplotlib")
+    fig = report_figure(load_metrics(run_dir))
+    fig.canvas.draw()
+    panels = _panels(fig)
+    assert set(panels) == {"local", "global", "cumulative"}
+    traffic = panels["cumulative"]
+    assert traffic.get_xlabel() == "round"
+    ticks = [t.get_text() for t in _tick_labels(traffic.xaxis) if t.get_visible()]
+    assert ticks == ["1", "2", "3"]  # whole rounds only, no 1.5
+    assert traffic.get_ylabel() == "cumulative traffic (kB)"  # 7000 bytes, not 0.007 MB
+    assert list(traffic.lines[0].get_ydata()) == [3.0, 6.5, 7.0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["fleet ± 1 std over agents", "fleet mean", "cnn_s (b)", "mlp (a)"]
+    top = panels["local"].child_axes[0]  # phase names above the panels, centred on their span
+    assert [t.get_text() for t in top.get_xticklabels()] == ["train", "finetune"]
+
+
+def test_plot_text_never_overlaps(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    agents = {f"dev{i}": _agent(0.1 * i, 0.05 * i, f"arch_{i % 3}") for i in range(7)}
+    phases = ["setup", *["train"] * 10, "finetune", "finetune", "final"]
+    records = [
+        _step(r, phase, agents, {"tx.task": 4_000_000, "rx.reply": 9_000_000})
+        for r, phase in enumerate(phases, start=1)
+    ]
+    fig = report_figure(load_metrics(_write_run(tmp_path / "long", records)))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _texts(fig)]
+    clashes = [
+        (a, b)
+        for i, (a, box) in enumerate(boxes)
+        for b, other in boxes[i + 1 :]
+        if box.overlaps(other)
+    ]
+    assert not clashes
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert not any(legend.overlaps(ax.get_window_extent(renderer)) for ax in _panels(fig).values())
+    assert all(fig.bbox.contains(*box.min) and fig.bbox.contains(*box.max) for _, box in boxes)
+    assert _panels(fig)["cumulative"].get_ylabel() == "cumulative traffic (MB)"
+
+
+def test_plot_falls_back_to_steps_when_rounds_repeat(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    records = [_step(1, "train", {"a": _agent(0.5, 0.5)}, {}), _step(1, "eval", {}, {})]
+    fig = report_figure(load_metrics(_write_run(tmp_path / "r", records)))
+    assert _panels(fig)["cumulative"].get_xlabel() == "step"
