@@ -16,6 +16,7 @@ Methods (``--methods``):
   control (same pre-fine-tuning models fine-tuned on uniform noise with the same labels) and
   the synthetic-only probe (a fresh MLP trained on the synthetic set, tested on real images).
 * ``fedvtc_f16``: ``fedvtc`` with prototypes and SDs sent as float16.
+* ``fedvtc_noclip``: ``fedvtc`` without gradient clipping (the paper has none).
 * ``fedvtc_combo_every``: ``fedvtc_combo`` with the generator averaged every round (Table 3 ②).
 * ``fedvtc_combo_f16``: ``fedvtc_combo`` with float16 transport (diagnostics off; they run on
   copies and do not change the fine-tuned model).
@@ -60,6 +61,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedvtc_le": ("fedvtc", {"use_dm": False, "diagnostics": True}),
     "fedvtc": ("fedvtc", {"diagnostics": True}),
     "fedvtc_f16": ("fedvtc", {"proto_encoding": "f16"}),
+    # the paper's method without clipping at the grid's lr (the failure mode clipping prevents)
+    "fedvtc_noclip": ("fedvtc", {"diagnostics": True, "grad_clip": 0.0}),
     "fedvtc_recal": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
     "fedvtc_fix": ("fedvtc", {"diagnostics": True}),
     "fedvtc_combo": (
@@ -100,6 +103,7 @@ F16_PAIRS = (("fedvtc", "fedvtc_f16"), ("fedvtc_combo", "fedvtc_combo_f16"))
 DIAG_METHODS = (
     "fedvtc_le",
     "fedvtc",
+    "fedvtc_noclip",
     "fedvtc_fix",
     "fedvtc_recal",
     "fedvtc_combo",
@@ -161,6 +165,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=0.01, help="eta for everything (paper: 1e-4)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--grad-clip", type=float, default=10.0)
+    ap.add_argument(
+        "--grad-clip-mode",
+        choices=["split", "joint"],
+        default="split",
+        help="FedVTC: clip head/extractor and psi/sigma apart (split) or together (joint, "
+        "the behaviour before issue 17)",
+    )
+    ap.add_argument(
+        "--generator-mode-step-a",
+        choices=["train", "eval"],
+        default="train",
+        help="FedVTC: psi's mode in step A (eval = the behaviour before issue 17)",
+    )
     ap.add_argument("--synthetic-per-class", type=int, default=50, help="S (paper: 500)")
     ap.add_argument("--finetune-epochs", type=int, default=5, help="FT rounds (paper: 5)")
     ap.add_argument("--global-test", type=int, default=1000)
@@ -200,7 +217,10 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
     if algorithm == "fedvtc":
         hyper.update(
-            synthetic_per_class=args.synthetic_per_class, finetune_epochs=args.finetune_epochs
+            synthetic_per_class=args.synthetic_per_class,
+            finetune_epochs=args.finetune_epochs,
+            grad_clip_mode=args.grad_clip_mode,
+            generator_mode_step_a=args.generator_mode_step_a,
         )
     if method == "fedvtc_fix":
         hyper.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in args.fix)})

@@ -84,9 +84,11 @@ class ParamGroup:
     """Parameters the loop trains with one optimizer; ``None`` settings take the task config's.
 
     A group without ``loss`` steps on ``step_loss`` (the main step). A group with a ``loss`` is
-    a sub-step after the main update, in declaration order (FedVTC's step B). While a step runs,
-    its groups' modules are in train mode and their parameters take gradients; every other
-    group's module is in eval mode with its parameters frozen.
+    a sub-step after the main update, in declaration order (FedVTC's step B); groups with an
+    equal ``loss`` share one sub-step (one evaluation, one backward). Every group of a step is
+    clipped and stepped on its own, so splitting parameters into groups clips them separately.
+    While a step runs, its groups' modules are in train mode and their parameters take
+    gradients; every other group's parameters are frozen and its module is in ``frozen_mode``.
     """
 
     name: str
@@ -99,6 +101,10 @@ class ParamGroup:
     weight_decay: float | None = None
     loss: GroupLoss | None = None
     after_update: Callable[[], None] | None = None  # e.g. project onto a constraint set
+    # the module's mode while other groups step: "train" = no gradients but batch statistics
+    # (BatchNorm normalises by the batch and updates its running statistics), so a frozen
+    # module computes the same function as when it trains (FedVTC's generator in step A)
+    frozen_mode: Literal["eval", "train"] = "eval"
 
     def tensors(self) -> list[Tensor]:
         """The trained tensors, in a fixed order."""
@@ -158,13 +164,13 @@ class _Stepper:
 
 
 def _activate(steppers: list[_Stepper], active: list[_Stepper]) -> None:
-    """Train mode and gradients for the active groups; eval mode and frozen for the others.
+    """Train mode and gradients for the active groups; the others frozen in their frozen mode.
 
     A tensor frozen on entry stays frozen: the loop never unfreezes what an algorithm froze.
     """
     for s in steppers:
         on = s in active
-        s.group.module.train(on)
+        s.group.module.train(on or s.group.frozen_mode == "train")
         for p, flag in zip(s.params, s.found, strict=True):
             p.requires_grad_(on and flag)
 
@@ -208,8 +214,20 @@ def _finite(loss: Tensor, step: int, total: int, group: str = "") -> float:
     return value
 
 
-def _sub_steps(steppers: list[_Stepper]) -> list[tuple[_Stepper, GroupLoss]]:
-    return [(s, s.group.loss) for s in steppers if s.group.loss is not None]
+def _sub_steps(steppers: list[_Stepper]) -> list[tuple[list[_Stepper], GroupLoss]]:
+    """The sub-steps in declaration order: groups with an equal loss (``==``, so two accesses of
+    one bound method match) share one sub-step."""
+    subs: list[tuple[list[_Stepper], GroupLoss]] = []
+    for s in steppers:
+        loss = s.group.loss
+        if loss is None:
+            continue
+        shared = next((group for group, fn in subs if fn == loss), None)
+        if shared is None:
+            subs.append(([s], loss))
+        else:
+            shared.append(s)
+    return subs
 
 
 def _autocast(use_amp: bool, device: torch.device) -> AbstractContextManager[object]:
@@ -257,12 +275,12 @@ def train_epochs(
                 loss_value = _finite(loss, steps + 1, total)
                 _update(loss, main, scaler)
                 for sub, sub_loss_fn in subs:  # e.g. a generator against the updated model
-                    _activate(steppers, [sub])
+                    _activate(steppers, sub)
                     with _autocast(use_amp, data.x.device):
                         sub_loss = sub_loss_fn(x, y)
                     if sub_loss is not None:  # None: nothing to learn from this batch
-                        _finite(sub_loss, steps + 1, total, sub.group.name)
-                        _update(sub_loss, [sub], scaler)
+                        _finite(sub_loss, steps + 1, total, sub[0].group.name)
+                        _update(sub_loss, sub, scaler)
                 hooks.after_step(x, y, features.detach(), logits.detach())
                 steps, samples = steps + 1, samples + int(y.shape[0])
                 loss_sum += loss_value

@@ -179,27 +179,50 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self.diag_terms.setdefault(name, []).append(float(value))
 
     def param_groups(self) -> list[ParamGroup]:
-        """Step A trains the model (the default group); step B, after it on every batch, the
-        generator and sigma on L_tc, the model frozen in eval mode. Fine-tuning: the model."""
-        groups = super().param_groups()
+        """Step A trains the model; step B, after it on every batch, the generator and sigma on
+        L_tc, the model frozen in eval mode. Fine-tuning: the model.
+
+        ``grad_clip_mode = "split"`` clips the head apart from the extractor and psi apart from
+        sigma; ``generator_mode_step_a = "train"`` keeps psi's BatchNorm on batch statistics
+        while step A backpropagates through it with its gradients off."""
         if self._finetuning:
-            return groups
+            return super().param_groups()
         cfg = self.config
-        step_b = ParamGroup(
-            "generator",
-            self.generator,
-            params=[*self.generator.parameters(), self.rho],
+        step_b = functools.partial(
+            ParamGroup,
             lr=cfg.generator_lr or cfg.lr,
             optimizer="sgd",
             momentum=0.0,
             weight_decay=0.0,
             loss=self._generator_loss,
-            after_update=self._clamp_sigma,
+            frozen_mode=cfg.generator_mode_step_a,
         )
-        return [*groups, step_b]
+        if cfg.grad_clip_mode == "joint":  # one norm over the model, one over psi and sigma
+            return [
+                *super().param_groups(),
+                step_b(
+                    "generator",
+                    self.generator,
+                    params=[*self.generator.parameters(), self.rho],
+                    after_update=self._clamp_sigma,
+                ),
+            ]
+        # the loop clips each group on its own; psi and sigma share one loss, so one sub-step
+        model = self.ctx.model
+        head = model.get_classifier()
+        in_head = {id(p) for p in head.parameters()}
+        extractor = [p for p in model.parameters() if id(p) not in in_head]
+        sigma_module = nn.Module()  # sigma has no module; its own gives the loop one to set
+        return [
+            ParamGroup("extractor", model, params=extractor),
+            ParamGroup("head", head),
+            step_b("generator", self.generator),
+            step_b("sigma", sigma_module, params=[self.rho], after_update=self._clamp_sigma),
+        ]
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
-        """Step A: CE + L_tc (the loop froze the generator and sigma); CE while fine-tuning."""
+        """Step A: CE + L_tc (the loop froze the generator's and sigma's gradients); CE while
+        fine-tuning."""
         ce = F.cross_entropy(logits, y)
         if self._finetuning:
             return ce

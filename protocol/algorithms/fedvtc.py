@@ -2,7 +2,8 @@
 
 Defaults follow the spec's decisions: SD stored as log-sigma, masked prototypes until a class
 has a global one, class-balanced loss reduction, per-mini-batch A/B alternation, gradient
-clipping at 10 (the paper's sum-reduced losses diverge at lr 0.01 without it).
+clipping at 10 per part (head, extractor, psi, sigma: the paper has no clipping; at lr 0.01 the
+features collapse without it, see docs/fedvtc.md), psi in train mode while step A runs.
 """
 
 from __future__ import annotations
@@ -35,7 +36,16 @@ class FedVTCConfig(TrainConfig):
     batch_size: int = 16
     lr: float = 0.01  # eta for f, psi and sigma (1e-4 in the paper for MNIST)
     momentum: float = 0.0  # plain SGD: the paper states no momentum
-    grad_clip: float = 10.0
+    grad_clip: float = 10.0  # max norm per clipped part (grad_clip_mode); 0 = off (paper)
+    # "split" (default): the head and the extractor are clipped apart in step A, psi and sigma
+    # apart in step B, so L_tc's large extractor gradient cannot shrink the head's CE step and
+    # psi's cannot freeze sigma. "joint": one norm over the whole model and one over psi and
+    # sigma, the toolkit's behaviour before issue 17 (kept to reproduce its numbers).
+    grad_clip_mode: Literal["split", "joint"] = "split"
+    # psi's mode in step A, where it is frozen. "train" (default): no gradients, but BatchNorm on
+    # batch statistics, i.e. the same function step B trains (the paper's "freeze" means no
+    # gradient). "eval": running statistics, the toolkit's behaviour before issue 17.
+    generator_mode_step_a: Literal["train", "eval"] = "train"
     dm_weight: float = 0.1  # lambda
     use_dm: bool = True  # False = the "L_e only" ablation (Table 4)
     synthetic_per_class: int = 100  # S (per class, version B)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fedvtc import FedVTCEdge
-from edge_agent.trainer import TensorData, train_epochs
+from edge_agent.trainer import ParamGroup, TensorData, train_epochs
 from models import create_model
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.messages import Task
@@ -91,9 +92,11 @@ def test_train_round_replies_held_prototypes_with_sd_and_stays_finite() -> None:
 
 
 def test_step_a_moves_only_the_model_and_step_b_only_the_generator() -> None:
-    # Prepare: one batch through the one loop, with a spy at the start of step B
+    # Prepare: one batch through the one loop, with a spy at the start of step B; the settings
+    # before issue 17 (one model group, psi in eval mode in step A: psi wholly unchanged)
     edge = make_edge()
-    edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))  # config + protos
+    old = {"grad_clip_mode": "joint", "generator_mode_step_a": "eval"}
+    edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0, **old))
     assert edge.valid.tolist() == [True, False, True, False]
     model = edge.ctx.model
     batch = TensorData(edge.ctx.train.x[:8], edge.ctx.train.y[:8])
@@ -128,6 +131,139 @@ def test_step_a_moves_only_the_model_and_step_b_only_the_generator() -> None:
     # the loop leaves every group training with its gradients on
     assert model.training and edge.generator.training
     assert all(p.requires_grad for g in groups for p in g.tensors())
+
+
+def test_step_a_runs_psi_on_batch_statistics_with_its_weights_frozen() -> None:
+    # Prepare: the default settings; a forward hook on psi and a spy at the start of step B
+    edge = make_edge()
+    edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))
+    model, psi = edge.ctx.model, edge.generator
+    groups = edge.param_groups()
+    assert [g.name for g in groups] == ["extractor", "head", "generator", "sigma"]
+    calls: list[tuple[bool, bool]] = []
+    psi.register_forward_hook(
+        lambda m, i, o: calls.append((m.training, any(p.requires_grad for p in m.parameters())))
+    )
+    params0 = {k: v.detach().clone() for k, v in psi.named_parameters()}
+    buffers0 = {k: v.clone() for k, v in psi.named_buffers() if "running" in k}
+    rho0 = edge.rho.detach().clone()
+    seen: dict[str, dict[str, torch.Tensor]] = {}
+
+    def spy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        seen["params"] = {k: v.detach().clone() for k, v in psi.named_parameters()}
+        seen["buffers"] = {k: v.clone() for k, v in psi.named_buffers() if "running" in k}
+        seen["rho"] = {"rho": edge.rho.detach().clone()}
+        return edge._generator_loss(x, y)
+
+    groups = [*groups[:2], *(dataclasses.replace(g, loss=spy) for g in groups[2:])]
+    batch = TensorData(edge.ctx.train.x[:8], edge.ctx.train.y[:8])
+    # Execute
+    train_epochs(model, batch, edge.config, edge, groups=groups, epochs=1)
+    # Assert: step A decoded with psi in train mode and no gradient for psi; its BatchNorm
+    # running statistics moved, its weights and sigma did not; step B then trained psi
+    assert calls[0] == (True, False) and calls[1] == (True, True)
+    assert same(params0, seen["params"]) and torch.equal(rho0, seen["rho"]["rho"])
+    assert all(not torch.equal(buffers0[k], seen["buffers"][k]) for k in buffers0)
+    assert buffers0 and not same(seen["params"], dict(psi.named_parameters()))
+
+
+def _grads_and_update(
+    edge: FedVTCEdge,
+    groups: list[ParamGroup],
+    cfg: FedVTCConfig,
+    tensors: list[torch.Tensor],
+    step: str,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """One batch through the loop; the gradients of ``tensors`` at the start of ``step``
+    ("A" or "B") from the same noise draw, the tensors before that step and after the batch."""
+    model = edge.ctx.model
+    x, y = edge.ctx.train.x[:8], edge.ctx.train.y[:8]
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def measure(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]) -> None:
+        state = edge.noise.get_state()
+        order = torch.randperm(8, generator=torch.Generator().manual_seed(7))
+        loss = loss_fn(x[order], y[order])
+        assert loss is not None
+        seen["grads"] = list(torch.autograd.grad(loss, tensors, allow_unused=False))
+        seen["before"] = [t.detach().clone() for t in tensors]
+        edge.noise.set_state(state)
+
+    def step_a(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        feats = model.forward_features(xb)
+        return edge.step_loss(xb, yb, feats, model.forward_head(feats))
+
+    if step == "A":
+        model.train()
+        edge.generator.train()
+        with torch.enable_grad():
+            for t in tensors:
+                t.requires_grad_(True)
+            measure(step_a)
+    else:
+
+        def spy(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor | None:
+            measure(edge._generator_loss)
+            return edge._generator_loss(xb, yb)
+
+        groups = [*groups[:2], *(dataclasses.replace(g, loss=spy) for g in groups[2:])]
+    batch = TensorData(x, y)
+    gen = torch.Generator().manual_seed(7)
+    train_epochs(model, batch, cfg, edge, groups=groups, epochs=1, generator=gen)
+    return seen["grads"], seen["before"], [t.detach().clone() for t in tensors]
+
+
+def _expected(before: torch.Tensor, grad: torch.Tensor, lr: float, factor: float) -> torch.Tensor:
+    return before - lr * factor * grad
+
+
+def _check_clipped_apart(parts: dict[str, list[int]], step: str) -> None:
+    """Run once unclipped to learn the two parts' gradient norms, then again (same start, same
+    noise) with a clip between them: each part's update is its own gradient scaled by its own
+    factor min(1, clip / its norm); a joint clip would scale both by clip / joint norm."""
+
+    def run(clip: float) -> tuple[list[torch.Tensor], ...]:
+        edge = make_edge()
+        edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0))
+        groups = edge.param_groups()
+        if step == "B":  # step A must not move the model: step B's gradients then do not
+            groups = [dataclasses.replace(g, lr=0.0) for g in groups[:2]] + [
+                dataclasses.replace(g, grad_clip=clip) for g in groups[2:]
+            ]
+        tensors = [t for g in (groups[:2] if step == "A" else groups[2:]) for t in g.tensors()]
+        cfg = edge.config.replace(grad_clip=clip if step == "A" else 0.0)
+        return _grads_and_update(edge, groups, cfg, tensors, step)
+
+    grads, *_ = run(0.0)
+    norms = {
+        k: float(torch.stack([grads[i].norm() for i in idx]).norm()) for k, idx in parts.items()
+    }
+    low, high = sorted(norms.values())
+    assert high > 2 * low  # the premise: one part's gradient dwarfs the other's
+    clip = (low * high) ** 0.5
+    grads, before, after = run(clip)
+    lr = 0.01  # FedVTCConfig's lr for every group here
+    for name, idx in parts.items():
+        factor = min(1.0, clip / norms[name])
+        for i in idx:
+            assert torch.allclose(
+                after[i], _expected(before[i], grads[i], lr, factor), atol=1e-6
+            ), name
+
+
+def test_split_clipping_clips_the_head_apart_from_the_extractor() -> None:
+    model = make_edge().ctx.model
+    n_head = len(list(model.get_classifier().parameters()))
+    n_ext = len(list(model.parameters())) - n_head
+    _check_clipped_apart(
+        {"extractor": list(range(n_ext)), "head": list(range(n_ext, n_ext + n_head))}, "A"
+    )
+
+
+def test_split_clipping_clips_psi_apart_from_sigma() -> None:
+    edge = make_edge()
+    n_psi = len(list(edge.generator.parameters()))
+    _check_clipped_apart({"psi": list(range(n_psi)), "sigma": [n_psi]}, "B")
 
 
 def test_classes_without_a_global_prototype_add_no_prototype_terms() -> None:

@@ -107,3 +107,53 @@ def test_a_non_finite_loss_is_an_error_naming_the_step() -> None:
     with pytest.raises(TrainingError, match=r"step 1/2"):
         train_epochs(net, data, CFG, Diverges())
     assert all(p.requires_grad for p in net.parameters())
+
+
+def test_groups_with_one_loss_share_a_sub_step_and_are_clipped_apart() -> None:
+    # Prepare: a sub-step loss on two tensors, one with a gradient 1000x the other's
+    net, data = setup()
+    big = torch.ones(4, requires_grad=True)
+    small = torch.ones(4, requires_grad=True)
+    calls: list[tuple[bool, bool]] = []
+
+    def joint_loss(x: Tensor, y: Tensor) -> Tensor:
+        calls.append((big.requires_grad, small.requires_grad))
+        return 1000.0 * big.sum() + small.sum()
+
+    owner = nn.Module()
+    subs = [
+        ParamGroup(name, owner, params=[t], loss=joint_loss, lr=1.0, grad_clip=10.0)
+        for name, t in (("big", big), ("small", small))
+    ]
+    # Execute: one batch
+    one_batch = TensorData(data.x[:4], data.y[:4])
+    train_epochs(net, one_batch, CFG, Hooks(), groups=[ParamGroup("model", net), *subs])
+    # Assert: one evaluation with both tensors free; each clipped by its own norm: big's
+    # gradient (norm 2000) to norm 10, small's (norm 2) untouched. A joint clip would have
+    # scaled both by 10/2000.
+    assert calls == [(True, True)]
+    assert torch.allclose(big.detach(), torch.full((4,), 1.0 - 10.0 / 2.0))
+    assert torch.allclose(small.detach(), torch.zeros(4))
+
+
+def test_a_frozen_group_in_train_mode_keeps_batch_statistics_and_its_weights() -> None:
+    # Prepare: a BatchNorm sub-step module whose output feeds the main step's loss
+    net, data = setup()
+    bn = nn.BatchNorm1d(3)
+    modes: list[bool] = []
+
+    class ThroughBN(Hooks):
+        def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
+            modes.append(bn.training)
+            return F.cross_entropy(bn(logits), y)
+
+    sub = ParamGroup("bn", bn, loss=lambda x, y: None, frozen_mode="train")
+    weights = params(bn)
+    # Execute
+    train_epochs(net, data, CFG, ThroughBN(), groups=[ParamGroup("model", net), sub])
+    # Assert: the main step ran the frozen module in train mode (its running statistics moved
+    # from their init), and its parameters did not move
+    assert modes == [True, True]
+    assert not torch.equal(bn.running_mean, torch.zeros(3))
+    assert all(torch.equal(a, b) for a, b in zip(weights, params(bn), strict=True))
+    assert all(p.requires_grad for p in bn.parameters())
