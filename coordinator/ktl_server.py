@@ -45,9 +45,12 @@ from protocol.payloads import TensorMap
 __all__ = [
     "VALID_KEY",
     "align",
+    "deranged_rows",
     "generator_identity",
     "load_generator",
     "make_setup",
+    "matched_noise",
+    "random_latents",
     "synthesize",
     "to_input_spec",
 ]
@@ -298,3 +301,37 @@ def to_input_spec(images: Tensor, channels: int, height: int, width: int) -> npt
     luma for grey), quantise to uint8; the agent divides by 255 and normalises itself."""
     x = adapt_images(images, channels, (height, width))
     return cast(npt.NDArray[np.uint8], (x * 255.0).round().clamp(0, 255).to(torch.uint8).numpy())
+
+
+# ----- the matched controls of spec §10 -----------------------------------------------------
+def deranged_rows(
+    classes: npt.NDArray[np.int64], order: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """Row of ``classes`` whose latent each class receives under the derangement.
+
+    ``order`` is one cyclic order of all C classes, fixed for the run: class c takes the latent
+    of the class after it in that cycle, restricted to ``classes`` (the cycle's induced order on
+    them, again one cycle). With two or more classes no class keeps its own latent.
+    """
+    position = np.argsort(order)
+    cycle = np.argsort(position[classes], kind="stable")  # rows of ``classes`` in cycle order
+    rows = np.empty_like(cycle)
+    rows[cycle] = np.roll(cycle, -1)
+    return rows
+
+
+def matched_noise(images: npt.NDArray[np.uint8], rng: np.random.Generator) -> npt.NDArray[np.uint8]:
+    """Gaussian noise with, per channel, exactly the mean and std of the image set ``images``
+    ``[n, ch, h, w]`` (before rounding and clipping to 0..255), independent of their content."""
+    axes = (0, 2, 3)
+    x = images.astype(np.float64)
+    z = rng.standard_normal(x.shape)
+    z = (z - z.mean(axis=axes, keepdims=True)) / np.maximum(z.std(axis=axes, keepdims=True), 1e-12)
+    noise = x.mean(axis=axes, keepdims=True) + x.std(axis=axes, keepdims=True) * z
+    return cast(npt.NDArray[np.uint8], np.clip(np.round(noise), 0, 255).astype(np.uint8))
+
+
+def random_latents(gen: Generator, n: int, seed: int) -> npt.NDArray[np.float32]:
+    """``n`` valid latents (the generator's own ``sample_w``) drawn from ``seed`` only."""
+    w = gen.sample_w(n, torch.Generator().manual_seed(seed))
+    return cast(npt.NDArray[np.float32], w.detach().cpu().numpy().astype(np.float32))

@@ -32,6 +32,8 @@ __all__ = ["FedKTLStrategy"]
 
 UNIT_TOL = 1e-3  # prototypes are unit vectors (float32 rounding, f16 transport aside)
 SETUP_SEED_SALT = 0x4B544C  # "KTL": the set-up's seed differs from the run's other draws
+# the controls' draws (spec §10) differ from the set-up's and from each other
+DERANGEMENT_SALT, NOISE_SALT, RANDOM_LATENT_SALT = 0x4B4431, 0x4B4432, 0x4B4433
 
 
 @register_strategy("fedktl")
@@ -50,6 +52,11 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
         self._uploads: list[tuple[np.ndarray, np.ndarray]] = []  # this step's (vectors, ids)
         self._images: Any = None  # torch [C', ch, R, R] in [0, 1] of the current centroids
         self._pairs: dict[tuple[int, int, int], ImageVectorPairs] = {}
+        self._random_w: np.ndarray | None = None  # control random_latents: [C, H], drawn once
+        # control derangement: one cyclic order of the classes for the whole run
+        self._cycle = np.random.default_rng([DERANGEMENT_SALT, seed % 2**32]).permutation(
+            num_classes
+        )
 
     # ----- before round 1 -------------------------------------------------------------------
     def plan(self, rounds: int) -> list[Step]:
@@ -120,7 +127,17 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
         return out
 
     def _latents(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Classes ever synced and their centroids ``[C', H]``, or None before any."""
+        """Classes ever synced and their centroids ``[C', H]``, or None before any (control
+        ``random_latents``: every class and its random latent once a server phase ran)."""
+        if self.config.control == "random_latents":
+            if self.pairs_round == 0:
+                return None
+            if self._random_w is None:
+                from coordinator.ktl_server import random_latents
+
+                seed = (self.seed ^ RANDOM_LATENT_SALT) % 2**63
+                self._random_w = random_latents(self._ready(), self.num_classes, seed)
+            return np.arange(self.num_classes), self._random_w
         if self.aligner is None:
             return None
         from coordinator.ktl_server import VALID_KEY
@@ -133,14 +150,25 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
     def _pairs_for(self, channels: int, height: int, width: int) -> ImageVectorPairs:
         key = (channels, height, width)
         if key not in self._pairs:
-            from coordinator.ktl_server import synthesize, to_input_spec
+            from coordinator.ktl_server import (
+                deranged_rows,
+                matched_noise,
+                synthesize,
+                to_input_spec,
+            )
 
             latents = self._latents()
             assert latents is not None  # configure checked
             if self._images is None:  # once per round, shared by every input spec
                 self._images = synthesize(self._ready(), latents[1])
             images = to_input_spec(self._images, channels, height, width)
-            self._pairs[key] = ImageVectorPairs(images, latents[1], self.config.pair_encoding)
+            vectors = latents[1]
+            if self.config.control == "noise_images":
+                draw = [NOISE_SALT, self.seed % 2**32, self.pairs_round, *key]
+                images = matched_noise(images, np.random.default_rng(draw))
+            elif self.config.control == "derangement":
+                vectors = vectors[deranged_rows(latents[0], self._cycle)]
+            self._pairs[key] = ImageVectorPairs(images, vectors, self.config.pair_encoding)
         return self._pairs[key]
 
     def _pairs_meta(self) -> TensorMap:
@@ -177,6 +205,11 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
         """Align F and the centroids on this round's prototypes; the pairs follow from them."""
         if step.phase != "train" or not self._uploads:
             return {}
+        if self.config.control == "random_latents":  # the uploads are ignored: no F, no Cent
+            count = sum(len(c) for _, c in self._uploads)
+            self._uploads, self._images, self._pairs = [], None, {}
+            self.pairs_round = step.round
+            return {"ktl_prototypes": float(count)}
         from coordinator.ktl_server import align
 
         vectors = np.concatenate([v for v, _ in self._uploads])

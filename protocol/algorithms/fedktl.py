@@ -75,6 +75,12 @@ class FedKTLConfig(TrainConfig):
     mmd_weight: float = 1.0  # 0: the "-L^MMD" ablation (the paper's loss has 1)
     mmd_bandwidth: Literal["fixed", "median"] = "fixed"  # {10, 15, 20, 50} or median heuristic
     pair_encoding: Literal["raw", "f16"] = "raw"  # the latents; images are always uint8
+    # ----- matched controls of spec §10 (server only; the agents run unchanged) -----
+    # derangement: each image's latent is another class's (one fixed cyclic derangement of the
+    # classes for the whole run); noise_images: the images replaced by noise of the same
+    # per-channel mean and std over the image set, true latents; random_latents: C valid
+    # latents drawn once from the run seed, the uploads ignored (no F, no centroids)
+    control: Literal["none", "derangement", "noise_images", "random_latents"] = "none"
     # ----- generator (spec §9.1) -----
     generator: Literal["dcgan_face", "cppn", "torchscript", "onnx", "entry_point"] = "dcgan_face"
     generator_path: str = ""  # torchscript file, onnx manifest or entry-point weights
