@@ -1,0 +1,497 @@
+"""FedKTL at CPU scale: the reproduction of issue 15 §3 (``shared/specs/fedktl.md`` §10).
+
+Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+code paths as a real fleet), so accuracies are what the agents report and bytes are what the
+coordinator's endpoint counted.
+
+Setting (defaults of this script): ``digits`` (8x8, the fast variant) or ``mnist5k`` (28x28),
+K = 10 agents with full participation, family ``ktl_tiny`` (two MLPs, two small CNNs, client i
+gets architecture i mod 4), every agent built with ``feature_dim`` = K_ETF = C = 10 (FedKTL's
+g = h o f is the classifier's projection; the baselines get the same models), Dir(alpha)
+label skew, 20 % of each client's data as its own test split, a global test set held out first
+(``--global-test``; a larger one leaves the clients less data: the scarce-data variant).
+T = 25 rounds. Client: SGD lr 0.01, batch 10, one local epoch per round, clip 100 (the
+paper's). Server: Adam 0.01, batch 100, lambda = 1 (the paper's) but 20 epochs per round (paper
+100; its Tab. 15 has 10 epochs 1.2 points below 100), mu = 50, generator ``dcgan_face``.
+
+Methods (``--methods``; every ``fedktl`` row differs from ``fedktl`` in one setting only):
+
+* ``local``: local training only (cross-entropy, the same models and optimiser);
+* ``fedproto``: FedProto with lambda = 0.1 (the paper's baseline setting);
+* ``fedktl``: FedKTL; ``fedktl_cppn``: with the procedural ``cppn`` generator instead;
+* ``mu0``: mu = 0, the same clients (ETF + ArcFace) without transfer (paper's -L^M);
+* ``no_mse`` / ``no_mmd``: lambda = 0 / the MMD weight 0 (paper's -L^MSE / -L^MMD);
+* ``ctl_derange``: each image paired with another class's latent (one fixed derangement);
+* ``ctl_noise``: noise images matched in mean and std to the generated ones, true latents;
+* ``ctl_random``: C random valid latents drawn once, the uploads ignored.
+
+Usage::
+
+    python benchmarks/fedktl_repro.py --out benchmarks/results/fedktl_digits.json \\
+        --md benchmarks/results/fedktl_digits.md
+    python benchmarks/fedktl_repro.py --global-test 1200 --out benchmarks/results/fedktl_digits.json
+    python benchmarks/fedktl_repro.py --out benchmarks/results/fedktl_digits.json --table-only
+
+Results are appended to ``--out`` after every run; a rerun skips runs already there with the
+same settings, so an interrupted grid resumes. A run that raises is recorded under
+``failures`` (with its traceback) and retried by the next invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# the in-process transport's agents and the coordinator log per step; the grid prints a line
+# per run instead
+logging.basicConfig(level=logging.ERROR)
+
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "local": ("local", {}),
+    "fedproto": ("fedproto", {"proto_weight": 0.1}),
+    "fedktl": ("fedktl", {}),
+    "mu0": ("fedktl", {"mu": 0.0}),
+    "no_mse": ("fedktl", {"mse_weight": 0.0}),
+    "no_mmd": ("fedktl", {"mmd_weight": 0.0}),
+    "ctl_derange": ("fedktl", {"control": "derangement"}),
+    "ctl_noise": ("fedktl", {"control": "noise_images"}),
+    "ctl_random": ("fedktl", {"control": "random_latents"}),
+    "fedktl_cppn": ("fedktl", {"generator": "cppn"}),
+}
+CONTROLS = ("mu0", "ctl_derange", "ctl_noise", "ctl_random")  # what transfer must beat
+# paired comparisons (a - b) reported per setting
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("fedktl", "mu0"),
+    ("fedktl", "ctl_derange"),
+    ("fedktl", "ctl_noise"),
+    ("fedktl", "ctl_random"),
+    ("fedktl", "local"),
+    ("fedktl", "fedproto"),
+    ("mu0", "local"),
+    ("no_mse", "mu0"),
+    ("no_mmd", "mu0"),
+    ("ctl_derange", "mu0"),
+    ("ctl_noise", "mu0"),
+    ("ctl_random", "mu0"),
+    ("fedktl_cppn", "mu0"),
+    ("fedktl", "fedktl_cppn"),
+    ("fedproto", "local"),
+)
+DATA = {"digits": None, "mnist5k": 28}  # name: image_size
+# the server phase's diagnostics kept per round (spec §10 mechanics)
+KTL_KEYS = ("ktl_mmd", "ktl_mse", "ktl_kernel_xy", "ktl_centroid_dist_min", "ktl_classes")
+ACCS = ("acc_global", "acc_local")
+# two-sided 95 % Student t quantiles by degrees of freedom (normal beyond the table)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line; defaults are the digits grid of docs/fedktl.md."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=sorted(METHODS))
+    ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0], help="Dirichlet")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    ap.add_argument("--data", default="digits", choices=sorted(DATA))
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--family", default="ktl_tiny", help="models.families name")
+    ap.add_argument("--rounds", type=int, default=25, help="T (spec §10: 100)")
+    ap.add_argument("--epochs", type=int, default=1, help="local epochs per round (paper: 1)")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--batch-size", type=int, default=10)
+    ap.add_argument("--mu", type=float, default=50.0)
+    ap.add_argument("--generator", default="dcgan_face", choices=["dcgan_face", "cppn"])
+    ap.add_argument("--server-epochs", type=int, default=20, help="E_S (paper: 100)")
+    ap.add_argument("--global-test", type=int, default=360, help="held out first, stratified")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--deadline", type=float, default=1800.0, help="per-step deadline (s)")
+    ap.add_argument("--code", default=None, help="label of the code run (default: git HEAD)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fedktl_digits.json"))
+    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
+    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    return ap.parse_args(argv)
+
+
+def code_label() -> str:
+    """``git rev-parse --short HEAD`` of the checkout this file is in (``unknown`` outside)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
+    """Everything that determines one run (also its identity in the results file)."""
+    algorithm, extra = METHODS[method]
+    hyper: dict[str, Any] = {
+        "local_epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "momentum": 0.0,
+        "grad_clip": 100.0,
+    }
+    if algorithm == "fedktl":
+        hyper.update(
+            mu=args.mu, generator=args.generator, server_epochs=args.server_epochs, etf_dim=10
+        )
+    hyper.update(extra)
+    return {
+        "method": method,
+        "algorithm": algorithm,
+        "data": args.data,
+        "family": args.family,
+        "alpha": alpha,
+        "seed": seed,
+        "rounds": args.rounds,
+        "clients": args.clients,
+        "feature_dim": 10,  # = etf_dim for every method (same models)
+        "global_test": args.global_test,
+        "hyper": hyper,
+    }
+
+
+def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a summary (or an error record)."""
+    try:
+        return _execute(spec, threads, deadline)
+    except Exception as exc:  # reported, the grid goes on
+        return {
+            "spec": spec,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+
+
+def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+    import torch
+
+    from coordinator.config import load_config
+    from coordinator.simulate import FleetSpec, simulate
+    from models.families import family_models
+
+    torch.set_num_threads(threads)
+    run_dir = Path(tempfile.mkdtemp(prefix="fedktl-repro-"))
+    try:
+        cfg = load_config(
+            None,
+            [],
+            algorithm=spec["algorithm"],
+            rounds=spec["rounds"],
+            run_dir=str(run_dir),
+            min_agents=spec["clients"],
+            seed=spec["seed"],
+            fraction=1.0,
+            deadline_s=deadline,
+            num_classes=10,
+            run_id="fedktl-repro",
+        )
+        cfg = cfg.replace(hyper=spec["hyper"])
+        cfg.algorithm_config()  # validate the hyperparameters before starting agents
+        fleet = FleetSpec(
+            num_agents=spec["clients"],
+            models=tuple(family_models(spec["family"], spec["clients"])),
+            data=spec["data"],
+            partition=f"dirichlet:{spec['alpha']}",
+            feature_dim=spec["feature_dim"],
+            image_size=DATA[spec["data"]],
+            global_test_size=spec["global_test"],
+        )
+        t0 = time.time()
+        result = simulate(cfg, fleet)
+        wall = time.time() - t0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return {"spec": spec, "wall_s": wall, **summarize(result.metrics)}
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    vals = [float(a[key]) for a in records if isinstance(a.get(key), (int, float))]
+    return statistics.fmean(vals) if vals else None
+
+
+def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Final accuracies (all agents), the best round mean, per-round curves, bytes per round."""
+    final = [s for s in steps if s["phase"] == "final"]
+    last = final[-1] if final else steps[-1]
+    agents = list(last["agents"].values())
+    train = [s for s in steps if s["phase"] == "train"]
+    out: dict[str, Any] = {key: _mean(agents, key) for key in ACCS}
+    for key in ACCS:
+        vals = [s[f"mean_{key}"] for s in train if s.get(f"mean_{key}") is not None]
+        out[f"best_{key}"] = max(vals) if vals else None
+    out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
+    # bytes as counted by the coordinator's endpoint: tx = to agents (down), rx = from them (up)
+    out["rounds"] = [
+        {
+            "round": s["round"],
+            "n": len(s["agents"]),
+            "down": sum(int(v) for k, v in s["bytes"].items() if k.startswith("tx")),
+            "up": sum(int(v) for k, v in s["bytes"].items() if k.startswith("rx")),
+            "bytes": s["bytes"],
+            **{key: s.get(f"mean_{key}") for key in ACCS},
+            **{k: s["aggregate"][k] for k in KTL_KEYS if k in s.get("aggregate", {})},
+        }
+        for s in train
+    ]
+    return out
+
+
+def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Runs and failures already in ``path`` (empty lists when it does not exist)."""
+    if not path.is_file():
+        return [], []
+    doc = json.loads(path.read_text())
+    return doc["runs"], doc.get("failures", [])
+
+
+def save(path: Path, runs: list[dict[str, Any]], failures: list[dict[str, Any]]) -> None:
+    """Write all results; ``commands`` records how they were produced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    commands: list[str] = []
+    if path.is_file():
+        commands = json.loads(path.read_text()).get("commands", [])
+    cmd = "python " + " ".join(sys.argv)
+    if cmd not in commands:
+        commands.append(cmd)
+    doc = {"commands": commands, "runs": runs, "failures": failures}
+    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+
+
+# ----- tables ---------------------------------------------------------------------------------
+def ci95(vals: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the two-sided 95 % Student t interval (0 for one value)."""
+    mean = statistics.fmean(vals)
+    if len(vals) < 2:
+        return mean, math.nan
+    df = len(vals) - 1
+    t = T975[df - 1] if df <= len(T975) else 1.96
+    return mean, t * statistics.stdev(vals) / math.sqrt(len(vals))
+
+
+def _ms(vals: list[float | None]) -> str:
+    xs = [100 * v for v in vals if v is not None]
+    if not xs:
+        return "–"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.fmean(xs):.1f} ± {sd:.1f}"
+
+
+def _ci(vals: list[float]) -> str:
+    mean, half = ci95([100 * v for v in vals])
+    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
+
+
+Setting = tuple[str, int, float, int, str]
+
+
+def _setting(r: dict[str, Any]) -> Setting:
+    s = r["spec"]
+    return (s["data"], s["global_test"], s["alpha"], s["rounds"], s["family"])
+
+
+def _setting_name(key: Setting) -> str:
+    data, global_test, alpha, rounds, family = key
+    return f"{data}, global test {global_test}, Dir({alpha:g}), T={rounds}, {family}"
+
+
+def paired_diffs(
+    by_method: dict[str, list[dict[str, Any]]], a: str, b: str, key: str
+) -> list[float]:
+    """Per-seed ``a - b`` of ``key`` (same seed = same partition, inits and test sets)."""
+    ra = {r["spec"]["seed"]: r for r in by_method.get(a, [])}
+    rb = {r["spec"]["seed"]: r for r in by_method.get(b, [])}
+    return [
+        ra[s][key] - rb[s][key]
+        for s in sorted(set(ra) & set(rb))
+        if ra[s][key] is not None and rb[s][key] is not None
+    ]
+
+
+def traffic(rs: list[dict[str, Any]]) -> tuple[float, float, float, float]:
+    """Bytes per agent: round 1 down, later rounds down and up (means), and the whole run's
+    total, means over runs. Round 1's record holds two tasks and two replies per agent for
+    every method (an engine artefact, also for ``local``), so the per-round means skip it."""
+    first, down, up, total = [], [], [], []
+    for r in rs:
+        rounds = r["rounds"]
+        first.append(rounds[0]["down"] / rounds[0]["n"])
+        down += [x["down"] / x["n"] for x in rounds[1:]]
+        up += [x["up"] / x["n"] for x in rounds[1:]]
+        total.append(sum(x["down"] + x["up"] for x in rounds))
+    return (
+        statistics.fmean(first),
+        statistics.fmean(down) if down else math.nan,
+        statistics.fmean(up) if up else math.nan,
+        statistics.fmean(total),
+    )
+
+
+def tables(runs: list[dict[str, Any]]) -> str:
+    """Markdown, one block per setting: accuracies, bytes, mechanics, paired differences."""
+    settings: dict[Setting, list[dict[str, Any]]] = {}
+    for r in runs:
+        settings.setdefault(_setting(r), []).append(r)
+    lines: list[str] = []
+    for key in sorted(settings, key=lambda k: (k[0], k[1], -k[2], k[3:])):
+        by_method: dict[str, list[dict[str, Any]]] = {}
+        for r in settings[key]:
+            by_method.setdefault(r["spec"]["method"], []).append(r)
+        order = [m for m in METHODS if m in by_method]
+        lines += [
+            f"### {_setting_name(key)}",
+            "",
+            "Accuracy in % (mean ± sd over seeds) after the last round, all agents: global = "
+            "the held-out global test set, local = each agent's own test split; best = the "
+            "best round mean (optimistic, as the paper's). Bytes per agent from the "
+            "coordinator's counters: down in round 1 (with the set-up) and per later round, up "
+            "per later round (round 1's record holds two tasks and replies per agent).",
+            "",
+            "| method | seeds | global | local | best global | best local | "
+            "down r1 B | down r≥2 B | up r≥2 B | run total kB | wall s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for m in order:
+            g = by_method[m]
+            first, down, up, total = traffic(g)
+            lines.append(
+                f"| {m} | {len(g)} | {_ms([r['acc_global'] for r in g])} | "
+                f"{_ms([r['acc_local'] for r in g])} | "
+                f"{_ms([r['best_acc_global'] for r in g])} | "
+                f"{_ms([r['best_acc_local'] for r in g])} | {first:,.0f} | {down:,.0f} | "
+                f"{up:,.0f} | {total / 1e3:,.0f} | "
+                f"{statistics.fmean(r['wall_s'] for r in g):.0f} |"
+            )
+        lines += mechanics(by_method, order) + paired(by_method) + [""]
+    return "\n".join(lines) + "\n"
+
+
+def mechanics(by_method: dict[str, list[dict[str, Any]]], order: list[str]) -> list[str]:
+    """The last round's server diagnostics (means over seeds) of the FedKTL rows."""
+    rows = []
+    for m in order:
+        lasts = [r["rounds"][-1] for r in by_method[m] if r["rounds"]]
+        if not any("ktl_mmd" in x for x in lasts):
+            continue
+        cells = []
+        for k in KTL_KEYS:
+            vals = [float(x[k]) for x in lasts if k in x]
+            cells.append(f"{statistics.fmean(vals):.3g}" if vals else "–")
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "",
+        "Server phase of the last round (means over seeds): MMD², MSE, mean cross-kernel "
+        "value, smallest distance between two class centroids, classes with a centroid:",
+        "",
+        "| method | " + " | ".join(KTL_KEYS) + " |",
+        "|---|" + "---|" * len(KTL_KEYS),
+        *rows,
+    ]
+
+
+def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Paired per-seed differences with 95 % t intervals, and the transfer verdict."""
+    rows = []
+    for a, b in PAIRS:
+        dg = paired_diffs(by_method, a, b, "acc_global")
+        dl = paired_diffs(by_method, a, b, "acc_local")
+        if not dg:
+            continue
+        wins = sum(1 for x in dg if x > 0)
+        rows.append(f"| {a} − {b} | {len(dg)} | {_ci(dg)} | {_ci(dl)} | {wins}/{len(dg)} |")
+    if not rows:
+        return []
+    verdict = []
+    for key in ACCS:
+        beats = []
+        for c in CONTROLS:
+            d = paired_diffs(by_method, "fedktl", c, key)
+            if len(d) >= 2:
+                mean, half = ci95(d)
+                beats.append((c, mean - half > 0))
+        if len(beats) == len(CONTROLS):
+            lost = [c for c, ok in beats if not ok]
+            verdict.append(
+                f"- {key}: "
+                + (
+                    "transfer (FedKTL's 95 % interval is above every control)"
+                    if not lost
+                    else "no transfer shown (not above: " + ", ".join(lost) + ")"
+                )
+            )
+    return [
+        "",
+        "Paired differences (percentage points, mean [95 % t interval] over seeds; same seed "
+        "= same partition, inits and test sets):",
+        "",
+        "| comparison | seeds | global | local | seeds with global > 0 |",
+        "|---|---|---|---|---|",
+        *rows,
+        *(["", *verdict] if verdict else []),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the missing runs of the grid one at a time, then print (and write) the tables."""
+    args = parse_args(argv)
+    runs, failures = load(args.out)
+    if not args.table_only:
+        done = {json.dumps(r["spec"], sort_keys=True) for r in runs}
+        todo = [
+            spec
+            for alpha in args.alphas
+            for seed in args.seeds
+            for m in args.methods
+            if json.dumps(spec := run_spec(args, m, alpha, seed), sort_keys=True) not in done
+        ]
+        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
+        code, t0 = args.code or code_label(), time.time()
+        for spec in todo:
+            r = execute(spec, args.threads, args.deadline)
+            r["code"] = code
+            key = json.dumps(spec, sort_keys=True)
+            failures = [f for f in failures if json.dumps(f["spec"], sort_keys=True) != key]
+            head = f"[{time.time() - t0:6.0f}s] {spec['method']:12s} a={spec['alpha']:g} "
+            head += f"seed={spec['seed']}"
+            if "error" in r:
+                failures.append(r)
+                save(args.out, runs, failures)
+                print(f"{head} FAILED {r['error']}\n{r['traceback']}", flush=True)
+                continue
+            runs.append(r)
+            save(args.out, runs, failures)
+            print(
+                f"{head} global={r['acc_global']:.3f} local={r['acc_local']:.3f} "
+                f"wall={r['wall_s']:.0f}s",
+                flush=True,
+            )
+    text = tables(runs)
+    print(text)
+    if failures:
+        print(f"{len(failures)} failed runs recorded in {args.out}")
+    if args.md is not None:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
