@@ -85,6 +85,10 @@ class EdgeAgent:
         self.history: list[dict[str, float]] = []
         self.finished = threading.Event()
         self.refusal: str | None = None  # the coordinator's reason, if it refused us
+        self.gave_up: str | None = None  # set when our run ended before its last round
+        # runs this agent took part in: only their end ends it (a retained "finished" of an
+        # earlier run must not stop an agent that arrives for the next one)
+        self.joined: set[str] = set()
         self._current: Task | None = None
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
@@ -97,6 +101,8 @@ class EdgeAgent:
         if not path.exists():
             return
         ckpt = load_checkpoint(path)
+        if ckpt.meta.get("run_id"):
+            self.joined.add(str(ckpt.meta["run_id"]))
         self.ctx.model.load_state_dict(ckpt.state_dict)
         self.algorithm.load_extra_state(dict(ckpt.extra))
         self.log.info("resumed from %s (round %s)", path, ckpt.meta.get("round"))
@@ -195,15 +201,48 @@ class EdgeAgent:
         self.finished.set()
 
     def on_coordinator_state(self, state: CoordinatorState) -> None:
-        """Re-register when a coordinator (re)starts; stop when the run is finished."""
+        """Re-register when a coordinator (re)starts; stop when our run is finished.
+
+        In daemon mode (``exit_when_finished=False``) the agent archives the finished run's
+        state and stays registered, so it takes part in the next run of its federation.
+        """
         if state.state in ("starting", "running"):
+            self.joined.add(state.run_id)
             self.announce()
-        elif state.state == "finished" and self.settings.exit_when_finished:
+            return
+        if state.state != "finished":
+            return
+        if state.run_id not in self.joined:
+            self.log.info(
+                "run %s ended before this agent joined; waiting for the next", state.run_id
+            )
+            return
+        if state.round < state.total_rounds:
+            self.gave_up = (
+                f"run {state.run_id} ended at round {state.round} of {state.total_rounds}"
+            )
+            self.log.error("%s: the coordinator gave up", self.gave_up)
+        else:
             self.log.info("run %s finished", state.run_id)
+        self.joined.discard(state.run_id)
+        if self.settings.exit_when_finished:
             self.endpoint.send(
                 self.topics.status(self.settings.device_id), Status(state="done"), retain=True
             )
-            self.finished.set()
+        else:  # daemon: the caller builds a fresh agent for the next run on this state dir
+            archived = self._archive(state.run_id)
+            self.log.info("run %s archived in %s; staying for the next run", state.run_id, archived)
+        self.finished.set()
+
+    def _archive(self, run_id: str) -> Path:
+        """Move a finished run's checkpoint, task record and outbox to ``runs/RUN_ID``."""
+        root = self.settings.state_dir
+        dest = root / "runs" / run_id
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in (self.state.checkpoint_path.name, "agent.json", "outbox"):
+            if (root / name).exists():
+                (root / name).replace(dest / name)
+        return dest
 
     def on_task(self, task: Task, env: Envelope) -> None:
         """Run a task once; a repeated task id gets the stored reply again."""

@@ -7,12 +7,13 @@ the models load only once the arguments are parsed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from edge_agent.factory import AgentOptions
@@ -32,7 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--federation", default="default", help="federation name (topic namespace)")
     p.add_argument("--username", default=None, help="MQTT username")
     p.add_argument("--password", default=None, help="MQTT password")
-    p.add_argument("--algorithm", default="fedproto", help="algorithm the coordinator runs")
+    p.add_argument(
+        "--algorithm",
+        default=None,
+        help="pin the algorithm (default: adopt the one the federation's coordinator runs)",
+    )
+    p.add_argument(
+        "--connect-retry",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="keep trying an unreachable broker this long at start-up (0 = fail at once)",
+    )
     p.add_argument("--model", default="cnn_t1", help="architecture name (see `models` registry)")
     p.add_argument(
         "--feature-dim",
@@ -77,8 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the final ONNX bundle here (default: STATE_DIR/export)",
     )
     p.add_argument("--no-export", action="store_true", help="skip the ONNX export at the end")
-    p.add_argument("--stay", action="store_true", help="keep running after the run finishes")
+    p.add_argument(
+        "--stay",
+        "--daemon",
+        dest="stay",
+        action="store_true",
+        help="a daemon: after a run, archive its state and take part in the next one",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one object a line"
+    )
     return p
 
 
@@ -93,64 +114,158 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _setup_logging(level, args.log_format)
     from protocol.errors import EdgeFLError
 
     try:
         return _run(args)
     except EdgeFLError as exc:
         print(f"edge-agent: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
+
+
+EXIT_ERROR = 2  # bad options, unreachable broker, unreadable data
+EXIT_REFUSED = 3  # the coordinator refused this agent (the reason is logged)
+EXIT_GAVE_UP = 4  # the run ended before its last round (the coordinator gave up)
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object a line (journald, Loki, jq)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        out = {
+            "ts": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def _setup_logging(level: int, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def _run(args: argparse.Namespace) -> int:
     import socket
 
-    from protocol.codec import Envelope, encode
-    from protocol.messages import Status
-    from protocol.mqtt import MqttTransport, parse_broker
-    from protocol.topics import Topics, validate_id
-    from protocol.transport import Will
+    from protocol.mqtt import parse_broker
+    from protocol.topics import validate_id
 
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
-    host, port = parse_broker(args.broker)
-    topics = Topics(args.federation)
-    will = Will(
-        topics.status(device_id),
-        encode(
-            Envelope(body=Status(state="offline"), sender=device_id, federation=args.federation)
-        ),
-    )
-    opts = _options(args, device_id)
+    parse_broker(args.broker)  # a bad address fails before the data is loaded
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from edge_agent.factory import build_agent
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while True:
+            code = _one_run(args, device_id, stop)
+            if not args.stay or stop.is_set() or code == EXIT_REFUSED:
+                return code
+    except KeyboardInterrupt:
+        return 0
 
-    transport = MqttTransport(
+
+def _transport(args: argparse.Namespace, device_id: str) -> Any:
+    from protocol.codec import Envelope, encode
+    from protocol.messages import Status
+    from protocol.mqtt import MqttTransport, parse_broker
+    from protocol.topics import Topics
+    from protocol.transport import Will
+
+    host, port = parse_broker(args.broker)
+    status = Envelope(body=Status(state="offline"), sender=device_id, federation=args.federation)
+    return MqttTransport(
         host=host,
         port=port,
         client_id=f"edgefl-{args.federation}-{device_id}",
-        will=will,
+        will=Will(Topics(args.federation).status(device_id), encode(status)),
         username=args.username,
         password=args.password,
     )
-    agent = build_agent(opts, transport)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    agent.start()  # subscriptions before connecting: the broker's queued tasks arrive at once
-    transport.connect()
+
+
+def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) -> int:
+    """Build a fresh agent, take part in one run, and say how it ended (an exit code).
+
+    The agent is built before connecting, so bad data or a bad model fail at once; an
+    unpinned agent is rebuilt if the run it joins uses another algorithm.
+    """
+    from edge_agent.factory import build_agent
+
+    transport = _transport(args, device_id)
     try:
+        algorithm = args.algorithm or "fedproto"
+        agent = build_agent(_options(args, device_id, algorithm), transport)
+        if args.algorithm is None:
+            adopted = _coordinator_algorithm(args, transport, stop)
+            if adopted is None:  # stopped while waiting
+                return 0
+            if adopted != algorithm:
+                agent = build_agent(_options(args, device_id, adopted), transport)
+        agent.start()  # subscriptions before connecting: the broker's queued tasks arrive at once
+        if not transport.connected:
+            transport.connect(retry_for=args.connect_retry)
         agent.run(stop)
-    except KeyboardInterrupt:
-        pass
     finally:
         transport.close()
-    return 0
+    if agent.refusal is not None:
+        return EXIT_REFUSED
+    return EXIT_GAVE_UP if agent.gave_up is not None else 0
 
 
-def _options(args: argparse.Namespace, device_id: str) -> AgentOptions:
+def _coordinator_algorithm(
+    args: argparse.Namespace, transport: Any, stop: threading.Event
+) -> str | None:
+    """The algorithm of the federation's current run, from the coordinator's retained state.
+
+    Waits for a coordinator that is starting or running (not one that finished or vanished):
+    an unpinned agent adopts what the run it joins runs.
+    """
+    import queue
+
+    from protocol.codec import decode
+    from protocol.errors import ProtocolError
+    from protocol.messages import CoordinatorState
+    from protocol.topics import Topics
+
+    states: queue.Queue[CoordinatorState] = queue.Queue()
+
+    def on_state(_topic: str, data: bytes) -> None:
+        with contextlib.suppress(ProtocolError):
+            body = decode(data).body
+            if isinstance(body, CoordinatorState):
+                states.put(body)
+
+    transport.subscribe(Topics(args.federation).coord_state, on_state)
+    transport.connect(retry_for=args.connect_retry)
+    log = logging.getLogger("edgefl.agent")
+    log.info("waiting for a coordinator of federation %s to adopt its algorithm", args.federation)
+    while not stop.is_set():
+        try:
+            state = states.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if state.state in ("starting", "running"):
+            log.info("run %s uses %s; adopting it", state.run_id, state.algorithm)
+            return state.algorithm
+    return None
+
+
+def _options(args: argparse.Namespace, device_id: str, algorithm: str) -> AgentOptions:
     from edge_agent.data import PartitionSpec, parse_partition
     from edge_agent.factory import AgentOptions
 
@@ -166,7 +281,7 @@ def _options(args: argparse.Namespace, device_id: str) -> AgentOptions:
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")
     return AgentOptions(
         device_id=device_id,
-        algorithm=args.algorithm,
+        algorithm=algorithm,
         model=args.model,
         feature_dim=args.feature_dim or None,
         data=args.data,

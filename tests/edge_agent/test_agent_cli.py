@@ -42,6 +42,8 @@ def test_unreachable_broker_is_a_one_line_error(
             "--state-dir",
             str(tmp_path / "s"),
             "--no-export",
+            "--connect-retry",
+            "0",
         ]
     )
     err = capsys.readouterr().err
