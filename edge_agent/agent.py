@@ -276,6 +276,7 @@ class EdgeAgent:
         finally:
             self._current = None
         self.history.append({"round": float(task.round), **metrics})
+        self.log.info("round %d %s: %s", task.round, task.phase, _fmt_metrics(metrics))
         self._save_checkpoint(task)
         reply = Reply(
             task_id=task.task_id,
@@ -386,3 +387,10 @@ class EdgeAgent:
         )
         with contextlib.suppress(EdgeFLError):  # progress is best effort; the reply counts
             self.endpoint.send(self.topics.progress(self.settings.device_id), body, qos=0)
+
+
+def _fmt_metrics(metrics: dict[str, float]) -> str:
+    """``acc_local 0.912, loss_local 0.301, ...``: the evaluation first, then the rest."""
+    first = ("acc_local", "loss_local", "acc_global", "loss_global")
+    keys = [k for k in first if k in metrics] + sorted(k for k in metrics if k not in first)
+    return ", ".join(f"{k} {metrics[k]:.4g}" for k in keys) or "no metrics"

@@ -24,7 +24,7 @@ from protocol.endpoint import Endpoint
 from protocol.errors import ConfigError
 from protocol.transport import Transport
 
-__all__ = ["AgentOptions", "build_agent", "pick_device"]
+__all__ = ["AgentOptions", "build_agent", "describe_data", "pick_device"]
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,42 @@ def _shards(opts: AgentOptions) -> tuple[ArrayDataset, ArrayDataset, ArrayDatase
     return train, test, split.global_test
 
 
+def describe_data(
+    opts: AgentOptions, train: ArrayDataset, test: ArrayDataset, global_test: ArrayDataset | None
+) -> str:
+    """One log line: what was loaded, how it was split, samples per class (by name)."""
+    counts = np.bincount(train.y, minlength=train.num_classes)
+    per_class = ", ".join(
+        f"{name} {n}" for name, n in zip(train.class_names, counts.tolist(), strict=True) if n
+    )
+    split = (
+        "80/20 train/test split of the whole dataset"
+        if opts.partition is None
+        else f"{_scheme(opts.partition)} shard {opts.client_index} of {opts.partition.num_clients}"
+    )
+    shape = "x".join(str(int(d)) for d in train.x.shape[1:])
+    held_out = "" if global_test is None else f", global test {len(global_test.y)}"
+    return (
+        f"data {train.name}: {split}; {train.num_classes} classes, input {shape}; "
+        f"train {len(train.y)}, test {len(test.y)}{held_out}; train per class: {per_class}"
+    )
+
+
+def _scheme(p: PartitionSpec) -> str:
+    if p.scheme == "dirichlet":
+        return f"dirichlet:{p.alpha:g}"
+    return f"pathological:{p.classes_per_client}" if p.scheme == "pathological" else p.scheme
+
+
 def build_agent(
     opts: AgentOptions, transport: Transport, logger: logging.Logger | None = None
 ) -> EdgeAgent:
     """Load this device's data shard, build its model and algorithm, wire the endpoint."""
     device = pick_device(opts.device)
     train, test, global_test = _shards(opts)
+    (logger or logging.getLogger(f"edgefl.agent.{opts.device_id}")).info(
+        "%s", describe_data(opts, train, test, global_test)
+    )
     c, h, _w = train.x.shape[1:]
     build = functools.partial(
         create_model,

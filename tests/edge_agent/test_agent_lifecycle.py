@@ -140,3 +140,15 @@ def test_a_daemon_takes_part_in_the_next_run(mosquitto, tmp_path: Path) -> None:
     algorithms = [r.algorithm for r in coord.registered]
     assert algorithms[0] == "fedproto" and algorithms[-1] == "local"
     assert (tmp_path / "dev1" / "runs" / "r1").is_dir()
+
+
+def test_the_agent_logs_its_data_and_each_rounds_accuracy_and_loss(tmp_path: Path, caplog) -> None:
+    from tests.edge_agent.test_agent import task
+
+    caplog.set_level("INFO", logger="edgefl")
+    agent = make(tmp_path, MemoryBroker())
+    agent.on_task(task(), Envelope(body=task(), sender="coordinator"))
+    text = caplog.text
+    assert "data digits: dirichlet:1 shard 0 of 3; 10 classes, input 1x8x8; train " in text
+    assert "train per class: 0 " in text
+    assert "round 1 train: acc_local " in text and "loss_local " in text
