@@ -113,19 +113,22 @@ def load_images(
         ConfigError: As :func:`load_dataset`.
     """
     key, request = _request(name, root, image_size)
-    if key == "npz":
-        path = Path(request.arg)
-        arrays = read_npz(path)
-        if "y" not in arrays and "x" in arrays and set(arrays) <= {"x", "class_names"}:
-            try:
-                x = _sources.images_from_array(arrays["x"])
-            except ValueError as exc:
-                raise ConfigError(f"npz dataset {path}: {exc}") from exc
-            if image_size is not None and x.shape[2:] != (image_size, image_size):
-                x = resize_images(x, image_size)
-            return x, None
-    dataset = load_dataset(name, root=root, image_size=image_size)
-    return dataset.x, dataset.y
+    if key != "npz":
+        dataset = load_dataset(name, root=root, image_size=image_size)
+        return dataset.x, dataset.y
+    path = Path(request.arg)
+    arrays = read_npz(path)  # once: a labelled file is not read a second time
+    if "y" in arrays or "x" not in arrays or not set(arrays) <= {"x", "class_names"}:
+        dataset = _npz_dataset(path, arrays)
+        x, y = dataset.x, dataset.y
+    else:
+        try:
+            x, y = _sources.images_from_array(arrays["x"]), None
+        except ValueError as exc:
+            raise ConfigError(f"npz dataset {path}: {exc}") from exc
+    if image_size is not None and x.shape[2:] != (image_size, image_size):
+        x = resize_images(x, image_size)
+    return x, y
 
 
 def _request(name: str, root: str | Path | None, image_size: int | None) -> tuple[str, LoadRequest]:
@@ -257,7 +260,10 @@ def load_npz(path: str | Path) -> ArrayDataset:
         ConfigError: The file is missing, not an npz, or its arrays are malformed.
     """
     path = Path(path)
-    arrays = read_npz(path)
+    return _npz_dataset(path, read_npz(path))
+
+
+def _npz_dataset(path: Path, arrays: dict[str, npt.NDArray[Any]]) -> ArrayDataset:
     try:
         return _sources.dataset_from_arrays(arrays, path.stem)
     except (ValueError, ValidationError) as exc:

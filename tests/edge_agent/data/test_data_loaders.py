@@ -10,7 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent.data import ArrayDataset, load_dataset, load_npz, loaders, resize_images, save_npz
+from edge_agent.data import (
+    ArrayDataset,
+    load_dataset,
+    load_images,
+    load_npz,
+    loaders,
+    resize_images,
+    save_npz,
+)
 from protocol.errors import ConfigError, ValidationError
 
 
@@ -324,3 +332,17 @@ def test_dataset_validation(change: dict[str, object], field: str) -> None:
 def test_mnist5k_file_is_plain_gzip_csv() -> None:
     with gzip.open(loaders.mnist5k_path(), "rt") as fh:
         assert len(fh.readline().split(",")) == 785
+
+
+def test_load_images_takes_every_source_and_unlabelled_npz(tmp_path: Path) -> None:
+    x, y = load_images("digits")
+    assert x.shape == (1797, 1, 8, 8) and y is not None and y.shape == (1797,)
+    np.savez(tmp_path / "calib.npz", x=np.full((3, 6, 6), 255, np.uint8))  # x alone: no labels
+    x, y = load_images(str(tmp_path / "calib.npz"), image_size=4)
+    assert x.shape == (3, 1, 4, 4) and y is None and float(x.max()) == 1.0
+    path = save_npz(load_dataset("digits").subset(np.arange(5)), tmp_path / "five")
+    x, y = load_images(str(path))
+    assert x.shape == (5, 1, 8, 8) and y is not None and y.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ConfigError, match=r"missing \['x', 'y'\]"):
+        np.savez(tmp_path / "odd.npz", images=np.zeros((2, 4, 4)))
+        load_images(str(tmp_path / "odd.npz"))
