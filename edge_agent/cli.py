@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in dataset (digits, mnist5k, mnist, fashion_mnist, cifar10, cifar100), "
         "an ImageFolder directory or an .npz file",
     )
+    p.add_argument(
+        "--classes",
+        default=None,
+        metavar="NAMES",
+        help="the federation's classes in order, comma-separated or @FILE (one a line); local "
+        "labels are mapped onto them by name (default: the dataset's own numbering)",
+    )
     p.add_argument("--data-root", default=None, help="root directory of torchvision datasets")
     p.add_argument("--image-size", type=int, default=None, help="resize images to this size")
     p.add_argument(
@@ -277,6 +284,7 @@ def _options(args: argparse.Namespace, device_id: str, algorithm: str) -> AgentO
             seed=args.seed,
             global_test_size=args.global_test_size,
         )
+    classes = _class_list(args.classes) if args.classes else ()
     state_dir = args.state_dir or Path(f"edgefl-agent-{device_id}")
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")
     return AgentOptions(
@@ -295,7 +303,25 @@ def _options(args: argparse.Namespace, device_id: str, algorithm: str) -> AgentO
         device=args.device,
         seed=args.seed,
         exit_when_finished=not args.stay,
+        classes=classes,
     )
+
+
+def _class_list(text: str) -> tuple[str, ...]:
+    """``zero,one,two`` or ``@classes.txt`` (one name a line) -> the names, in order."""
+    from protocol.errors import ConfigError
+
+    if text.startswith("@"):
+        try:
+            lines = Path(text[1:]).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"--classes {text}: {exc}") from exc
+        names = [line.strip() for line in lines if line.strip()]
+    else:
+        names = [n.strip() for n in text.split(",")]
+    if not names or not all(names):
+        raise ConfigError(f"--classes {text!r}: expected class names, comma-separated or @FILE")
+    return tuple(names)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from protocol.endpoint import Endpoint
 from protocol.errors import ConfigError
 from protocol.transport import Transport
 
-__all__ = ["AgentOptions", "build_agent", "describe_data", "pick_device"]
+__all__ = ["AgentOptions", "build_agent", "describe_data", "map_classes", "pick_device"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class AgentOptions:
     device: str = "auto"
     seed: int = 0
     exit_when_finished: bool = True
+    # the federation's classes, by name and in order: local labels are mapped onto them by name
+    # (empty: the dataset's own numbering, which must then agree across the fleet)
+    classes: tuple[str, ...] = ()
 
 
 def pick_device(name: str) -> torch.device:
@@ -75,6 +78,32 @@ def _shards(opts: AgentOptions) -> tuple[ArrayDataset, ArrayDataset, ArrayDatase
     split = make_federated_split(dataset, opts.partition)
     train, test = split.client(opts.client_index)
     return train, test, split.global_test
+
+
+def map_classes(ds: ArrayDataset, classes: tuple[str, ...]) -> ArrayDataset:
+    """``ds`` with its labels renumbered onto the federation's ``classes``, matched by name.
+
+    Devices must mean the same thing by a class index: an image folder numbers its folders
+    alphabetically (zero..nine becomes eight, five, four, ...) and a device may lack classes
+    altogether (no folder). Mapped by name, every device uses the federation's numbering and
+    class count; classes it has no samples of are label skew, the normal case.
+
+    Raises:
+        ConfigError: a local class name the federation does not declare, or duplicate names.
+    """
+    if len(set(classes)) != len(classes):
+        dup = sorted({c for c in classes if classes.count(c) > 1})
+        raise ConfigError(f"--classes: duplicate class names {dup}")
+    index = {name: i for i, name in enumerate(classes)}
+    present = sorted({ds.class_names[int(c)] for c in np.unique(ds.y)})
+    unknown = [name for name in present if name not in index]
+    if unknown:
+        raise ConfigError(
+            f"data {ds.name}: classes {unknown} are not among the federation's classes "
+            f"{list(classes)}; rename them or fix --classes"
+        )
+    lookup = np.asarray([index.get(name, -1) for name in ds.class_names], dtype=np.int64)
+    return ArrayDataset(ds.x, lookup[ds.y], len(classes), tuple(classes), ds.name)
 
 
 def describe_data(
@@ -110,6 +139,9 @@ def build_agent(
     """Load this device's data shard, build its model and algorithm, wire the endpoint."""
     device = pick_device(opts.device)
     train, test, global_test = _shards(opts)
+    if opts.classes:
+        train, test = map_classes(train, opts.classes), map_classes(test, opts.classes)
+        global_test = None if global_test is None else map_classes(global_test, opts.classes)
     (logger or logging.getLogger(f"edgefl.agent.{opts.device_id}")).info(
         "%s", describe_data(opts, train, test, global_test)
     )
