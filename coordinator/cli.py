@@ -155,18 +155,22 @@ def _setup_logging(level: str, fmt: str) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
-def _config(args: argparse.Namespace, **extra: object) -> RunConfig:
-    return _resolve(args, **extra)[0]
+def _config(args: argparse.Namespace, unused: tuple[str, ...] = (), **extra: object) -> RunConfig:
+    return _resolve(args, unused, **extra)[0]
 
 
-def _resolve(args: argparse.Namespace, **extra: object) -> tuple[RunConfig, RunInfo | None]:
+def _resolve(
+    args: argparse.Namespace, unused: tuple[str, ...] = (), **extra: object
+) -> tuple[RunConfig, RunInfo | None]:
     """The run's config, and what its run directory already holds (``None``: a new run).
 
     ``run_dir`` may come from the TOML, ``--set run.run_dir=`` or ``--run-dir`` (that order of
-    precedence); only when none gives it is a fresh ``runs/COMMAND-TIMESTAMP`` chosen.
+    precedence); only when none gives it is a fresh ``runs/COMMAND-TIMESTAMP`` chosen. Keys in
+    ``unused`` are decided by the command itself: giving one is an error, not silently ignored.
     """
     from coordinator.config import read_layers
     from coordinator.lifecycle import resolve_config
+    from protocol.errors import ConfigError
 
     data = read_layers(
         args.config,
@@ -175,8 +179,14 @@ def _resolve(args: argparse.Namespace, **extra: object) -> tuple[RunConfig, RunI
         rounds=args.rounds,
         run_dir=args.run_dir,
         seed=args.seed,
-        **extra,
     )
+    given = sorted(k for k in unused if k in data["run"])
+    if given:
+        raise ConfigError(
+            f"run.{given[0]} has no effect in `coordinator {args.command}` "
+            f"(it sets {', '.join(unused)} itself); remove it"
+        )
+    data["run"].update({k: v for k, v in extra.items() if v is not None})
     data["run"].setdefault("run_dir", f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     cfg, info = resolve_config(data)
     if info is None and "run_id" not in data["run"]:
@@ -288,14 +298,22 @@ DEMO_HYPER = {
 }
 
 
+def _demo_config(args: argparse.Namespace) -> RunConfig:
+    """The demo's defaults fill in only what the TOML, ``--set`` and the flags leave open."""
+    from coordinator.config import read_layers
+
+    given = read_layers(args.config, args.overrides, algorithm=args.algorithm, rounds=args.rounds)
+    args.algorithm = given["run"].get("algorithm", DEMO_DEFAULTS["algorithm"])
+    args.rounds = given["run"].get("rounds", DEMO_DEFAULTS["rounds"])
+    args.overrides = DEMO_HYPER.get(str(args.algorithm), []) + list(args.overrides)
+    args.data = args.data or DEMO_DEFAULTS["data"]
+    return _config(args, unused=("broker", "embedded_port", "min_agents"))
+
+
 def _demo(args: argparse.Namespace) -> int:
     from coordinator.demo import DemoSpec, run_demo
 
-    args.algorithm = args.algorithm or DEMO_DEFAULTS["algorithm"]
-    args.rounds = args.rounds if args.rounds is not None else DEMO_DEFAULTS["rounds"]
-    args.overrides = DEMO_HYPER.get(args.algorithm, []) + list(args.overrides)
-    args.data = args.data or DEMO_DEFAULTS["data"]
-    cfg = _config(args)
+    cfg = _demo_config(args)
     feature_dim = args.feature_dim or DEMO_FEATURE_DIM.get(args.data, 64)
     spec = DemoSpec(
         agents=args.agents, data=args.data, feature_dim=feature_dim, export=not args.no_export
@@ -308,7 +326,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from coordinator.simulate import FleetSpec, simulate
     from models.families import family_models
 
-    cfg = _config(args, min_agents=args.agents)
+    cfg = _config(args, unused=("broker", "embedded_port", "min_agents"), min_agents=args.agents)
     models = (
         tuple(args.models.split(","))
         if args.models

@@ -260,3 +260,20 @@ def test_two_federations_run_on_one_mosquitto_at_once(mosquitto, tmp_path: Path)
         assert not isinstance(result, Exception), result
         assert [sorted(m["agents"]) for m in result.metrics] == [["agent0", "agent1"]] * 2
         assert retained_state(mosquitto.port, fed).state == "finished"
+
+
+def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path: Path) -> None:
+    from coordinator.cli import _demo_config
+
+    toml = tmp_path / "run.toml"
+    toml.write_text('[run]\nalgorithm = "fedproto"\nrounds = 3\n')
+    base = ["demo", "--run-dir", str(tmp_path / "d")]
+    # Execute / Assert: the TOML's algorithm and rounds win over the demo's defaults
+    cfg = _demo_config(build_parser().parse_args([*base, "--config", str(toml)]))
+    assert (cfg.algorithm, cfg.rounds) == ("fedproto", 3)
+    cfg = _demo_config(build_parser().parse_args(base))
+    assert cfg.algorithm == "fedvtc"  # nothing given: the demo's default
+    # keys the demo sets itself are refused, not silently overridden
+    for key in ("run.broker=h:1883", "run.min_agents=9", "run.embedded_port=1884"):
+        with pytest.raises(ConfigError, match="has no effect in `coordinator demo`"):
+            _demo_config(build_parser().parse_args([*base, "--set", key]))
