@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from coordinator.cli import main
+from coordinator.cli import build_parser, main
 from protocol.broker import free_port
 
 HEAVY = ("torch", "torchvision", "onnx", "onnxruntime")
@@ -77,3 +77,21 @@ def test_set_takes_several_overrides_and_repeats() -> None:
         ["serve", "--set", "run.rounds=5", "hyper.lr=0.05", "--set", "hyper.local_epochs=2"]
     )
     assert args.overrides == ["run.rounds=5", "hyper.lr=0.05", "hyper.local_epochs=2"]
+
+
+def test_json_log_format_writes_one_object_a_line() -> None:
+    import json
+    import logging
+
+    from coordinator.cli import _JsonFormatter
+
+    record = logging.LogRecord("edgefl.x", logging.INFO, __file__, 1, "step %d done", (3,), None)
+    line = _JsonFormatter().format(record)
+    assert "\n" not in line
+    assert json.loads(line) | {"ts": 0} == {
+        "ts": 0,
+        "level": "INFO",
+        "logger": "edgefl.x",
+        "msg": "step 3 done",
+    }
+    assert build_parser().parse_args(["serve", "--log-format", "json"]).log_format == "json"

@@ -76,3 +76,14 @@ def test_bad_options_are_rejected_before_connecting(
     )
     err = capsys.readouterr().err
     assert code == 2 and fragment in err, err
+
+
+def test_json_log_format_writes_one_object_a_line() -> None:
+    import json
+    import logging
+
+    from edge_agent.cli import _JsonFormatter, build_parser
+
+    record = logging.LogRecord("edgefl.a", logging.WARNING, __file__, 1, "round %d", (2,), None)
+    assert json.loads(_JsonFormatter().format(record))["msg"] == "round 2"
+    assert build_parser().parse_args(["--broker", "h", "--log-format", "json"]).log_format == "json"
