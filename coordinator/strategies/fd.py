@@ -1,0 +1,70 @@
+"""FD / FedDistill, server half: per-class means of the uploaded mean logits.
+
+Every participant uploads its per-class mean logits as a :class:`PrototypeSet` whose vectors
+have one entry per class of the federation. The global logit of a class is the plain mean over
+the participants that uploaded it (HtFLlib's ``logit_aggregation``: unweighted, this round's
+uploads only); ``carry_absent`` keeps the last global logit of a class nobody held this round.
+Architectures may differ freely: only logits travel.
+"""
+
+from __future__ import annotations
+
+from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
+from coordinator.strategies.baselines import mean_prototypes
+from protocol.algorithms.fd import FDConfig
+from protocol.errors import ValidationError
+from protocol.messages import Reply
+from protocol.payloads import Payload, PrototypeSet
+
+__all__ = ["FDStrategy"]
+
+
+@register_strategy("fd")
+class FDStrategy(Strategy[FDConfig]):
+    """Global per-class logits, the plain mean over the holders of each class."""
+
+    def __init__(self, config: FDConfig, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        self.logits: PrototypeSet | None = None
+
+    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """The global logits of every class that has one (none before the first round)."""
+        if step.phase != "train" or self.logits is None or not self.logits.class_ids.size:
+            return {}
+        return {"logits": self.logits}
+
+    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Logits of the agent's own classes, one per class of the federation, each the mean of
+        1..local_epochs x the agent's registered samples of that class."""
+        if step.phase != "train":
+            return
+        logits = self.check_prototypes(agent, reply, "logits", self.num_classes)
+        held = agent.register.counts_by_class()
+        limit = max(1, self.config.local_epochs)
+        ids, counts = logits.class_ids.tolist(), logits.counts.tolist()
+        bad = [c for c, n in zip(ids, counts, strict=True) if n < 1 or n > limit * held.get(c, 0)]
+        if bad:
+            raise ValidationError(
+                "reply.payloads.logits.counts",
+                "1..local_epochs x the registered samples of each class",
+                bad,
+            )
+
+    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """z_c <- mean of the uploaded z_c^k over the uploaders of class c."""
+        if step.phase != "train":
+            return {}
+        sets = [s for _, r in replies if isinstance(s := r.payloads.get("logits"), PrototypeSet)]
+        current = self.logits if self.config.carry_absent else None
+        self.logits = mean_prototypes(current, sets, self.num_classes, self.config.logit_encoding)
+        held = 0 if self.logits is None else int(self.logits.class_ids.size)
+        return {"classes_with_logits": float(held)}
+
+    def state_dict(self) -> dict[str, Payload]:
+        """The global logits."""
+        return {} if self.logits is None else {"logits": self.logits}
+
+    def load_state_dict(self, state: dict[str, Payload]) -> None:
+        """Restore the global logits."""
+        logits = state.get("logits")
+        self.logits = logits if isinstance(logits, PrototypeSet) else None
