@@ -391,7 +391,8 @@ def _status(args: argparse.Namespace) -> int:
         f"run {c.get('run_id')} ({run.run_dir}): {run.outcome}"
         + (f", pid {run.pid}" if run.pid else "")
         + f"\nfederation {c.get('federation')}, algorithm {c.get('algorithm')}, "
-        f"round {run.round} of {c.get('rounds')} ({run.steps_done} steps done)"
+        f"round {run.round} of {c.get('rounds')} done ({run.steps_done} steps)"
+        + (f"; latest step: {run.step}" if run.step else "")
     )
     for a in run.agents:
         state = "online" if a.online else "offline"

@@ -67,6 +67,7 @@ class RunInfo:
     round: int  # round of the last closed step (0 before the first)
     pid: int | None  # the coordinator holding the directory, if one does
     started: float | None
+    step: str = ""  # the latest step: "round 2 train (open)"
     agents: tuple[AgentRow, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -101,9 +102,15 @@ def _read(db: sqlite3.Connection, run_dir: Path, pid: int | None) -> RunInfo:
     import json
 
     meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
-    row = db.execute("SELECT COUNT(*), MAX(round), MIN(started) FROM steps WHERE status='done'")
-    done, last_round, _ = row.fetchone()
+    done, last_round = db.execute(
+        "SELECT COUNT(*), MAX(round) FROM steps WHERE status='done'"
+    ).fetchone()
     started = db.execute("SELECT MIN(started) FROM steps").fetchone()[0]
+    latest = db.execute(
+        "SELECT round, phase, status, attempt FROM steps ORDER BY idx DESC LIMIT 1"
+    ).fetchone()
+    step = "" if latest is None else f"round {latest[0]} {latest[1]} ({latest[2]}"
+    step += "" if latest is None else (f", attempt {latest[3] + 1})" if latest[3] else ")")
     agents = tuple(
         AgentRow(d, _arch(blob), bool(online), float(seen))
         for d, blob, online, seen in db.execute(
@@ -126,6 +133,7 @@ def _read(db: sqlite3.Connection, run_dir: Path, pid: int | None) -> RunInfo:
         round=int(last_round or 0),
         pid=pid,
         started=started,
+        step=step,
         agents=agents,
     )
 

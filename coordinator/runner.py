@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.config import RunConfig
-from coordinator.engine import Coordinator, RunResult
+from coordinator.engine import Coordinator, QuorumError, RunResult
 from coordinator.store import Store
 from coordinator.strategies import create_strategy
 from protocol.codec import Envelope, encode
@@ -126,7 +126,11 @@ def run_coordinator(
             raise
         try:
             return coord.run()
-        except KeyboardInterrupt:
+        except QuorumError:
+            raise  # the run gave up: recorded as failed, the fleet told it is finished
+        except BaseException:
+            # Ctrl-C, SIGTERM, a crash: resumable; the retained state must not say "running"
+            # (a clean disconnect sends no will), or agents would wait for a coordinator gone
             coord.interrupted()
             raise
     finally:

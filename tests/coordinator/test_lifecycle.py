@@ -115,6 +115,7 @@ def test_a_finished_run_is_reported_never_rewritten(tmp_path: Path, capsys) -> N
     assert main(["status", "--run-dir", str(run_dir), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["algorithm"] == "fedproto" and status["outcome"] == "finished"
+    assert status["step"] == "round 2 final (done)"
     assert [(a["device_id"], a["arch"]) for a in status["agents"]] == [
         ("agent0", "mlp_s"),
         ("agent1", "cnn_t1"),
@@ -277,3 +278,21 @@ def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path
     for key in ("run.broker=h:1883", "run.min_agents=9", "run.embedded_port=1884"):
         with pytest.raises(ConfigError, match="has no effect in `coordinator demo`"):
             _demo_config(build_parser().parse_args([*base, "--set", key]))
+
+
+def test_a_coordinator_that_crashes_leaves_the_fleet_told_and_the_run_resumable(
+    tmp_path: Path,
+) -> None:
+    from coordinator.runner import run_coordinator
+
+    cfg = run_config(tmp_path)
+    broker = MemoryBroker()
+
+    def crash() -> None:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_coordinator(cfg, MemoryTransport(broker, "coordinator"), health_check=crash)
+    retained = decode(broker._retained[Topics(cfg.federation).coord_state]).body
+    assert retained.state == "offline"  # not "starting" forever
+    assert read_run(cfg.run_dir).outcome == "interrupted"
