@@ -1,0 +1,53 @@
+"""LG-FedAvg, edge half: the head is the exchanged module; the extractor stays local.
+
+The one loop trains the whole model on cross-entropy (HtFLlib's ``clientlg``); only the head's
+state dict is received before training and uploaded after it. Every agent's head starts from
+one seed fleet-wide, derived from the head's shape, so round 1 averages heads that started
+alike whatever the extractors are.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+
+from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
+from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
+from edge_agent.seeding import derived_seed
+from protocol.algorithms.lg_fedavg import LGFedAvgConfig
+from protocol.arrays import Encoding
+
+__all__ = ["LGFedAvgEdge", "fresh_copy"]
+
+
+def fresh_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with every submodule's parameters re-initialised by its own
+    ``reset_parameters`` (random: the caller seeds)."""
+    fresh = copy.deepcopy(module)
+    for sub in fresh.modules():
+        reset = getattr(sub, "reset_parameters", None)
+        if callable(reset):
+            reset()
+    return fresh
+
+
+@register_edge_algorithm("lg_fedavg")
+class LGFedAvgEdge(WeightExchangeEdge[LGFedAvgConfig]):
+    """Receives and uploads the head (``get_classifier()``); trains the whole model."""
+
+    def exchanged_module(self) -> nn.Module:
+        """The head: the only module that travels."""
+        return self.ctx.model.get_classifier()
+
+    def weight_encoding(self) -> Encoding:
+        """As the run configures (``weight_encoding``)."""
+        return self.config.weight_encoding
+
+    def shared_modules(self) -> dict[str, SharedModule]:
+        """The head starts identical on every agent whose head has its shape; the extractor
+        keeps its own initialisation."""
+        head = self.exchanged_module()
+        shapes = ";".join(f"{k}:{list(v.shape)}" for k, v in head.state_dict().items())
+        seed = derived_seed(SHARED_MODEL_SEED, f"lg_fedavg-head|{shapes}")
+        return {"head": SharedModule(head, lambda: fresh_copy(head), seed)}
