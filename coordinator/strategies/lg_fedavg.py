@@ -9,6 +9,8 @@ checked against the global head, and in round 1 against the round's first valid 
 
 from __future__ import annotations
 
+from typing import Any
+
 from coordinator.strategies.base import AgentInfo, Step, register_strategy
 from coordinator.strategies.baselines import FedAvgStrategy
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
@@ -16,35 +18,33 @@ from protocol.errors import ValidationError
 from protocol.messages import Reply
 from protocol.payloads import TensorMap
 
-__all__ = ["LGFedAvgStrategy", "head_layout"]
+__all__ = ["LGFedAvgStrategy", "SharedModuleStrategy", "tensor_layout"]
 
 
-def head_layout(head: TensorMap) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape: what two heads must share to be averaged."""
-    return {k: tuple(v.shape) for k, v in head.tensors.items()}
+def tensor_layout(tensors: TensorMap) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape: what two uploads must share to be averaged."""
+    return {k: tuple(v.shape) for k, v in tensors.tensors.items()}
 
 
-@register_strategy("lg_fedavg")
-class LGFedAvgStrategy(FedAvgStrategy):
-    """One global head, averaged by sample count; extractors stay home."""
+class SharedModuleStrategy(FedAvgStrategy):
+    """FedAvg of one module every agent holds in one shape (LG-FedAvg's head, FML's and FedKD's
+    shared model), whatever the rest of each agent's model is."""
 
-    def __init__(self, config: LGFedAvgConfig, *, num_classes: int, seed: int = 0) -> None:
+    def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         # before the first aggregation, uploads must agree with the step's first valid one
         self._first: tuple[Step, dict[str, tuple[int, ...]]] | None = None
 
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
-        """Any architecture and input: only the head is shared, and its classes were checked by
-        the engine. Its feature dimension is not in the registration, so :meth:`validate`
-        refuses a head of another shape at its first upload."""
+        """Any architecture (FedAvg's one-architecture rule does not apply)."""
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """The head's tensors: those of the global head, or before the first aggregation those
-        of the step's first valid upload."""
-        super().validate(step, agent, reply)  # matches the global head once there is one
+        """The module's tensors: those of the global module, or before the first aggregation
+        those of the step's first valid upload."""
+        super().validate(step, agent, reply)  # matches the global module once there is one
         if step.phase != "train" or self.weights is not None:
             return
-        layout = head_layout(self.payload(reply, "weights", TensorMap))
+        layout = tensor_layout(self.payload(reply, "weights", TensorMap))
         if self._first is None or self._first[0] != step:
             self._first = (step, layout)
             return
@@ -52,6 +52,18 @@ class LGFedAvgStrategy(FedAvgStrategy):
             diff = sorted(set(layout.items()) ^ set(self._first[1].items()))[:4]
             raise ValidationError(
                 "reply.payloads.weights",
-                f"the head of this round's first upload {self._first[1]}",
+                f"the tensors of this round's first upload {self._first[1]}",
                 f"{agent.device_id}: differs in {diff}",
             )
+
+
+@register_strategy("lg_fedavg")
+class LGFedAvgStrategy(SharedModuleStrategy):
+    """One global head, averaged by sample count; extractors stay home.
+
+    Any architecture and input may join: only the head is shared, and its classes were checked
+    by the engine. Its feature dimension is not in the registration, so :meth:`validate` refuses
+    a head of another shape at its first upload.
+    """
+
+    config: LGFedAvgConfig

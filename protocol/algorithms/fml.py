@@ -1,0 +1,52 @@
+"""FML hyperparameters (Shen et al. 2020, "Federated Mutual Learning"; see docs/baselines.md).
+
+Each device holds its private model (its own architecture, never sent) and a copy of a shared
+"meme" model, one small architecture for the whole fleet (``shared_model``, a registry name).
+Locally the two learn from each other by deep mutual learning::
+
+    L_private = alpha * CE(private) + (1 - alpha) * KL(p_meme || p_private)
+    L_meme    = beta  * CE(meme)    + (1 - beta)  * KL(p_private || p_meme)
+
+and only the meme travels, averaged by sample count as FedAvg averages a model (so this config
+extends :class:`FedAvgConfig`: same ``weights`` payload and ``weight_encoding``).
+
+Defaults: alpha = beta = 0.5 (the paper's setting; HtFLlib's argparse default 1.0 would switch
+both KL terms off); training as HtFLlib's ``clientfml``: plain SGD at lr 0.01 for both models,
+batch 10, one local epoch, each model's gradient norm clipped at 10.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from protocol.algorithms.base import register_config
+from protocol.algorithms.baselines import FedAvgConfig
+
+__all__ = ["FMLConfig"]
+
+
+@register_config("fml")
+@dataclass(frozen=True)
+class FMLConfig(FedAvgConfig):
+    """FML: a shared meme model averaged like FedAvg, co-trained with the private model by
+    deep mutual learning on the device."""
+
+    lr: float = 0.01  # both models (HtFLlib); shared_lr overrides the meme's
+    momentum: float = 0.0  # HtFLlib's plain SGD
+    batch_size: int = 10  # HtFLlib
+    grad_clip: float = 10.0  # per model (HtFLlib's clip "to prevent divergence")
+    shared_model: str = "mlp_s"  # registry name, one for the fleet (HtFLlib: FedAvgCNN = cnn4)
+    shared_lr: float = 0.0  # 0: same as lr
+    alpha: float = 0.5  # private model: alpha * CE + (1 - alpha) * KL
+    beta: float = 0.5  # meme model: beta * CE + (1 - beta) * KL
+    # batchmean: KL summed over classes, averaged over samples (the paper's D_KL);
+    # elementwise_mean: divided by B x C as well (HtFLlib's nn.KLDivLoss())
+    kl_reduction: Literal["batchmean", "elementwise_mean"] = "batchmean"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (0 <= self.alpha <= 1 and 0 <= self.beta <= 1) or self.shared_lr < 0:
+            raise ValueError("alpha and beta must be in [0, 1], shared_lr >= 0")
+        if not self.shared_model:
+            raise ValueError("shared_model must name a registered architecture")
