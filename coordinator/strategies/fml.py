@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from coordinator.strategies.base import AgentInfo, register_strategy
 from coordinator.strategies.lg_fedavg import SharedModuleStrategy
-from protocol.algorithms.fml import FMLConfig
+from protocol.algorithms.fml import SharedModelConfig
 from protocol.errors import AdmissionError
 
 __all__ = ["FMLStrategy", "admit_one_input"]
@@ -34,7 +34,7 @@ def admit_one_input(agent: AgentInfo, fleet: list[AgentInfo], shared_model: str)
 class FMLStrategy(SharedModuleStrategy):
     """One global meme, averaged by sample count."""
 
-    config: FMLConfig
+    config: SharedModelConfig
 
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
         """Any private architecture; one input spec, since every agent builds the same meme."""

@@ -28,13 +28,13 @@ from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models import Classifier, create_model
 from models.checkpoint import ModelSpec
-from protocol.algorithms.fml import FMLConfig
+from protocol.algorithms.fml import FMLConfig, SharedModelConfig
 from protocol.arrays import Encoding
 from protocol.messages import Task
 
 __all__ = ["FMLEdge", "SharedModelEdge", "mutual_kl"]
 
-C = TypeVar("C", bound=FMLConfig)
+C = TypeVar("C", bound=SharedModelConfig)
 
 _SHARED = "shared."  # prefix of the meme's tensors in the checkpoint's extra state
 

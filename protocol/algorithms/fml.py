@@ -23,30 +23,40 @@ from typing import Literal
 from protocol.algorithms.base import register_config
 from protocol.algorithms.baselines import FedAvgConfig
 
-__all__ = ["FMLConfig"]
+__all__ = ["FMLConfig", "SharedModelConfig"]
 
 
-@register_config("fml")
 @dataclass(frozen=True)
-class FMLConfig(FedAvgConfig):
-    """FML: a shared meme model averaged like FedAvg, co-trained with the private model by
-    deep mutual learning on the device."""
+class SharedModelConfig(FedAvgConfig):
+    """Settings of every algorithm whose devices co-train a private model and a shared one
+    (FML's meme, FedKD's mentee), with HtFLlib's training defaults."""
 
-    lr: float = 0.01  # both models (HtFLlib); shared_lr overrides the meme's
+    lr: float = 0.01  # both models (HtFLlib); shared_lr overrides the shared model's
     momentum: float = 0.0  # HtFLlib's plain SGD
     batch_size: int = 10  # HtFLlib
     grad_clip: float = 10.0  # per model (HtFLlib's clip "to prevent divergence")
     shared_model: str = "mlp_s"  # registry name, one for the fleet (HtFLlib: FedAvgCNN = cnn4)
     shared_lr: float = 0.0  # 0: same as lr
-    alpha: float = 0.5  # private model: alpha * CE + (1 - alpha) * KL
-    beta: float = 0.5  # meme model: beta * CE + (1 - beta) * KL
-    # batchmean: KL summed over classes, averaged over samples (the paper's D_KL);
+    # batchmean: KL summed over classes, averaged over samples (the papers' D_KL);
     # elementwise_mean: divided by B x C as well (HtFLlib's nn.KLDivLoss())
     kl_reduction: Literal["batchmean", "elementwise_mean"] = "batchmean"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (0 <= self.alpha <= 1 and 0 <= self.beta <= 1) or self.shared_lr < 0:
-            raise ValueError("alpha and beta must be in [0, 1], shared_lr >= 0")
-        if not self.shared_model:
-            raise ValueError("shared_model must name a registered architecture")
+        if self.shared_lr < 0 or not self.shared_model:
+            raise ValueError("shared_lr must be >= 0 and shared_model a registered architecture")
+
+
+@register_config("fml")
+@dataclass(frozen=True)
+class FMLConfig(SharedModelConfig):
+    """FML: a shared meme model averaged like FedAvg, co-trained with the private model by
+    deep mutual learning on the device."""
+
+    alpha: float = 0.5  # private model: alpha * CE + (1 - alpha) * KL
+    beta: float = 0.5  # meme model: beta * CE + (1 - beta) * KL
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (0 <= self.alpha <= 1 and 0 <= self.beta <= 1):
+            raise ValueError("alpha and beta must be in [0, 1]")

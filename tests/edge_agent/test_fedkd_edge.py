@@ -1,0 +1,105 @@
+"""FedKD edge half: the adaptive mutual-distillation loss against hand-computed values, its
+weight taken without gradient, W_h trained but never sent."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coordinator.strategies.fedkd  # noqa: F401  (registers the server half)
+from edge_agent.algorithms import EdgeContext
+from edge_agent.algorithms.fedkd import FedKDEdge, adaptive_kd_loss
+from edge_agent.trainer import TensorData
+from models import create_model
+from protocol.algorithms.fedkd import FedKDConfig
+from protocol.messages import Task
+from protocol.payloads import TensorMap
+
+C = 3
+KL = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)  # KL([.75,.25] || [.5,.5])
+KL_REV = 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25)  # KL([.5,.5] || [.75,.25])
+
+
+def test_adaptive_loss_divides_the_distillation_by_both_task_losses() -> None:
+    mentor = torch.zeros(1, 2)  # softmax 1/2, 1/2: CE = log 2
+    mentee = torch.tensor([[math.log(3.0), 0.0]])  # softmax 3/4, 1/4: CE = log(4/3) for y = 0
+    y = torch.tensor([0])
+    h_t, h_s = torch.tensor([[1.0, 3.0]]), torch.tensor([[0.0, 1.0]])  # MSE = (1 + 4) / 2
+    ce = math.log(2) + math.log(4 / 3)
+    expected = ce + (KL + KL_REV + 2.5) / ce
+    got = adaptive_kd_loss(mentor, mentee, y, h_t, h_s).item()
+    assert got == pytest.approx(expected, rel=1e-5)
+    no_hidden = adaptive_kd_loss(mentor, mentee, y).item()
+    assert no_hidden == pytest.approx(ce + (KL + KL_REV) / ce, rel=1e-5)
+
+
+def test_the_adaptive_weight_carries_no_gradient() -> None:
+    mentor = torch.tensor([[0.3, -0.2, 0.1]], requires_grad=True)
+    mentee = torch.tensor([[0.5, 0.0, -0.5]])
+    y = torch.tensor([1])
+    adaptive_kd_loss(mentor, mentee, y).backward()
+    ref = mentor.detach().clone().requires_grad_(True)
+    w = 1.0 / float(F.cross_entropy(ref.detach(), y) + F.cross_entropy(mentee, y))
+    p_s = F.softmax(mentee, 1)
+    own = F.cross_entropy(ref, y) + w * (p_s * (p_s.log() - F.log_softmax(ref, 1))).sum()
+    own.backward()
+    torch.testing.assert_close(mentor.grad, ref.grad)
+
+
+def make_edge(seed: int = 0) -> FedKDEdge:
+    g = torch.Generator().manual_seed(1)
+    y = torch.arange(C).repeat(6)
+    x = torch.rand(len(y), 1, 8, 8, generator=g)
+    torch.manual_seed(seed)
+    ctx = EdgeContext(
+        model=create_model("cnn_t1", num_classes=C, in_chans=1, feature_dim=4, input_size=8),
+        train=TensorData(x, y),
+        test=TensorData(x[:6], y[:6]),
+        num_classes=C,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return FedKDEdge(ctx)
+
+
+def task(**cfg: object) -> Task:
+    return Task(
+        task_id="t",
+        run_id="r",
+        round=1,
+        phase="train",
+        deadline=0.0,
+        algorithm="fedkd",
+        config=FedKDConfig(batch_size=8).replace(**cfg).to_dict(),
+        payloads={},
+    )
+
+
+def test_w_h_maps_mentee_to_mentor_features_trains_and_stays_home() -> None:
+    edge = make_edge()
+    edge.cfg = FedKDConfig()
+    w_h = edge.hidden_map()
+    assert tuple(w_h.weight.shape) == (4, edge.shared_net().num_features)
+    before = w_h.weight.detach().clone()
+    up = edge.handle(task()).payloads["weights"]
+    assert not torch.equal(before, w_h.weight)  # W_h is a trained group
+    assert isinstance(up, TensorMap)
+    assert sorted(up.tensors) == sorted(edge.shared_net().state_dict())  # the mentee alone
+    state = edge.extra_state()
+    assert any(k.startswith("fedkd_wh.") for k in state)
+    restored = make_edge(seed=3)
+    restored.load_extra_state(state)
+    restored.cfg = FedKDConfig()
+    torch.testing.assert_close(restored.hidden_map().weight, w_h.weight)
+    for k, v in edge.shared_net().state_dict().items():
+        np.testing.assert_array_equal(restored.shared_net().state_dict()[k].numpy(), v.numpy())
+
+
+def test_without_the_hidden_loss_there_is_no_w_h_group() -> None:
+    edge = make_edge()
+    edge.cfg = FedKDConfig(hidden_loss=False)
+    assert [g.name for g in edge.param_groups()] == ["private", "shared"]
