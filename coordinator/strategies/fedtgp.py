@@ -19,7 +19,20 @@ from protocol.errors import AggregationError
 from protocol.messages import Reply
 from protocol.payloads import Payload, PrototypeSet, TensorMap
 
-__all__ = ["FedTGPStrategy", "adaptive_margin"]
+__all__ = ["FedTGPStrategy", "adaptive_margin", "prototype_pairs"]
+
+
+def prototype_pairs(
+    sets: list[PrototypeSet],
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Every uploaded (client prototype, class) pair as training data: ``[N, D]``, ``[N]``."""
+    held = [s for s in sets if s.class_ids.size]
+    if not held:
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
+    if len({s.dim for s in held}) > 1:
+        raise AggregationError(f"prototype dimensions differ: {sorted({s.dim for s in held})}")
+    vectors = np.concatenate([s.vectors for s in held])
+    return vectors, np.concatenate([s.class_ids for s in held]).astype(np.int64)
 
 
 def adaptive_margin(means: PrototypeSet, threshold: float) -> float:
@@ -58,8 +71,7 @@ class FedTGPStrategy(FedProtoStrategy):
         if means is None:
             self._pending = None
             return {"uploaded_prototypes": 0.0}
-        vectors = np.concatenate([s.vectors for s in sets if s.class_ids.size])
-        labels = np.concatenate([s.class_ids for s in sets if s.class_ids.size]).astype(np.int64)
+        vectors, labels = prototype_pairs(sets)
         margin = adaptive_margin(means, self.config.margin_threshold)
         self._pending = (vectors, labels, margin)
         self._counts.update(_counts(means))

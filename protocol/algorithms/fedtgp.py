@@ -4,7 +4,8 @@ The edge is FedProto's (CE + lambda * MSE to the global prototype, prototypes up
 extends :class:`FedProtoConfig`; the server adds the trainable global prototypes (TGP) and their
 adaptive-margin contrastive loss (ACL). Defaults: lambda 0.1, S = 100 server epochs and margin
 threshold tau = 100 as in the authors' HtFLlib scripts (``-lam 0.1 -se 100 -mart 100``); the
-server's SGD learning rate is the clients' (0.01) and its batch size HtFLlib's ``-lbs`` (10); the
+clients train with HtFLlib's plain SGD (lr 0.01, no momentum, batch 10); the server's SGD
+learning rate is the clients' (0.01) and its batch size HtFLlib's ``-lbs`` (10); the
 generator's hidden width is the feature dimension; clients predict by nearest global prototype
 (HtFLlib's ``clienttgp.test_metrics``).
 """
@@ -25,6 +26,8 @@ __all__ = ["FedTGPConfig"]
 class FedTGPConfig(FedProtoConfig):
     """FedTGP: FedProto's edge; the server trains global prototypes with an adaptive margin."""
 
+    momentum: float = 0.0  # HtFLlib clients: plain SGD, lr 0.01, batch 10
+    batch_size: int = 10
     proto_weight: float = 0.1  # lambda
     predict: Literal["head", "prototype"] = "prototype"
     server_epochs: int = 100  # S: epochs over the round's uploaded prototypes

@@ -1,0 +1,95 @@
+"""FedGH, server half: a global head trained on the uploaded class prototypes.
+
+``aggregate`` keeps every (client prototype, class) pair of the round; ``server_train`` continues
+training the global head ``Linear(D, C)`` on them with cross-entropy
+(``coordinator/ccvr_server.py:fit_head``, the one server fit loop); ``configure`` sends it down
+as ``weights`` (the state dict of the agents' classifier), which each agent loads before
+training.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from coordinator.strategies.base import (
+    AgentInfo,
+    ServerContext,
+    Step,
+    Strategy,
+    register_strategy,
+)
+from coordinator.strategies.fedtgp import prototype_pairs
+from protocol.algorithms.fedgh import FedGHConfig
+from protocol.errors import AggregationError
+from protocol.messages import Reply
+from protocol.payloads import Payload, PrototypeSet, TensorMap
+
+__all__ = ["FedGHStrategy"]
+
+
+@register_strategy("fedgh")
+class FedGHStrategy(Strategy[FedGHConfig]):
+    """The server half of FedGH."""
+
+    def __init__(self, config: FedGHConfig, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        self.head: TensorMap | None = None  # ``weight`` [C, D], ``bias`` [C]
+        self._pending: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] | None = None
+
+    @property
+    def feature_dim(self) -> int | None:
+        """The head's input size once it exists."""
+        return None if self.head is None else int(self.head.tensors["weight"].shape[1])
+
+    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """The global head (none before the first server training)."""
+        return {} if self.head is None else {"weights": self.head}
+
+    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Prototypes of the agent's classes, of the head's input size."""
+        if step.phase == "train":
+            self.check_prototypes(agent, reply, "protos", self.feature_dim)
+
+    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """Keep the round's (prototype, class) pairs for :meth:`server_train`."""
+        sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
+        vectors, labels = prototype_pairs(sets)
+        self._pending = (vectors, labels) if labels.size else None
+        return {"uploaded_prototypes": float(labels.size)}
+
+    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+        """Continue training the global head on the round's prototypes (fresh SGD)."""
+        if step.phase != "train" or self._pending is None:
+            return {}
+        vectors, labels = self._pending
+        self._pending = None
+        from coordinator.ccvr_server import fit_head  # torch only on the server's path
+        from models.fit import FitError
+
+        cfg = self.config
+        try:
+            self.head, metrics = fit_head(
+                self.head,
+                vectors,
+                labels,
+                num_classes=self.num_classes,
+                epochs=cfg.server_epochs,
+                batch_size=cfg.server_batch_size,
+                lr=cfg.server_lr,
+                ctx=ctx,
+                encoding=cfg.head_encoding,
+            )
+        except FitError as exc:  # the engine closes the step failed and keeps the last state
+            raise AggregationError(f"fedgh: head training failed: {exc}") from exc
+        return metrics
+
+    def state_dict(self) -> dict[str, Payload]:
+        """The global head."""
+        return {} if self.head is None else {"head": self.head}
+
+    def load_state_dict(self, state: dict[str, Payload]) -> None:
+        """Restore the global head."""
+        head = state.get("head")
+        self.head = head if isinstance(head, TensorMap) else None
+        self._pending = None

@@ -1,0 +1,38 @@
+"""FedGH, edge half: plain cross-entropy training; the global head arrives as ``weights`` and
+replaces the classifier before training; class prototypes go up."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
+from edge_agent.algorithms.weights import WeightExchangeEdge
+from edge_agent.knowledge import class_prototypes
+from protocol.algorithms.fedgh import FedGHConfig
+from protocol.payloads import Payload
+
+__all__ = ["FedGHEdge"]
+
+
+@register_edge_algorithm("fedgh")
+class FedGHEdge(WeightExchangeEdge[FedGHConfig]):
+    """Receives the head (receive only), uploads prototypes."""
+
+    def exchanged_module(self) -> nn.Module:
+        """The classifier: the global head overwrites it."""
+        return self.ctx.model.get_classifier()
+
+    def shared_modules(self) -> dict[str, SharedModule]:
+        """None: extractors are the agents' own and the head comes from the server."""
+        return {}
+
+    def reply_payloads(self) -> dict[str, Payload]:
+        """Class prototypes of the trained model over the local training set."""
+        return {
+            "protos": class_prototypes(
+                self.ctx.model,
+                self.ctx.train,
+                self.ctx.num_classes,
+                encoding=self.config.proto_encoding,
+            )
+        }

@@ -1,0 +1,41 @@
+"""FedGH hyperparameters (Yi et al., ACM MM 2023; HtFLlib ``clientgh``/``servergh``).
+
+Agents train with plain cross-entropy and upload class prototypes; the server trains one global
+head (``Linear(feature_dim, C)``) on every uploaded (prototype, class) pair with cross-entropy and
+sends it down; each agent replaces its classifier with it before training. Defaults from
+HtFLlib: clients' plain SGD (lr 0.01, no momentum, batch 10); server SGD lr 0.01 (``-slr``),
+one server epoch per round (the authors' scripts run FedGH with ``-se 1``), batch 10.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.payloads import PrototypeSet
+
+__all__ = ["FedGHConfig"]
+
+
+@register_config("fedgh")
+@dataclass(frozen=True)
+class FedGHConfig(TrainConfig):
+    """FedGH: prototypes up; a server-trained global head down, loaded into every classifier."""
+
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
+        "train": (PayloadSpec("protos", PrototypeSet),),
+    }
+
+    momentum: float = 0.0
+    batch_size: int = 10
+    server_epochs: int = 1  # epochs over the round's uploaded prototypes
+    server_lr: float = 0.01  # SGD, fresh each round
+    server_batch_size: int = 10
+    proto_encoding: Literal["raw", "f16"] = "raw"
+    head_encoding: Literal["raw", "f16", "i8"] = "raw"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.server_epochs < 0 or self.server_batch_size < 1 or self.server_lr <= 0:
+            raise ValueError("server_epochs >= 0, server_batch_size >= 1, server_lr > 0")
