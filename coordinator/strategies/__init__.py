@@ -1,10 +1,14 @@
 """Server halves of the algorithms, registered by name (importing this registers them all)."""
 
 from coordinator.strategies import baselines as _baselines  # noqa: F401
+from coordinator.strategies import fd as _fd  # noqa: F401
+from coordinator.strategies import fedkd as _fedkd  # noqa: F401
 from coordinator.strategies import fedktl as _fedktl  # noqa: F401
 from coordinator.strategies import fedtype as _fedtype  # noqa: F401
 from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
 from coordinator.strategies import felo as _felo  # noqa: F401
+from coordinator.strategies import fml as _fml  # noqa: F401
+from coordinator.strategies import lg_fedavg as _lg_fedavg  # noqa: F401
 from coordinator.strategies.base import (
     STRATEGIES,
     AgentInfo,

@@ -1,10 +1,14 @@
 """Edge halves of the algorithms, registered by name (importing this registers them all)."""
 
 from edge_agent.algorithms import baselines as _baselines  # noqa: F401
+from edge_agent.algorithms import fd as _fd  # noqa: F401
+from edge_agent.algorithms import fedkd as _fedkd  # noqa: F401
 from edge_agent.algorithms import fedktl as _fedktl  # noqa: F401
 from edge_agent.algorithms import fedtype as _fedtype  # noqa: F401
 from edge_agent.algorithms import fedvtc as _fedvtc  # noqa: F401
 from edge_agent.algorithms import felo as _felo  # noqa: F401
+from edge_agent.algorithms import fml as _fml  # noqa: F401
+from edge_agent.algorithms import lg_fedavg as _lg_fedavg  # noqa: F401
 from edge_agent.algorithms.base import (
     EDGE_ALGORITHMS,
     EdgeAlgorithm,
