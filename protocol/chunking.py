@@ -5,7 +5,9 @@ the same topic, each carrying ``data = frame[index * piece : (index + 1) * piece
 SHA-256 ``digest`` of the whole frame. The receiver (:class:`Reassembler`) accepts chunks in
 any order, ignores duplicates, checks the declared ``total_size`` against the hard cap before
 it keeps anything, bounds how many partial messages and how many bytes it holds, asks for
-missing chunks when a partial stalls and drops it after a timeout. The sender keeps recently
+missing chunks when a partial stalls and drops it after a timeout. Budgets are per sender
+(declared sizes) and global (bytes actually held), so one sender's announcements cannot starve
+the others (issue 19). The sender keeps recently
 chunked frames in a :class:`SentCache` to answer :class:`~protocol.messages.ChunkRequest`.
 See ``WIRE.md`` §Chunking.
 """
@@ -49,8 +51,16 @@ class ChunkPolicy:
         request_after: Seconds without a new chunk before the receiver asks for missing ones.
         max_requests: Chunk requests per partial message before giving up on it.
         partial_timeout: Seconds without a new chunk before a partial message is dropped.
-        max_partials: Partial messages held at once (per endpoint).
-        max_partial_bytes: Sum of the declared sizes of the partial messages held at once.
+        max_partials: Partial messages held at once (per endpoint). When full, a new message
+            evicts the partial that has gone longest without a new chunk.
+        max_partial_bytes: Data bytes actually held in partial messages (per endpoint); a
+            chunk that would exceed it evicts the stalest other partials. A message declaring
+            more than this can never complete and is refused.
+        max_sender_partials: Partial messages held at once from one sender; its next one
+            evicts its own stalest partial, never another sender's.
+        max_sender_bytes: Sum of the declared sizes of one sender's partial messages; a new
+            message beyond it evicts that sender's stalest partials. Announcing sizes costs a
+            sender only its own budget, never the others' (issue 19).
         sent_cache_bytes: Recently chunked frames the sender keeps to answer chunk requests.
         completed_memory: Completed digests remembered to recognise late duplicate chunks.
         sweep_interval: Seconds between background checks for stalled partials; ``None`` runs
@@ -63,6 +73,8 @@ class ChunkPolicy:
     partial_timeout: float = 60.0
     max_partials: int = 64
     max_partial_bytes: int = 256 * 1024 * 1024
+    max_sender_partials: int = 8
+    max_sender_bytes: int = 128 * 1024 * 1024
     sent_cache_bytes: int = 64 * 1024 * 1024
     completed_memory: int = 4096
     sweep_interval: float | None = 0.5
@@ -76,6 +88,11 @@ class ChunkPolicy:
             raise ConfigError(
                 "chunk timeouts: expected 0 < request_after <= partial_timeout, got "
                 f"{self.request_after} and {self.partial_timeout}"
+            )
+        if min(self.max_partials, self.max_sender_partials) < 1:
+            raise ConfigError(
+                "chunk partial limits: expected max_partials and max_sender_partials >= 1, got "
+                f"{self.max_partials} and {self.max_sender_partials}"
             )
         if self.sweep_interval is not None and self.sweep_interval <= 0:
             raise ConfigError(
@@ -228,12 +245,14 @@ class Stalled:
     digest: bytes
     missing: list[int]
     wire_bytes: int
+    reason: str = ""  # why it was evicted (evictions only)
 
 
 class Reassembler:
     """Collects chunks per ``(sender, digest)`` and returns whole frames once verified.
 
-    Thread-safe: chunks arrive on the transport thread, sweeps run on a timer thread.
+    Thread-safe: chunks arrive on the transport thread, sweeps run on a timer thread. Partials
+    evicted to make room for others are kept for :meth:`take_evicted`.
     """
 
     def __init__(
@@ -243,14 +262,26 @@ class Reassembler:
         self.max_message = max_message
         self.clock = clock
         self._partials: dict[tuple[str, bytes], _Partial] = {}
-        self._reserved = 0  # sum of declared total sizes of the partials held
+        self._held = 0  # data bytes held in partials (what has actually arrived)
         self._done: OrderedDict[tuple[str, bytes], str] = OrderedDict()  # -> inner kind
+        self._evicted: list[Stalled] = []
         self._lock = threading.Lock()
 
     @property
     def pending(self) -> int:
         """Partial messages currently held."""
         return len(self._partials)
+
+    @property
+    def held_bytes(self) -> int:
+        """Data bytes currently held in partial messages."""
+        return self._held
+
+    def take_evicted(self) -> list[Stalled]:
+        """Partials evicted to make room since the last call (to log and count them)."""
+        with self._lock:
+            evicted, self._evicted = self._evicted, []
+        return evicted
 
     def add(
         self, chunk: Chunk, sender: str, topic: str, wire_bytes: int
@@ -264,8 +295,8 @@ class Reassembler:
         already completed, see :meth:`late_kind`).
 
         Raises:
-            LimitError: the declared size exceeds the hard cap, or holding it would exceed the
-                partial-message budget.
+            LimitError: the declared size exceeds the hard cap or a budget it can never fit,
+                or its data cannot be held even after evicting every other partial.
             ValidationError: the chunk contradicts earlier chunks of the same digest.
             DecodeError: the reassembled bytes do not match the digest.
         """
@@ -294,8 +325,10 @@ class Reassembler:
                     f"at most {part.total_size} bytes in all",
                     part.received + len(chunk.data),
                 )
+            self._make_room(key, len(chunk.data))
             part.pieces[chunk.index] = chunk.data
             part.received += len(chunk.data)
+            self._held += len(chunk.data)
             part.last_progress = self.clock()
             if len(part.pieces) < part.count:
                 return None
@@ -312,36 +345,75 @@ class Reassembler:
             return frame, part.wire_bytes, part.frames
 
     def _open(self, key: tuple[str, bytes], chunk: Chunk, topic: str) -> _Partial:
-        # Every check uses declared sizes only: nothing is held until they pass.
-        if chunk.total_size > self.max_message:
+        # Declared sizes are checked before anything is held, but they are only charged to
+        # the sender's own budget: the shared budget counts bytes that actually arrived.
+        sender, policy = key[0], self.policy
+        cap = min(self.max_message, policy.max_partial_bytes, policy.max_sender_bytes)
+        if chunk.total_size > cap:
             raise LimitError(
-                f"chunk.total_size: {chunk.total_size} bytes exceeds the "
-                f"{self.max_message}-byte cap"
+                f"chunk.total_size: {chunk.total_size} bytes exceeds the {cap}-byte cap"
             )
         if chunk.count > chunk.total_size:
             raise ValidationError("chunk.count", f"<= total_size ({chunk.total_size})", chunk.count)
-        if len(self._partials) >= self.policy.max_partials:
-            raise LimitError(f"chunking: {len(self._partials)} partial messages already held")
-        if self._reserved + chunk.total_size > self.policy.max_partial_bytes:
-            raise LimitError(
-                f"chunking: holding {chunk.total_size} more bytes would exceed the "
-                f"{self.policy.max_partial_bytes}-byte budget for partial messages"
-            )
+        own = [k for k in self._partials if k[0] == sender]
+        declared = sum(self._partials[k].total_size for k in own)
+        while own and (
+            len(own) >= policy.max_sender_partials
+            or declared + chunk.total_size > policy.max_sender_bytes
+        ):
+            victim = self._stalest(own)
+            own.remove(victim)
+            declared -= self._partials[victim].total_size
+            self._evict(victim, f"sender {sender} opened another message")
+        while len(self._partials) >= policy.max_partials:
+            self._evict(self._stalest(list(self._partials)), "too many partial messages")
         part = _Partial(
-            sender=key[0],
+            sender=sender,
             topic=topic,
             count=chunk.count,
             total_size=chunk.total_size,
             last_progress=self.clock(),
         )
         self._partials[key] = part
-        self._reserved += chunk.total_size
         return part
+
+    def _make_room(self, key: tuple[str, bytes], size: int) -> None:
+        """Evict the stalest other partials until ``size`` more bytes fit the shared budget."""
+        others = [k for k in self._partials if k != key]
+        while self._held + size > self.policy.max_partial_bytes:
+            if not others:
+                self._drop(key)
+                raise LimitError(
+                    f"chunking: {size} more bytes exceed the {self.policy.max_partial_bytes}"
+                    "-byte budget for partial messages"
+                )
+            victim = self._stalest(others)
+            others.remove(victim)
+            self._evict(victim, "partial-message bytes budget full")
+
+    def _stalest(self, keys: list[tuple[str, bytes]]) -> tuple[str, bytes]:
+        return min(keys, key=lambda k: self._partials[k].last_progress)
+
+    def _evict(self, key: tuple[str, bytes], why: str) -> None:
+        part = self._drop(key)
+        if part is None:
+            return
+        missing = [i for i in range(part.count) if i not in part.pieces]
+        self._evicted.append(
+            Stalled(
+                part.sender,
+                part.topic,
+                key[1],
+                missing[:MAX_MISSING_PER_REQUEST],
+                part.wire_bytes,
+                why,
+            )
+        )
 
     def _drop(self, key: tuple[str, bytes]) -> _Partial | None:
         part = self._partials.pop(key, None)
         if part is not None:
-            self._reserved -= part.total_size
+            self._held -= part.received
         return part
 
     def mark_kind(self, sender: str, digest: bytes, kind: str) -> None:

@@ -5,7 +5,8 @@ An :class:`Endpoint` is what coordinator and agents use: ``send(topic, body)`` a
 it signs frames (optional), splits large frames into chunks and reassembles them, answers and
 issues chunk requests, and counts the bytes on the wire. Rejected input (undecodable, invalid,
 oversized, unsigned, tampered, replayed, duplicated) is logged and counted in
-:attr:`Endpoint.rejected`, never delivered and never raised into the transport's thread.
+:attr:`Endpoint.rejected`, never delivered and never raised into the transport's thread;
+partial chunked messages evicted to make room for others count there as ``evicted``.
 
 Byte accounting (``WIRE.md`` §Byte accounting): :attr:`Endpoint.traffic` counts the encoded
 bytes of every frame published or received, under the kind of the message the frame carries;
@@ -358,6 +359,8 @@ class Endpoint:
         except ProtocolError as exc:
             self._reject(exc, topic, 0)
             return
+        finally:
+            self._log_evicted()
         self._ensure_sweeper()
         if done is None:
             return
@@ -377,6 +380,18 @@ class Endpoint:
         self._reassembler.mark_kind(env.sender, chunk.digest, inner.kind)
         self.traffic.move("rx", "chunk", inner.kind, wire_bytes, chunks=frames)
         self._deliver(inner, topic)
+
+    def _log_evicted(self) -> None:
+        for part in self._reassembler.take_evicted():
+            self.rejected["evicted"] += 1
+            self.log.warning(
+                "evicted incomplete message %s from %s on %s (%d chunks missing): %s",
+                part.digest.hex()[:16],
+                part.sender,
+                part.topic,
+                len(part.missing),
+                part.reason,
+            )
 
     def _on_chunk_request(self, req: ChunkRequest, requester: str) -> None:
         sent = self._sent.get(req.digest)

@@ -212,12 +212,47 @@ def test_partial_messages_are_bounded_in_number_and_bytes() -> None:
         )
     )
     for i in range(3):
+        pair.clock.now += 1
         chunk = Chunk(digest=bytes([i]) * 32, index=0, count=2, total_size=100, data=b"x")
         pair.agent_t.publish(UP, _chunk_frame(chunk))
     big = Chunk(digest=bytes([9]) * 32, index=0, count=2, total_size=20_000, data=b"x")
     pair.agent_t.publish(UP, _chunk_frame(big, sender="dev2"))
-    assert pair.coord.rejected == {"LimitError": 2}
+    # the third partial evicted the stalest; a message above the whole budget never fits
+    assert pair.coord.rejected == {"evicted": 1, "LimitError": 1}
     assert pair.coord._reassembler.pending == 2
+    assert pair.coord._reassembler.late_kind("dev1", bytes([0]) * 32) is None
+
+
+def test_one_sender_cannot_spend_another_senders_budget() -> None:
+    policy = ChunkPolicy(
+        threshold=4096,
+        max_sender_partials=2,
+        max_sender_bytes=10_000,
+        max_partial_bytes=20_000,
+        sweep_interval=None,
+    )
+    pair = Pair(policy=policy)
+    for i in range(4):  # announced sizes cost the announcer only: its stalest are evicted
+        pair.clock.now += 1
+        chunk = Chunk(digest=bytes([i]) * 32, index=0, count=9, total_size=9000, data=b"x")
+        pair.agent_t.publish(T.up("mallory", "reply"), _chunk_frame(chunk, sender="mallory"))
+    assert pair.coord.rejected == {"evicted": 3}
+    assert pair.coord._reassembler.pending == 1
+    pair.agent.send(UP, _reply(2000))  # another sender's message is untouched and completes
+    assert len(pair.at_coord) == 1
+    assert pair.coord._reassembler.pending == 1
+
+
+def test_bytes_actually_held_are_bounded_by_evicting_the_stalest() -> None:
+    policy = ChunkPolicy(threshold=4096, max_partial_bytes=10_000, sweep_interval=None)
+    pair = Pair(policy=policy)
+    stale = Chunk(digest=bytes([1]) * 32, index=0, count=2, total_size=9000, data=b"x" * 6000)
+    pair.agent_t.publish(T.up("dev7", "reply"), _chunk_frame(stale, sender="dev7"))
+    pair.clock.now += 1
+    pair.agent.send(UP, _reply(2000))  # ~8 KB in chunks: evicts the stalled 6000 bytes
+    assert len(pair.at_coord) == 1
+    assert pair.coord.rejected == {"evicted": 1}
+    assert pair.coord._reassembler.held_bytes == 0
 
 
 def test_tampered_chunk_fails_the_digest_check() -> None:
