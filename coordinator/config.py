@@ -55,6 +55,8 @@ class RunConfig:
     max_retries: int = 2  # re-runs of a step that missed quorum before the run stops
     seed: int = 0
     num_classes: int = 10
+    # the classes by name, in order (empty: undeclared); agents must name theirs the same
+    classes: tuple[str, ...] = ()
     federation: str = "default"
     run_id: str = "run"
     run_dir: str = "runs/run"
@@ -74,6 +76,7 @@ class RunConfig:
             raise ConfigError("run: fraction must be in (0, 1] and quorum_fraction in [0, 1]")
         if self.deadline_s <= 0 or self.grace_s < 0 or self.num_classes < 1:
             raise ConfigError("run: deadline_s > 0, grace_s >= 0, num_classes >= 1")
+        _check_classes(self.classes, self.num_classes)
         if not _SERVER_DEVICE.fullmatch(self.server_device):
             raise ConfigError(
                 f"run.server_device: expected auto, cpu, cuda or cuda:N, got {self.server_device!r}"
@@ -92,7 +95,24 @@ class RunConfig:
         """JSON-ready form (recorded with the run)."""
         out = dataclasses.asdict(self)
         out["hyper"] = self.algorithm_config().to_dict()
+        out["classes"] = list(self.classes)
         return out
+
+
+def _check_classes(classes: tuple[str, ...], num_classes: int) -> None:
+    if not classes:
+        return
+    if len(classes) != num_classes:
+        raise ConfigError(
+            f"run.classes names {len(classes)} classes but run.num_classes is {num_classes}; "
+            "leave num_classes out (it defaults to the number of classes) or make them agree"
+        )
+    bad = [c for c in classes if not isinstance(c, str) or not 1 <= len(c) <= 128]
+    if bad:
+        raise ConfigError(f"run.classes: names must be 1..128 characters, got {bad[:3]}")
+    dup = sorted({c for c in classes if classes.count(c) > 1})
+    if dup:
+        raise ConfigError(f"run.classes: duplicate class names {dup}")
 
 
 # One line per [run] key for `coordinator config --defaults`; a test keeps it complete.
@@ -110,6 +130,8 @@ RUN_KEY_HELP: dict[str, str] = {
     "max_retries": "re-runs of a step that missed its quorum before the run stops",
     "seed": "seed of selection and server-side training",
     "num_classes": "classes of the federation's task; every agent must have as many",
+    "classes": 'the classes by name, in order (e.g. ["cat", "dog"] or "cat,dog"); '
+    "agents must name theirs the same, agents without --classes adopt them",
     "federation": "federation name: the MQTT topic namespace agents join",
     "run_id": "the run's name (default: the run directory's name)",
     "run_dir": "where state, metrics and exports go (default: runs/COMMAND-TIMESTAMP)",
@@ -189,11 +211,23 @@ def build_config(data: dict[str, dict[str, Any]], base: dict[str, Any] | None = 
     unknown = sorted(set(run) - set(fields))
     if unknown:
         raise ConfigError(f"[run]: unknown key(s) {unknown}; known: {sorted(fields)}")
-    typed = {k: _coerce(v, fields[k], f"run.{k}") for k, v in run.items()}
+    typed = {k: _coerce_run(k, v, fields[k]) for k, v in run.items()}
+    if typed.get("classes") and "num_classes" not in data["run"]:
+        typed["num_classes"] = len(typed["classes"])  # declared by name: count them
     algorithm = typed.get("algorithm", RunConfig.algorithm)
     # a stored run's hyperparameters belong to its algorithm: another algorithm starts afresh
     hyper = base_hyper if base.get("algorithm", algorithm) == algorithm else {}
     return RunConfig(**typed, hyper={**hyper, **data["hyper"]})
+
+
+def _coerce_run(key: str, value: Any, hint: Any) -> Any:
+    if key != "classes":
+        return _coerce(value, hint, f"run.{key}")
+    if isinstance(value, str):  # --set run.classes=cat,dog
+        value = [] if not value.strip() else [n.strip() for n in value.split(",")]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
+        raise ConfigError(f"run.classes: expected a list of class names, got {value!r}")
+    return tuple(value)
 
 
 def load_config(

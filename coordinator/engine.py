@@ -173,6 +173,7 @@ class Coordinator:
             algorithm=self.strategy.name,
             round=round_,
             total_rounds=self.cfg.rounds,
+            classes=list(self.cfg.classes),
         )
         self.endpoint.send(self.topics.coord_state, body, retain=True)
 
@@ -449,12 +450,31 @@ class Coordinator:
                 agent.device_id,
                 f"it has {reg.num_classes} classes; this run has {self.cfg.num_classes}",
             )
+        self._admit_class_names(agent)
         fleet = [
             a
             for d, a in sorted(self.agents.items())
             if d != agent.device_id and d not in self.refused
         ]
         self.strategy.admit(agent, fleet)
+
+    def _admit_class_names(self, agent: AgentInfo) -> None:
+        """Same class count is not enough: index 0 must mean the same class on every device."""
+        classes = self.cfg.classes
+        names = agent.register.class_names
+        if not classes or list(classes) == names:
+            return
+        if not names:
+            raise AdmissionError(
+                agent.device_id,
+                "it names no classes; this run's classes are named "
+                "(run it with --classes or let it adopt the coordinator's)",
+            )
+        i = next(i for i, (a, b) in enumerate(zip(names, classes, strict=True)) if a != b)
+        raise AdmissionError(
+            agent.device_id,
+            f"class {i} is {names[i]!r} on the device, {classes[i]!r} in the federation",
+        )
 
     def _refuse(self, env: Envelope, exc: AdmissionError) -> None:
         """Tell the agent why it may not join: without an answer it would wait forever."""

@@ -59,6 +59,7 @@ def coordinator_will(cfg: RunConfig) -> Will:
         algorithm=cfg.algorithm,
         round=0,
         total_rounds=cfg.rounds,
+        classes=list(cfg.classes),
     )
     return Will(
         Topics(cfg.federation).coord_state,

@@ -73,6 +73,7 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         export_dir=run_dir / "export" / device_id if fleet.export else None,
         device="cpu",
         seed=cfg.seed,
+        classes=cfg.classes,  # what a real agent adopts from the coordinator's state
     )
 
 

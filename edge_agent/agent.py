@@ -153,6 +153,7 @@ class EdgeAgent:
             class_counts=counts,
             algorithm=self.algorithm.name,
             agent_version=VERSION,
+            class_names=_wire_class_names(self.settings.class_names, ctx.num_classes),
         )
         self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
 
@@ -387,6 +388,20 @@ class EdgeAgent:
         )
         with contextlib.suppress(EdgeFLError):  # progress is best effort; the reply counts
             self.endpoint.send(self.topics.progress(self.settings.device_id), body, qos=0)
+
+
+def _wire_class_names(names: tuple[str, ...], num_classes: int) -> list[str]:
+    """The class names to register: only a valid list (unique, one per class, 1..128 chars).
+
+    A dataset's own names may repeat or be over-long (an ``.npz`` says what it likes); such a
+    device registers unnamed classes rather than fail to start.
+    """
+    ok = (
+        len(names) == num_classes
+        and len(set(names)) == len(names)
+        and all(1 <= len(n) <= 128 for n in names)
+    )
+    return list(names) if ok else []
 
 
 def _fmt_metrics(metrics: dict[str, float]) -> str:

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAMES",
         help="the federation's classes in order, comma-separated or @FILE (one a line); local "
-        "labels are mapped onto them by name (default: the dataset's own numbering)",
+        "labels are mapped onto them by name (default: the classes the coordinator names, else "
+        "the dataset's own numbering)",
     )
     p.add_argument("--data-root", default=None, help="root directory of torchvision datasets")
     p.add_argument("--image-size", type=int, default=None, help="resize images to this size")
@@ -208,21 +209,23 @@ def _transport(args: argparse.Namespace, device_id: str) -> Any:
 def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) -> int:
     """Build a fresh agent, take part in one run, and say how it ended (an exit code).
 
-    The agent is built before connecting, so bad data or a bad model fail at once; an
-    unpinned agent is rebuilt if the run it joins uses another algorithm.
+    The agent is built before connecting, so bad data or a bad model fail at once; an agent
+    that adopts the run's algorithm or classes is rebuilt if the run differs from its guess.
     """
     from edge_agent.factory import build_agent
 
     transport = _transport(args, device_id)
     try:
         algorithm = args.algorithm or "fedproto"
-        agent = build_agent(_options(args, device_id, algorithm), transport)
-        if args.algorithm is None:
-            adopted = _coordinator_algorithm(args, transport, stop)
-            if adopted is None:  # stopped while waiting
+        classes = _class_list(args.classes) if args.classes else ()
+        agent = build_agent(_options(args, device_id, algorithm, classes), transport)
+        if args.algorithm is None or not classes:
+            state = _coordinator_state(args, transport, stop)
+            if state is None:  # stopped while waiting
                 return 0
-            if adopted != algorithm:
-                agent = build_agent(_options(args, device_id, adopted), transport)
+            adopted = _adopt(args, state)
+            if adopted != (algorithm, classes):
+                agent = build_agent(_options(args, device_id, *adopted), transport)
         agent.start()  # subscriptions before connecting: the broker's queued tasks arrive at once
         if not transport.connected:
             transport.connect(retry_for=args.connect_retry)
@@ -234,13 +237,24 @@ def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) ->
     return EXIT_GAVE_UP if agent.gave_up is not None else 0
 
 
-def _coordinator_algorithm(
-    args: argparse.Namespace, transport: Any, stop: threading.Event
-) -> str | None:
-    """The algorithm of the federation's current run, from the coordinator's retained state.
+def _adopt(args: argparse.Namespace, state: Any) -> tuple[str, tuple[str, ...]]:
+    """(algorithm, classes) for the run ``state`` announces: what was given, else the run's."""
+    log = logging.getLogger("edgefl.agent")
+    algorithm = args.algorithm or state.algorithm
+    if args.algorithm is None:
+        log.info("run %s uses %s; adopting it", state.run_id, state.algorithm)
+    if args.classes:
+        return algorithm, _class_list(args.classes)
+    if state.classes:
+        log.info("run %s names %d classes; adopting them", state.run_id, len(state.classes))
+    return algorithm, tuple(state.classes)
+
+
+def _coordinator_state(args: argparse.Namespace, transport: Any, stop: threading.Event) -> Any:
+    """The retained state of the federation's current run (``None`` if stopped first).
 
     Waits for a coordinator that is starting or running (not one that finished or vanished):
-    an unpinned agent adopts what the run it joins runs.
+    an agent adopts what the run it joins runs, and the classes it names.
     """
     import queue
 
@@ -260,19 +274,20 @@ def _coordinator_algorithm(
     transport.subscribe(Topics(args.federation).coord_state, on_state)
     transport.connect(retry_for=args.connect_retry)
     log = logging.getLogger("edgefl.agent")
-    log.info("waiting for a coordinator of federation %s to adopt its algorithm", args.federation)
+    log.info("waiting for a coordinator of federation %s to join its run", args.federation)
     while not stop.is_set():
         try:
             state = states.get(timeout=0.5)
         except queue.Empty:
             continue
         if state.state in ("starting", "running"):
-            log.info("run %s uses %s; adopting it", state.run_id, state.algorithm)
-            return state.algorithm
+            return state
     return None
 
 
-def _options(args: argparse.Namespace, device_id: str, algorithm: str) -> AgentOptions:
+def _options(
+    args: argparse.Namespace, device_id: str, algorithm: str, classes: tuple[str, ...]
+) -> AgentOptions:
     from edge_agent.data import PartitionSpec, parse_partition
     from edge_agent.factory import AgentOptions
 
@@ -284,7 +299,6 @@ def _options(args: argparse.Namespace, device_id: str, algorithm: str) -> AgentO
             seed=args.seed,
             global_test_size=args.global_test_size,
         )
-    classes = _class_list(args.classes) if args.classes else ()
     state_dir = args.state_dir or Path(f"edgefl-agent-{device_id}")
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")
     return AgentOptions(

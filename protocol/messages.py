@@ -48,6 +48,19 @@ def _non_negative(value: int | float, field_name: str) -> None:
         raise ValidationError(field_name, "a finite non-negative number", value)
 
 
+def _check_class_names(names: list[str], num_classes: int) -> None:
+    """Empty, or one unique name per class (the federation's meaning of each class index)."""
+    if not names:
+        return
+    if len(names) != num_classes:
+        raise ValidationError("class_names", f"{num_classes} names (one per class)", len(names))
+    for i, name in enumerate(names):
+        _name(name, f"class_names[{i}]")
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValidationError("class_names", "unique names", dup)
+
+
 def _check_metrics(metrics: dict[str, float], field_name: str) -> None:
     for k, v in metrics.items():
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
@@ -94,6 +107,8 @@ class Register(WireModel):
     class_counts: dict[str, int]  # class id (decimal string) -> training samples of that class
     algorithm: str
     agent_version: str = ""
+    # what each class index means, in order (empty: the dataset's numbering, unnamed)
+    class_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _name(self.device_id, "device_id")
@@ -105,6 +120,7 @@ class Register(WireModel):
             if not k.isdigit() or int(k) >= self.num_classes:
                 raise ValidationError("class_counts", f"class ids in 0..{self.num_classes - 1}", k)
             _non_negative(v, f"class_counts.{k}")
+        _check_class_names(self.class_names, self.num_classes)
 
     def counts_by_class(self) -> dict[int, int]:
         """Class counts keyed by integer class id."""
@@ -130,6 +146,12 @@ class CoordinatorState(WireModel):
     algorithm: str
     round: int
     total_rounds: int
+    # the federation's classes in order (empty: not declared); agents without their own
+    # class list adopt it, and agents naming their classes otherwise are refused
+    classes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_class_names(self.classes, len(self.classes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ TS = 1767225600.0  # 2026-01-01T00:00:00Z
 HMAC_KEY = bytes(range(32))  # published test key: never use it for anything real
 ED25519_SEED = bytes(range(32, 64))
 _ARRAY_KEYS = {"dtype", "shape", "data"}
+CIFAR10 = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
 # -- JSON <-> wire values -------------------------------------------------------------------
@@ -229,13 +230,19 @@ def _messages() -> dict[str, tuple[Message, str]]:
         class_counts={"0": 120, "3": 40},
         algorithm="fedproto",
         agent_version="0.1.0",
+        class_names=list(CIFAR10),
     )
     return {
         "register": (register, "agent registration"),
         "status_online": (Status(state="online"), "agent birth message (retained)"),
         "coord_state": (
             CoordinatorState(
-                state="running", run_id="run-a", algorithm="fedproto", round=3, total_rounds=50
+                state="running",
+                run_id="run-a",
+                algorithm="fedproto",
+                round=3,
+                total_rounds=50,
+                classes=list(CIFAR10),
             ),
             "coordinator state",
         ),

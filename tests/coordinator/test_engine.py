@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -391,3 +392,111 @@ def test_a_deferred_reply_is_accepted_when_it_is_resent(tmp_path: Path) -> None:
     assert sorted(result.metrics[0]["agents"]) == ["agent0", "agent1", "agent2"]
     for a in agents:
         a.close()
+
+
+DIGIT_NAMES = tuple(str(i) for i in range(10))  # the digits dataset's own class names
+
+
+def named_register(device_id: str, class_names: list[str]) -> Register:
+    return Register(
+        device_id=device_id,
+        arch="mlp_s",
+        num_params=1,
+        capabilities=Capabilities(device="cpu"),
+        input_spec=InputSpec(1, 8, 8),
+        num_classes=10,
+        class_counts={"0": 1},
+        algorithm="fedproto",
+        class_names=class_names,
+    )
+
+
+def test_an_agent_naming_its_classes_otherwise_is_refused_at_the_first_difference(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the run names its classes; agent2 lists the same names in reverse (its labels
+    # are mapped by name, so its data is fine, but index 0 means '9' to it); "mute" names none
+    cfg = run_config(tmp_path, rounds=1, min_agents=2, classes=list(DIGIT_NAMES))
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker, n=2)
+    backwards = InProcessAgent(cfg, broker, 2)
+    backwards.opts = dataclasses.replace(backwards.opts, classes=DIGIT_NAMES[::-1])
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    topics = Topics(cfg.federation)
+    mute = MemoryTransport(broker, "mute")
+    mute.connect()
+    # Execute
+    backwards.start()
+    mute.publish(
+        topics.up("mute", "register"),
+        encode(Envelope(body=named_register("mute", []), sender="mute")),
+    )
+    coord.wait_for_agents(2, 60)
+    for _ in range(600):  # bounded: until both registrations were judged
+        if {"agent2", "mute"} <= set(coord.refused):
+            break
+        coord._pump(0.1)
+    assert backwards.agent is not None
+    backwards.agent.finished.wait(60)  # the refusal reaches it on its own thread
+    # Assert
+    reason = "class 0 is '9' on the device, '0' in the federation"
+    assert coord.refused["agent2"] == reason
+    assert backwards.agent.refusal == reason
+    assert coord.refused["mute"].startswith("it names no classes")
+    assert coord._online_agents() == ["agent0", "agent1"]
+    assert cfg.num_classes == 10  # counted from the names
+    backwards.close()
+    for a in agents:
+        a.close()
+
+
+def test_an_agent_holding_3_of_10_named_classes_is_admitted_and_aggregated(
+    tmp_path: Path,
+) -> None:
+    # Prepare: agent2 is an image folder with 3 of the 10 digit classes (folders 0, 5, 8):
+    # mapped by name onto the run's classes it registers all ten names; label skew is normal
+    image = pytest.importorskip("PIL.Image")
+    folder = tmp_path / "imgs"
+    for c in ("0", "5", "8"):
+        (folder / c).mkdir(parents=True)
+        for i in range(6):
+            image.new("L", (8, 8), color=10 * int(c) + i).save(folder / c / f"{i}.png")
+    cfg = run_config(tmp_path, rounds=1, classes=list(DIGIT_NAMES))
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker, n=2)
+    skewed = InProcessAgent(cfg, broker, 2)
+    skewed.opts = dataclasses.replace(skewed.opts, data=str(folder), partition=None)
+    agents.append(skewed.start())
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    # Execute
+    result = coord.run()
+    # Assert
+    reg = coord.agents["agent2"].register
+    assert reg.class_names == list(DIGIT_NAMES)
+    assert set(reg.counts_by_class()) <= {0, 5, 8}
+    train = result.metrics[0]
+    assert train["phase"] == "train" and "agent2" in train["agents"]
+    assert "refused_agent" not in result.rejected
+    for a in agents:
+        a.close()
+
+
+def test_run_classes_set_the_class_count_and_a_different_count_is_a_one_line_error(
+    tmp_path: Path,
+) -> None:
+    from coordinator.config import load_config
+
+    assert load_config(None, ["run.classes=cat,dog,eel"]).num_classes == 3
+    assert load_config(None, ['run.classes=["cat", "dog"]']).classes == ("cat", "dog")
+    with pytest.raises(ConfigError, match=r"names 2 classes but run\.num_classes is 10"):
+        load_config(None, ["run.classes=cat,dog", "run.num_classes=10"])
+    with pytest.raises(ConfigError, match=r"duplicate class names \['cat'\]"):
+        load_config(None, ["run.classes=cat,dog,cat"])
+    with pytest.raises(ConfigError, match="expected a list of class names"):
+        load_config(None, ["run.classes=3"])

@@ -69,3 +69,18 @@ def test_a_class_the_federation_does_not_declare_is_a_one_line_error(
     assert err.startswith("edge-agent: error: data imagefolder:imgs: classes ['cat']"), err
     assert main([*argv[:-1], "zero,,one"]) == 2
     assert "expected class names" in capsys.readouterr().err
+
+
+def test_an_agent_without_classes_adopts_the_runs_and_its_own_list_wins() -> None:
+    from edge_agent.cli import _adopt, build_parser
+    from protocol.messages import CoordinatorState
+
+    state = CoordinatorState(
+        state="running", run_id="r", algorithm="fedavg", round=0, total_rounds=1, classes=[*DIGITS]
+    )
+    bare = build_parser().parse_args(["--broker", "h"])
+    assert _adopt(bare, state) == ("fedavg", DIGITS)
+    own = build_parser().parse_args(["--broker", "h", "--classes", "a,b", "--algorithm", "fd"])
+    assert _adopt(own, state) == ("fd", ("a", "b"))
+    unnamed = CoordinatorState(state="running", run_id="r", algorithm="fd", round=0, total_rounds=1)
+    assert _adopt(bare, unnamed) == ("fd", ())

@@ -152,3 +152,31 @@ def test_the_agent_logs_its_data_and_each_rounds_accuracy_and_loss(tmp_path: Pat
     assert "data digits: dirichlet:1 shard 0 of 3; 10 classes, input 1x8x8; train " in text
     assert "train per class: 0 " in text
     assert "round 1 train: acc_local " in text and "loss_local " in text
+
+
+@pytest.mark.network
+def test_an_agent_without_classes_registers_the_classes_its_coordinator_names(
+    mosquitto, tmp_path: Path
+) -> None:
+    # Prepare: the run numbers the digits backwards; the agent is pinned but names no classes
+    names = [str(i) for i in range(9, -1, -1)]
+    coord = FakeCoordinator(mosquitto.port)
+    coord.publish(
+        CoordinatorState(
+            state="running",
+            run_id="r1",
+            algorithm="fedproto",
+            round=1,
+            total_rounds=3,
+            classes=names,
+        )
+    )
+    coord.on_register = {"fedproto": coord.refuse}  # ends the agent once it has registered
+    # Execute
+    try:
+        code = main(agent_argv(mosquitto.port, tmp_path, "--algorithm", "fedproto"))
+    finally:
+        coord.transport.close()
+    # Assert: its labels were mapped by name, so its class 0 is the run's '9'
+    assert code == EXIT_REFUSED
+    assert coord.registered and coord.registered[-1].class_names == names

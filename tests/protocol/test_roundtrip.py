@@ -145,3 +145,34 @@ def test_fields_equal_to_their_defaults_are_left_out_and_restored() -> None:
     raw = TensorMap({"w": w}).to_wire()
     assert "encoding" not in raw
     assert TensorMap({"w": w}, encoding="f16").to_wire()["encoding"] == "f16"
+
+
+def test_class_names_travel_and_a_bad_list_is_refused_naming_the_field() -> None:
+    from protocol.errors import ValidationError
+    from protocol.messages import Capabilities, CoordinatorState, InputSpec, Register
+
+    def register(names: list[str]) -> Register:
+        return Register(
+            device_id="d",
+            arch="mlp_s",
+            num_params=1,
+            capabilities=Capabilities(device="cpu"),
+            input_spec=InputSpec(1, 8, 8),
+            num_classes=3,
+            class_counts={"2": 4},
+            algorithm="fedproto",
+            class_names=names,
+        )
+
+    env = Envelope(body=register(["cat", "dog", "eel"]), sender="d")
+    assert decode(encode(env)).body == env.body
+    with pytest.raises(ValidationError, match="class_names"):
+        register(["cat", "dog"])  # not one per class
+    with pytest.raises(ValidationError, match="unique"):
+        register(["cat", "dog", "cat"])
+    with pytest.raises(ValidationError, match=r"class_names\[1\]"):
+        register(["cat", "", "eel"])
+    with pytest.raises(ValidationError, match="unique"):
+        CoordinatorState(
+            state="running", run_id="r", algorithm="a", round=0, total_rounds=1, classes=["a", "a"]
+        )
