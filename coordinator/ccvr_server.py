@@ -18,10 +18,11 @@ from torch import Tensor, nn
 from coordinator.strategies.base import ServerContext
 from coordinator.tgp_server import load_state, seeded_init, state_of
 from models.fit import fit
+from protocol.algorithms.ccvr import CCVRConfig
 from protocol.arrays import Encoding
 from protocol.payloads import TensorMap
 
-__all__ = ["fit_head", "head_ce_loss", "sample_virtual_features"]
+__all__ = ["calibrate_head", "fit_head", "head_ce_loss", "sample_virtual_features"]
 
 
 def head_ce_loss(
@@ -91,3 +92,33 @@ def sample_virtual_features(
     x = torch.as_tensor(means, dtype=torch.float64).unsqueeze(1) + eps @ root.transpose(1, 2)
     out: npt.NDArray[np.float32] = x.numpy().astype(np.float32)
     return out
+
+
+def calibrate_head(
+    head: TensorMap,
+    class_ids: npt.NDArray[np.int64],
+    means: npt.NDArray[np.float64],
+    covariances: npt.NDArray[np.float64],
+    *,
+    cfg: CCVRConfig,
+    ctx: ServerContext,
+) -> tuple[TensorMap, dict[str, float]]:
+    """CCVR: ``virtual_per_class`` features per class from ``N(mu_c, Sigma_c)``, then the head
+    (``weight``, ``bias``) fine-tuned on them with plain SGD."""
+    gen = ctx.torch_generator()
+    virtual = sample_virtual_features(means, covariances, cfg.virtual_per_class, gen)
+    labels = np.repeat(class_ids, cfg.virtual_per_class)
+    num_classes = int(head.tensors["weight"].shape[0])
+    out, metrics = fit_head(
+        head,
+        virtual.reshape(-1, virtual.shape[-1]),
+        labels,
+        num_classes=num_classes,
+        epochs=cfg.calib_epochs,
+        batch_size=cfg.calib_batch_size,
+        lr=cfg.calib_lr,
+        ctx=ctx,
+        gen=gen,
+    )
+    metrics["virtual_features"] = float(labels.size)
+    return out, metrics
