@@ -1,9 +1,13 @@
 """Server halves of the algorithms, registered by name (importing this registers them all)."""
 
 from coordinator.strategies import baselines as _baselines  # noqa: F401
+from coordinator.strategies import ccvr as _ccvr  # noqa: F401
 from coordinator.strategies import fd as _fd  # noqa: F401
+from coordinator.strategies import fedgen as _fedgen  # noqa: F401
+from coordinator.strategies import fedgh as _fedgh  # noqa: F401
 from coordinator.strategies import fedkd as _fedkd  # noqa: F401
 from coordinator.strategies import fedktl as _fedktl  # noqa: F401
+from coordinator.strategies import fedtgp as _fedtgp  # noqa: F401
 from coordinator.strategies import fedtype as _fedtype  # noqa: F401
 from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
 from coordinator.strategies import felo as _felo  # noqa: F401
