@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from coordinator.tgp_server import load_state, seeded_init, state_of
-from models.fit import fit
+from coordinator.tgp_server import load_state, state_of
+from models.fit import fit, seeded_init
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.arrays import Encoding
 from protocol.payloads import TensorMap

@@ -19,25 +19,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from coordinator.tgp_server import load_state, seeded_init, state_of
-from models.fit import LossFn, fit
+from coordinator.tgp_server import load_state, state_of
+from models.feature_gen import feature_generator
+from models.fit import LossFn, fit, seeded_init
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.payloads import TensorMap
 
 __all__ = ["build_generator", "ensemble_loss", "generate", "train_generator"]
 
 
-def build_generator(
-    noise_dim: int, num_classes: int, hidden: int, feature_dim: int
-) -> nn.Sequential:
-    """``[noise, one-hot] -> Linear -> BatchNorm -> ReLU -> Linear``; the edge builds the same
-    layout (``edge_agent/algorithms/fedgen.py``, checked equal by the tests)."""
-    return nn.Sequential(
-        nn.Linear(noise_dim + num_classes, hidden),
-        nn.BatchNorm1d(hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, feature_dim),
-    )
+build_generator = feature_generator  # the one layout, shared with the other half
 
 
 def generate(net: nn.Module, labels: Tensor, noise: Tensor, num_classes: int) -> Tensor:

@@ -3,7 +3,7 @@
 Imported lazily by :class:`coordinator.strategies.fedtgp.FedTGPStrategy` (torch is loaded only
 on the server's training path). Training goes through the one server fit loop
 (:func:`models.fit.fit`) with the step's seeded generator driving the batch order, so a resumed
-step replays the same prototypes. :func:`seeded_init` is also used by FedGen's and CCVR's
+step replays the same prototypes. :func:`models.fit.seeded_init` is also used by FedGen's and CCVR's
 servers: a fresh network's initial weights come from the step's generator, never from torch's
 global RNG, which simulated agents in the same process draw from.
 """
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import LossFn, fit
+from models.fit import LossFn, fit, seeded_init
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.payloads import TensorMap
 
@@ -25,7 +25,6 @@ __all__ = [
     "TrainablePrototypes",
     "acl_loss",
     "load_state",
-    "seeded_init",
     "state_of",
     "train_prototypes",
 ]
@@ -43,20 +42,6 @@ class TrainablePrototypes(nn.Module):
     def forward(self, class_ids: Tensor) -> Tensor:
         """``[K]`` ids -> ``[K, dim]`` prototypes."""
         return self.fc(self.middle(self.embedding(class_ids)))  # type: ignore[no-any-return]
-
-
-@torch.no_grad()
-def seeded_init(module: nn.Module, gen: torch.Generator) -> None:
-    """PyTorch's default initial distributions drawn from ``gen``: Linear U(+-1/sqrt(fan_in)),
-    Embedding N(0, 1); BatchNorm keeps its (1, 0)."""
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            bound = 1.0 / m.in_features**0.5
-            m.weight.copy_(torch.rand(m.weight.shape, generator=gen) * 2 * bound - bound)
-            if m.bias is not None:
-                m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 2 * bound - bound)
-        elif isinstance(m, nn.Embedding):
-            m.weight.copy_(torch.randn(m.weight.shape, generator=gen))
 
 
 def state_of(module: nn.Module) -> TensorMap:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from coordinator.knowledge import KnowledgeTable
 from coordinator.strategies.base import ServerContext
 from models import CVAE
-from models.fit import fit
+from models.fit import fit, seeded_init
 from protocol.algorithms.felo import VeloConfig
 from protocol.payloads import PrototypeSet, TensorMap
 
@@ -74,23 +74,8 @@ def _build(
             }
         )
     else:
-        _init_from(cvae, gen)
+        seeded_init(cvae, gen)
     return cvae
-
-
-@torch.no_grad()
-def _init_from(cvae: CVAE, gen: torch.Generator) -> None:
-    """PyTorch's default initial distributions, drawn from ``gen`` instead of the global RNG
-    (the coordinator shares its process with simulated agents, whose seeded inits must not see
-    its draws): Linear U(+-1/sqrt(fan_in)), Embedding N(0, 1), BatchNorm (1, 0)."""
-    for m in cvae.modules():
-        if isinstance(m, nn.Linear):
-            bound = 1.0 / m.in_features**0.5
-            m.weight.copy_(torch.rand(m.weight.shape, generator=gen) * 2 * bound - bound)
-            if m.bias is not None:
-                m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 2 * bound - bound)
-        elif isinstance(m, nn.Embedding):
-            m.weight.copy_(torch.randn(m.weight.shape, generator=gen))
 
 
 def train_and_sample(

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from protocol.errors import EdgeFLError
 
-__all__ = ["FitError", "FitStats", "LossFn", "fit"]
+__all__ = ["FitError", "FitStats", "LossFn", "fit", "seeded_init"]
 
 # (module, one batch of the tensors, generator for any noise the loss draws) -> named terms;
 # the term "loss" is minimised, the others are averaged for logging.
@@ -114,3 +114,19 @@ def _check_tensors(tensors: Sequence[Tensor]) -> int:
     if bad:
         raise FitError(f"fit: tensors must share their first dimension {n}; got shapes {bad}")
     return n
+
+
+@torch.no_grad()
+def seeded_init(module: nn.Module, gen: torch.Generator) -> None:
+    """PyTorch's default initial distributions drawn from ``gen``: Linear U(+-1/sqrt(fan_in)),
+    Embedding N(0, 1); BatchNorm keeps its (1, 0). A server module built this way never draws
+    from torch's global RNG, which it shares with simulated agents whose seeded inits must not
+    see its draws, and a resumed step rebuilds it exactly."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            bound = 1.0 / m.in_features**0.5
+            m.weight.copy_(torch.rand(m.weight.shape, generator=gen) * 2 * bound - bound)
+            if m.bias is not None:
+                m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 2 * bound - bound)
+        elif isinstance(m, nn.Embedding):
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen))

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from edge_agent.algorithms.base import EdgeContext, SharedModule, register_edge_algorithm
 from edge_agent.algorithms.weights import WeightExchangeEdge, load_tensormap
+from models.feature_gen import feature_generator
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.arrays import Encoding
 from protocol.errors import ValidationError
@@ -25,16 +26,7 @@ from protocol.payloads import Payload, TensorMap
 __all__ = ["FedGenEdge", "build_generator"]
 
 
-def build_generator(
-    noise_dim: int, num_classes: int, hidden: int, feature_dim: int
-) -> nn.Sequential:
-    """The server's generator layout (``coordinator/fedgen_server.py``; equal by test)."""
-    return nn.Sequential(
-        nn.Linear(noise_dim + num_classes, hidden),
-        nn.BatchNorm1d(hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, feature_dim),
-    )
+build_generator = feature_generator  # the one layout, shared with the other half
 
 
 @register_edge_algorithm("fedgen")
