@@ -422,6 +422,7 @@ class Coordinator:
             self._refuse(env, exc)
             return
         known = reg.device_id in self.agents
+        previous = self.agents[reg.device_id].register.session if known else ""
         self.refused.pop(reg.device_id, None)
         self.agents[reg.device_id] = agent
         self.online.add(reg.device_id)
@@ -435,7 +436,10 @@ class Coordinator:
                 sum(reg.counts_by_class().values()),
             )
         task = self._task_of(reg.device_id)
-        if task is not None:  # a restarted agent lost its task: send it again
+        # A restarted agent (or one whose broker session was lost) lost its task: send it
+        # again. The same session registering again still has it queued: a resend made it
+        # answer twice (issue 20 §5).
+        if task is not None and not (reg.session and reg.session == previous):
             self.endpoint.send(self.topics.down(reg.device_id, "task"), task, round=task.round)
 
     def _admit(self, agent: AgentInfo) -> None:
@@ -614,7 +618,10 @@ class Coordinator:
     ) -> dict[str, Any]:
         now = self.endpoint.traffic.snapshot()
         traffic = {k: v - traffic0.get(k, 0) for k, v in now.items() if v - traffic0.get(k, 0)}
-        return step_record(
+        # progress heartbeats are the runtime's, not the algorithm's: kept out of its byte
+        # figures (they depend on the progress interval and on training speed), counted apart
+        progress = {k: traffic.pop(k) for k in list(traffic) if k.endswith(".progress")}
+        record = step_record(
             open_step.step,
             open_step.rec.participants,
             open_step.outcome.failed,
@@ -623,6 +630,8 @@ class Coordinator:
             started,
             traffic,
         )
+        record["bytes_progress"] = sum(progress.values())
+        return record
 
 
 def _fmt(value: float | None) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from protocol.topics import Topics
 __all__ = ["AgentSettings", "EdgeAgent"]
 
 VERSION = "0.1.0"
+_CONNECTED = "\x00connected"  # not a run id: ids are printable
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,10 @@ class EdgeAgent:
         # earlier run must not stop an agent that arrives for the next one)
         self.joined: set[str] = set()
         self._current: Task | None = None
+        self._session = secrets.token_hex(8)  # see Register.session
+        # run id of the live coordinator our registration reached (_CONNECTED: the one, if
+        # any, that was live when we connected); a repeat of its state needs no new register
+        self._registered_with: str | None = None
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress
@@ -116,9 +122,15 @@ class EdgeAgent:
         me = self.settings.device_id
         self.endpoint.subscribe(f"{self.topics.base}/dev/{me}/down/#", self._enqueue)
         self.endpoint.subscribe(self.topics.coord_state, self._enqueue)
-        self.endpoint.transport.add_connect_listener(lambda _present: self.announce())
+        self.endpoint.transport.add_connect_listener(self._on_connect)
         if self.endpoint.transport.connected:
-            self.announce()
+            self._on_connect(session_present=False)
+
+    def _on_connect(self, session_present: bool) -> None:
+        if not session_present:  # tasks queued for us are gone: the coordinator must resend
+            self._session = secrets.token_hex(8)
+        self._registered_with = _CONNECTED
+        self.announce()
 
     def announce(self) -> None:
         """Retained birth, registration, and every reply not yet acknowledged."""
@@ -154,6 +166,7 @@ class EdgeAgent:
             algorithm=self.algorithm.name,
             agent_version=VERSION,
             class_names=_wire_class_names(self.settings.class_names, ctx.num_classes),
+            session=self._session,
         )
         self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
 
@@ -209,8 +222,18 @@ class EdgeAgent:
         """
         if state.state in ("starting", "running"):
             self.joined.add(state.run_id)
-            self.announce()
+            # `starting`: a coordinator (re)started and may not know us. `running` of the run
+            # we registered with (or found running on connecting, when our connect's register
+            # reached it) is that coordinator moving on or reconnecting: registering again
+            # only cost traffic (issue 20 §5)
+            if state.state == "starting" or self._registered_with not in (
+                state.run_id,
+                _CONNECTED,
+            ):
+                self.announce()
+            self._registered_with = state.run_id
             return
+        self._registered_with = None
         if state.state != "finished":
             return
         if state.run_id not in self.joined:

@@ -109,6 +109,10 @@ class Register(WireModel):
     agent_version: str = ""
     # what each class index means, in order (empty: the dataset's numbering, unnamed)
     class_names: list[str] = field(default_factory=list)
+    # random per agent process, renewed when a connection finds its broker session gone: a
+    # register with the session the coordinator already knows is a repeat, not a restart, so
+    # the task in flight is still queued for it and is not sent again (empty: unknown)
+    session: str = ""
 
     def __post_init__(self) -> None:
         _name(self.device_id, "device_id")
@@ -121,6 +125,8 @@ class Register(WireModel):
                 raise ValidationError("class_counts", f"class ids in 0..{self.num_classes - 1}", k)
             _non_negative(v, f"class_counts.{k}")
         _check_class_names(self.class_names, self.num_classes)
+        if len(self.session) > MAX_NAME:
+            raise ValidationError("session", f"0..{MAX_NAME} characters", self.session)
 
     def counts_by_class(self) -> dict[int, int]:
         """Class counts keyed by integer class id."""

@@ -231,6 +231,7 @@ def _messages() -> dict[str, tuple[Message, str]]:
         algorithm="fedproto",
         agent_version="0.1.0",
         class_names=list(CIFAR10),
+        session="5eed5eed5eed5eed",
     )
     return {
         "register": (register, "agent registration"),

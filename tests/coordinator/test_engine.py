@@ -12,6 +12,7 @@ from coordinator.engine import QuorumError
 from coordinator.runner import coordinator_will, make_coordinator
 from coordinator.strategies import AgentInfo, ServerContext
 from coordinator.strategies.baselines import FedProtoStrategy
+from edge_agent.agent import EdgeAgent
 from protocol.codec import Envelope, decode, encode
 from protocol.errors import AdmissionError, AggregationError, ConfigError
 from protocol.messages import (
@@ -500,3 +501,55 @@ def test_run_classes_set_the_class_count_and_a_different_count_is_a_one_line_err
         load_config(None, ["run.classes=cat,dog,cat"])
     with pytest.raises(ConfigError, match="expected a list of class names"):
         load_config(None, ["run.classes=3"])
+
+
+@pytest.mark.parametrize("reannounce", [False, True], ids=["agents", "coordinator"])
+def test_each_task_and_reply_crosses_the_broker_once_in_a_plain_run(
+    tmp_path: Path, monkeypatch, reannounce: bool
+) -> None:
+    # Issue 20 §5: the coordinator's `running` announcement made every agent register again,
+    # which resent its outstanding round-1 task, and the agent answered the repeat by resending
+    # its reply: round 1's traffic was counted twice. Fixed on both sides: agents do not
+    # register again for a run they registered with, and (checked with agents that still do)
+    # the coordinator does not resend a task to the same agent session.
+    # Prepare
+    if reannounce:
+        original = EdgeAgent.on_coordinator_state
+
+        def always_announce(self, state):
+            if state.state in ("starting", "running"):
+                self.announce()
+            original(self, state)
+
+        monkeypatch.setattr(EdgeAgent, "on_coordinator_state", always_announce)
+    cfg = run_config(tmp_path, rounds=2)
+    broker = MemoryBroker()
+    topics = Topics(cfg.federation)
+    frames: dict[tuple[str, str, int, str], int] = {}
+
+    def count(topic: str, data: bytes) -> None:
+        env = decode(data)
+        key = (env.kind, env.body.phase, env.body.round, topics.device_from(topic) or "")
+        frames[key] = frames.get(key, 0) + 1
+
+    spy = MemoryTransport(broker, "spy")
+    spy.connect()
+    spy.subscribe(f"{topics.base}/dev/+/down/task", count)
+    spy.subscribe(f"{topics.base}/dev/+/up/reply", count)
+    agents = start_agents(cfg, broker)
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    # Execute
+    result = coord.run()
+    # Assert
+    assert len(result.metrics) == 3
+    assert frames and {k: n for k, n in frames.items() if n != 1} == {}
+    assert len(frames) == 2 * 3 * 3  # task + reply, 3 steps, 3 agents
+    # progress heartbeats stay out of the algorithm's bytes, counted on their own
+    assert all(not k.endswith(".progress") for m in result.metrics for k in m["bytes"])
+    assert all(m["bytes_total"] == sum(m["bytes"].values()) for m in result.metrics)
+    assert result.metrics[0]["bytes_progress"] > 0
+    for a in agents:
+        a.close()

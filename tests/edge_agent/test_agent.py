@@ -118,3 +118,48 @@ def test_bad_payload_gives_error_reply_not_a_crash(tmp_path: Path) -> None:
     # the agent keeps working afterwards
     agent.dispatch(Envelope(body=task("run.1.0.agent0"), sender="coordinator"))
     assert isinstance(coord.next(Reply).body, Reply)
+
+
+def test_a_repeated_running_state_does_not_register_again_and_a_lost_session_is_renewed(
+    tmp_path: Path,
+) -> None:
+    # Issue 20 §5: registering again on `running` made the coordinator resend round 1's task.
+    from protocol.messages import CoordinatorState
+
+    def state(kind: str, run_id: str = "r1") -> CoordinatorState:
+        return CoordinatorState(
+            state=kind, run_id=run_id, algorithm="fedproto", round=1, total_rounds=2
+        )
+
+    broker = MemoryBroker()
+    coord = FakeCoordinator(broker)
+    agent = make(tmp_path, broker)
+    agent.start()
+    first = coord.next(Register).body
+    registers = [first]
+
+    def drain() -> None:
+        while not coord.inbox.empty():
+            env = coord.inbox.get()
+            if isinstance(env.body, Register):
+                registers.append(env.body)
+
+    # Execute + Assert: found running on connect, starting -> running, a repeat: none again
+    agent.on_coordinator_state(state("running"))
+    drain()
+    assert len(registers) == 1
+    agent.on_coordinator_state(state("starting"))  # a coordinator (re)starting: register
+    agent.on_coordinator_state(state("running"))
+    agent.on_coordinator_state(state("running"))
+    drain()
+    assert len(registers) == 2
+    agent.on_coordinator_state(state("offline"))  # it vanished; a new one may not know us
+    agent.on_coordinator_state(state("running"))
+    agent.on_coordinator_state(state("running", "r2"))  # another run
+    drain()
+    assert len(registers) == 4
+    assert {r.session for r in registers} == {first.session} and first.session
+    agent._on_connect(session_present=True)  # the broker kept our queued tasks: same session
+    agent._on_connect(session_present=False)  # it lost them: the coordinator must resend
+    drain()
+    assert [r.session == first.session for r in registers[4:]] == [True, False]
