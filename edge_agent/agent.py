@@ -9,9 +9,11 @@ a restarted agent resends them with the same message id, and the coordinator ded
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import queue
+import re
 import secrets
 import threading
 import time
@@ -47,6 +49,7 @@ from protocol.topics import Topics
 __all__ = ["AgentSettings", "EdgeAgent"]
 
 VERSION = "0.1.0"
+_EXPORT_NAME = re.compile(r"[a-z0-9_]{1,32}")  # a directory, a file stem and a metric key
 _CONNECTED = "\x00connected"  # not a run id: ids are printable
 
 
@@ -336,9 +339,8 @@ class EdgeAgent:
             out.update(acc_global=glob.accuracy, loss_global=glob.loss)
         return out
 
-    def _checkpoint(self, task: Task) -> Checkpoint:
-        model_state = {k: v.detach().cpu() for k, v in self.ctx.model.state_dict().items()}
-        meta = {
+    def _meta(self, task: Task) -> dict[str, Any]:
+        return {
             "algorithm": self.algorithm.name,
             "round": task.round,
             "phase": task.phase,
@@ -349,11 +351,14 @@ class EdgeAgent:
             "toolkit_version": VERSION,
             "metrics": dict(self.history[-1]) if self.history else {},
         }
+
+    def _checkpoint(self, task: Task) -> Checkpoint:
+        model_state = {k: v.detach().cpu() for k, v in self.ctx.model.state_dict().items()}
         return Checkpoint(
             model_spec=self.spec,
             state_dict=model_state,
             head=self.algorithm.head_spec(),
-            meta=meta,
+            meta=self._meta(task),
             extra=self.algorithm.extra_state(),
         )
 
@@ -369,7 +374,8 @@ class EdgeAgent:
             return {"onnx_exported": 0.0}
 
     def _export(self, task: Task) -> dict[str, float]:
-        """Export the final model to ONNX (with its inference head) and verify it."""
+        """Export the final model to ONNX (with its inference head) and verify it; then each of
+        the algorithm's extra models (:meth:`EdgeAlgorithm.extra_exports`) as its own bundle."""
         if self.settings.export_dir is None:
             return {}
         from export import export_bundle  # lazy: onnx is only needed at the end of a run
@@ -381,15 +387,40 @@ class EdgeAgent:
         manifest = export_bundle(
             self.state.checkpoint_path, self.settings.export_dir, samples=x, labels=y
         )
+        export_dir = self.settings.export_dir
+        out = self._bundle_metrics("onnx", manifest, export_dir)
+        for name, ckpt in self.algorithm.extra_exports().items():
+            out.update(self._export_extra(task, name, ckpt, export_dir / name, (x, y)))
+        return out
+
+    def _export_extra(
+        self, task: Task, name: str, ckpt: Checkpoint, dest: Path, samples: tuple[Any, Any]
+    ) -> dict[str, float]:
+        """``state_dir/NAME.ckpt`` exported to ``dest``; a failure costs only this bundle."""
+        from export import export_bundle
+
+        key = f"onnx_{name}"
+        try:
+            if not _EXPORT_NAME.fullmatch(name):
+                raise ValueError(f"extra export name {name!r}: expected [a-z0-9_]{{1,32}}")
+            # the run's record (round, classes, ...) with what the algorithm says of this model
+            ckpt = dataclasses.replace(ckpt, meta={**self._meta(task), **ckpt.meta})
+            path = self.settings.state_dir / f"{name}.ckpt"
+            save_checkpoint(path, ckpt)
+            manifest = export_bundle(path, dest, samples=samples[0], labels=samples[1])
+        except Exception as exc:  # the main bundle is already written: keep its result
+            self.log.error("ONNX export of %s failed: %s: %s", name, type(exc).__name__, exc)
+            return {f"{key}_exported": 0.0}
+        return self._bundle_metrics(key, manifest, dest)
+
+    def _bundle_metrics(self, key: str, manifest: Any, where: Path) -> dict[str, float]:
         fp32 = manifest.files[0]
-        self.log.info(
-            "exported %s (%d bytes) to %s", fp32.file, fp32.size_bytes, self.settings.export_dir
-        )
-        out = {"onnx_exported": 1.0, "onnx_bytes": float(fp32.size_bytes)}
+        self.log.info("exported %s (%d bytes) to %s", fp32.file, fp32.size_bytes, where)
+        out = {f"{key}_exported": 1.0, f"{key}_bytes": float(fp32.size_bytes)}
         if fp32.verification is not None:
-            out["onnx_verified"] = float(fp32.verification.passed)
-            out["onnx_argmax_agreement"] = float(fp32.verification.agreement)
-            out["onnx_max_abs_diff"] = float(fp32.verification.max_abs_diff)
+            out[f"{key}_verified"] = float(fp32.verification.passed)
+            out[f"{key}_argmax_agreement"] = float(fp32.verification.agreement)
+            out[f"{key}_max_abs_diff"] = float(fp32.verification.max_abs_diff)
         return out
 
     def _progress(self, step: int, total: int, loss: float) -> None:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
 from models import Classifier
-from models.checkpoint import HeadSpec, ModelSpec
+from models.checkpoint import Checkpoint, HeadSpec, ModelSpec
 from protocol.algorithms import TrainConfig, config_type
 from protocol.errors import ConfigError, ProtocolError
 from protocol.messages import Task
@@ -228,6 +228,10 @@ class EdgeAlgorithm(Generic[C]):
 
     def extra_state(self) -> dict[str, Tensor]:
         """Algorithm state to checkpoint besides the model (tensors only)."""
+        return {}
+
+    def extra_exports(self) -> dict[str, Checkpoint]:
+        """Models to export besides the agent's own, by name (each its own verified bundle)."""
         return {}
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:

@@ -429,6 +429,12 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
         head = HeadSpec(type="logits", prototypes=None, valid=None)
         return Checkpoint.from_model(proxy, head, meta={"algorithm": "fedtype", "role": "proxy"})
 
+    def extra_exports(self) -> dict[str, Checkpoint]:
+        """The proxy, when the run asks for it (``export_proxy``)."""
+        if self.cfg is None or not self.cfg.export_proxy:
+            return {}
+        return {"proxy": self.proxy_checkpoint()}
+
     def extra_state(self) -> dict[str, Tensor]:
         """The local proxy and the D' accuracy of the last upload survive restarts."""
         if self.proxy is None:

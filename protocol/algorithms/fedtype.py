@@ -65,6 +65,8 @@ class FedTypeConfig(FedAvgConfig):
     aggregation_weights: Literal["samples", "uniform"] = "samples"  # §9-13
     # per-epoch coverage of the conformal sets on the device's test split (metrics only)
     measure_coverage: bool = True
+    # at the end of the run, also export the proxy as its own bundle (export_dir/proxy)
+    export_proxy: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
