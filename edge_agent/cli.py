@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from protocol.logs import setup_logging
+
 if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from edge_agent.factory import AgentOptions
 
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    _setup_logging(level, args.log_format)
+    setup_logging(level, args.log_format)
     from protocol.errors import EdgeFLError
 
     try:
@@ -135,33 +137,6 @@ def main(argv: list[str] | None = None) -> int:
 EXIT_ERROR = 2  # bad options, unreachable broker, unreadable data
 EXIT_REFUSED = 3  # the coordinator refused this agent (the reason is logged)
 EXIT_GAVE_UP = 4  # the run ended before its last round (the coordinator gave up)
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object a line (journald, Loki, jq)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        import json
-
-        out = {
-            "ts": record.created,
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def _setup_logging(level: int, fmt: str) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(
-        _JsonFormatter()
-        if fmt == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
-    logging.basicConfig(level=level, handlers=[handler])
 
 
 def _run(args: argparse.Namespace) -> int:

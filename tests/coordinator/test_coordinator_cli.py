@@ -83,7 +83,7 @@ def test_json_log_format_writes_one_object_a_line() -> None:
     import json
     import logging
 
-    from coordinator.cli import _JsonFormatter
+    from protocol.logs import JsonFormatter as _JsonFormatter
 
     record = logging.LogRecord("edgefl.x", logging.INFO, __file__, 1, "step %d done", (3,), None)
     line = _JsonFormatter().format(record)

@@ -82,7 +82,8 @@ def test_json_log_format_writes_one_object_a_line() -> None:
     import json
     import logging
 
-    from edge_agent.cli import _JsonFormatter, build_parser
+    from edge_agent.cli import build_parser
+    from protocol.logs import JsonFormatter as _JsonFormatter
 
     record = logging.LogRecord("edgefl.a", logging.WARNING, __file__, 1, "round %d", (2,), None)
     assert json.loads(_JsonFormatter().format(record))["msg"] == "round 2"
