@@ -1,7 +1,10 @@
-"""Small validators shared by the wire dataclasses' ``__post_init__`` checks."""
+"""Small validators shared by the wire dataclasses' ``__post_init__`` checks, and the value
+bounds the coordinator applies to replies (issue 19: finite is not enough)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -9,7 +12,25 @@ import numpy.typing as npt
 
 from protocol.errors import ValidationError
 
-__all__ = ["as_array", "check_class_ids", "check_finite", "check_shape"]
+__all__ = [
+    "MAX_ABS_FEATURE",
+    "MAX_ABS_WEIGHT",
+    "as_array",
+    "check_class_ids",
+    "check_finite",
+    "check_max_abs",
+    "check_shape",
+    "float_arrays",
+]
+
+#: Largest |value| accepted in features a model computes and sends: prototypes, mean features,
+#: logits, SD vectors. Honest models produce values of order 1 to 100 (BatchNorm'd, clipped,
+#: L2-regularised training); 1e4 leaves two orders of magnitude of headroom while squares of
+#: such values summed over any batch and feature size stay far inside float32 (max ~3.4e38),
+#: so one accepted reply can never push a loss to infinity.
+MAX_ABS_FEATURE = 1e4
+#: Largest |value| accepted in model tensors (weights, BatchNorm running statistics).
+MAX_ABS_WEIGHT = 1e6
 
 
 def as_array(value: Any, dtype: str, field: str) -> npt.NDArray[Any]:
@@ -46,3 +67,24 @@ def check_class_ids(ids: npt.NDArray[Any], field: str, num_classes: int | None =
         raise ValidationError(field, f"class ids < {num_classes}", int(ids.max()))
     if np.unique(ids).size != ids.size:
         raise ValidationError(field, "unique class ids", ids.tolist())
+
+
+def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:
+    """Reject float values whose magnitude exceeds ``bound`` (NaN counts as exceeding)."""
+    if arr.dtype.kind != "f" or not arr.size:
+        return
+    peak = float(np.nanmax(np.abs(arr))) if not np.isnan(arr).all() else float("nan")
+    if not peak <= bound:  # also catches NaN
+        raise ValidationError(field, f"|value| <= {bound:.0f}", f"|value| up to {peak:.3g}")
+
+
+def float_arrays(payload: object, prefix: str) -> Iterator[tuple[str, npt.NDArray[Any]]]:
+    """Every float array of a payload dataclass, with its field path (dict values included)."""
+    if not dataclasses.is_dataclass(payload):
+        return
+    for f in dataclasses.fields(payload):
+        value = getattr(payload, f.name)
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, arr in items:
+            if isinstance(arr, np.ndarray) and arr.dtype.kind == "f":
+                yield (f"{prefix}.{f.name}" + ("" if key is None else f".{key}")), arr

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
 from protocol.errors import ConfigError, ValidationError
 from protocol.messages import Register, Reply
-from protocol.payloads import Payload, PrototypeSet
+from protocol.payloads import Payload, PrototypeSet, TensorMap
+from protocol.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT, check_max_abs, float_arrays
 from protocol.wire import WireModel
 
 if TYPE_CHECKING:  # the coordinator never imports torch unless a strategy trains
@@ -115,14 +116,25 @@ Aggregator = Callable[[Step, list[tuple[AgentInfo, Reply]]], dict[str, float]]
 
 
 class Strategy(Generic[C]):
-    """Base strategy: no knowledge exchanged; subclasses fill the hooks."""
+    """Base strategy: no knowledge exchanged; subclasses fill the hooks.
+
+    Value bounds (``docs/security.md``): every float a reply carries is finite by construction
+    of the payloads; :meth:`check_prototypes` and :meth:`check_values` also refuse magnitudes
+    no honest model produces, so that one accepted reply cannot make the global state useless.
+    """
 
     name: ClassVar[str] = ""
+    #: Largest |value| accepted in prototypes, features, logits and SD vectors of a reply.
+    max_abs_feature: ClassVar[float] = MAX_ABS_FEATURE
+    #: Largest |value| accepted in model tensors (``TensorMap`` payloads) of a reply.
+    max_abs_weight: ClassVar[float] = MAX_ABS_WEIGHT
 
     def __init__(self, config: C, *, num_classes: int, seed: int = 0) -> None:
         self.config = config
         self.num_classes = num_classes
         self.seed = seed
+        # payload key -> (step, dimension fixed by that step's first valid reply)
+        self._pinned_dims: dict[str, tuple[Step, int]] = {}
 
     # ----- the plan -------------------------------------------------------------------------
     def plan(self, rounds: int) -> list[Step]:
@@ -221,7 +233,37 @@ class Strategy(Generic[C]):
             )
         if dim is not None and protos.class_ids.size and protos.dim != dim:
             raise ValidationError(f"reply.payloads.{key}.vectors", f"dimension {dim}", protos.dim)
+        check_max_abs(protos.vectors, self.max_abs_feature, f"reply.payloads.{key}.vectors")
+        if protos.sd is not None:
+            check_max_abs(protos.sd, self.max_abs_feature, f"reply.payloads.{key}.sd")
         return protos
+
+    def check_values(self, reply: Reply) -> None:
+        """Refuse any float of any payload beyond the bounds: ``max_abs_weight`` for model
+        tensors, ``max_abs_feature`` for everything else (features, logits, images)."""
+        for key, payload in reply.payloads.items():
+            bound = self.max_abs_weight if isinstance(payload, TensorMap) else self.max_abs_feature
+            for field, arr in float_arrays(payload, f"reply.payloads.{key}"):
+                check_max_abs(arr, bound, field)
+
+    def expected_dim(self, step: Step, key: str, current: PrototypeSet | None) -> int | None:
+        """The feature dimension a ``key`` payload must have in ``step``.
+
+        The global state's once it holds vectors; before that (round 1), the dimension of the
+        step's first valid reply (:meth:`pin_dim`), so that a reply of another dimension is
+        refused in :meth:`validate` instead of failing the aggregation. ``None``: anything.
+        """
+        if current is not None and current.class_ids.size:
+            return current.dim
+        pinned = self._pinned_dims.get(key)
+        return pinned[1] if pinned is not None and pinned[0] == step else None
+
+    def pin_dim(self, step: Step, key: str, protos: PrototypeSet) -> None:
+        """Call at the end of :meth:`validate`, once the reply is valid: the first valid reply
+        of ``step`` with vectors fixes the dimension the others must match."""
+        pinned = self._pinned_dims.get(key)
+        if protos.class_ids.size and (pinned is None or pinned[0] != step):
+            self._pinned_dims[key] = (step, protos.dim)
 
 
 STRATEGIES: dict[str, type[Strategy[Any]]] = {}

@@ -49,7 +49,8 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
         return {} if self.weights is None else {"weights": self.weights}
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Weights must be present and, once a global model exists, match its tensors."""
+        """Weights must be present, within ``max_abs_weight`` and, once a global model exists,
+        match its tensors."""
         if step.phase != "train":
             return
         w = reply.payloads.get("weights")
@@ -57,6 +58,7 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
             raise ValidationError(
                 "reply.payloads.weights", "tensors", "nothing" if w is None else w.KIND
             )
+        self.check_values(reply)
         if self.weights is not None:
             ref = self.weights.tensors
             bad = [k for k in ref if k not in w.tensors or w.tensors[k].shape != ref[k].shape]
@@ -138,12 +140,12 @@ class FedProtoStrategy(Strategy[FedProtoConfig]):
         return {} if self.protos is None else {"protos": self.protos}
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Prototypes of the agent's own classes, with the fleet's feature dimension."""
+        """Prototypes of the agent's own classes, within ``max_abs_feature``, with the fleet's
+        feature dimension (round 1: the step's first valid reply's)."""
         if step.phase == "train":
-            dim = (
-                self.protos.dim if self.protos is not None and self.protos.class_ids.size else None
-            )
-            self.check_prototypes(agent, reply, "protos", dim)
+            dim = self.expected_dim(step, "protos", self.protos)
+            protos = self.check_prototypes(agent, reply, "protos", dim)
+            self.pin_dim(step, "protos", protos)
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """c^y <- mean of c_k^y over participants holding y (unweighted, as in FedProto)."""

@@ -66,18 +66,18 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         )
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Prototypes with an SD of the fleet's dimension; generators with the known layout.
+        """Prototypes with an SD of the fleet's dimension (round 1: fixed by the step's first
+        valid reply); generators with the known layout; every value within the bounds.
 
         Payload keys and kinds were checked by the engine (``FedVTCConfig.REPLY_PAYLOADS``).
         """
         check = {"train": self._validate_train, "upload_generator": self._validate_upload}
         phase_check = check.get(step.phase)
         if phase_check is not None:
-            phase_check(agent, reply)
+            phase_check(step, agent, reply)
 
-    def _validate_train(self, agent: AgentInfo, reply: Reply) -> None:
-        known = self.protos is not None and self.protos.class_ids.size
-        dim = self.protos.dim if known and self.protos is not None else None
+    def _validate_train(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        dim = self.expected_dim(step, "protos", self.protos)  # round 1: the first valid reply's
         protos = self.check_prototypes(agent, reply, "protos", dim)
         if protos.sd is None:
             raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)
@@ -86,10 +86,13 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
                 "reply.payloads.protos.sd", f"length {protos.dim}", protos.sd.shape[0]
             )
         if self.config.generator_exchange == "every_round":  # optional in the schema only
-            self._validate_upload(agent, reply)
+            self._validate_upload(step, agent, reply)
+        self.check_values(reply)
+        self.pin_dim(step, "protos", protos)
 
-    def _validate_upload(self, agent: AgentInfo, reply: Reply) -> None:
+    def _validate_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         gen = self.payload(reply, "generator", TensorMap)
+        self.check_values(reply)
         if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
             raise ValidationError(
                 "reply.payloads.generator",
