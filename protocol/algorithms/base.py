@@ -23,6 +23,7 @@ from protocol.wire import WireModel
 
 __all__ = [
     "CONFIG_TYPES",
+    "TRAIN_LIMITS",
     "AlgorithmConfig",
     "PayloadSpec",
     "TrainConfig",
@@ -151,6 +152,20 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported config type {tp!r}")
 
 
+#: Inclusive ranges of the common training settings (issue 19): a task outside them is refused
+#: by the coordinator (run config) and by the agent (task config) with a ConfigError, instead of
+#: being executed. Generous for real runs; tight enough that one task cannot occupy a device
+#: for days (``local_epochs=100000``) or exhaust its memory (``batch_size``).
+TRAIN_LIMITS: dict[str, tuple[float, float]] = {
+    "local_epochs": (0, 1000),
+    "batch_size": (1, 8192),
+    "lr": (0.0, 10.0),  # and > 0
+    "momentum": (0.0, 1.0),
+    "weight_decay": (0.0, 1.0),
+    "grad_clip": (0.0, 1e6),
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig(AlgorithmConfig):
     """Settings of the one local training loop, common to every algorithm."""
@@ -165,10 +180,12 @@ class TrainConfig(AlgorithmConfig):
     mixed_precision: bool = False  # autocast on CUDA; ignored on CPU
 
     def __post_init__(self) -> None:
-        if self.local_epochs < 0 or self.batch_size < 1:
-            raise ValueError("local_epochs must be >= 0 and batch_size >= 1")
-        if self.lr <= 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("lr must be > 0, grad_clip and weight_decay >= 0")
+        for key, (lo, hi) in TRAIN_LIMITS.items():
+            value = getattr(self, key)
+            if not lo <= value <= hi:
+                raise ValueError(f"{key} must be in [{lo:g}, {hi:g}], got {value!r}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
 
 
 CONFIG_TYPES: dict[str, type[AlgorithmConfig]] = {}
