@@ -5,11 +5,16 @@ background thread: zero set-up, good for demos and small federations (~2k QoS 1 
 :class:`MosquittoBroker` starts the ``mosquitto`` executable on a loopback port from a
 generated config file: the fast, real broker used by the integration tests and benchmarks.
 Both are context managers exposing ``host`` and ``port``; ``port=0`` picks a free port.
+
+Neither authenticates clients: both listen on ``127.0.0.1`` unless given another ``host``, and
+the embedded broker warns when it listens on a non-loopback interface (issue 19; a fleet on a
+network needs Mosquitto with TLS and per-device ACLs, see ``docs/security.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import shutil
 import socket
@@ -24,9 +29,25 @@ from typing import Any
 
 from protocol.errors import ConfigError, EdgeFLError
 
-__all__ = ["EmbeddedBroker", "MosquittoBroker", "free_port", "mosquitto_executable"]
+__all__ = [
+    "EmbeddedBroker",
+    "MosquittoBroker",
+    "free_port",
+    "is_loopback",
+    "mosquitto_executable",
+]
 
 _QUIET_LOGGERS = ("amqtt", "transitions")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` keeps a server unreachable from other machines."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # "" or a name: may resolve to anything
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -57,7 +78,10 @@ class EmbeddedBroker:
     """amqtt running in a background thread with its own event loop.
 
     Args:
-        host: Interface to listen on (``0.0.0.0`` for every interface).
+        host: Interface to listen on. The default keeps the broker on this machine; anything
+            else (``0.0.0.0``: every interface) exposes a broker without authentication,
+            where anyone on the network can read and steer the fleet, and is logged as a
+            warning.
         port: TCP port; ``0`` picks a free one (read it back from :attr:`port`).
         start_timeout: Seconds to wait for the listener.
     """
@@ -105,6 +129,14 @@ class EmbeddedBroker:
                 if attempt == attempts - 1:
                     raise  # a free port taken between probe and bind: try another one
         self.log.info("embedded MQTT broker (amqtt) listening on %s:%d", self.host, self.port)
+        if not is_loopback(self.host):
+            self.log.warning(
+                "embedded MQTT broker listens on %s:%d without authentication: anyone who can "
+                "reach it can read and steer the fleet; use Mosquitto with TLS and per-device "
+                "ACLs on a network (docs/security.md)",
+                self.host,
+                self.port,
+            )
         return self
 
     def _start_on(self, broker_cls: Any, port: int) -> None:
