@@ -1,0 +1,653 @@
+"""FedType at CPU scale: the reproduction of ``shared/specs/fedtype.md`` §10 (issue 16 §3).
+
+Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+code paths as a real fleet), so accuracies are what the agents report and bytes are what the
+coordinator's endpoint counted.
+
+Setting (spec §10, defaults of this script): ``digits`` (8x8 grey), N = 10 agents, private pool
+family ``fedtype_tiny`` (client i gets ``mlp_xl, mlp_w, cnn_fc, cnn_bn3``[i mod 4]), proxy
+``mlp_xs`` (64->32->10, 2,410 parameters), Dir(alpha) label skew, a 360-image global test set,
+per-client split 6:2:2 (test_fraction 0.2 of the partition, then ``val_fraction`` 0.25 of the
+rest held out for calibration), T = 40 rounds, participation 0.5 (the coordinator's seeded
+choice, identical for every method of one seed), R = 5 local epochs, batch 16, Adam lr 1e-3,
+weight decay 1e-4, theta 0.1, lambda 0.5, kappa_reg 2 (§10: with sets of 1-2 labels kappa_reg 5
+makes g inert; ``fedtype_k5`` is the paper's 5). ``--data mnist5k`` runs the same on the
+5000-image MNIST subset at 28x28.
+
+Methods (``METHODS``; every FedType arm is the registered ``fedtype`` with overrides):
+
+* ``fedtype``: conformal BKD, consensus eta, g piecewise linear (the paper's method).
+* ``fedtype_topk``: S = top-3 labels of the proxy (FedType_TopK).
+* ``fedtype_sym``: BKD replaced by KL(softmax p || softmax w), proxy as teacher (FedType_sym).
+* ``fedtype_eta1``: eta = 1 (FedType_eta=1).
+* ``fedtype_glam``: g = lambda, constant (FedType_g=lambda).
+* ``fedtype_k5``: FedType with kappa_reg = 5 (the paper's value).
+* ``fedtype_pairwise`` / ``fedtype_meanset``: FedType with ``bkd_form = "pairwise"`` /
+  ``bkd_reduction = "mean_over_set"`` (§4.3's flags; diagnostics of the BKD loss's form).
+* ``fedtype_nobkd``: the control for what the proxy gives the private model: FedType with
+  ``theta`` 0.001, so the calibration split is always too small (k > n) and BKD is skipped every
+  epoch; the private model trains on CE alone on exactly FedType's D_i (60 % of the client's
+  data), the proxy co-trains and is averaged as usual.
+* ``fml``: FML-style mutual KD: the ``fedtype_sym`` loss (CE + KL both ways, weight 1, a shared
+  FedAvg-averaged "meme" model = the proxy) but with no calibration split held out
+  (``val_fraction`` 0.01: the private model and the proxy train on ~99 % of the training data,
+  as in FML; the calibration it would do is skipped as too small and symmetric KD never uses it).
+* ``local``: the private models trained with CE alone on their whole training split (80 % of the
+  client's data, i.e. more than FedType's 60 %), no communication.
+* ``fedavg_proxy``: plain FedAvg of the proxy architecture ``mlp_xs`` alone (every agent's model is
+  the proxy), trained on the whole training split. Its ``final`` accuracy is p_g^T (FedAvg's final
+  step loads the global model), i.e. the counterpart of FedType's ``global_proxy_acc``.
+
+Usage::
+
+    python benchmarks/fedtype_repro.py --alphas 0.5 --seeds 0 1 2 \\
+        --out benchmarks/results/fedtype_digits.json --md benchmarks/results/fedtype_digits.md
+    python benchmarks/fedtype_repro.py --out benchmarks/results/fedtype_digits.json --table-only
+
+Results are appended to ``--out`` after every run; a rerun skips runs already there with the
+same settings, so an interrupted grid resumes. A run that raises is recorded under ``failures``
+(with its traceback) and retried by the next invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+# the in-process transport's agents and the coordinator log per step (and FedType warns about
+# small calibration splits at every epoch); the grid prints a line per run instead
+logging.basicConfig(level=logging.ERROR)
+
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fedtype": ("fedtype", {}),
+    "fedtype_topk": ("fedtype", {"bkd": "topk", "top_k": 3}),
+    "fedtype_sym": ("fedtype", {"bkd": "symmetric"}),
+    "fedtype_eta1": ("fedtype", {"eta_mode": "one"}),
+    "fedtype_glam": ("fedtype", {"g_fn": "constant"}),
+    "fedtype_k5": ("fedtype", {"raps_k_reg": 5}),
+    # BKD variants of §4.3 (diagnostics: the printed sum over S pushes the private model to
+    # spread its mass over every label of S; pairwise only asks each to beat the labels outside)
+    "fedtype_pairwise": ("fedtype", {"bkd_form": "pairwise"}),
+    "fedtype_meanset": ("fedtype", {"bkd_reduction": "mean_over_set"}),
+    # control: FedType with BKD never applied. theta = 0.001 needs k = ceil(0.999 (n + 1)) <= n
+    # calibration samples, i.e. n >= 999, so every epoch is skipped (§9-11): the private model
+    # trains on CE alone on exactly FedType's D_i (the local-only model at FedType's data split)
+    "fedtype_nobkd": ("fedtype", {"theta": 0.001, "measure_coverage": False}),
+    "fml": ("fedtype", {"bkd": "symmetric", "val_fraction": 0.01, "measure_coverage": False}),
+    "local": ("local", {}),
+    "fedavg_proxy": ("fedavg", {}),
+}
+GRID = [
+    "fedtype",
+    "fedtype_topk",
+    "fedtype_sym",
+    "fedtype_eta1",
+    "fedtype_glam",
+    "fml",
+    "local",
+    "fedavg_proxy",
+]
+FEDTYPE_ONLY = ("proxy_model", "val_fraction", "raps_k_reg", "theta", "raps_lambda")
+# headline paired comparisons (a - b), percentage points, on the private models' accuracy
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("fedtype", "local"),
+    ("fedtype", "fml"),
+    ("fedtype", "fedtype_sym"),
+    ("fedtype", "fedtype_topk"),
+    ("fedtype", "fedtype_eta1"),
+    ("fedtype", "fedtype_glam"),
+    ("fedtype", "fedtype_k5"),
+    ("fedtype", "fedtype_nobkd"),
+    ("fedtype_sym", "fedtype_nobkd"),
+    ("fedtype_pairwise", "fedtype_nobkd"),
+    ("local", "fedtype_nobkd"),
+    ("fedtype_pairwise", "fedtype"),
+    ("fedtype_meanset", "fedtype"),
+    ("fedtype_pairwise", "local"),
+    ("fedtype_pairwise", "fml"),
+    ("fedtype_sym", "local"),
+    ("fml", "local"),
+    ("fml", "fedtype_sym"),
+)
+DATA = {"digits": None, "mnist5k": 28}  # name: image_size
+# per-agent metrics averaged over a round's participants and kept per round in the JSON
+ROUND_KEYS = (
+    "acc_local",
+    "acc_global",
+    "proxy_acc",
+    "global_proxy_acc",
+    "mean_eta",
+    "mean_set_size",
+    "mean_private_set_size",
+    "g_mean",
+    "delta_first",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line; defaults are spec §10's toy setting on digits."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", nargs="+", default=GRID, choices=sorted(METHODS))
+    ap.add_argument("--alphas", nargs="+", type=float, default=[0.5], help="Dirichlet alpha")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--data", default="digits", choices=sorted(DATA))
+    ap.add_argument("--clients", type=int, default=10, help="N")
+    ap.add_argument("--family", default="fedtype_tiny", help="models.families name")
+    ap.add_argument("--proxy", default="mlp_xs", help="proxy architecture (registry name)")
+    ap.add_argument("--rounds", type=int, default=40, help="T (paper: 100)")
+    ap.add_argument("--fraction", type=float, default=0.5, help="participation (paper: 0.2)")
+    ap.add_argument("--epochs", type=int, default=5, help="R, local epochs per participation")
+    ap.add_argument("--lr", type=float, default=1e-3, help="Adam lr (paper: 1e-4, §10: 1e-3)")
+    ap.add_argument("--weight-decay", type=float, default=1e-4)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--val-fraction", type=float, default=0.25, help="6:2:2 split (§10)")
+    ap.add_argument("--k-reg", type=int, default=2, help="kappa_reg (paper 5; §10: 5 or 2)")
+    ap.add_argument("--global-test", type=int, default=360)
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--deadline", type=float, default=600.0, help="per-step deadline (s)")
+    ap.add_argument(
+        "--code",
+        default=None,
+        help="label of the code version run (default: git HEAD of this checkout, + '-dirty')",
+    )
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fedtype_digits.json"))
+    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
+    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    return ap.parse_args(argv)
+
+
+def code_label() -> str:
+    """``git rev-parse --short HEAD`` of the checkout this file is in (+ ``-dirty``)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
+    """Everything that determines one run (also its identity in the results file)."""
+    algorithm, extra = METHODS[method]
+    hyper: dict[str, Any] = {
+        "local_epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "weight_decay": args.weight_decay,
+        "optimizer": "adam",
+    }
+    if algorithm == "fedtype":
+        hyper.update(
+            proxy_model=args.proxy, val_fraction=args.val_fraction, raps_k_reg=args.k_reg
+        )
+    hyper.update(extra)
+    return {
+        "method": method,
+        "algorithm": algorithm,
+        "data": args.data,
+        # fedavg_proxy: every agent's model is the proxy architecture
+        "family": args.family if method != "fedavg_proxy" else None,
+        "models": None if method != "fedavg_proxy" else [args.proxy],
+        "proxy": args.proxy,
+        "alpha": alpha,
+        "seed": seed,
+        "rounds": args.rounds,
+        "fraction": args.fraction,
+        "clients": args.clients,
+        "global_test": args.global_test,
+        "hyper": hyper,
+    }
+
+
+def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a small summary (or an error)."""
+    try:
+        return _execute(spec, threads, deadline)
+    except BaseException as exc:  # noqa: BLE001 - reported, the grid goes on
+        return {
+            "spec": spec,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+
+
+def fleet_models(spec: dict[str, Any]) -> list[str]:
+    """Architecture of each agent: the private pool, or the proxy for ``fedavg_proxy``."""
+    from models.families import family_models
+
+    if spec["models"]:
+        return [spec["models"][i % len(spec["models"])] for i in range(spec["clients"])]
+    return family_models(spec["family"], spec["clients"])
+
+
+def param_counts(names: list[str], data: str) -> dict[str, int]:
+    """Parameters of each architecture at the data's input (1 channel, 10 classes)."""
+    from models import create_model
+
+    size = DATA[data] or 8
+    out = {}
+    for n in sorted(set(names)):
+        m = create_model(n, num_classes=10, in_chans=1, feature_dim=None, input_size=size)
+        out[n] = int(sum(p.numel() for p in m.parameters()))
+    return out
+
+
+def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+    import torch
+
+    import edge_agent.algorithms.fedtype  # noqa: F401 - registers the edge half
+    from coordinator.config import load_config
+    from coordinator.simulate import FleetSpec, simulate
+
+    torch.set_num_threads(threads)
+    models = fleet_models(spec)
+    run_dir = Path(tempfile.mkdtemp(prefix="fedtype-repro-"))
+    try:
+        cfg = load_config(
+            None,
+            [],
+            algorithm=spec["algorithm"],
+            rounds=spec["rounds"],
+            run_dir=str(run_dir),
+            min_agents=spec["clients"],
+            seed=spec["seed"],
+            fraction=spec["fraction"],
+            deadline_s=deadline,
+            max_retries=1,
+            num_classes=10,
+            run_id="fedtype-repro",
+        )
+        cfg = cfg.replace(hyper=spec["hyper"])
+        cfg.algorithm_config()  # validate the hyperparameters before starting agents
+        fleet = FleetSpec(
+            num_agents=spec["clients"],
+            models=tuple(models),
+            data=spec["data"],
+            partition=f"dirichlet:{spec['alpha']}",
+            feature_dim=None,
+            image_size=DATA[spec["data"]],
+            global_test_size=spec["global_test"],
+        )
+        t0 = time.time()
+        result = simulate(cfg, fleet)
+        wall = time.time() - t0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    out = {"spec": spec, "wall_s": wall, **summarize(result.metrics)}
+    out["params"] = param_counts(models + [spec["proxy"]], spec["data"])
+    return out
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    vals = [a[key] for a in records if isinstance(a.get(key), (int, float))]
+    return statistics.fmean(vals) if vals else None
+
+
+def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Final accuracies (all agents), conformal statistics, per-round means, bytes."""
+    final = [s for s in steps if s["phase"] == "final"]
+    last = final[-1] if final else steps[-1]
+    agents = list(last["agents"].values())
+    out: dict[str, Any] = {
+        "final_phase": last["phase"],
+        "final_agents": len(agents),
+        **{k: _mean(agents, k) for k in ("acc_local", "acc_global", "proxy_acc",
+                                          "global_proxy_acc")},
+        "per_client": {
+            d: {k: a.get(k) for k in ("arch", "acc_local", "acc_global", "proxy_acc",
+                                       "global_proxy_acc")}
+            for d, a in sorted(last["agents"].items())
+        },
+    }
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for a in agents:
+        groups.setdefault(str(a.get("arch")), []).append(a)
+    out["per_arch"] = {
+        arch: {k: _mean(g, k) for k in ("acc_local", "acc_global")}
+        for arch, g in sorted(groups.items())
+    }
+    train = [s for s in steps if s["phase"] == "train"]
+    out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
+    reps = [a for s in train for a in s["agents"].values()]
+    out["participations"] = len(reps)
+    for k in ("mean_eta", "mean_set_size", "mean_private_set_size", "g_mean"):
+        out[k] = _mean(reps, k)
+    out["bkd_skipped_epochs"] = sum(a.get("bkd_skipped_epochs", 0) for a in reps)
+    out["sets_not_nested"] = sum(a.get("sets_not_nested", 0) for a in reps)
+    # coverage of the calibrated (penalty lambda) sets on the test splits, pooled by n
+    n = sum(a.get("coverage_n", 0) for a in reps)
+    out["coverage_n"] = n
+    for k in ("coverage_proxy", "coverage_private"):
+        out[k] = sum(a[k] * a["coverage_n"] for a in reps if k in a) / n if n else None
+    # eta and |S| over time: first vs last quarter of the rounds (participants' means)
+    q = max(1, len(train) // 4)
+    for key in ("mean_eta", "mean_set_size"):
+        early = [a for s in train[:q] for a in s["agents"].values()]
+        late = [a for s in train[-q:] for a in s["agents"].values()]
+        out[f"{key}_first_q"] = _mean(early, key)
+        out[f"{key}_last_q"] = _mean(late, key)
+    # bytes as counted by the coordinator's endpoint (tx = to agents, rx = from them)
+    by_kind: dict[str, int] = {}
+    train_tx = train_rx = 0
+    for s in steps:
+        for k, v in s["bytes"].items():
+            by_kind[k] = by_kind.get(k, 0) + int(v)
+            if s["phase"] == "train":
+                if k.startswith("tx"):
+                    train_tx += int(v)
+                elif k.startswith("rx"):
+                    train_rx += int(v)
+    out["bytes_by_kind"] = by_kind
+    out["bytes_total"] = sum(by_kind.values())
+    # per client per round = per participation of a train step
+    out["bytes_down_per_part"] = train_tx / max(len(reps), 1)
+    out["bytes_up_per_part"] = train_rx / max(len(reps), 1)
+    # steady state: the last train round (round 1 of FedType sends no proxy down)
+    if train:
+        s = train[-1]
+        k_ = max(len(s["agents"]), 1)
+        out["bytes_down_last"] = sum(int(v) for k, v in s["bytes"].items() if k.startswith("tx")) / k_
+        out["bytes_up_last"] = sum(int(v) for k, v in s["bytes"].items() if k.startswith("rx")) / k_
+    out["rounds"] = [
+        {"round": s["round"], "n": len(s["agents"]),
+         **{k: _mean(list(s["agents"].values()), k) for k in ROUND_KEYS}}
+        for s in train
+    ]
+    return out
+
+
+def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Runs and failures already in ``path`` (empty lists when it does not exist)."""
+    if not path.is_file():
+        return [], []
+    doc = json.loads(path.read_text())
+    return doc["runs"], doc.get("failures", [])
+
+
+def save(path: Path, runs: list[dict[str, Any]], failures: list[dict[str, Any]]) -> None:
+    """Write all results; ``commands`` records how they were produced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    commands: list[str] = []
+    if path.is_file():
+        commands = json.loads(path.read_text()).get("commands", [])
+    cmd = "python " + " ".join(sys.argv)
+    if cmd not in commands:
+        commands.append(cmd)
+    doc = {"commands": commands, "runs": runs, "failures": failures}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    tmp.replace(path)
+
+
+# ----- tables ---------------------------------------------------------------------------------
+def _ms(vals: list[float | None], scale: float = 100.0, digits: int = 1) -> str:
+    xs = [v for v in vals if v is not None]
+    if not xs:
+        return "–"
+    mean = statistics.fmean(xs) * scale
+    sd = statistics.stdev(xs) * scale if len(xs) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def _m(vals: list[float | None], digits: int = 2) -> str:
+    xs = [v for v in vals if v is not None]
+    return f"{statistics.fmean(xs):.{digits}f}" if xs else "–"
+
+
+def _setting(r: dict[str, Any]) -> tuple[str, float, int, float]:
+    s = r["spec"]
+    return (s["data"], s["alpha"], s["rounds"], s["fraction"])
+
+
+def tables(runs: list[dict[str, Any]]) -> str:
+    """Markdown, one block per setting: accuracies, conformal statistics, bytes, pairs."""
+    settings: dict[tuple[str, float, int, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        settings.setdefault(_setting(r), []).append(r)
+    lines: list[str] = []
+    for key in sorted(settings, key=lambda k: (k[0], -k[1], k[2:])):
+        data, alpha, rounds, fraction = key
+        rs = settings[key]
+        by_method: dict[str, list[dict[str, Any]]] = {}
+        for r in rs:
+            by_method.setdefault(r["spec"]["method"], []).append(r)
+        order = [m for m in METHODS if m in by_method]
+        lines += [
+            f"### {data}, Dir({alpha:g}), T={rounds}, participation {fraction:g}",
+            "",
+            "Accuracy in % (mean ± sd over seeds) after the `final` step, unweighted mean over "
+            "all 10 agents. private = each agent's private model on its own test split "
+            "(`acc_local`); private@global = the same models on the 360-image global test set; "
+            "proxy = the last local proxy p_i; global proxy = p_g^T, both on the agent's own "
+            "test split. `fedavg_proxy`: its final model is p_g^T (global proxy column; p_g: is "
+            "the same model on the global test set).",
+            "",
+            "| method | seeds | private | private@global | proxy | global proxy | wall s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for m in order:
+            g = by_method[m]
+            if m == "fedavg_proxy":
+                # p_g^T: own test splits (global proxy column), global test set (p_g: ...)
+                pg = _ms([r["acc_global"] for r in g])
+                cells = ["–", f"p_g: {pg}", "–", _ms([r["acc_local"] for r in g])]
+            else:
+                cells = [
+                    _ms([r["acc_local"] for r in g]),
+                    _ms([r["acc_global"] for r in g]),
+                    _ms([r["proxy_acc"] for r in g]),
+                    _ms([r["global_proxy_acc"] for r in g]),
+                ]
+            lines.append(
+                f"| {m} | {len(g)} | " + " | ".join(cells)
+                + f" | {statistics.fmean(r['wall_s'] for r in g):.0f} |"
+            )
+        conf = [m for m in order if METHODS[m][0] == "fedtype"]
+        if conf:
+            lines += [
+                "",
+                "Conformal statistics (mean over seeds; per participation, all rounds): mean "
+                "eta and mean |S| (proxy sets used by BKD), first vs last quarter of the "
+                "rounds; |L| private sets; g; coverage of the calibrated proxy / private sets "
+                "(penalty lambda) on the test splits, pooled over agents x epochs x rounds "
+                "(n = pooled test points per seed); sets not nested (S_g outside S_lambda).",
+                "",
+                "| method | eta | eta 1st q -> last q | \\|S\\| | \\|S\\| 1st q -> last q | "
+                "\\|L\\| | g | cov proxy | cov private | n | BKD-skipped epochs | not nested |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            for m in conf:
+                g = by_method[m]
+                lines.append(
+                    f"| {m} | {_m([r['mean_eta'] for r in g])} | "
+                    f"{_m([r['mean_eta_first_q'] for r in g])} -> "
+                    f"{_m([r['mean_eta_last_q'] for r in g])} | "
+                    f"{_m([r['mean_set_size'] for r in g])} | "
+                    f"{_m([r['mean_set_size_first_q'] for r in g])} -> "
+                    f"{_m([r['mean_set_size_last_q'] for r in g])} | "
+                    f"{_m([r['mean_private_set_size'] for r in g])} | "
+                    f"{_m([r['g_mean'] for r in g], 3)} | "
+                    f"{_m([r['coverage_proxy'] for r in g], 3)} | "
+                    f"{_m([r['coverage_private'] for r in g], 3)} | "
+                    f"{_m([r['coverage_n'] for r in g], 0)} | "
+                    f"{_m([r['bkd_skipped_epochs'] for r in g], 1)} | "
+                    f"{_m([r['sets_not_nested'] for r in g], 0)} |"
+                )
+        params = {a: n for r in rs for a, n in r["params"].items()}
+        archs = sorted({a for r in rs for a in r["per_arch"]})
+        lines += [
+            "",
+            "Private accuracy per architecture (own test split, %, mean over seeds; parameter "
+            "count in brackets):",
+            "",
+            "| method | " + " | ".join(f"{a} ({params.get(a, 0):,})" for a in archs) + " |",
+            "|---|" + "---|" * len(archs),
+        ]
+        for m in order:
+            g = by_method[m]
+            cells = []
+            for a in archs:
+                vals = [r["per_arch"][a]["acc_local"] for r in g if a in r["per_arch"]]
+                cells.append(f"{100 * statistics.fmean(vals):.1f}" if vals else "–")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        proxy = rs[0]["spec"]["proxy"]
+        priv = [params[a] for a in archs if a != proxy] or [params.get(proxy, 0)]
+        lines += [
+            "",
+            f"Traffic per client per round (bytes per participation of a train step, mean over "
+            f"seeds; down = coordinator to agent, up = agent to coordinator; round 1 of FedType "
+            f"sends no proxy down; last = the last round). Proxy `{proxy}`: "
+            f"{params.get(proxy, 0):,} parameters = {4 * params.get(proxy, 0):,} B in float32; "
+            f"private models: {min(priv):,}-{max(priv):,} parameters = "
+            f"{4 * min(priv):,}-{4 * max(priv):,} B.",
+            "",
+            "| method | down | up | down (last round) | up (last round) | total per run kB |",
+            "|---|---|---|---|---|---|",
+        ]
+        for m in order:
+            g = by_method[m]
+            lines.append(
+                f"| {m} | {_m([r['bytes_down_per_part'] for r in g], 0)} | "
+                f"{_m([r['bytes_up_per_part'] for r in g], 0)} | "
+                f"{_m([r.get('bytes_down_last') for r in g], 0)} | "
+                f"{_m([r.get('bytes_up_last') for r in g], 0)} | "
+                f"{statistics.fmean(r['bytes_total'] for r in g) / 1e3:,.0f} |"
+            )
+        lines += paired(by_method) + [""]
+    return "\n".join(lines) + "\n"
+
+
+def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per-seed paired differences (same seed = same partition, init and participants)."""
+    rows = []
+    for a, b in PAIRS:
+        if a not in by_method or b not in by_method:
+            continue
+        ra = {r["spec"]["seed"]: r for r in by_method[a]}
+        rb = {r["spec"]["seed"]: r for r in by_method[b]}
+        seeds = sorted(set(ra) & set(rb))
+        if not seeds:
+            continue
+        cols = []
+        for key in ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc"):
+            d = [ra[s][key] - rb[s][key] for s in seeds
+                 if ra[s].get(key) is not None and rb[s].get(key) is not None]
+            cols.append(_ms(d) if d else "–")
+        dl = [ra[s]["acc_local"] - rb[s]["acc_local"] for s in seeds]
+        wins = sum(1 for x in dl if x > 0)
+        rows.append(f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols)
+                    + f" | {wins}/{len(seeds)} |")
+    # FedType's own ordering claim: private > proxy > global, per seed
+    order_rows = []
+    for m, g in by_method.items():
+        if METHODS[m][0] != "fedtype":
+            continue
+        pp = [r["acc_local"] - r["proxy_acc"] for r in g]
+        pg = [r["proxy_acc"] - r["global_proxy_acc"] for r in g]
+        both = sum(1 for x, y in zip(pp, pg) if x > 0 and y > 0)
+        order_rows.append(f"| {m} | {len(g)} | {_ms(pp)} | {_ms(pg)} | {both}/{len(g)} |")
+    out: list[str] = []
+    if rows:
+        out += [
+            "",
+            "Paired differences (percentage points, mean ± sd over seeds):",
+            "",
+            "| comparison | seeds | private | private@global | proxy | global proxy "
+            "| seeds with private > 0 |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+        ]
+    if order_rows:
+        out += [
+            "",
+            "Claim (i) per seed: private − proxy and proxy − global proxy (pp, own test splits):",
+            "",
+            "| method | seeds | private − proxy | proxy − global | seeds with both > 0 |",
+            "|---|---|---|---|---|",
+            *order_rows,
+        ]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the missing runs of the grid, then print (and optionally write) the tables."""
+    args = parse_args(argv)
+    runs, failures = load(args.out)
+    if not args.table_only:
+        done = {json.dumps(r["spec"], sort_keys=True) for r in runs}
+        todo = []
+        for alpha in args.alphas:
+            for seed in args.seeds:
+                for m in args.methods:
+                    spec = run_spec(args, m, alpha, seed)
+                    if json.dumps(spec, sort_keys=True) not in done:
+                        todo.append(spec)
+        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
+        code = args.code or code_label()
+        t0 = time.time()
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(execute, s, args.threads, args.deadline) for s in todo]
+            for fut in as_completed(futures):
+                r = fut.result()
+                r["code"] = code
+                s = r["spec"]
+                key = json.dumps(s, sort_keys=True)
+                failures = [f for f in failures if json.dumps(f["spec"], sort_keys=True) != key]
+                if "error" in r:
+                    failures.append(r)
+                    save(args.out, runs, failures)
+                    print(
+                        f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g} "
+                        f"seed={s['seed']} FAILED {r['error']}\n{r['traceback']}",
+                        flush=True,
+                    )
+                    continue
+                runs.append(r)
+                save(args.out, runs, failures)
+
+                def f(v: float | None) -> str:
+                    return "–" if v is None or math.isnan(v) else f"{v:.3f}"
+
+                print(
+                    f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g} "
+                    f"seed={s['seed']} private={f(r['acc_local'])} "
+                    f"private@g={f(r['acc_global'])} proxy={f(r['proxy_acc'])} "
+                    f"global={f(r['global_proxy_acc'])} eta={f(r['mean_eta'])} "
+                    f"|S|={f(r['mean_set_size'])} cov={f(r['coverage_proxy'])} "
+                    f"up/part={r['bytes_up_per_part']:.0f}B wall={r['wall_s']:.0f}s",
+                    flush=True,
+                )
+    text = tables(runs)
+    print(text)
+    if failures:
+        print(f"{len(failures)} failed runs recorded in {args.out}: "
+              + ", ".join(f"{f['spec']['method']}/a{f['spec']['alpha']}/s{f['spec']['seed']}"
+                          for f in failures))
+    if args.md is not None:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
