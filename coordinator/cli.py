@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(serve)
     serve.add_argument("--broker", default=None, help="MQTT broker HOST[:PORT]; none = embedded")
     serve.add_argument("--port", type=int, default=None, help="embedded broker port (default 1883)")
+    serve.add_argument(
+        "--listen",
+        default=None,
+        help="embedded broker interface (default 127.0.0.1; 0.0.0.0 exposes an unauthenticated "
+        "broker: prefer an external Mosquitto with TLS for other machines)",
+    )
     serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
     demo = sub.add_parser("demo", help="the whole system on this machine with bundled data")
     _run_options(demo)
@@ -175,7 +181,11 @@ def _serve(args: argparse.Namespace) -> int:
     from coordinator.engine import RunResult
 
     cfg, info = _resolve(
-        args, broker=args.broker, min_agents=args.min_agents, embedded_port=args.port
+        args,
+        broker=args.broker,
+        min_agents=args.min_agents,
+        embedded_port=args.port,
+        embedded_host=args.listen,
     )
     if info is not None and info.outcome == "finished":
         from coordinator.store import Store
@@ -231,7 +241,7 @@ def _serve_run(cfg: RunConfig) -> RunResult:
             transport.close()  # a clean disconnect: the retained state stays "finished"
     from protocol.broker import EmbeddedBroker
 
-    with EmbeddedBroker(host="0.0.0.0", port=cfg.embedded_port) as broker:
+    with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
         transport = mqtt_transport(cfg, "127.0.0.1", broker.port)
         try:
@@ -286,7 +296,7 @@ def _demo_config(args: argparse.Namespace) -> RunConfig:
     args.rounds = given["run"].get("rounds", DEMO_DEFAULTS["rounds"])
     args.overrides = DEMO_HYPER.get(str(args.algorithm), []) + list(args.overrides)
     args.data = args.data or DEMO_DEFAULTS["data"]
-    return _config(args, unused=("broker", "embedded_port", "min_agents"))
+    return _config(args, unused=("broker", "embedded_port", "embedded_host", "min_agents"))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -305,7 +315,11 @@ def _simulate(args: argparse.Namespace) -> int:
     from coordinator.simulate import FleetSpec, simulate
     from models.families import family_models
 
-    cfg = _config(args, unused=("broker", "embedded_port", "min_agents"), min_agents=args.agents)
+    cfg = _config(
+        args,
+        unused=("broker", "embedded_port", "embedded_host", "min_agents"),
+        min_agents=args.agents,
+    )
     models = (
         tuple(args.models.split(","))
         if args.models

@@ -62,6 +62,7 @@ class RunConfig:
     run_dir: str = "runs/run"
     broker: str = ""  # host[:port]; empty = start the embedded broker
     embedded_port: int = 1883
+    embedded_host: str = "127.0.0.1"  # the embedded broker has no authentication
     # where server_train runs: "auto" = cuda when torch sees a GPU, else cpu (resolved only
     # when a strategy asks, so runs without server training never import torch)
     server_device: str = "auto"
@@ -137,6 +138,7 @@ RUN_KEY_HELP: dict[str, str] = {
     "run_dir": "where state, metrics and exports go (default: runs/COMMAND-TIMESTAMP)",
     "broker": "MQTT broker host[:port]; empty = start an embedded broker",
     "embedded_port": "port of the embedded broker",
+    "embedded_host": "embedded broker interface; 127.0.0.1 keeps it local (no authentication)",
     "server_device": "where server-side training runs: auto, cpu, cuda or cuda:N",
 }
 

@@ -293,8 +293,15 @@ class Coordinator:
         open_step = OpenStep(rec, step)
         for device_id, _msg_id, blob in self.store.updates(rec.idx):  # resumed step
             body = decode(blob).body
-            if isinstance(body, Reply):
-                open_step.outcome.replies[device_id] = body
+            agent = self.agents.get(device_id)
+            if not isinstance(body, Reply) or agent is None:
+                continue
+            try:  # validated again, in stored order: rebuilds per-step rules (round 1's dim)
+                self._check_reply(step, agent, body)
+            except ValidationError as exc:  # cannot pass twice differently; never aggregate it
+                self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
+                continue
+            open_step.outcome.replies[device_id] = body
         deadline = time.time() + self.cfg.deadline_s
         for device_id in rec.participants:
             if device_id not in open_step.outcome.replies:
@@ -534,6 +541,7 @@ class Coordinator:
         specs = type(self.strategy.config).reply_payloads(step.phase)
         if specs is not None:
             check_payloads(specs, reply.payloads, step.phase)
+        self.strategy.check_values(reply)  # magnitude bounds for every algorithm
         self.strategy.validate(step, agent, reply)
 
     def _refuse_reply(self, ack_topic: str, env: Envelope, reply: Reply, reason: str) -> None:

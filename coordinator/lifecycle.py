@@ -34,6 +34,7 @@ OPERATIONAL_KEYS = frozenset(
     {
         "broker",
         "embedded_port",
+        "embedded_host",
         "wait_agents_s",
         "rejoin_wait_s",
         "deadline_s",

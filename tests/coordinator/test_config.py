@@ -45,3 +45,23 @@ def test_missing_file_and_bad_override(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"run\.KEY=VALUE"):
         parse_override("rounds=3")
     assert parse_override("hyper.optimizer=adam") == ("hyper", "optimizer", "adam")
+
+
+def test_the_embedded_broker_listens_on_loopback_unless_told_otherwise() -> None:
+    # issue 19: `coordinator serve` bound its unauthenticated embedded broker to 0.0.0.0
+    import ast
+    import inspect
+
+    from coordinator import cli
+    from coordinator.config import RunConfig
+
+    assert RunConfig().embedded_host == "127.0.0.1"
+    calls = [
+        n
+        for n in ast.walk(ast.parse(inspect.getsource(cli)))
+        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "EmbeddedBroker"
+    ]
+    assert calls and all(
+        any(k.arg == "host" and "embedded_host" in ast.unparse(k.value) for k in c.keywords)
+        for c in calls
+    )
