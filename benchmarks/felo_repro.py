@@ -65,6 +65,9 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "feat_avg": ("felo", {**_FEAT, **_ON}),
     "feat_noavg": ("felo", {**_FEAT, **_OFF}),
     "felo_avg": ("felo", {**_ON}),  # Felo as in the paper
+    # the group weights both ways as float16 / per-tensor int8 (issue 14: bytes vs accuracy)
+    "felo_avg_f16": ("felo", {**_ON, "weight_encoding": "f16"}),
+    "felo_avg_i8": ("felo", {**_ON, "weight_encoding": "i8"}),
     "felo_noavg": ("felo", {**_OFF}),  # Felo as in the authors' code
     "velo_avg": ("velo", {**_ON}),
     "velo_noavg": ("velo", {**_OFF}),
