@@ -192,12 +192,18 @@ def code_label() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-            capture_output=True, text=True, check=True,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -296,7 +302,7 @@ def execute(
             r["cvae_singleton_batches"] = _SINGLETONS[0]
             return r
         return _execute(spec, threads, deadline)
-    except BaseException as exc:  # noqa: BLE001 - reported, the grid goes on
+    except BaseException as exc:
         return {
             "spec": spec,
             "error": f"{type(exc).__name__}: {exc}",
@@ -363,8 +369,11 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
         "acc_global": _mean(agents, "acc_global"),
         "acc_local": _mean(agents, "acc_local"),
         "per_client": {
-            d: {"arch": a.get("arch"), "acc_global": a.get("acc_global"),
-                "acc_local": a.get("acc_local")}
+            d: {
+                "arch": a.get("arch"),
+                "acc_global": a.get("acc_global"),
+                "acc_local": a.get("acc_local"),
+            }
             for d, a in sorted(last["agents"].items())
         },
     }
@@ -513,7 +522,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             tot = statistics.fmean(r["bytes_total"] for r in g)
             per = statistics.fmean(r["bytes_total"] / max(r["participations"], 1) for r in g)
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {_kb(tot)} | {per / 1e3:.1f} |")
-        lines += paired(by_method) + [""]
+        lines += [*paired(by_method), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -533,12 +542,17 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
             continue
         cols = []
         for key in ("acc_global", "acc_local", "half_acc_global", "half_acc_local"):
-            d = [ra[s][key] - rb[s][key] for s in seeds
-                 if ra[s][key] is not None and rb[s][key] is not None]
+            d = [
+                ra[s][key] - rb[s][key]
+                for s in seeds
+                if ra[s][key] is not None and rb[s][key] is not None
+            ]
             cols.append(_ms(d))
         dg = [ra[s]["acc_global"] - rb[s]["acc_global"] for s in seeds]
         wins = sum(1 for x in dg if x > 0)
-        rows.append(f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols) + f" | {wins}/{len(seeds)} |")
+        rows.append(
+            f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols) + f" | {wins}/{len(seeds)} |"
+        )
     if not rows:
         return []
     return [
@@ -569,9 +583,10 @@ def main(argv: list[str] | None = None) -> None:
         code = args.code or code_label()
         t0 = time.time()
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(
-                    execute, s, args.threads, args.deadline, args.cvae_singleton_workaround
-                ) for s in todo]
+            futures = [
+                pool.submit(execute, s, args.threads, args.deadline, args.cvae_singleton_workaround)
+                for s in todo
+            ]
             for fut in as_completed(futures):
                 r = fut.result()
                 r["code"] = code
@@ -604,8 +619,10 @@ def main(argv: list[str] | None = None) -> None:
     text = tables(runs)
     print(text)
     if failures:
-        print(f"{len(failures)} failed runs recorded in {args.out}: "
-              + ", ".join(f"{f['spec']['method']}/s{f['spec']['seed']}" for f in failures))
+        print(
+            f"{len(failures)} failed runs recorded in {args.out}: "
+            + ", ".join(f"{f['spec']['method']}/s{f['spec']['seed']}" for f in failures)
+        )
     if args.md is not None:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         args.md.write_text(text)
