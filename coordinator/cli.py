@@ -274,8 +274,8 @@ DEMO_HYPER = {
     **{name: [*_DEMO_TRAINING, "hyper.optimizer=sgd"] for name in ("felo", "velo", "fedhe")},
     # FedVTC: the `fedvtc_combo` deviations (docs/fedvtc.md) on top of the issue-17 defaults
     # (per-part clipping, psi in train mode in step A). Re-chosen from the fixed grid
-    # (benchmarks/results/fedvtc_fixed.md, Dir 0.1): final 63.6 vs 28.4 for the paper's
-    # settings with the same fixes, and above local-only on every seed (local 27.7)
+    # (benchmarks/results/fedvtc_fixed.md, 3 seeds): final 62.8 / 71.5 at Dir 0.1 / 1.0 vs
+    # 27.3 / 27.7 for the paper's settings with the same fixes and 27.7 / 53.5 for local-only
     "fedvtc": [
         *_DEMO_TRAINING,
         "hyper.synthetic_per_class=50",
