@@ -29,14 +29,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import logging
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,27 +80,6 @@ def hyper(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def agents_on(device: str, data_root: str | None) -> Iterator[None]:
-    """Run the simulated agents on ``device`` with ``data_root``.
-
-    ``coordinator.simulate`` builds every agent on the CPU from a root-less fleet spec; this
-    benchmark needs the GPU and torchvision's files, so it adjusts each agent's options.
-    """
-    import coordinator.simulate as sim
-
-    build = sim.agent_options
-
-    def options(cfg: Any, fleet: Any, index: int) -> Any:
-        return dataclasses.replace(build(cfg, fleet, index), device=device, data_root=data_root)
-
-    sim.agent_options = options
-    try:
-        yield
-    finally:
-        sim.agent_options = build
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start or resume the run in ``--run-dir``; its summary (as ``fedvtc_repro``'s)."""
     import torch
@@ -145,6 +121,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         feature_dim=980,
         image_size=28,
         global_test_size=args.global_test or (10000 if args.data_root else 1000),
+        device=device,
+        data_root=args.data_root,
     )
     print(
         f"{'resuming' if previous else 'starting'} {args.run_dir} on {device}: {data}, "
@@ -153,8 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     t0 = time.time()
-    with agents_on(device, args.data_root):
-        result = simulate(cfg, fleet)
+    result = simulate(cfg, fleet)
     summary = summarize(result.metrics, args.rounds)
     final = result.metrics[-1]["agents"].values()
     summary.update(

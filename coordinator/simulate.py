@@ -36,6 +36,8 @@ class FleetSpec:
     image_size: int | None = None
     global_test_size: int = 360
     export: bool = False
+    device: str = "cpu"  # where every simulated agent trains: cpu, cuda[:N] or auto
+    data_root: str | None = None  # torchvision-style datasets read from local files
 
 
 def agent_will(federation: str, device_id: str) -> Will:
@@ -71,7 +73,8 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         federation=cfg.federation,
         state_dir=run_dir / "agents" / device_id,
         export_dir=run_dir / "export" / device_id if fleet.export else None,
-        device="cpu",
+        device=fleet.device,
+        data_root=fleet.data_root,
         seed=cfg.seed,
         classes=cfg.classes,  # what a real agent adopts from the coordinator's state
     )
