@@ -175,12 +175,18 @@ def code_label() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-            capture_output=True, text=True, check=True,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -198,9 +204,7 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
         "optimizer": "adam",
     }
     if algorithm == "fedtype":
-        hyper.update(
-            proxy_model=args.proxy, val_fraction=args.val_fraction, raps_k_reg=args.k_reg
-        )
+        hyper.update(proxy_model=args.proxy, val_fraction=args.val_fraction, raps_k_reg=args.k_reg)
     hyper.update(extra)
     return {
         "method": method,
@@ -224,7 +228,7 @@ def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, An
     """Run one simulation and reduce its step records to a small summary (or an error)."""
     try:
         return _execute(spec, threads, deadline)
-    except BaseException as exc:  # noqa: BLE001 - reported, the grid goes on
+    except BaseException as exc:
         return {
             "spec": spec,
             "error": f"{type(exc).__name__}: {exc}",
@@ -295,7 +299,7 @@ def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, A
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     out = {"spec": spec, "wall_s": wall, **summarize(result.metrics)}
-    out["params"] = param_counts(models + [spec["proxy"]], spec["data"])
+    out["params"] = param_counts([*models, spec["proxy"]], spec["data"])
     return out
 
 
@@ -312,11 +316,15 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "final_phase": last["phase"],
         "final_agents": len(agents),
-        **{k: _mean(agents, k) for k in ("acc_local", "acc_global", "proxy_acc",
-                                          "global_proxy_acc")},
+        **{
+            k: _mean(agents, k)
+            for k in ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc")
+        },
         "per_client": {
-            d: {k: a.get(k) for k in ("arch", "acc_local", "acc_global", "proxy_acc",
-                                       "global_proxy_acc")}
+            d: {
+                k: a.get(k)
+                for k in ("arch", "acc_local", "acc_global", "proxy_acc", "global_proxy_acc")
+            }
             for d, a in sorted(last["agents"].items())
         },
     }
@@ -367,11 +375,16 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     if train:
         s = train[-1]
         k_ = max(len(s["agents"]), 1)
-        out["bytes_down_last"] = sum(int(v) for k, v in s["bytes"].items() if k.startswith("tx")) / k_
+        out["bytes_down_last"] = (
+            sum(int(v) for k, v in s["bytes"].items() if k.startswith("tx")) / k_
+        )
         out["bytes_up_last"] = sum(int(v) for k, v in s["bytes"].items() if k.startswith("rx")) / k_
     out["rounds"] = [
-        {"round": s["round"], "n": len(s["agents"]),
-         **{k: _mean(list(s["agents"].values()), k) for k in ROUND_KEYS}}
+        {
+            "round": s["round"],
+            "n": len(s["agents"]),
+            **{k: _mean(list(s["agents"].values()), k) for k in ROUND_KEYS},
+        }
         for s in train
     ]
     return out
@@ -460,7 +473,8 @@ def tables(runs: list[dict[str, Any]]) -> str:
                     _ms([r["global_proxy_acc"] for r in g]),
                 ]
             lines.append(
-                f"| {m} | {len(g)} | " + " | ".join(cells)
+                f"| {m} | {len(g)} | "
+                + " | ".join(cells)
                 + f" | {statistics.fmean(r['wall_s'] for r in g):.0f} |"
             )
         conf = [m for m in order if METHODS[m][0] == "fedtype"]
@@ -534,7 +548,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
                 f"{_m([r.get('bytes_up_last') for r in g], 0)} | "
                 f"{statistics.fmean(r['bytes_total'] for r in g) / 1e3:,.0f} |"
             )
-        lines += paired(by_method) + [""]
+        lines += [*paired(by_method), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -551,13 +565,17 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
             continue
         cols = []
         for key in ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc"):
-            d = [ra[s][key] - rb[s][key] for s in seeds
-                 if ra[s].get(key) is not None and rb[s].get(key) is not None]
+            d = [
+                ra[s][key] - rb[s][key]
+                for s in seeds
+                if ra[s].get(key) is not None and rb[s].get(key) is not None
+            ]
             cols.append(_ms(d) if d else "–")
         dl = [ra[s]["acc_local"] - rb[s]["acc_local"] for s in seeds]
         wins = sum(1 for x in dl if x > 0)
-        rows.append(f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols)
-                    + f" | {wins}/{len(seeds)} |")
+        rows.append(
+            f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols) + f" | {wins}/{len(seeds)} |"
+        )
     # FedType's own ordering claim: private > proxy > global, per seed
     order_rows = []
     for m, g in by_method.items():
@@ -565,7 +583,7 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
             continue
         pp = [r["acc_local"] - r["proxy_acc"] for r in g]
         pg = [r["proxy_acc"] - r["global_proxy_acc"] for r in g]
-        both = sum(1 for x, y in zip(pp, pg) if x > 0 and y > 0)
+        both = sum(1 for x, y in zip(pp, pg, strict=False) if x > 0 and y > 0)
         order_rows.append(f"| {m} | {len(g)} | {_ms(pp)} | {_ms(pg)} | {both}/{len(g)} |")
     out: list[str] = []
     if rows:
@@ -641,9 +659,13 @@ def main(argv: list[str] | None = None) -> None:
     text = tables(runs)
     print(text)
     if failures:
-        print(f"{len(failures)} failed runs recorded in {args.out}: "
-              + ", ".join(f"{f['spec']['method']}/a{f['spec']['alpha']}/s{f['spec']['seed']}"
-                          for f in failures))
+        print(
+            f"{len(failures)} failed runs recorded in {args.out}: "
+            + ", ".join(
+                f"{f['spec']['method']}/a{f['spec']['alpha']}/s{f['spec']['seed']}"
+                for f in failures
+            )
+        )
     if args.md is not None:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         args.md.write_text(text)
