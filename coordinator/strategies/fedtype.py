@@ -17,8 +17,9 @@ from typing import cast
 from coordinator.aggregation import weighted_mean
 from coordinator.strategies.base import AgentInfo, Step, register_strategy
 from coordinator.strategies.baselines import FedAvgStrategy
+from coordinator.strategies.fml import admit_one_input
 from protocol.algorithms.fedtype import FedTypeConfig
-from protocol.errors import AdmissionError, ValidationError
+from protocol.errors import ValidationError
 from protocol.messages import Reply
 from protocol.payloads import TensorMap
 
@@ -41,16 +42,7 @@ class FedTypeStrategy(FedAvgStrategy):
 
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
         """Any private architecture; one input spec, since every agent builds the same proxy."""
-        others = [a.register for a in fleet if a.device_id != agent.device_id]
-        mine = agent.register.input_spec
-        if others and mine != others[0].input_spec:
-            theirs = others[0].input_spec
-            raise AdmissionError(
-                agent.device_id,
-                f"fedtype shares one proxy ({self.fedtype.proxy_model}) built for the fleet's "
-                f"input {theirs.channels}x{theirs.height}x{theirs.width}; this agent feeds "
-                f"{mine.channels}x{mine.height}x{mine.width}",
-            )
+        admit_one_input(agent, fleet, f"proxy ({self.fedtype.proxy_model})")
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """The proxy's tensors: those of the global proxy, or in round 1 those of the round's
