@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K"
     )
     sim.add_argument("--feature-dim", type=int, default=64, help="shared feature size (0 = native)")
+    sim.add_argument(
+        "--feature-act", choices=["none", "relu"], default="none", help="activation after it"
+    )
     sim.add_argument("--image-size", type=int, default=None, help="resize images")
     sim.add_argument("--export", action="store_true", help="export ONNX bundles at the end")
     status = sub.add_parser("status", help="a run's state, round and agents (default: latest)")
@@ -331,6 +334,7 @@ def _simulate(args: argparse.Namespace) -> int:
         data=args.data,
         partition=args.partition,
         feature_dim=args.feature_dim or None,
+        feature_act=None if args.feature_act == "none" else args.feature_act,
         image_size=args.image_size,
         export=args.export,
     )

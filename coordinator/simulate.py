@@ -33,6 +33,7 @@ class FleetSpec:
     data: str = "digits"
     partition: str = "dirichlet:0.5"
     feature_dim: int | None = 64
+    feature_act: str | None = None  # "relu" after the projection
     image_size: int | None = None
     global_test_size: int = 360
     export: bool = False
@@ -66,6 +67,7 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         algorithm=cfg.algorithm,
         model=fleet.models[index % len(fleet.models)],
         feature_dim=fleet.feature_dim,
+        feature_act=fleet.feature_act,
         data=fleet.data,
         image_size=fleet.image_size,
         partition=spec,

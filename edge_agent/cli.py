@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="shared feature size appended as a projection (0 = native features)",
     )
     p.add_argument(
+        "--feature-act",
+        choices=["none", "relu"],
+        default="none",
+        help="activation after the projection (relu: non-negative features, as pooled CNN ones)",
+    )
+    p.add_argument(
         "--data",
         default="digits",
         help="built-in dataset (digits, mnist5k, mnist, fashion_mnist, cifar10, cifar100), "
@@ -281,6 +287,7 @@ def _options(
         algorithm=algorithm,
         model=args.model,
         feature_dim=args.feature_dim or None,
+        feature_act=None if args.feature_act == "none" else args.feature_act,
         data=args.data,
         data_root=args.data_root,
         image_size=args.image_size,

@@ -35,6 +35,7 @@ class AgentOptions:
     algorithm: str = "fedproto"  # the coordinator's default too
     model: str = "cnn_t1"
     feature_dim: int | None = 64
+    feature_act: str | None = None  # "relu": non-negative projected features (Felo spec §9)
     data: str = "digits"
     data_root: str | None = None
     image_size: int | None = None
@@ -153,6 +154,7 @@ def build_agent(
         in_chans=int(c),
         feature_dim=opts.feature_dim,
         input_size=int(h),
+        feature_act=opts.feature_act,
     )
     # model and algorithm init differ per device and are reproducible (thread-safe: simulate);
     # algorithms that average weights re-initialise shared modules from a common seed
