@@ -48,6 +48,8 @@ from protocol.topics import Topics
 
 __all__ = ["AgentSettings", "EdgeAgent"]
 
+PRIVATE_ARCH = "private"  # registered instead of the name of a model that stays private
+
 VERSION = "0.1.0"
 _EXPORT_NAME = re.compile(r"[a-z0-9_]{1,32}")  # a directory, a file stem and a metric key
 _CONNECTED = "\x00connected"  # not a run id: ids are printable
@@ -160,8 +162,12 @@ class EdgeAgent:
         counts = {str(c): n for c, n in enumerate(ctx.class_counts) if n > 0}
         body = Register(
             device_id=self.settings.device_id,
-            arch=self.spec.name,
-            num_params=sum(p.numel() for p in ctx.model.parameters()),
+            arch=self.spec.name if self.algorithm.discloses_model else PRIVATE_ARCH,
+            num_params=(
+                sum(p.numel() for p in ctx.model.parameters())
+                if self.algorithm.discloses_model
+                else 0
+            ),
             capabilities=caps,
             input_spec=InputSpec(self.spec.in_chans, h, w),
             num_classes=ctx.num_classes,

@@ -93,6 +93,9 @@ class EdgeAlgorithm(Generic[C]):
     """Base of every edge algorithm; plain cross-entropy training with no exchange."""
 
     name: ClassVar[str] = ""
+    # False: the model itself is private (FedType's private model): the agent registers
+    # neither its architecture nor its size, only what the algorithm exchanges travels
+    discloses_model: ClassVar[bool] = True
 
     def __init__(self, ctx: EdgeContext) -> None:
         self.ctx = ctx

@@ -144,6 +144,8 @@ def _accuracy(model: nn.Module, data: TensorData) -> float | None:
 class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
     """Private model ``ctx.model`` (never sent) and proxy ``self.proxy`` (the ``weights``)."""
 
+    discloses_model = False  # spec §3.3: not even the private model's name or size is sent
+
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
         # built at the first task: its architecture is in the task's config
