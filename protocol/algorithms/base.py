@@ -178,9 +178,12 @@ class TrainConfig(AlgorithmConfig):
     optimizer: typing.Literal["sgd", "adam"] = "sgd"
     grad_clip: float = 0.0  # max gradient norm; 0 = off
     mixed_precision: bool = False  # autocast on CUDA; ignored on CPU
+    # an algorithm's own size settings, bounded like TRAIN_LIMITS: a task from the wire may not
+    # ask a device for unbounded work (issue 19)
+    LIMITS: typing.ClassVar[dict[str, tuple[float, float]]] = {}
 
     def __post_init__(self) -> None:
-        for key, (lo, hi) in TRAIN_LIMITS.items():
+        for key, (lo, hi) in {**TRAIN_LIMITS, **self.LIMITS}.items():
             value = getattr(self, key)
             if not lo <= value <= hi:
                 raise ValueError(f"{key} must be in [{lo:g}, {hi:g}], got {value!r}")

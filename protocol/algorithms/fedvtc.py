@@ -24,6 +24,10 @@ class FedVTCConfig(TrainConfig):
 
     # M2 (the generator too under generator_exchange = "every_round": the strategy requires
     # it then, since this table cannot depend on the config's values), then M3
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "synthetic_per_class": (1, 10_000),
+        "finetune_epochs": (0, 1000),
+    }
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (
             PayloadSpec("protos", PrototypeSet),

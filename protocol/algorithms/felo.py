@@ -94,6 +94,13 @@ class VeloConfig(_FeatureLogitConfig):
     # §8-D6: "code" = mean MSE + KL summed over batch and latent dims (the authors'); "elbo" =
     # per-sample summed squared error + KL, averaged over the batch.
     cvae_loss: Literal["code", "elbo"] = "code"
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "cvae_epochs": (0, 1000),
+        "cvae_batch_size": (1, 65_536),
+        "cvae_z_dim": (1, 65_536),
+        "cvae_embed_dim": (1, 65_536),
+        "cvae_hidden": (1, 65_536),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

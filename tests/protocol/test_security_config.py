@@ -33,3 +33,20 @@ def test_the_limits_admit_the_defaults_and_their_own_edges() -> None:
     edges = {k: hi for k, (_, hi) in TRAIN_LIMITS.items() if k != "momentum"}
     assert TrainConfig.from_dict(edges).local_epochs == TRAIN_LIMITS["local_epochs"][1]
     assert TrainConfig().local_epochs == 1
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key", "value"),
+    [
+        ("fedvtc", "synthetic_per_class", 10**7),
+        ("fedvtc", "finetune_epochs", 100_000),
+        ("velo", "cvae_epochs", 100_000),
+        ("velo", "cvae_hidden", 10**8),
+    ],
+)
+def test_an_algorithms_own_size_settings_are_bounded(algorithm: str, key: str, value: int) -> None:
+    from protocol.algorithms import config_type
+
+    with pytest.raises(ConfigError, match=key):
+        config_type(algorithm).from_dict({key: value}, where="task t.config")
+    config_type(algorithm).from_dict({})  # the defaults are inside the bounds
