@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
-from protocol.errors import ConfigError, ValidationError
+from protocol.errors import AdmissionError, ConfigError, ValidationError
 from protocol.messages import Register, Reply
 from protocol.payloads import Payload, PrototypeSet, TensorMap
 from protocol.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT, check_max_abs, float_arrays
@@ -36,6 +36,7 @@ __all__ = [
     "ServerContext",
     "Step",
     "Strategy",
+    "admit_one_input",
     "create_strategy",
     "register_strategy",
 ]
@@ -264,6 +265,20 @@ class Strategy(Generic[C]):
         pinned = self._pinned_dims.get(key)
         if protos.class_ids.size and (pinned is None or pinned[0] != step):
             self._pinned_dims[key] = (step, protos.dim)
+
+
+def admit_one_input(agent: AgentInfo, fleet: list[AgentInfo], shared_model: str) -> None:
+    """Refuse an agent whose input differs from the fleet's: the shared model takes one input."""
+    others = [a.register for a in fleet if a.device_id != agent.device_id]
+    mine = agent.register.input_spec
+    if others and mine != others[0].input_spec:
+        theirs = others[0].input_spec
+        raise AdmissionError(
+            agent.device_id,
+            f"the fleet shares one {shared_model} built for input "
+            f"{theirs.channels}x{theirs.height}x{theirs.width}; this agent feeds "
+            f"{mine.channels}x{mine.height}x{mine.width}",
+        )
 
 
 STRATEGIES: dict[str, type[Strategy[Any]]] = {}

@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import cast
 
 from coordinator.aggregation import weighted_mean
-from coordinator.strategies.base import AgentInfo, Step, register_strategy
+from coordinator.strategies.base import AgentInfo, Step, admit_one_input, register_strategy
 from coordinator.strategies.baselines import FedAvgStrategy
-from coordinator.strategies.fml import admit_one_input
 from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.errors import ValidationError
 from protocol.messages import Reply

@@ -8,26 +8,11 @@ differ; every agent builds the same meme, so they must feed it one input.
 
 from __future__ import annotations
 
-from coordinator.strategies.base import AgentInfo, register_strategy
+from coordinator.strategies.base import AgentInfo, admit_one_input, register_strategy
 from coordinator.strategies.lg_fedavg import SharedModuleStrategy
 from protocol.algorithms.fml import SharedModelConfig
-from protocol.errors import AdmissionError
 
-__all__ = ["FMLStrategy", "admit_one_input"]
-
-
-def admit_one_input(agent: AgentInfo, fleet: list[AgentInfo], shared_model: str) -> None:
-    """Refuse an agent whose input differs from the fleet's: the shared model takes one input."""
-    others = [a.register for a in fleet if a.device_id != agent.device_id]
-    mine = agent.register.input_spec
-    if others and mine != others[0].input_spec:
-        theirs = others[0].input_spec
-        raise AdmissionError(
-            agent.device_id,
-            f"the fleet shares one {shared_model} built for input "
-            f"{theirs.channels}x{theirs.height}x{theirs.width}; this agent feeds "
-            f"{mine.channels}x{mine.height}x{mine.width}",
-        )
+__all__ = ["FMLStrategy"]
 
 
 @register_strategy("fml")
