@@ -244,11 +244,14 @@ def train_epochs(
     epochs: int | None = None,
     generator: torch.Generator | None = None,
     on_progress: ProgressFn | None = None,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> TrainStats:
     """Train ``groups`` (default: all of ``model``) for ``epochs`` (default ``cfg.local_epochs``).
 
     Per batch: forward ``model``, ``hooks.step_loss``, update the main groups; then each
-    sub-step group on its own loss; then ``hooks.after_step``.
+    sub-step group on its own loss; then ``hooks.after_step``. ``on_epoch(e)`` runs before
+    epoch ``e`` (0-based) draws its first batch, after the previous epoch's last update (e.g.
+    conformal calibration from a snapshot of the models as they enter the epoch).
     """
     epochs = cfg.local_epochs if epochs is None else epochs
     steppers = [_Stepper.of(g, cfg) for g in groups or [ParamGroup("model", model)]]
@@ -264,7 +267,9 @@ def train_epochs(
     _activate(steppers, main)
     steps, samples, loss_sum, t0 = 0, 0, 0.0, time.perf_counter()
     try:
-        for _ in range(epochs):
+        for epoch in range(epochs):
+            if on_epoch is not None:
+                on_epoch(epoch)
             for x, y in data.batches(cfg.batch_size, generator):
                 if subs:  # the last sub-step switched modes and gradients to its group
                     _activate(steppers, main)

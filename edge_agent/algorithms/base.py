@@ -168,7 +168,11 @@ class EdgeAlgorithm(Generic[C]):
             epochs=epochs,
             generator=self.ctx.generator,
             on_progress=self.ctx.on_progress,
+            on_epoch=self.before_epoch,
         )
+
+    def before_epoch(self, epoch: int) -> None:
+        """Work before local epoch ``epoch`` (0-based) of :meth:`local_train` (default: none)."""
 
     # ----- shared initial state -------------------------------------------------------------
     def shared_modules(self) -> dict[str, SharedModule]:

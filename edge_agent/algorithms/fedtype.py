@@ -13,8 +13,7 @@ joint schedule (§4.1), with one backward pass.
 
 Conformal models are calibrated at the start of every epoch from frozen eval-mode snapshots of
 both models on ``D'`` (a seeded ``val_fraction`` of the device's training data, never trained
-on). The loop has no epoch hook, so the epoch boundary is the step count (``after_step`` of an
-epoch's last batch, i.e. after its updates).
+on), in the loop's ``before_epoch`` hook (after the previous epoch's last update).
 """
 
 from __future__ import annotations
@@ -161,7 +160,6 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
         self.conformal: _Conformal | None = None  # this epoch's cp and cw
         self._a_prev: float | None = None
         self._anchor: list[Tensor] | None = None  # p_g for FedProx
-        self._step = self._epoch_steps = self._total_steps = 0
         self.stats: defaultdict[str, float] = defaultdict(float)
 
     # ----- the proxy and the split, built once from the first task's config ------------------
@@ -256,11 +254,6 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
             [p.detach().clone() for p in proxy.parameters()] if cfg.proxy_fl == "fedprox" else None
         )
         self._a_prev = self.a_stored  # Delta^1: did aggregation hurt my proxy? (§4.5)
-        self._epoch_steps = math.ceil(len(split.train) / cfg.batch_size)
-        self._total_steps = (cfg.local_epochs if epochs is None else epochs) * self._epoch_steps
-        self._step = 0
-        if self._total_steps:
-            self._start_epoch()
         stats = super().local_train(split.train, epochs)
         self.a_stored = _accuracy(proxy, split.val)
         self._record("proxy_val_acc", self.a_stored)
@@ -383,11 +376,9 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
             st["not_nested"] += float((s & ~s_lam).any(dim=1).sum())  # S_g must sit in S_lambda
         return s, eta.to(x.device)
 
-    def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
-        """At an epoch boundary (after its last update), calibrate for the next epoch."""
-        self._step += 1
-        if self._step % self._epoch_steps == 0 and self._step < self._total_steps:
-            self._start_epoch()
+    def before_epoch(self, epoch: int) -> None:
+        """Calibrate from snapshots of both models as they enter the epoch (§4.4)."""
+        self._start_epoch()
 
     # ----- metrics, state, export -----------------------------------------------------------
     def _record(self, name: str, value: float | None) -> None:

@@ -157,3 +157,23 @@ def test_a_frozen_group_in_train_mode_keeps_batch_statistics_and_its_weights() -
     assert not torch.equal(bn.running_mean, torch.zeros(3))
     assert all(torch.equal(a, b) for a, b in zip(weights, params(bn), strict=True))
     assert all(p.requires_grad for p in bn.parameters())
+
+
+def test_on_epoch_runs_before_each_epoch_after_the_previous_updates() -> None:
+    # Prepare: record, at each epoch start, the epoch and how many steps were already taken
+    net, data = setup()
+    hooks = Hooks()
+    starts: list[tuple[int, int]] = []
+    # Execute: 3 epochs of 2 batches
+    train_epochs(
+        net, data, CFG, hooks, epochs=3, on_epoch=lambda e: starts.append((e, len(hooks.seen)))
+    )
+    # Assert
+    assert starts == [(0, 0), (1, 2), (2, 4)]
+
+
+def test_on_epoch_is_not_called_for_zero_epochs() -> None:
+    net, data = setup()
+    starts: list[int] = []
+    train_epochs(net, data, CFG, Hooks(), epochs=0, on_epoch=starts.append)
+    assert starts == []
