@@ -1,24 +1,36 @@
-"""Coordinator overhead per round with N protocol-only agents over a real loopback Mosquitto.
+"""Coordinator ingest against the broker's own rate, and overhead per round, with N
+protocol-only agents over a real loopback Mosquitto.
 
 The coordinator (the real engine, store and ``fedproto`` strategy) runs in this process; the
-fleet runs in a child process as N sending :class:`~protocol.endpoint.Endpoint` objects and one
-receiving endpoint sharing one MQTT connection. Fake agents register like real ones and answer
-every task at once with a realistic FedProto reply (prototypes of the 2-6 classes they hold,
-``--dim`` float32 features each), so a round measures nothing but coordination: decoding,
-validation, the durable SQLite write before each ack, aggregation, and dispatch of the next
-round's tasks.
+fleet runs in a child process. Fake agents register like real ones and, once every task of a
+step has arrived, answer all of them in one burst with realistic FedProto replies (prototypes
+of the 2-6 classes they hold, ``--dim`` float32 features each: ~8.4 KB at 512), pre-encoded and
+written by a raw-socket MQTT publisher (``bench_ingest.RawMqtt``), so the fleet never limits
+the coordinator. Acks are counted by a raw-socket subscriber; tasks arrive through paho.
 
-Figures per N (median over the rounds after the first):
+In the same run, before each burst to the coordinator (while it idles, waiting for replies),
+the fleet replays the previous step's reply frames, byte for byte, on a twin federation's
+topics (``bencx``: same topic lengths) that only a *raw consumer* process subscribes to, at
+QoS 1 like the coordinator, acknowledging every message. That is the broker's own rate for
+the same replies on the same broker, machine and load.
 
-* ``turnaround``: last reply sent -> last task of the next round received (the fleet's view
-  of the time between rounds: ingest of the tail, aggregation, persistence, N task sends);
-* ``first task``: last reply sent -> first task of the next round received;
-* ``msgs/s``: coordinator messages (replies in, acks and tasks out) per second of round time;
+Figures per N (median over the steps after the first):
+
+* ``coord replies/s``: N / (first reply written -> last ack received): decode, validation,
+  the durable SQLite write, and the ack, for every reply;
+* ``broker replies/s``: N / (first frame written -> last frame received by the raw consumer);
+* ``ratio``: coord / broker, per step, then the median (the issue's goal: >= 0.5);
+* ``turnaround``: last reply written -> last task of the next step received (ingest of the
+  tail, aggregation, persistence, N task sends);
+* ``first task``: last reply written -> first task of the next step received;
+* ``msgs/s``: coordinator messages of one step (N tasks out, N replies in, N acks out) per
+  second of that step (its first task received -> its last ack received);
+* ``registration``: first registration written -> the coordinator has them all online;
 * ``peak RSS``: the coordinator process's maximum resident set (``ru_maxrss``).
 
 Usage::
 
-    python benchmarks/bench_coordinator.py --agents 10 100 1000 --rounds 4
+    python benchmarks/bench_coordinator.py --agents 1000 --rounds 6
 """
 
 from __future__ import annotations
@@ -26,121 +38,181 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing as mp
+import os
 import queue
 import resource
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import RawMqtt, consumer_main  # sibling benchmark module
+
 FEDERATION = "bench"
+TWIN = "bencx"  # the raw consumer's federation: same length, so the same topic bytes
+
+
+def _device_of(topic: str) -> str:
+    return topic.split("/")[4]  # edgefl/v1/{fed}/dev/{device}/...
 
 
 def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
-    port: int, n: int, dim: int, num_classes: int, out: Any, stop: Any
+    port: int, n: int, dim: int, num_classes: int, out: Any, stop: Any, expect: Any, raw: Any
 ) -> None:
-    """Child process: N fake agents on one MQTT connection; reports per-round timestamps."""
+    """Child process: N fake agents; reports per-step timestamps and raw-consumer bursts."""
+    import msgpack
     import numpy as np
 
+    from protocol.codec import Envelope, encode
     from protocol.endpoint import Endpoint
-    from protocol.messages import Ack, Capabilities, InputSpec, Register, Reply, Status, Task
+    from protocol.messages import Capabilities, InputSpec, Register, Reply, Status, Task
     from protocol.mqtt import MqttTransport
     from protocol.payloads import PrototypeSet
     from protocol.topics import Topics
 
     logging.basicConfig(level=logging.ERROR)
-    topics = Topics(FEDERATION)
-    transport = MqttTransport(client_id="fakefleet", port=port, clean_session=True)
+    topics, twin = Topics(FEDERATION), Topics(TWIN)
     rng = np.random.default_rng(0)
-    ids = [f"dev{i:04d}" for i in range(n)]
+    ids = [f"dev{i:05d}" for i in range(n)]
     held = {
         d: np.sort(rng.choice(num_classes, size=int(rng.integers(2, 7)), replace=False))
         for d in ids
     }
     tasks: queue.Queue[tuple[str, Task]] = queue.Queue()
-    times: dict[str, Any] = {"task": {}, "reply": {}, "ack": {}}
+    times: dict[str, Any] = {"task": {}, "reply": {}, "ack": {}, "raw": {}, "phase": {}}
     lock = threading.Lock()
 
-    def stamp(kind: str, round_: int) -> None:
-        now = time.perf_counter()
+    def stamp(kind: str, step: int, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
         with lock:
-            first, _last, count = times[kind].get(round_, (now, now, 0))
-            times[kind][round_] = (first, now, count + 1)
+            first, _last, count = times[kind].get(step, (now, now, 0))
+            times[kind][step] = (first, now, count + 1)
 
-    def on_down(env: Any, topic: str) -> None:
-        d = topics.device_from(topic)
-        if d is None:
-            return
+    def step_of(task_id: str) -> int:
+        return int(task_id.split(".")[-3])  # run.step.attempt.device
+
+    def on_task(env: Any, topic: str) -> None:
         if isinstance(env.body, Task):
-            stamp("task", env.body.round)
-            tasks.put((d, env.body))
-        elif isinstance(env.body, Ack):
-            stamp("ack", int(env.body.task_id.split(".")[-3]))  # run.step.attempt.device
+            stamp("task", step_of(env.body.task_id))
+            tasks.put((_device_of(topic), env.body))
 
-    # one receiving endpoint for the whole fleet (one wildcard subscription, so the fleet's own
-    # dispatch stays O(1) per message); one sending endpoint per device for its sender id
+    def on_ack(_topic: str, payload: bytes) -> bool:
+        stamp("ack", step_of(msgpack.unpackb(payload)["b"]["task_id"]))
+        return not stop.is_set()
+
+    transport = MqttTransport(client_id="fakefleet", port=port, clean_session=True)
     receiver = Endpoint(transport, sender="fleet", federation=FEDERATION)
-    receiver.subscribe(f"{topics.base}/dev/+/down/#", on_down)
-    endpoints = {d: Endpoint(transport, sender=d, federation=FEDERATION) for d in ids}
+    receiver.subscribe(f"{topics.base}/dev/+/down/task", on_task)
     transport.connect()
+    acks = RawMqtt(port, "fleetacks")
+    acks.subscribe(f"{topics.base}/dev/+/down/ack", 1)
+    threading.Thread(target=acks.consume, args=(on_ack,), daemon=True).start()
+    pub = RawMqtt(port, "fleetpub")
+    threading.Thread(target=pub.drain_forever, daemon=True).start()
+
+    def frame(d: str, body: Any, round_: int = 0) -> bytes:
+        return encode(Envelope(body=body, sender=d, federation=FEDERATION, round=round_))
+
+    status = [(topics.status(d), frame(d, Status(state="online"))) for d in ids]
+    regs = []
     for d in ids:
-        endpoints[d].send(topics.status(d), Status(state="online"), retain=True)
         counts = {str(int(c)): int(rng.integers(20, 200)) for c in held[d]}
-        endpoints[d].send(
-            topics.up(d, "register"),
-            Register(
-                device_id=d,
-                arch="resnet18",
-                num_params=11_000_000,
-                capabilities=Capabilities(device="cpu"),
-                input_spec=InputSpec(3, 32, 32),
-                num_classes=num_classes,
-                class_counts=counts,
-                algorithm="fedproto",
-            ),
+        reg = Register(
+            device_id=d,
+            arch="resnet18",
+            num_params=11_000_000,
+            capabilities=Capabilities(device="cpu"),
+            input_spec=InputSpec(3, 32, 32),
+            num_classes=num_classes,
+            class_counts=counts,
+            algorithm="fedproto",
+        )
+        regs.append((topics.up(d, "register"), frame(d, reg)))
+    times["registration_start"] = time.perf_counter()
+    pub.publish_many(status, retain=True)
+    pub.publish_many(regs)
+
+    def reply_for(d: str, task: Task) -> Reply:
+        if task.phase != "train":
+            return Reply(
+                task_id=task.task_id,
+                round=task.round,
+                phase=task.phase,
+                num_samples=100,
+                metrics={"acc_local": 0.5},
+            )
+        k = held[d]
+        protos = PrototypeSet(
+            class_ids=k.astype(np.int32),
+            vectors=rng.standard_normal((len(k), dim), dtype=np.float32),
+            counts=np.full(len(k), 50, dtype=np.int32),
+        )
+        return Reply(
+            task_id=task.task_id,
+            round=task.round,
+            phase=task.phase,
+            num_samples=int(50 * len(k)),
+            payloads={"protos": protos},
+            metrics={"acc_local": 0.5, "acc_global": 0.4, "train_loss": 1.0},
         )
 
+    def raw_burst(step: int, frames: list[tuple[str, bytes]]) -> None:
+        """The same frames to the raw consumer, while the coordinator waits for replies."""
+        expect.put(len(frames))
+        time.sleep(0.05)  # let the consumer enter its receive loop
+        replay = [(twin.base + t[len(topics.base) :], f) for t, f in frames]
+        t0 = time.perf_counter()
+        pub.publish_many(replay)
+        count, size, _first, last = raw.get(timeout=120)
+        times["raw"][step] = (t0, last, count, size)
+
     def worker() -> None:
+        pending: dict[int, list[tuple[str, Task]]] = {}
+        previous: list[tuple[str, bytes]] = []
         while not stop.is_set():
             try:
                 d, task = tasks.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if task.phase != "train":
-                body = Reply(
-                    task_id=task.task_id,
-                    round=task.round,
-                    phase=task.phase,
-                    num_samples=100,
-                    metrics={"acc_local": 0.5},
-                )
-            else:
-                k = held[d]
-                protos = PrototypeSet(
-                    class_ids=k.astype(np.int32),
-                    vectors=rng.standard_normal((len(k), dim), dtype=np.float32),
-                    counts=np.full(len(k), 50, dtype=np.int32),
-                )
-                body = Reply(
-                    task_id=task.task_id,
-                    round=task.round,
-                    phase=task.phase,
-                    num_samples=int(50 * len(k)),
-                    payloads={"protos": protos},
-                    metrics={"acc_local": 0.5, "acc_global": 0.4, "train_loss": 1.0},
-                )
-            endpoints[d].send(topics.up(d, "reply"), body, round=task.round)
-            stamp("reply", task.round)
+            step = step_of(task.task_id)
+            pending.setdefault(step, []).append((d, task))
+            if len(pending[step]) < n:
+                continue
+            batch = pending.pop(step)
+            times["phase"][step] = batch[0][1].phase
+            frames = [(topics.up(d, "reply"), frame(d, reply_for(d, t), t.round)) for d, t in batch]
+            if previous:
+                raw_burst(step, previous)
+            stamp("reply", step)
+            pub.publish_many(frames)
+            stamp("reply", step)
+            previous = frames
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
     stop.wait()
     thread.join(timeout=5)
     with lock:
-        out.put({k: dict(v) for k, v in times.items()})
+        out.put({k: (dict(v) if isinstance(v, dict) else v) for k, v in times.items()})
     transport.close()
+    pub.close()
+    acks.close()
+
+
+class _OnlineTimer(logging.Handler):
+    """Notes when the engine logs that every agent it waited for is online."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.at: float | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.at is None and "agents online" in record.getMessage():
+            self.at = time.perf_counter()
 
 
 def run_one(n: int, rounds: int, dim: int, num_classes: int) -> dict[str, Any]:
@@ -150,11 +222,21 @@ def run_one(n: int, rounds: int, dim: int, num_classes: int) -> dict[str, Any]:
     from protocol.broker import MosquittoBroker
     from protocol.mqtt import MqttTransport
 
-    ctx = mp.get_context("spawn")  # the child must not inherit our MQTT threads
+    ctx = mp.get_context("spawn")  # the children must not inherit our MQTT threads
     with MosquittoBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-        out, stop = ctx.Queue(), ctx.Event()
-        fleet = ctx.Process(target=fleet_main, args=(broker.port, n, dim, num_classes, out, stop))
-        fleet.start()
+        out, stop, expect, raw, ready = (
+            ctx.Queue(),
+            ctx.Event(),
+            ctx.Queue(),
+            ctx.Queue(),
+            ctx.Event(),
+        )
+        consumer = ctx.Process(
+            target=consumer_main,
+            args=(broker.port, f"edgefl/v1/{TWIN}/dev/+/up/reply", expect, raw, ready),
+        )
+        consumer.start()
+        ready.wait(60)
         cfg = load_config(
             None,
             [],
@@ -176,65 +258,118 @@ def run_one(n: int, rounds: int, dim: int, num_classes: int) -> dict[str, Any]:
             will=coordinator_will(cfg),
             clean_session=True,
         )
-        t0 = time.perf_counter()
-        result = run_coordinator(cfg, transport)
-        wall = time.perf_counter() - t0
+        logger = logging.getLogger("edgefl.bench.coordinator")
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        timer = _OnlineTimer()
+        logger.addHandler(timer)
+        fleet = ctx.Process(
+            target=fleet_main, args=(broker.port, n, dim, num_classes, out, stop, expect, raw)
+        )
+        fleet.start()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        result = run_coordinator(cfg, transport, logger)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         transport.close()
         stop.set()
-        times = out.get(timeout=60)
+        times = out.get(timeout=120)
         fleet.join(timeout=30)
+        expect.put(0)
+        consumer.join(timeout=30)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    turnaround, first_task, msgs_per_s = [], [], []
-    for r in range(1, rounds):
-        last_reply = times["reply"][r][1]
-        nxt = times["task"].get(r + 1)
-        if nxt is None:
+    return _figures(n, rounds, times, result, timer.at, wall, cpu, rss, rss0)
+
+
+def _figures(  # noqa: PLR0917 - a flat record of one run
+    n: int,
+    rounds: int,
+    times: dict[str, Any],
+    result: Any,
+    online_at: float | None,
+    wall: float,
+    cpu: float,
+    rss: int,
+    rss0: int,
+) -> dict[str, Any]:
+    steps = sorted(times["reply"])
+    turnaround, first_task, msgs_per_s, coord, broker, ratio, reply_bytes = ([] for _ in range(7))
+    for s in steps[1:]:  # the first step pays for warm-up (and has no raw burst before it)
+        sent, written = times["reply"][s][0], times["reply"][s][1]
+        ack = times["ack"].get(s)
+        raw = times["raw"].get(s)
+        if ack is None or raw is None or ack[2] < n:
             continue
-        turnaround.append(nxt[1] - last_reply)
-        first_task.append(nxt[0] - last_reply)
-        span = times["ack"][r][1] - times["task"][r][0]  # first task out -> last ack in
-        msgs_per_s.append(3 * n / span)
+        if times["phase"][s] != "train" or times["phase"].get(s - 1) != "train":
+            continue  # the raw replay is the previous step's frames: compare like with like
+        coord.append(n / (ack[1] - sent))
+        t0, last, count, size = raw
+        broker.append(count / (last - t0))
+        reply_bytes.append(size / count)
+        ratio.append(coord[-1] / broker[-1])
+        msgs_per_s.append(3 * n / (ack[1] - times["task"][s][0]))
+        nxt = times["task"].get(s + 1)
+        if nxt is not None:
+            turnaround.append(nxt[1] - written)
+            first_task.append(nxt[0] - written)
+    med = statistics.median
+    registration = None if online_at is None else online_at - times["registration_start"]
     return {
         "agents": n,
         "rounds": rounds,
         "wall_s": wall,
-        "turnaround_ms": 1e3 * statistics.median(turnaround),
-        "first_task_ms": 1e3 * statistics.median(first_task),
-        "msgs_per_s": statistics.median(msgs_per_s),
+        "coordinator_cpu_s": cpu,
+        "registration_s": registration,
+        "reply_bytes": med(reply_bytes) if reply_bytes else None,
+        "coord_replies_per_s": med(coord) if coord else None,
+        "broker_replies_per_s": med(broker) if broker else None,
+        "ratio": med(ratio) if ratio else None,
+        "ratios": [round(r, 3) for r in ratio],
+        "turnaround_ms": 1e3 * med(turnaround) if turnaround else None,
+        "first_task_ms": 1e3 * med(first_task) if first_task else None,
+        "msgs_per_s": med(msgs_per_s) if msgs_per_s else None,
         "round_s": [m["duration_s"] for m in result.metrics if m["phase"] == "train"],
         "peak_rss_mb": rss / 1024,
         "rss_before_mb": rss0 / 1024,
-        "bytes_per_round": statistics.median(
-            m["bytes_total"] for m in result.metrics if m["phase"] == "train"
-        ),
+        "bytes_per_round": med(m["bytes_total"] for m in result.metrics if m["phase"] == "train"),
         "rejected": result.rejected,
     }
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the grid and print a markdown table."""
+    """Run the grid and print a markdown table (with the machine's load before each N)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agents", nargs="+", type=int, default=[10, 100, 1000])
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--agents", nargs="+", type=int, default=[1000])
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dim", type=int, default=512, help="prototype size (ResNet-18: 512)")
     ap.add_argument("--classes", type=int, default=10)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     rows = []
     for n in args.agents:
+        load = os.getloadavg()
         r = run_one(n, args.rounds, args.dim, args.classes)
+        r["load_before"] = [round(x, 2) for x in load]
+        r["load_after"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(r)
         print(f"N={n}: {r}", flush=True)
     print(
-        "\n| agents | turnaround (last reply -> last next task) | first next task | "
-        "msgs/s | round time (s) | MB per round | peak RSS (MB) |"
+        "\n| agents | reply B | coord replies/s | broker replies/s | ratio | turnaround | "
+        "first next task | msgs/s | registration | peak RSS (MB) | load 1-min before/after |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['agents']} | {r['turnaround_ms']:.1f} ms | {r['first_task_ms']:.1f} ms | "
-            f"{r['msgs_per_s']:.0f} | {statistics.median(r['round_s']):.2f} | "
-            f"{r['bytes_per_round'] / 1e6:.2f} | {r['peak_rss_mb']:.0f} |"
+            f"| {r['agents']} | {_fmt(r['reply_bytes'], '.0f')} | "
+            f"{_fmt(r['coord_replies_per_s'], ',.0f')} | "
+            f"{_fmt(r['broker_replies_per_s'], ',.0f')} | "
+            f"{_fmt(r['ratio'], '.3f')} | {_fmt(r['turnaround_ms'], '.0f')} ms | "
+            f"{_fmt(r['first_task_ms'], '.0f')} ms | {_fmt(r['msgs_per_s'], ',.0f')} | "
+            f"{_fmt(r['registration_s'], '.2f')} s | {r['peak_rss_mb']:.0f} | "
+            f"{r['load_before'][0]} / {r['load_after'][0]} |"
         )
 
 
