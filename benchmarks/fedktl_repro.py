@@ -42,18 +42,30 @@ same settings, so an interrupted grid resumes. A run that raises is recorded und
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import math
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
-import traceback
-from pathlib import Path
 from typing import Any
+
+import harness
+from harness import (
+    SimRun,
+    add_grid_args,
+    ci95,
+    ci_cell,
+    code_label,
+    failure_line,
+    final_step,
+    load_results,
+    mean_of,
+    mean_sd,
+    run_grid,
+    simulate_run,
+    step_bytes,
+    train_steps,
+    write_markdown,
+)
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
 # per run instead
@@ -101,8 +113,6 @@ DATA = {"digits": None, "mnist5k": 28}  # name: image_size
 # the server phase's diagnostics kept per round (spec §10 mechanics)
 KTL_KEYS = ("ktl_mmd", "ktl_mse", "ktl_kernel_xy", "ktl_centroid_dist_min", "ktl_classes")
 ACCS = ("acc_global", "acc_local")
-# two-sided 95 % Student t quantiles by degrees of freedom (normal beyond the table)
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,29 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--generator", default="dcgan_face", choices=["dcgan_face", "cppn"])
     ap.add_argument("--server-epochs", type=int, default=20, help="E_S (paper: 100)")
     ap.add_argument("--global-test", type=int, default=360, help="held out first, stratified")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--deadline", type=float, default=1800.0, help="per-step deadline (s)")
-    ap.add_argument("--code", default=None, help="label of the code run (default: git HEAD)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fedktl_digits.json"))
-    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
-    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    add_grid_args(ap, "benchmarks/results/fedktl_digits.json", jobs=False, deadline=1800.0)
     return ap.parse_args(argv)
-
-
-def code_label() -> str:
-    """``git rev-parse --short HEAD`` of the checkout this file is in (``unknown`` outside)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
 
 
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
@@ -178,71 +167,33 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
 
 
 def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
-    """Run one simulation and reduce its step records to a summary (or an error record)."""
-    try:
-        return _execute(spec, threads, deadline)
-    except Exception as exc:  # reported, the grid goes on
-        return {
-            "spec": spec,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
-
-
-def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
-    import torch
-
-    from coordinator.config import load_config
-    from coordinator.simulate import FleetSpec, simulate
+    """Run one simulation and reduce its step records to a summary."""
     from models.families import family_models
 
-    torch.set_num_threads(threads)
-    run_dir = Path(tempfile.mkdtemp(prefix="fedktl-repro-"))
-    try:
-        cfg = load_config(
-            None,
-            [],
-            algorithm=spec["algorithm"],
-            rounds=spec["rounds"],
-            run_dir=str(run_dir),
-            min_agents=spec["clients"],
-            seed=spec["seed"],
-            fraction=1.0,
-            deadline_s=deadline,
-            num_classes=10,
-            run_id="fedktl-repro",
-        )
-        cfg = cfg.replace(hyper=spec["hyper"])
-        cfg.algorithm_config()  # validate the hyperparameters before starting agents
-        fleet = FleetSpec(
-            num_agents=spec["clients"],
-            models=tuple(family_models(spec["family"], spec["clients"])),
-            data=spec["data"],
-            partition=f"dirichlet:{spec['alpha']}",
-            feature_dim=spec["feature_dim"],
-            image_size=DATA[spec["data"]],
-            global_test_size=spec["global_test"],
-        )
-        t0 = time.time()
-        result = simulate(cfg, fleet)
-        wall = time.time() - t0
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return {"spec": spec, "wall_s": wall, **summarize(result.metrics)}
-
-
-def _mean(records: list[dict[str, Any]], key: str) -> float | None:
-    vals = [float(a[key]) for a in records if isinstance(a.get(key), (int, float))]
-    return statistics.fmean(vals) if vals else None
+    run = SimRun(
+        algorithm=spec["algorithm"],
+        hyper=spec["hyper"],
+        seed=spec["seed"],
+        rounds=spec["rounds"],
+        clients=spec["clients"],
+        models=tuple(family_models(spec["family"], spec["clients"])),
+        data=spec["data"],
+        partition=f"dirichlet:{spec['alpha']}",
+        feature_dim=spec["feature_dim"],
+        image_size=DATA[spec["data"]],
+        global_test=spec["global_test"],
+        deadline_s=deadline,
+        run_id="fedktl-repro",
+    )
+    steps, wall = simulate_run(run, threads)
+    return {"spec": spec, "wall_s": wall, **summarize(steps)}
 
 
 def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Final accuracies (all agents), the best round mean, per-round curves, bytes per round."""
-    final = [s for s in steps if s["phase"] == "final"]
-    last = final[-1] if final else steps[-1]
-    agents = list(last["agents"].values())
-    train = [s for s in steps if s["phase"] == "train"]
-    out: dict[str, Any] = {key: _mean(agents, key) for key in ACCS}
+    agents = list(final_step(steps)["agents"].values())
+    train = train_steps(steps)
+    out: dict[str, Any] = {key: mean_of(agents, key) for key in ACCS}
     for key in ACCS:
         vals = [s[f"mean_{key}"] for s in train if s.get(f"mean_{key}") is not None]
         out[f"best_{key}"] = max(vals) if vals else None
@@ -252,8 +203,8 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
         {
             "round": s["round"],
             "n": len(s["agents"]),
-            "down": sum(int(v) for k, v in s["bytes"].items() if k.startswith("tx")),
-            "up": sum(int(v) for k, v in s["bytes"].items() if k.startswith("rx")),
+            "down": step_bytes(s, "tx"),
+            "up": step_bytes(s, "rx"),
             "bytes": s["bytes"],
             **{key: s.get(f"mean_{key}") for key in ACCS},
             **{k: s["aggregate"][k] for k in KTL_KEYS if k in s.get("aggregate", {})},
@@ -263,51 +214,7 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Runs and failures already in ``path`` (empty lists when it does not exist)."""
-    if not path.is_file():
-        return [], []
-    doc = json.loads(path.read_text())
-    return doc["runs"], doc.get("failures", [])
-
-
-def save(path: Path, runs: list[dict[str, Any]], failures: list[dict[str, Any]]) -> None:
-    """Write all results; ``commands`` records how they were produced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    commands: list[str] = []
-    if path.is_file():
-        commands = json.loads(path.read_text()).get("commands", [])
-    cmd = "python " + " ".join(sys.argv)
-    if cmd not in commands:
-        commands.append(cmd)
-    doc = {"commands": commands, "runs": runs, "failures": failures}
-    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
-
-
 # ----- tables ---------------------------------------------------------------------------------
-def ci95(vals: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the two-sided 95 % Student t interval (0 for one value)."""
-    mean = statistics.fmean(vals)
-    if len(vals) < 2:
-        return mean, math.nan
-    df = len(vals) - 1
-    t = T975[df - 1] if df <= len(T975) else 1.96
-    return mean, t * statistics.stdev(vals) / math.sqrt(len(vals))
-
-
-def _ms(vals: list[float | None]) -> str:
-    xs = [100 * v for v in vals if v is not None]
-    if not xs:
-        return "–"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.fmean(xs):.1f} ± {sd:.1f}"
-
-
-def _ci(vals: list[float]) -> str:
-    mean, half = ci95([100 * v for v in vals])
-    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
-
-
 Setting = tuple[str, int, float, int, str]
 
 
@@ -325,13 +232,7 @@ def paired_diffs(
     by_method: dict[str, list[dict[str, Any]]], a: str, b: str, key: str
 ) -> list[float]:
     """Per-seed ``a - b`` of ``key`` (same seed = same partition, inits and test sets)."""
-    ra = {r["spec"]["seed"]: r for r in by_method.get(a, [])}
-    rb = {r["spec"]["seed"]: r for r in by_method.get(b, [])}
-    return [
-        ra[s][key] - rb[s][key]
-        for s in sorted(set(ra) & set(rb))
-        if ra[s][key] is not None and rb[s][key] is not None
-    ]
+    return harness.paired_diffs(by_method.get(a, []), by_method.get(b, []), key)
 
 
 def traffic(rs: list[dict[str, Any]]) -> tuple[float, float, float, float]:
@@ -381,10 +282,10 @@ def tables(runs: list[dict[str, Any]]) -> str:
             g = by_method[m]
             first, down, up, total = traffic(g)
             lines.append(
-                f"| {m} | {len(g)} | {_ms([r['acc_global'] for r in g])} | "
-                f"{_ms([r['acc_local'] for r in g])} | "
-                f"{_ms([r['best_acc_global'] for r in g])} | "
-                f"{_ms([r['best_acc_local'] for r in g])} | {first:,.0f} | {down:,.0f} | "
+                f"| {m} | {len(g)} | {mean_sd([r['acc_global'] for r in g])} | "
+                f"{mean_sd([r['acc_local'] for r in g])} | "
+                f"{mean_sd([r['best_acc_global'] for r in g])} | "
+                f"{mean_sd([r['best_acc_local'] for r in g])} | {first:,.0f} | {down:,.0f} | "
                 f"{up:,.0f} | {total / 1e3:,.0f} | "
                 f"{statistics.fmean(r['wall_s'] for r in g):.0f} |"
             )
@@ -426,7 +327,7 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
         if not dg:
             continue
         wins = sum(1 for x in dg if x > 0)
-        rows.append(f"| {a} − {b} | {len(dg)} | {_ci(dg)} | {_ci(dl)} | {wins}/{len(dg)} |")
+        rows.append(f"| {a} − {b} | {len(dg)} | {ci_cell(dg)} | {ci_cell(dl)} | {wins}/{len(dg)} |")
     if not rows:
         return []
     verdict = []
@@ -459,47 +360,30 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
     ]
 
 
+def _describe(r: dict[str, Any]) -> str:
+    return f"global={r['acc_global']:.3f} local={r['acc_local']:.3f} wall={r['wall_s']:.0f}s"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid one at a time, then print (and write) the tables."""
     args = parse_args(argv)
-    runs, failures = load(args.out)
+    runs, failures = load_results(args.out)
     if not args.table_only:
-        done = {json.dumps(r["spec"], sort_keys=True) for r in runs}
-        todo = [
-            spec
+        specs = [
+            run_spec(args, m, alpha, seed)
             for alpha in args.alphas
             for seed in args.seeds
             for m in args.methods
-            if json.dumps(spec := run_spec(args, m, alpha, seed), sort_keys=True) not in done
         ]
-        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
-        code, t0 = args.code or code_label(), time.time()
-        for spec in todo:
-            r = execute(spec, args.threads, args.deadline)
-            r["code"] = code
-            key = json.dumps(spec, sort_keys=True)
-            failures = [f for f in failures if json.dumps(f["spec"], sort_keys=True) != key]
-            head = f"[{time.time() - t0:6.0f}s] {spec['method']:12s} a={spec['alpha']:g} "
-            head += f"seed={spec['seed']}"
-            if "error" in r:
-                failures.append(r)
-                save(args.out, runs, failures)
-                print(f"{head} FAILED {r['error']}\n{r['traceback']}", flush=True)
-                continue
-            runs.append(r)
-            save(args.out, runs, failures)
-            print(
-                f"{head} global={r['acc_global']:.3f} local={r['acc_local']:.3f} "
-                f"wall={r['wall_s']:.0f}s",
-                flush=True,
-            )
+        execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
+        runs, failures = run_grid(
+            args.out, specs, execute_one, describe=_describe, code=args.code or code_label()
+        )
     text = tables(runs)
     print(text)
     if failures:
-        print(f"{len(failures)} failed runs recorded in {args.out}")
-    if args.md is not None:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text)
+        print(failure_line(args.out, failures))
+    write_markdown(args.md, text)
 
 
 if __name__ == "__main__":

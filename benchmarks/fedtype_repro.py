@@ -52,18 +52,30 @@ same settings, so an interrupted grid resumes. A run that raises is recorded und
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import math
-import shutil
 import statistics
-import sys
-import tempfile
-import time
-import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
 from typing import Any
+
+from harness import (
+    SimRun,
+    add_grid_args,
+    by_seed,
+    code_label,
+    failure_line,
+    final_step,
+    load_results,
+    mean_cell,
+    mean_of,
+    mean_sd,
+    paired_diffs,
+    run_grid,
+    simulate_run,
+    step_bytes,
+    train_steps,
+    write_markdown,
+)
 
 # the in-process transport's agents and the coordinator log per step (and FedType warns about
 # small calibration splits at every epoch); the grid prints a line per run instead
@@ -154,43 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--val-fraction", type=float, default=0.25, help="6:2:2 split (§10)")
     ap.add_argument("--k-reg", type=int, default=2, help="kappa_reg (paper 5; §10: 5 or 2)")
     ap.add_argument("--global-test", type=int, default=360)
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    ap.add_argument("--deadline", type=float, default=600.0, help="per-step deadline (s)")
-    ap.add_argument(
-        "--code",
-        default=None,
-        help="label of the code version run (default: git HEAD of this checkout, + '-dirty')",
-    )
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fedtype_digits.json"))
-    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
-    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    add_grid_args(ap, "benchmarks/results/fedtype_digits.json")
     return ap.parse_args(argv)
-
-
-def code_label() -> str:
-    """``git rev-parse --short HEAD`` of the checkout this file is in (+ ``-dirty``)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
 
 
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
@@ -224,18 +201,6 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
-    """Run one simulation and reduce its step records to a small summary (or an error)."""
-    try:
-        return _execute(spec, threads, deadline)
-    except BaseException as exc:
-        return {
-            "spec": spec,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
-
-
 def fleet_models(spec: dict[str, Any]) -> list[str]:
     """Architecture of each agent: the private pool, or the proxy for ``fedavg_proxy``."""
     from models.families import family_models
@@ -257,67 +222,41 @@ def param_counts(names: list[str], data: str) -> dict[str, int]:
     return out
 
 
-def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
-    import torch
-
-    import edge_agent.algorithms.fedtype  # noqa: F401 - registers the edge half
-    from coordinator.config import load_config
-    from coordinator.simulate import FleetSpec, simulate
-
-    torch.set_num_threads(threads)
+def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a small summary."""
     models = fleet_models(spec)
-    run_dir = Path(tempfile.mkdtemp(prefix="fedtype-repro-"))
-    try:
-        cfg = load_config(
-            None,
-            [],
-            algorithm=spec["algorithm"],
-            rounds=spec["rounds"],
-            run_dir=str(run_dir),
-            min_agents=spec["clients"],
-            seed=spec["seed"],
-            fraction=spec["fraction"],
-            deadline_s=deadline,
-            max_retries=1,
-            num_classes=10,
-            run_id="fedtype-repro",
-        )
-        cfg = cfg.replace(hyper=spec["hyper"])
-        cfg.algorithm_config()  # validate the hyperparameters before starting agents
-        fleet = FleetSpec(
-            num_agents=spec["clients"],
-            models=tuple(models),
-            data=spec["data"],
-            partition=f"dirichlet:{spec['alpha']}",
-            feature_dim=None,
-            image_size=DATA[spec["data"]],
-            global_test_size=spec["global_test"],
-        )
-        t0 = time.time()
-        result = simulate(cfg, fleet)
-        wall = time.time() - t0
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    out = {"spec": spec, "wall_s": wall, **summarize(result.metrics)}
+    run = SimRun(
+        algorithm=spec["algorithm"],
+        hyper=spec["hyper"],
+        seed=spec["seed"],
+        rounds=spec["rounds"],
+        clients=spec["clients"],
+        models=tuple(models),
+        data=spec["data"],
+        partition=f"dirichlet:{spec['alpha']}",
+        feature_dim=None,
+        image_size=DATA[spec["data"]],
+        global_test=spec["global_test"],
+        fraction=spec["fraction"],
+        deadline_s=deadline,
+        max_retries=1,
+        run_id="fedtype-repro",
+    )
+    steps, wall = simulate_run(run, threads)
+    out = {"spec": spec, "wall_s": wall, **summarize(steps)}
     out["params"] = param_counts([*models, spec["proxy"]], spec["data"])
     return out
 
 
-def _mean(records: list[dict[str, Any]], key: str) -> float | None:
-    vals = [a[key] for a in records if isinstance(a.get(key), (int, float))]
-    return statistics.fmean(vals) if vals else None
-
-
 def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Final accuracies (all agents), conformal statistics, per-round means, bytes."""
-    final = [s for s in steps if s["phase"] == "final"]
-    last = final[-1] if final else steps[-1]
+    last = final_step(steps)
     agents = list(last["agents"].values())
     out: dict[str, Any] = {
         "final_phase": last["phase"],
         "final_agents": len(agents),
         **{
-            k: _mean(agents, k)
+            k: mean_of(agents, k)
             for k in ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc")
         },
         "per_client": {
@@ -332,15 +271,15 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     for a in agents:
         groups.setdefault(str(a.get("arch")), []).append(a)
     out["per_arch"] = {
-        arch: {k: _mean(g, k) for k in ("acc_local", "acc_global")}
+        arch: {k: mean_of(g, k) for k in ("acc_local", "acc_global")}
         for arch, g in sorted(groups.items())
     }
-    train = [s for s in steps if s["phase"] == "train"]
+    train = train_steps(steps)
     out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
     reps = [a for s in train for a in s["agents"].values()]
     out["participations"] = len(reps)
     for k in ("mean_eta", "mean_set_size", "mean_private_set_size", "g_mean"):
-        out[k] = _mean(reps, k)
+        out[k] = mean_of(reps, k)
     out["bkd_skipped_epochs"] = sum(a.get("bkd_skipped_epochs", 0) for a in reps)
     out["sets_not_nested"] = sum(a.get("sets_not_nested", 0) for a in reps)
     # coverage of the calibrated (penalty lambda) sets on the test splits, pooled by n
@@ -353,8 +292,8 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("mean_eta", "mean_set_size"):
         early = [a for s in train[:q] for a in s["agents"].values()]
         late = [a for s in train[-q:] for a in s["agents"].values()]
-        out[f"{key}_first_q"] = _mean(early, key)
-        out[f"{key}_last_q"] = _mean(late, key)
+        out[f"{key}_first_q"] = mean_of(early, key)
+        out[f"{key}_last_q"] = mean_of(late, key)
     # bytes as counted by the coordinator's endpoint (tx = to agents, rx = from them)
     by_kind: dict[str, int] = {}
     train_tx = train_rx = 0
@@ -375,59 +314,20 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     if train:
         s = train[-1]
         k_ = max(len(s["agents"]), 1)
-        out["bytes_down_last"] = (
-            sum(int(v) for k, v in s["bytes"].items() if k.startswith("tx")) / k_
-        )
-        out["bytes_up_last"] = sum(int(v) for k, v in s["bytes"].items() if k.startswith("rx")) / k_
+        out["bytes_down_last"] = step_bytes(s, "tx") / k_
+        out["bytes_up_last"] = step_bytes(s, "rx") / k_
     out["rounds"] = [
         {
             "round": s["round"],
             "n": len(s["agents"]),
-            **{k: _mean(list(s["agents"].values()), k) for k in ROUND_KEYS},
+            **{k: mean_of(list(s["agents"].values()), k) for k in ROUND_KEYS},
         }
         for s in train
     ]
     return out
 
 
-def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Runs and failures already in ``path`` (empty lists when it does not exist)."""
-    if not path.is_file():
-        return [], []
-    doc = json.loads(path.read_text())
-    return doc["runs"], doc.get("failures", [])
-
-
-def save(path: Path, runs: list[dict[str, Any]], failures: list[dict[str, Any]]) -> None:
-    """Write all results; ``commands`` records how they were produced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    commands: list[str] = []
-    if path.is_file():
-        commands = json.loads(path.read_text()).get("commands", [])
-    cmd = "python " + " ".join(sys.argv)
-    if cmd not in commands:
-        commands.append(cmd)
-    doc = {"commands": commands, "runs": runs, "failures": failures}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=float) + "\n")
-    tmp.replace(path)
-
-
 # ----- tables ---------------------------------------------------------------------------------
-def _ms(vals: list[float | None], scale: float = 100.0, digits: int = 1) -> str:
-    xs = [v for v in vals if v is not None]
-    if not xs:
-        return "–"
-    mean = statistics.fmean(xs) * scale
-    sd = statistics.stdev(xs) * scale if len(xs) > 1 else 0.0
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
-def _m(vals: list[float | None], digits: int = 2) -> str:
-    xs = [v for v in vals if v is not None]
-    return f"{statistics.fmean(xs):.{digits}f}" if xs else "–"
-
-
 def _setting(r: dict[str, Any]) -> tuple[str, float, int, float]:
     s = r["spec"]
     return (s["data"], s["alpha"], s["rounds"], s["fraction"])
@@ -463,14 +363,14 @@ def tables(runs: list[dict[str, Any]]) -> str:
             g = by_method[m]
             if m == "fedavg_proxy":
                 # p_g^T: own test splits (global proxy column), global test set (p_g: ...)
-                pg = _ms([r["acc_global"] for r in g])
-                cells = ["–", f"p_g: {pg}", "–", _ms([r["acc_local"] for r in g])]
+                pg = mean_sd([r["acc_global"] for r in g])
+                cells = ["–", f"p_g: {pg}", "–", mean_sd([r["acc_local"] for r in g])]
             else:
                 cells = [
-                    _ms([r["acc_local"] for r in g]),
-                    _ms([r["acc_global"] for r in g]),
-                    _ms([r["proxy_acc"] for r in g]),
-                    _ms([r["global_proxy_acc"] for r in g]),
+                    mean_sd([r["acc_local"] for r in g]),
+                    mean_sd([r["acc_global"] for r in g]),
+                    mean_sd([r["proxy_acc"] for r in g]),
+                    mean_sd([r["global_proxy_acc"] for r in g]),
                 ]
             lines.append(
                 f"| {m} | {len(g)} | "
@@ -494,19 +394,19 @@ def tables(runs: list[dict[str, Any]]) -> str:
             for m in conf:
                 g = by_method[m]
                 lines.append(
-                    f"| {m} | {_m([r['mean_eta'] for r in g])} | "
-                    f"{_m([r['mean_eta_first_q'] for r in g])} -> "
-                    f"{_m([r['mean_eta_last_q'] for r in g])} | "
-                    f"{_m([r['mean_set_size'] for r in g])} | "
-                    f"{_m([r['mean_set_size_first_q'] for r in g])} -> "
-                    f"{_m([r['mean_set_size_last_q'] for r in g])} | "
-                    f"{_m([r['mean_private_set_size'] for r in g])} | "
-                    f"{_m([r['g_mean'] for r in g], 3)} | "
-                    f"{_m([r['coverage_proxy'] for r in g], 3)} | "
-                    f"{_m([r['coverage_private'] for r in g], 3)} | "
-                    f"{_m([r['coverage_n'] for r in g], 0)} | "
-                    f"{_m([r['bkd_skipped_epochs'] for r in g], 1)} | "
-                    f"{_m([r['sets_not_nested'] for r in g], 0)} |"
+                    f"| {m} | {mean_cell([r['mean_eta'] for r in g])} | "
+                    f"{mean_cell([r['mean_eta_first_q'] for r in g])} -> "
+                    f"{mean_cell([r['mean_eta_last_q'] for r in g])} | "
+                    f"{mean_cell([r['mean_set_size'] for r in g])} | "
+                    f"{mean_cell([r['mean_set_size_first_q'] for r in g])} -> "
+                    f"{mean_cell([r['mean_set_size_last_q'] for r in g])} | "
+                    f"{mean_cell([r['mean_private_set_size'] for r in g])} | "
+                    f"{mean_cell([r['g_mean'] for r in g], 3)} | "
+                    f"{mean_cell([r['coverage_proxy'] for r in g], 3)} | "
+                    f"{mean_cell([r['coverage_private'] for r in g], 3)} | "
+                    f"{mean_cell([r['coverage_n'] for r in g], 0)} | "
+                    f"{mean_cell([r['bkd_skipped_epochs'] for r in g], 1)} | "
+                    f"{mean_cell([r['sets_not_nested'] for r in g], 0)} |"
                 )
         params = {a: n for r in rs for a, n in r["params"].items()}
         archs = sorted({a for r in rs for a in r["per_arch"]})
@@ -542,10 +442,10 @@ def tables(runs: list[dict[str, Any]]) -> str:
         for m in order:
             g = by_method[m]
             lines.append(
-                f"| {m} | {_m([r['bytes_down_per_part'] for r in g], 0)} | "
-                f"{_m([r['bytes_up_per_part'] for r in g], 0)} | "
-                f"{_m([r.get('bytes_down_last') for r in g], 0)} | "
-                f"{_m([r.get('bytes_up_last') for r in g], 0)} | "
+                f"| {m} | {mean_cell([r['bytes_down_per_part'] for r in g], 0)} | "
+                f"{mean_cell([r['bytes_up_per_part'] for r in g], 0)} | "
+                f"{mean_cell([r.get('bytes_down_last') for r in g], 0)} | "
+                f"{mean_cell([r.get('bytes_up_last') for r in g], 0)} | "
                 f"{statistics.fmean(r['bytes_total'] for r in g) / 1e3:,.0f} |"
             )
         lines += [*paired(by_method), ""]
@@ -558,24 +458,15 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
     for a, b in PAIRS:
         if a not in by_method or b not in by_method:
             continue
-        ra = {r["spec"]["seed"]: r for r in by_method[a]}
-        rb = {r["spec"]["seed"]: r for r in by_method[b]}
-        seeds = sorted(set(ra) & set(rb))
+        seeds = len(set(by_seed(by_method[a])) & set(by_seed(by_method[b])))
         if not seeds:
             continue
-        cols = []
-        for key in ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc"):
-            d = [
-                ra[s][key] - rb[s][key]
-                for s in seeds
-                if ra[s].get(key) is not None and rb[s].get(key) is not None
-            ]
-            cols.append(_ms(d) if d else "–")
-        dl = [ra[s]["acc_local"] - rb[s]["acc_local"] for s in seeds]
-        wins = sum(1 for x in dl if x > 0)
-        rows.append(
-            f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols) + f" | {wins}/{len(seeds)} |"
-        )
+        cols = [
+            mean_sd(paired_diffs(by_method[a], by_method[b], key))
+            for key in ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc")
+        ]
+        wins = sum(1 for x in paired_diffs(by_method[a], by_method[b], "acc_local") if x > 0)
+        rows.append(f"| {a} − {b} | {seeds} | " + " | ".join(cols) + f" | {wins}/{seeds} |")
     # FedType's own ordering claim: private > proxy > global, per seed
     order_rows = []
     for m, g in by_method.items():
@@ -584,7 +475,7 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
         pp = [r["acc_local"] - r["proxy_acc"] for r in g]
         pg = [r["proxy_acc"] - r["global_proxy_acc"] for r in g]
         both = sum(1 for x, y in zip(pp, pg, strict=False) if x > 0 and y > 0)
-        order_rows.append(f"| {m} | {len(g)} | {_ms(pp)} | {_ms(pg)} | {both}/{len(g)} |")
+        order_rows.append(f"| {m} | {len(g)} | {mean_sd(pp)} | {mean_sd(pg)} | {both}/{len(g)} |")
     out: list[str] = []
     if rows:
         out += [
@@ -608,67 +499,43 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
     return out
 
 
+def _describe(r: dict[str, Any]) -> str:
+    def f(v: float | None) -> str:
+        return "–" if v is None or math.isnan(v) else f"{v:.3f}"
+
+    return (
+        f"private={f(r['acc_local'])} private@g={f(r['acc_global'])} "
+        f"proxy={f(r['proxy_acc'])} global={f(r['global_proxy_acc'])} eta={f(r['mean_eta'])} "
+        f"|S|={f(r['mean_set_size'])} cov={f(r['coverage_proxy'])} "
+        f"up/part={r['bytes_up_per_part']:.0f}B wall={r['wall_s']:.0f}s"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid, then print (and optionally write) the tables."""
     args = parse_args(argv)
-    runs, failures = load(args.out)
+    runs, failures = load_results(args.out)
     if not args.table_only:
-        done = {json.dumps(r["spec"], sort_keys=True) for r in runs}
-        todo = []
-        for alpha in args.alphas:
-            for seed in args.seeds:
-                for m in args.methods:
-                    spec = run_spec(args, m, alpha, seed)
-                    if json.dumps(spec, sort_keys=True) not in done:
-                        todo.append(spec)
-        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
-        code = args.code or code_label()
-        t0 = time.time()
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(execute, s, args.threads, args.deadline) for s in todo]
-            for fut in as_completed(futures):
-                r = fut.result()
-                r["code"] = code
-                s = r["spec"]
-                key = json.dumps(s, sort_keys=True)
-                failures = [f for f in failures if json.dumps(f["spec"], sort_keys=True) != key]
-                if "error" in r:
-                    failures.append(r)
-                    save(args.out, runs, failures)
-                    print(
-                        f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g} "
-                        f"seed={s['seed']} FAILED {r['error']}\n{r['traceback']}",
-                        flush=True,
-                    )
-                    continue
-                runs.append(r)
-                save(args.out, runs, failures)
-
-                def f(v: float | None) -> str:
-                    return "–" if v is None or math.isnan(v) else f"{v:.3f}"
-
-                print(
-                    f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g} "
-                    f"seed={s['seed']} private={f(r['acc_local'])} "
-                    f"private@g={f(r['acc_global'])} proxy={f(r['proxy_acc'])} "
-                    f"global={f(r['global_proxy_acc'])} eta={f(r['mean_eta'])} "
-                    f"|S|={f(r['mean_set_size'])} cov={f(r['coverage_proxy'])} "
-                    f"up/part={r['bytes_up_per_part']:.0f}B wall={r['wall_s']:.0f}s",
-                    flush=True,
-                )
+        specs = [
+            run_spec(args, m, alpha, seed)
+            for alpha in args.alphas
+            for seed in args.seeds
+            for m in args.methods
+        ]
+        execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
+        runs, failures = run_grid(
+            args.out,
+            specs,
+            execute_one,
+            describe=_describe,
+            jobs=args.jobs,
+            code=args.code or code_label(dirty=True),
+        )
     text = tables(runs)
     print(text)
     if failures:
-        print(
-            f"{len(failures)} failed runs recorded in {args.out}: "
-            + ", ".join(
-                f"{f['spec']['method']}/a{f['spec']['alpha']}/s{f['spec']['seed']}"
-                for f in failures
-            )
-        )
-    if args.md is not None:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text)
+        print(failure_line(args.out, failures))
+    write_markdown(args.md, text)
 
 
 if __name__ == "__main__":

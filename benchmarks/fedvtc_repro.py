@@ -34,22 +34,31 @@ Usage::
     python benchmarks/fedvtc_repro.py --out benchmarks/results/fedvtc_repro.json --table-only
 
 Results are appended to ``--out`` after every run; a rerun skips runs already there with the
-same settings, so an interrupted grid resumes.
+same settings, so an interrupted grid resumes. A run that raises is recorded under
+``failures`` (with its traceback) and retried by the next invocation.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
-import shutil
 import statistics
-import sys
-import tempfile
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
 from typing import Any
+
+from harness import (
+    SimRun,
+    add_grid_args,
+    by_seed,
+    code_label,
+    failure_line,
+    load_results,
+    mean_of,
+    mean_sd,
+    run_grid,
+    simulate_run,
+    write_markdown,
+)
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
 # per run instead
@@ -187,11 +196,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["model_tc_weight=0.01"],
         help="hyper KEY=VALUE pairs that fedvtc_fix adds",
     )
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fedvtc_repro.json"))
-    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
-    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    add_grid_args(ap, "benchmarks/results/fedvtc_repro.json", deadline=None, code=False)
     return ap.parse_args(argv)
 
 
@@ -242,50 +247,25 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
 
 def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
-    import torch
-
-    from coordinator.config import load_config
-    from coordinator.simulate import FleetSpec, simulate
     from models.families import family_models
 
-    torch.set_num_threads(threads)
-    run_dir = Path(tempfile.mkdtemp(prefix="fedvtc-repro-"))
-    try:
-        cfg = load_config(
-            None,
-            [],
-            algorithm=spec["algorithm"],
-            rounds=spec["rounds"],
-            run_dir=str(run_dir),
-            min_agents=spec["clients"],
-            seed=spec["seed"],
-            fraction=1.0,
-            deadline_s=7200.0,
-            num_classes=10,
-            run_id="repro",
-        )
-        cfg = cfg.replace(hyper=spec["hyper"])
-        cfg.algorithm_config()  # validate the hyperparameters before starting agents
-        fleet = FleetSpec(
-            num_agents=spec["clients"],
-            models=tuple(family_models(spec["family"], spec["clients"])),
-            data="mnist5k",
-            partition=f"dirichlet:{spec['alpha']}",
-            feature_dim=980,
-            image_size=28,
-            global_test_size=spec["global_test"],
-        )
-        t0 = time.time()
-        result = simulate(cfg, fleet)
-        wall = time.time() - t0
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return {"spec": spec, "wall_s": wall, **summarize(result.metrics, spec["T"])}
-
-
-def _mean(records: list[dict[str, Any]], key: str) -> float | None:
-    vals = [a[key] for a in records if isinstance(a.get(key), (int, float))]
-    return statistics.fmean(vals) if vals else None
+    run = SimRun(
+        algorithm=spec["algorithm"],
+        hyper=spec["hyper"],
+        seed=spec["seed"],
+        rounds=spec["rounds"],
+        clients=spec["clients"],
+        models=tuple(family_models(spec["family"], spec["clients"])),
+        data="mnist5k",
+        partition=f"dirichlet:{spec['alpha']}",
+        feature_dim=980,
+        image_size=28,
+        global_test=spec["global_test"],
+        deadline_s=7200.0,
+        run_id="repro",
+    )
+    steps, wall = simulate_run(run, threads)
+    return {"spec": spec, "wall_s": wall, **summarize(steps, spec["T"])}
 
 
 def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
@@ -293,14 +273,14 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     last = steps[-1]
     agents = list(last["agents"].values())
     out: dict[str, Any] = {
-        "acc_global": _mean(agents, "acc_global"),
+        "acc_global": mean_of(agents, "acc_global"),
         "per_client_acc_global": [a.get("acc_global") for a in agents],
     }
     at_t = [s for s in steps if s["phase"] == "train" and s["round"] == T]
     out["acc_global_round_T"] = (
-        _mean(list(at_t[0]["agents"].values()), "acc_global") if at_t else None
+        mean_of(list(at_t[0]["agents"].values()), "acc_global") if at_t else None
     )
-    out.update({k: _mean(agents, k) for k in FINAL_KEYS if _mean(agents, k) is not None})
+    out.update({k: mean_of(agents, k) for k in FINAL_KEYS if mean_of(agents, k) is not None})
     # bytes as counted by the coordinator's endpoint per step (tx = to agents, rx = from them)
     phases: dict[str, dict[str, int]] = {}
     for s in steps:
@@ -316,9 +296,9 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
             "acc_global": s.get("mean_acc_global"),
             "sigma_mean": s["aggregate"].get("sigma_mean"),
             **{
-                k: _mean(list(s["agents"].values()), k)
+                k: mean_of(list(s["agents"].values()), k)
                 for k in ROUND_KEYS
-                if _mean(list(s["agents"].values()), k) is not None
+                if mean_of(list(s["agents"].values()), k) is not None
             },
         }
         for s in steps
@@ -327,28 +307,7 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     return out
 
 
-def load(path: Path) -> list[dict[str, Any]]:
-    """Results already in ``path`` (an empty list when it does not exist)."""
-    return json.loads(path.read_text())["runs"] if path.is_file() else []
-
-
-def save(path: Path, runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    """Write all results; ``command`` records how they were produced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "python " + " ".join(sys.argv), "runs": runs}
-    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
-
-
 # ----- tables ---------------------------------------------------------------------------------
-def _ms(vals: list[float], scale: float = 100.0, digits: int = 1) -> str:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return "–"
-    mean = statistics.fmean(vals) * scale
-    sd = statistics.stdev(vals) * scale if len(vals) > 1 else 0.0
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
 def tables(runs: list[dict[str, Any]]) -> str:
     """Markdown: accuracy/control table per (method, alpha) and a traffic table per method."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -365,11 +324,11 @@ def tables(runs: list[dict[str, Any]]) -> str:
             rs = groups[(m, alpha)]
             before = [r.get("acc_global_before_ft", r.get("acc_global_round_T")) for r in rs]
             lines.append(
-                f"| {m} | {alpha:g} | {len(rs)} | {_ms(before)}"
-                f" | {_ms([r['acc_global'] for r in rs])}"
-                f" | {_ms([r.get('acc_global_noise_control') for r in rs])}"
-                f" | {_ms([r.get('probe_acc_global') for r in rs])}"
-                f" | {_ms([r.get('probe_acc_global_own_gen') for r in rs])}"
+                f"| {m} | {alpha:g} | {len(rs)} | {mean_sd(before)}"
+                f" | {mean_sd([r['acc_global'] for r in rs])}"
+                f" | {mean_sd([r.get('acc_global_noise_control') for r in rs])}"
+                f" | {mean_sd([r.get('probe_acc_global') for r in rs])}"
+                f" | {mean_sd([r.get('probe_acc_global_own_gen') for r in rs])}"
                 f" | {statistics.fmean(r['bytes_total'] for r in rs) / 1e6:.2f} |"
             )
     lines += [
@@ -405,10 +364,6 @@ def tables(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines + paired_tables(groups)) + "\n"
 
 
-def _by_seed(rs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {r["spec"]["seed"]: r for r in rs}
-
-
 def _diff(a: dict[str, Any], b: dict[str, Any] | None, key_a: str, key_b: str) -> float | None:
     va, vb = a.get(key_a), None if b is None else b.get(key_b)
     return None if va is None or vb is None else float(va) - float(vb)
@@ -432,8 +387,8 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
             rs = groups.get((m, alpha), [])
             if not rs:
                 continue
-            local = _by_seed(groups.get(("local", alpha), []))
-            proto = _by_seed(groups.get(("fedproto", alpha), []))
+            local = by_seed(groups.get(("local", alpha), []))
+            proto = by_seed(groups.get(("fedproto", alpha), []))
             seed = lambda r: r["spec"]["seed"]  # noqa: E731
             cols = [
                 [_diff(r, r, "acc_global", "acc_global_before_ft") for r in rs],
@@ -447,7 +402,7 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
             ]
             lines.append(
                 f"| {m} | {alpha:g} | "
-                + " | ".join(_ms([v for v in c if v is not None]) for c in cols)
+                + " | ".join(mean_sd([v for v in c if v is not None]) for c in cols)
                 + " |"
             )
     lines += [
@@ -474,8 +429,8 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
 
     for base, variant in F16_PAIRS:
         for alpha in alphas:
-            f16 = _by_seed(groups.get((variant, alpha), []))
-            raw = {k: v for k, v in _by_seed(groups.get((base, alpha), [])).items() if k in f16}
+            f16 = by_seed(groups.get((variant, alpha), []))
+            raw = {k: v for k, v in by_seed(groups.get((base, alpha), [])).items() if k in f16}
             if not raw:
                 continue
             a = statistics.fmean(payload_mb(r, "train") for r in raw.values())
@@ -485,7 +440,7 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
             acc = [f16[k]["acc_global"] - raw[k]["acc_global"] for k in raw]
             lines.append(
                 f"| {variant} | {alpha:g} | {len(raw)} | {a:.3f} | {b:.3f} | "
-                f"{100 * (1 - b / a):.1f}% | {ta:.2f} → {tb:.2f} | {_ms(acc)} |"
+                f"{100 * (1 - b / a):.1f}% | {ta:.2f} → {tb:.2f} | {mean_sd(acc)} |"
             )
     lines += [
         "",
@@ -519,49 +474,41 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
                 f"{last('diag_rc')} | {last('diag_kl')} | {last('diag_dm')} | "
                 f"{fin('gen_std')} / {fin('gen_std_own_gen')} | {fin('gen_class_contrast')} / "
                 f"{fin('gen_class_contrast_own_gen')} | "
-                f"{_ms([r.get('probe_acc_global_own_gen') for r in rs])} |"
+                f"{mean_sd([r.get('probe_acc_global_own_gen') for r in rs])} |"
             )
     return lines
+
+
+def _describe(r: dict[str, Any]) -> str:
+    return (
+        f"acc={r['acc_global']:.3f} before={r.get('acc_global_before_ft')} "
+        f"noise={r.get('acc_global_noise_control')} probe={r.get('probe_acc_global')} "
+        f"MB={r['bytes_total'] / 1e6:.2f} wall={r['wall_s']:.0f}s"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid, then print (and optionally write) the tables."""
     args = parse_args(argv)
-    runs = load(args.out)
+    runs, failures = load_results(args.out)
     if not args.table_only:
-        done = [json.dumps(r["spec"], sort_keys=True) for r in runs]
-        todo = []
-        for alpha in args.alphas:
-            for seed in args.seeds:
-                for m in args.methods:
-                    f16 = args.f16_seeds
-                    if m.endswith("_f16") and f16 is not None and seed not in f16:
-                        continue
-                    spec = run_spec(args, m, alpha, seed)
-                    if json.dumps(spec, sort_keys=True) not in done:
-                        todo.append(spec)
-        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
-        t0 = time.time()
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(execute, s, args.threads) for s in todo]
-            for fut in as_completed(futures):
-                r = fut.result()
-                runs.append(r)
-                save(args.out, runs, args)
-                s = r["spec"]
-                print(
-                    f"[{time.time() - t0:7.0f}s] {s['method']:13s} a={s['alpha']:g}"
-                    f" seed={s['seed']}"
-                    f" acc={r['acc_global']:.3f} before={r.get('acc_global_before_ft')} "
-                    f"noise={r.get('acc_global_noise_control')} probe={r.get('probe_acc_global')}"
-                    f" MB={r['bytes_total'] / 1e6:.2f} wall={r['wall_s']:.0f}s",
-                    flush=True,
-                )
+        f16 = args.f16_seeds
+        specs = [
+            run_spec(args, m, alpha, seed)
+            for alpha in args.alphas
+            for seed in args.seeds
+            for m in args.methods
+            if not (m.endswith("_f16") and f16 is not None and seed not in f16)
+        ]
+        execute_one = functools.partial(execute, threads=args.threads)
+        runs, failures = run_grid(
+            args.out, specs, execute_one, describe=_describe, jobs=args.jobs, code=code_label()
+        )
     text = tables(runs)
     print(text)
-    if args.md is not None:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text)
+    if failures:
+        print(failure_line(args.out, failures))
+    write_markdown(args.md, text)
 
 
 if __name__ == "__main__":

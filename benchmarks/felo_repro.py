@@ -34,17 +34,27 @@ same settings, so an interrupted grid resumes. A run that raises is recorded und
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
-import shutil
 import statistics
-import sys
-import tempfile
-import time
-import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
 from typing import Any
+
+from harness import (
+    SimRun,
+    add_grid_args,
+    by_seed,
+    code_label,
+    failure_line,
+    final_step,
+    load_results,
+    mean_of,
+    mean_sd,
+    paired_diffs,
+    run_grid,
+    simulate_run,
+    train_steps,
+    write_markdown,
+)
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
 # per run instead
@@ -163,9 +173,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cvae-epochs", type=int, default=10)
     ap.add_argument("--cvae-batch", type=int, default=50)
     ap.add_argument("--global-test", type=int, default=360)
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    ap.add_argument("--deadline", type=float, default=600.0, help="per-step deadline (s)")
     ap.add_argument(
         "--cvae-singleton-workaround",
         action="store_true",
@@ -174,40 +181,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "encoder's BatchNorm in eval mode (running statistics); each run records how often "
         "it fired (cvae_singleton_batches). Off by default.",
     )
-    ap.add_argument(
-        "--code",
-        default=None,
-        help="label of the code version run (default: git HEAD of this checkout, + '-dirty')",
-    )
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/felo_digits.json"))
-    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
-    ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    add_grid_args(ap, "benchmarks/results/felo_digits.json")
     return ap.parse_args(argv)
-
-
-def code_label() -> str:
-    """``git rev-parse --short HEAD`` of the checkout this file is in (+ ``-dirty``)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
 
 
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
@@ -292,82 +267,50 @@ def _patch_cvae_singletons() -> None:
 def execute(
     spec: dict[str, Any], threads: int, deadline: float, workaround: bool = False
 ) -> dict[str, Any]:
-    """Run one simulation and reduce its step records to a small summary (or an error)."""
-    try:
-        if workaround and spec["algorithm"] == "velo":
-            _patch_cvae_singletons()
-            _SINGLETONS[0] = 0
-            r = _execute(spec, threads, deadline)
-            r["workaround"] = "cvae_singleton_bn_eval"
-            r["cvae_singleton_batches"] = _SINGLETONS[0]
-            return r
-        return _execute(spec, threads, deadline)
-    except BaseException as exc:
-        return {
-            "spec": spec,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
+    """Run one simulation and reduce its step records to a small summary."""
+    if workaround and spec["algorithm"] == "velo":
+        _patch_cvae_singletons()
+        _SINGLETONS[0] = 0
+        r = _execute(spec, threads, deadline)
+        r["workaround"] = "cvae_singleton_bn_eval"
+        r["cvae_singleton_batches"] = _SINGLETONS[0]
+        return r
+    return _execute(spec, threads, deadline)
 
 
 def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
-    import torch
-
-    from coordinator.config import load_config
-    from coordinator.simulate import FleetSpec, simulate
     from models.families import family_models
 
-    torch.set_num_threads(threads)
-    run_dir = Path(tempfile.mkdtemp(prefix="felo-repro-"))
-    try:
-        cfg = load_config(
-            None,
-            [],
-            algorithm=spec["algorithm"],
-            rounds=spec["rounds"],
-            run_dir=str(run_dir),
-            min_agents=spec["clients"],
-            seed=spec["seed"],
-            fraction=spec["fraction"],
-            deadline_s=deadline,
-            max_retries=1,
-            num_classes=10,
-            run_id="felo-repro",
-        )
-        cfg = cfg.replace(hyper=spec["hyper"])
-        cfg.algorithm_config()  # validate the hyperparameters before starting agents
-        fleet = FleetSpec(
-            num_agents=spec["clients"],
-            models=tuple(family_models(spec["family"], spec["clients"])),
-            data=spec["data"],
-            partition=f"dirichlet:{spec['alpha']}",
-            feature_dim=spec["feature_dim"],
-            image_size=DATA[spec["data"]][0],
-            global_test_size=spec["global_test"],
-        )
-        t0 = time.time()
-        result = simulate(cfg, fleet)
-        wall = time.time() - t0
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return {"spec": spec, "wall_s": wall, **summarize(result.metrics, spec["rounds"])}
-
-
-def _mean(records: list[dict[str, Any]], key: str) -> float | None:
-    vals = [a[key] for a in records if isinstance(a.get(key), (int, float))]
-    return statistics.fmean(vals) if vals else None
+    run = SimRun(
+        algorithm=spec["algorithm"],
+        hyper=spec["hyper"],
+        seed=spec["seed"],
+        rounds=spec["rounds"],
+        clients=spec["clients"],
+        models=tuple(family_models(spec["family"], spec["clients"])),
+        data=spec["data"],
+        partition=f"dirichlet:{spec['alpha']}",
+        feature_dim=spec["feature_dim"],
+        image_size=DATA[spec["data"]][0],
+        global_test=spec["global_test"],
+        fraction=spec["fraction"],
+        deadline_s=deadline,
+        max_retries=1,
+        run_id="felo-repro",
+    )
+    steps, wall = simulate_run(run, threads)
+    return {"spec": spec, "wall_s": wall, **summarize(steps, spec["rounds"])}
 
 
 def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     """Final (all agents) and second-half (round means) accuracies, per-group, bytes."""
-    final = [s for s in steps if s["phase"] == "final"]
-    last = final[-1] if final else steps[-1]
+    last = final_step(steps)
     agents = list(last["agents"].values())
     out: dict[str, Any] = {
         "final_phase": last["phase"],
         "final_agents": len(agents),
-        "acc_global": _mean(agents, "acc_global"),
-        "acc_local": _mean(agents, "acc_local"),
+        "acc_global": mean_of(agents, "acc_global"),
+        "acc_local": mean_of(agents, "acc_local"),
         "per_client": {
             d: {
                 "arch": a.get("arch"),
@@ -381,10 +324,10 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     for a in agents:
         groups.setdefault(str(a.get("arch")), []).append(a)
     out["per_arch"] = {
-        arch: {"acc_global": _mean(g, "acc_global"), "acc_local": _mean(g, "acc_local")}
+        arch: {"acc_global": mean_of(g, "acc_global"), "acc_local": mean_of(g, "acc_local")}
         for arch, g in sorted(groups.items())
     }
-    train = [s for s in steps if s["phase"] == "train"]
+    train = train_steps(steps)
     out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
     half = [s for s in train if s["round"] >= T / 2]
     for key in ("acc_global", "acc_local"):
@@ -415,37 +358,7 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     return out
 
 
-def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Runs and failures already in ``path`` (empty lists when it does not exist)."""
-    if not path.is_file():
-        return [], []
-    doc = json.loads(path.read_text())
-    return doc["runs"], doc.get("failures", [])
-
-
-def save(path: Path, runs: list[dict[str, Any]], failures: list[dict[str, Any]]) -> None:
-    """Write all results; ``commands`` records how they were produced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    commands: list[str] = []
-    if path.is_file():
-        commands = json.loads(path.read_text()).get("commands", [])
-    cmd = "python " + " ".join(sys.argv)
-    if cmd not in commands:
-        commands.append(cmd)
-    doc = {"commands": commands, "runs": runs, "failures": failures}
-    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
-
-
 # ----- tables ---------------------------------------------------------------------------------
-def _ms(vals: list[float | None], scale: float = 100.0, digits: int = 1) -> str:
-    xs = [v for v in vals if v is not None]
-    if not xs:
-        return "–"
-    mean = statistics.fmean(xs) * scale
-    sd = statistics.stdev(xs) * scale if len(xs) > 1 else 0.0
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
 def _setting(r: dict[str, Any]) -> tuple[str, str, float, int, float]:
     s = r["spec"]
     return (s["data"], s["family"], s["alpha"], s["rounds"], s["fraction"])
@@ -487,9 +400,10 @@ def tables(runs: list[dict[str, Any]]) -> str:
             g = by_method[m]
             lines.append(
                 f"| {m} | {g[0]['spec']['algorithm']} | {len(g)} | "
-                f"{_ms([r['acc_global'] for r in g])} | {_ms([r['acc_local'] for r in g])} | "
-                f"{_ms([r['half_acc_global'] for r in g])} | "
-                f"{_ms([r['half_acc_local'] for r in g])} | "
+                f"{mean_sd([r['acc_global'] for r in g])} | "
+                f"{mean_sd([r['acc_local'] for r in g])} | "
+                f"{mean_sd([r['half_acc_global'] for r in g])} | "
+                f"{mean_sd([r['half_acc_local'] for r in g])} | "
                 f"{statistics.fmean(r['wall_s'] for r in g):.0f} |"
             )
         archs = sorted({a for r in rs for a in r["per_arch"]})
@@ -535,24 +449,15 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
     for a, b in pairs:
         if a not in by_method or b not in by_method:
             continue
-        ra = {r["spec"]["seed"]: r for r in by_method[a]}
-        rb = {r["spec"]["seed"]: r for r in by_method[b]}
-        seeds = sorted(set(ra) & set(rb))
+        seeds = len(set(by_seed(by_method[a])) & set(by_seed(by_method[b])))
         if not seeds:
             continue
-        cols = []
-        for key in ("acc_global", "acc_local", "half_acc_global", "half_acc_local"):
-            d = [
-                ra[s][key] - rb[s][key]
-                for s in seeds
-                if ra[s][key] is not None and rb[s][key] is not None
-            ]
-            cols.append(_ms(d))
-        dg = [ra[s]["acc_global"] - rb[s]["acc_global"] for s in seeds]
-        wins = sum(1 for x in dg if x > 0)
-        rows.append(
-            f"| {a} − {b} | {len(seeds)} | " + " | ".join(cols) + f" | {wins}/{len(seeds)} |"
-        )
+        cols = [
+            mean_sd(paired_diffs(by_method[a], by_method[b], key))
+            for key in ("acc_global", "acc_local", "half_acc_global", "half_acc_local")
+        ]
+        wins = sum(1 for x in paired_diffs(by_method[a], by_method[b], "acc_global") if x > 0)
+        rows.append(f"| {a} − {b} | {seeds} | " + " | ".join(cols) + f" | {wins}/{seeds} |")
     if not rows:
         return []
     return [
@@ -566,66 +471,49 @@ def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
     ]
 
 
+def _describe(r: dict[str, Any]) -> str:
+    return (
+        f"final g/l={r['acc_global']:.3f}/{r['acc_local']:.3f} "
+        f"half g/l={r['half_acc_global']:.3f}/{r['half_acc_local']:.3f} "
+        f"kB={r['bytes_total'] / 1e3:.0f} wall={r['wall_s']:.0f}s"
+        + (
+            f" singleton-batches={r['cvae_singleton_batches']}"
+            if "cvae_singleton_batches" in r
+            else ""
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid, then print (and optionally write) the tables."""
     args = parse_args(argv)
-    runs, failures = load(args.out)
+    runs, failures = load_results(args.out)
     if not args.table_only:
-        done = {json.dumps(r["spec"], sort_keys=True) for r in runs}
-        todo = []
-        for alpha in args.alphas:
-            for seed in args.seeds:
-                for m in args.methods:
-                    spec = run_spec(args, m, alpha, seed)
-                    if json.dumps(spec, sort_keys=True) not in done:
-                        todo.append(spec)
-        print(f"{len(todo)} runs to do, {len(runs)} already in {args.out}", flush=True)
-        code = args.code or code_label()
-        t0 = time.time()
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [
-                pool.submit(execute, s, args.threads, args.deadline, args.cvae_singleton_workaround)
-                for s in todo
-            ]
-            for fut in as_completed(futures):
-                r = fut.result()
-                r["code"] = code
-                s = r["spec"]
-                key = json.dumps(s, sort_keys=True)
-                failures = [f for f in failures if json.dumps(f["spec"], sort_keys=True) != key]
-                if "error" in r:
-                    failures.append(r)
-                    save(args.out, runs, failures)
-                    print(
-                        f"[{time.time() - t0:7.0f}s] {s['method']:15s} a={s['alpha']:g} "
-                        f"seed={s['seed']} FAILED {r['error']}\n{r['traceback']}",
-                        flush=True,
-                    )
-                    continue
-                runs.append(r)
-                save(args.out, runs, failures)
-                print(
-                    f"[{time.time() - t0:7.0f}s] {s['method']:15s} a={s['alpha']:g} "
-                    f"seed={s['seed']} final g/l={r['acc_global']:.3f}/{r['acc_local']:.3f} "
-                    f"half g/l={r['half_acc_global']:.3f}/{r['half_acc_local']:.3f} "
-                    f"kB={r['bytes_total'] / 1e3:.0f} wall={r['wall_s']:.0f}s"
-                    + (
-                        f" singleton-batches={r['cvae_singleton_batches']}"
-                        if "cvae_singleton_batches" in r
-                        else ""
-                    ),
-                    flush=True,
-                )
+        specs = [
+            run_spec(args, m, alpha, seed)
+            for alpha in args.alphas
+            for seed in args.seeds
+            for m in args.methods
+        ]
+        execute_one = functools.partial(
+            execute,
+            threads=args.threads,
+            deadline=args.deadline,
+            workaround=args.cvae_singleton_workaround,
+        )
+        runs, failures = run_grid(
+            args.out,
+            specs,
+            execute_one,
+            describe=_describe,
+            jobs=args.jobs,
+            code=args.code or code_label(dirty=True),
+        )
     text = tables(runs)
     print(text)
     if failures:
-        print(
-            f"{len(failures)} failed runs recorded in {args.out}: "
-            + ", ".join(f"{f['spec']['method']}/s{f['spec']['seed']}" for f in failures)
-        )
-    if args.md is not None:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text)
+        print(failure_line(args.out, failures))
+    write_markdown(args.md, text)
 
 
 if __name__ == "__main__":
