@@ -152,7 +152,7 @@ class Coordinator:
         self.endpoint.on_duplicate = self._on_duplicate
         for pattern in (f"{base}/dev/+/up/#", f"{base}/dev/+/status", f"{base}/dev/+/progress"):
             self.endpoint.subscribe(pattern, lambda env, topic: self.inbox.put((env, topic)))
-        self.endpoint.transport.add_connect_listener(lambda _present: self._announce())
+        self.endpoint.transport.add_connect_listener(self._on_connect)
         self._state = ("starting", 0)
         if self.endpoint.transport.connected:
             self._announce()
@@ -164,6 +164,17 @@ class Coordinator:
     def _announce(self) -> None:
         # retained state is lost when a broker without persistence restarts: publish it again
         self._publish_state(*self._state)
+
+    def _on_connect(self, session_present: bool) -> None:
+        state, round_ = self._state
+        if not session_present and state == "running":
+            # The broker lost our session (a restart without persistence): whatever agents
+            # sent before we subscribed again is gone, including the registration and the
+            # resent replies of an agent that reconnected first, and `running` alone does not
+            # make agents announce again. `starting` does (register, resend unacknowledged
+            # replies; a new agent session gets its task again); duplicates are deduplicated.
+            self._publish_state("starting", round_)
+        self._publish_state(state, round_)
 
     def _publish_state(self, state: StateName, round_: int) -> None:
         self._state = (state, round_)
