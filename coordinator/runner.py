@@ -8,6 +8,7 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from coordinator.config import RunConfig
 from coordinator.engine import Coordinator, QuorumError, RunResult
@@ -42,12 +43,20 @@ def coordinator_client_id(cfg: RunConfig) -> str:
     return f"edgefl-coord-{cfg.federation}-{cfg.run_id}-{where}"
 
 
-def mqtt_transport(cfg: RunConfig, host: str, port: int) -> Transport:
-    """The coordinator's MQTT transport (client id per run, retained ``offline`` will)."""
+def mqtt_transport(cfg: RunConfig, host: str, port: int, **options: Any) -> Transport:
+    """The coordinator's MQTT transport (client id per run, retained ``offline`` will).
+
+    ``options`` go to :class:`~protocol.mqtt.MqttTransport` (``username``, ``password``,
+    ``tls``: ``Credentials.transport_options()``).
+    """
     from protocol.mqtt import MqttTransport
 
     return MqttTransport(
-        host=host, port=port, client_id=coordinator_client_id(cfg), will=coordinator_will(cfg)
+        host=host,
+        port=port,
+        client_id=coordinator_client_id(cfg),
+        will=coordinator_will(cfg),
+        **options,
     )
 
 

@@ -3,18 +3,24 @@
 ``mosquitto`` starts Debian's mosquitto on a free loopback port for one test (about 15 ms)
 and yields a :class:`protocol.broker.MosquittoBroker` (``.host``, ``.port``, ``.stop()``,
 ``.start()`` to restart on the same port). ``embedded_broker`` does the same with the
-in-process amqtt broker. Without mosquitto the tests skip, except in CI (``CI`` set), where a
-missing broker is a failure: CI installs it, so a skip there would hide a broken set-up.
+in-process amqtt broker. ``mosquitto_tls`` runs mosquitto with what ``coordinator provision``
+wrote (mutual TLS, per-device ACL) for the devices in :data:`TLS_DEVICES`. Without mosquitto
+the tests skip, except in CI (``CI`` set), where a missing broker is a failure: CI installs
+it, so a skip there would hide a broken set-up.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from protocol.broker import EmbeddedBroker, MosquittoBroker, mosquitto_executable
+from protocol.broker import EmbeddedBroker, MosquittoBroker, free_port, mosquitto_executable
 
 
 def _missing(reason: str) -> None:
@@ -45,3 +51,63 @@ def embedded_broker() -> Iterator[EmbeddedBroker]:
         _missing("amqtt is not installed (pip install edgefl[broker])")
     with EmbeddedBroker() as broker:
         yield broker
+
+
+TLS_FEDERATION = "tls"
+TLS_DEVICES = ("agent0", "agent1", "agent2")
+
+
+class ProvisionedMosquitto(MosquittoBroker):
+    """mosquitto with the provisioned ``broker/mosquitto.conf``, read again at every start
+    (so that a restart after ``provision revoke`` loads the new CRL)."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        super().__init__(port=port)
+        self.root = root
+
+    def config_text(self) -> str:
+        conf = (self.root / "broker" / "mosquitto.conf").read_text()
+        return conf + "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n"
+
+    def kit(self, name: str) -> Path:
+        """A device's kit directory, or the coordinator's (``"coordinator"``)."""
+        return self.root / name if name == "coordinator" else self.root / "devices" / name
+
+
+def _system_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.fixture
+def mosquitto_tls() -> Iterator[ProvisionedMosquitto]:
+    """A fleet provisioned by ``coordinator provision`` and its mTLS mosquitto on a free port."""
+    if mosquitto_executable() is None:
+        _missing("mosquitto is not installed (apt-get install mosquitto)")
+    pytest.importorskip("cryptography")
+    from coordinator.provision import ProvisionSpec, provision
+
+    # not pytest's tmp_path (mode 0700): mosquitto, started as root, drops to its own user and
+    # must still reach broker/; it also gets the server key, as `--broker-user` does in production
+    root = Path(tempfile.mkdtemp(prefix="edgefl-fleet-"))
+    root.chmod(0o755)
+    port = free_port()
+    spec = ProvisionSpec(
+        federation=TLS_FEDERATION,
+        devices=TLS_DEVICES,
+        hostnames=("127.0.0.1", "localhost"),
+        port=port,
+        listen="127.0.0.1",
+        broker_user="mosquitto" if os.geteuid() == 0 and _system_user("mosquitto") else "",
+    )
+    provision(root, spec)
+    broker = ProvisionedMosquitto(root, port)
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.cleanup()
+        shutil.rmtree(root, ignore_errors=True)

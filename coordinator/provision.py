@@ -1,0 +1,576 @@
+"""``coordinator provision``: a CA, certificates, a Mosquitto config with ACL, and device kits.
+
+Everything is made with the ``cryptography`` package (no ``openssl`` subprocess) into one
+directory that the operator keeps (it holds the CA key)::
+
+    OUT/fleet.json                 what was issued and revoked (no secrets)
+    OUT/ca/ca.key, ca.crt          the fleet's CA; ca.key never leaves this directory
+    OUT/broker/                    copy to the broker host: mosquitto.conf, acl, ca.crt,
+                                   server.crt, server.key, crl.pem (once a device is revoked)
+    OUT/coordinator/               `coordinator serve --kit OUT/coordinator`
+    OUT/devices/ID/                `edge-agent --kit DIR`: kit.json, ca.crt, device.crt,
+                                   device.key, signing.key, verify/coordinator.pub
+    OUT/devices/ID.tar.gz          the same kit as one archive (``--archive``)
+
+TLS keys are EC P-256; signing keys are Ed25519 (``protocol.signing``): each participant's
+private key is in its own kit, the public keys of its peers in the kit's ``verify/``
+directory. Private keys are written with mode 0600, kit directories 0700.
+
+The ACL uses Mosquitto ``pattern`` rules with ``%u`` (``WIRE.md`` §11), so it names no
+device: any certificate of this CA reaches exactly its own topics. A device is revoked
+through the CRL (the broker refuses its TLS handshake once restarted); its kit and public
+key are deleted, so the coordinator no longer accepts its signatures either.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import shutil
+import tarfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from protocol.credentials import Kit, write_kit
+from protocol.errors import ConfigError, ValidationError
+from protocol.topics import PREFIX, validate_id
+
+__all__ = [
+    "COORDINATOR_ID",
+    "ProvisionSpec",
+    "acl_text",
+    "add_devices",
+    "device_ids",
+    "mosquitto_conf",
+    "provision",
+    "revoke_devices",
+    "summary",
+]
+
+COORDINATOR_ID = "coordinator"  # the coordinator's sender id and certificate CN
+STATE_FILE = "fleet.json"
+CA_DAYS = 3650
+# a CRL past its next update makes OpenSSL refuse *every* client: keep it valid as long as the CA
+CRL_DAYS = CA_DAYS
+
+
+@dataclass(frozen=True)
+class ProvisionSpec:
+    """What ``coordinator provision init`` creates (kept in ``fleet.json``)."""
+
+    federation: str = "default"
+    devices: tuple[str, ...] = ()
+    hostnames: tuple[str, ...] = ("localhost", "127.0.0.1")  # the broker certificate's SAN
+    broker_host: str = ""  # what clients connect to (default: the first hostname)
+    port: int = 8883
+    listen: str = ""  # the broker's bind address ("": every interface)
+    broker_dir: str = ""  # where OUT/broker's files live on the broker host (default: there)
+    days: int = 825  # validity of the leaf certificates
+    # Mosquitto started as root drops to its own user *before* it loads the server key: when
+    # provisioning as root on the broker host, name that user to give it the key
+    broker_user: str = ""
+    devices_issued: dict[str, str] = field(default_factory=dict)  # id -> serial (hex)
+    revoked: dict[str, str] = field(default_factory=dict)  # serial (hex) -> id
+
+    def __post_init__(self) -> None:
+        _checked_id(self.federation, "--federation")
+        if not self.hostnames:
+            raise ConfigError("--hostname: the broker certificate needs at least one name")
+        if not 1 <= self.port <= 65535 or not 1 <= self.days <= CA_DAYS:
+            raise ConfigError(
+                f"--port 1..65535 and --days 1..{CA_DAYS}, got {self.port} and {self.days}"
+            )
+
+    @property
+    def broker(self) -> str:
+        """``host:port`` the kits point at."""
+        host = self.broker_host or self.hostnames[0]
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+
+def _checked_id(value: str, field: str) -> str:
+    """A topic-level id, or a ConfigError (bad operator input, not a bad peer message)."""
+    try:
+        return validate_id(value, field)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def device_ids(names: Sequence[str] = (), count: int = 0, prefix: str = "device-") -> list[str]:
+    """Device ids from a list or a count with prefix (``device-001`` ...); validated, unique."""
+    ids = list(names) + [f"{prefix}{i:03d}" for i in range(1, count + 1)]
+    for d in ids:
+        _checked_id(d, "device id")
+        if d == COORDINATOR_ID:
+            raise ConfigError(f"device id {d!r} is reserved for the coordinator")
+    dup = sorted({d for d in ids if ids.count(d) > 1})
+    if dup:
+        raise ConfigError(f"device ids given twice: {dup}")
+    return ids
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    """Create ``path`` with mode 0600 before writing: the key is never readable by others."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _write_public(path: Path, data: bytes | str) -> None:
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    path.chmod(0o644)
+
+
+def _private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def _pem_private(key: Any) -> bytes:
+    pem: bytes = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return pem
+
+
+def _pem_public(key: Any) -> bytes:
+    pem: bytes = key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return pem
+
+
+def _pem_cert(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+# -- certificates ------------------------------------------------------------------------------
+
+
+def _name(cn: str, federation: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"edgefl {federation}"),
+            x509.NameAttribute(NameOID.COMMON_NAME, cn),
+        ]
+    )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _make_ca(federation: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(f"edgefl {federation} CA", federation)
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate small clock skew
+        .not_valid_after(now + dt.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _san(hostnames: Sequence[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for host in hostnames:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(names)
+
+
+def _issue(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    cn: str,
+    federation: str,
+    *,
+    days: int,
+    server_names: Sequence[str] = (),
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A leaf key and certificate: a client certificate, or a server one with ``server_names``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn, federation))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+    if server_names:
+        builder = builder.add_extension(_san(server_names), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def _crl(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, serials: Sequence[str]
+) -> x509.CertificateRevocationList:
+    now = _now()
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(now - dt.timedelta(minutes=5))
+        .next_update(now + dt.timedelta(days=CRL_DAYS))
+    )
+    for serial in serials:
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder()
+            .serial_number(int(serial, 16))
+            .revocation_date(now - dt.timedelta(minutes=5))
+            .build()
+        )
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+# -- broker config -----------------------------------------------------------------------------
+
+
+def acl_text(federation: str) -> str:
+    """The Mosquitto ACL of ``WIRE.md`` §11 for one federation (``%u`` = certificate CN)."""
+    base = f"{PREFIX}/{federation}"
+    return (
+        f"# edgefl ACL of federation {federation!r} (WIRE.md §11), written by "
+        "`coordinator provision`.\n"
+        "# Every client logs in with a certificate of this fleet's CA; its username is the\n"
+        "# certificate's CN (use_identity_as_username). %u is that username.\n"
+        "#\n"
+        "# A device reads its own tasks and the federation's broadcasts, and writes only its\n"
+        "# own replies, registration, status and progress: never another device's, never the\n"
+        "# coordinator's state.\n"
+        f"pattern read {base}/dev/%u/down/#\n"
+        f"pattern write {base}/dev/%u/up/#\n"
+        f"pattern write {base}/dev/%u/status\n"
+        f"pattern write {base}/dev/%u/progress\n"
+        "# (Mosquitto warns that the next three patterns lack %u: they are the same for all.)\n"
+        f"pattern read {base}/bcast/#\n"
+        f"pattern read {base}/round\n"
+        f"pattern read {base}/coord/state\n"
+        "\n"
+        "# The coordinator reads and writes the whole federation.\n"
+        f"user {COORDINATOR_ID}\n"
+        f"topic readwrite {base}/#\n"
+    )
+
+
+def mosquitto_conf(spec: ProvisionSpec, broker_dir: Path) -> str:
+    """``mosquitto.conf``: one mTLS listener; certificate CN as username; ACL; CRL if any."""
+    d = broker_dir
+    lines = [
+        "# edgefl broker, written by `coordinator provision`: mutual TLS, one ACL.",
+        "# Reload after `coordinator provision revoke`: restart mosquitto to load the new CRL.",
+        "per_listener_settings false",
+        f"listener {spec.port}" + (f" {spec.listen}" if spec.listen else ""),
+        f"cafile {d / 'ca.crt'}",
+        f"certfile {d / 'server.crt'}",
+        f"keyfile {d / 'server.key'}",
+        "tls_version tlsv1.2",
+        "require_certificate true",
+        "use_identity_as_username true",
+        "allow_anonymous false",
+        f"acl_file {d / 'acl'}",
+    ]
+    if spec.revoked:
+        lines.append(f"crlfile {d / 'crl.pem'}")
+    # the runtime's persistent sessions queue QoS 1 messages while a device is away
+    lines += ["set_tcp_nodelay true", "max_queued_messages 100000"]
+    return "\n".join(lines) + "\n"
+
+
+# -- the provisioning directory ------------------------------------------------------------------
+
+
+class _Fleet:
+    """An open provisioning directory: the spec, the CA, and the file layout."""
+
+    def __init__(self, out: Path, spec: ProvisionSpec) -> None:
+        self.out = out
+        self.spec = spec
+
+    @classmethod
+    def open(cls, out: Path) -> _Fleet:
+        state = out / STATE_FILE
+        if not state.is_file():
+            raise ConfigError(f"--out {out}: no {STATE_FILE}; create it with `provision init`")
+        data = json.loads(state.read_text())
+        data["devices"] = tuple(data["devices"])
+        data["hostnames"] = tuple(data["hostnames"])
+        return cls(out, ProvisionSpec(**data))
+
+    def save(self) -> None:
+        _write_public(self.out / STATE_FILE, json.dumps(asdict(self.spec), indent=2) + "\n")
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.out / "broker"
+
+    def ca(self) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        key = serialization.load_pem_private_key((self.out / "ca" / "ca.key").read_bytes(), None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ConfigError(f"{self.out / 'ca' / 'ca.key'}: expected the fleet's EC CA key")
+        return key, x509.load_pem_x509_certificate((self.out / "ca" / "ca.crt").read_bytes())
+
+    def write_broker_config(self) -> None:
+        d = self.broker_dir
+        target = Path(self.spec.broker_dir) if self.spec.broker_dir else d.resolve()
+        _write_public(d / "acl", acl_text(self.spec.federation))
+        _write_public(d / "mosquitto.conf", mosquitto_conf(self.spec, target))
+        if self.spec.revoked:
+            key, cert = self.ca()
+            crl = _crl(key, cert, sorted(self.spec.revoked))
+            _write_public(d / "crl.pem", crl.public_bytes(serialization.Encoding.PEM))
+            shutil.copyfile(d / "crl.pem", self.out / "ca" / "crl.pem")
+
+
+def provision(out: str | Path, spec: ProvisionSpec, *, archive: bool = False) -> Path:
+    """Create a fleet's CA, broker, coordinator and device material in ``out``; returns it.
+
+    Raises:
+        ConfigError: ``out`` already holds a fleet (its CA is never overwritten).
+    """
+    root = Path(out)
+    if (root / STATE_FILE).exists() or (root / "ca" / "ca.key").exists():
+        raise ConfigError(
+            f"--out {root} already holds a fleet; add devices with `provision add` "
+            "(a new CA would lock out every device already deployed)"
+        )
+    ids = device_ids(spec.devices)
+    fleet = _Fleet(root, ProvisionSpec(**{**asdict(spec), "devices": (), "devices_issued": {}}))
+    ca_dir = _private_dir(root / "ca")
+    ca_key, ca_cert = _make_ca(spec.federation)
+    _write_secret(ca_dir / "ca.key", _pem_private(ca_key))
+    _write_public(ca_dir / "ca.crt", _pem_cert(ca_cert))
+    _broker_files(fleet, ca_key, ca_cert)
+    _coordinator_kit(fleet, ca_key, ca_cert)
+    fleet.save()
+    add_devices(root, ids, archive=archive)
+    return root
+
+
+def _broker_files(fleet: _Fleet, ca_key: Any, ca_cert: x509.Certificate) -> None:
+    d = fleet.broker_dir
+    d.mkdir(parents=True, exist_ok=True)
+    spec = fleet.spec
+    key, cert = _issue(
+        ca_key,
+        ca_cert,
+        spec.hostnames[0],
+        spec.federation,
+        days=spec.days,
+        server_names=spec.hostnames,
+    )
+    _write_secret(d / "server.key", _pem_private(key))
+    if spec.broker_user:
+        try:
+            shutil.chown(d / "server.key", user=spec.broker_user)
+        except (LookupError, PermissionError) as exc:
+            raise ConfigError(
+                f"--broker-user {spec.broker_user}: cannot own the key: {exc}"
+            ) from exc
+    _write_public(d / "server.crt", _pem_cert(cert))
+    _write_public(d / "ca.crt", _pem_cert(ca_cert))
+    fleet.write_broker_config()
+
+
+def _coordinator_kit(fleet: _Fleet, ca_key: Any, ca_cert: x509.Certificate) -> None:
+    d = _private_dir(fleet.out / COORDINATOR_ID)
+    _private_dir(d / "verify")
+    key, cert = _issue(ca_key, ca_cert, COORDINATOR_ID, fleet.spec.federation, days=fleet.spec.days)
+    _write_secret(d / "coordinator.key", _pem_private(key))
+    _write_public(d / "coordinator.crt", _pem_cert(cert))
+    _write_public(d / "ca.crt", _pem_cert(ca_cert))
+    signing = ed25519.Ed25519PrivateKey.generate()
+    _write_secret(d / "signing.key", _pem_private(signing))
+    _write_public(d / "signing.pub", _pem_public(signing.public_key()))
+    write_kit(_kit(fleet.spec, d, "coordinator", COORDINATOR_ID, "coordinator"))
+
+
+def _kit(spec: ProvisionSpec, d: Path, role: Any, ident: str, stem: str) -> Kit:
+    return Kit(
+        path=d,
+        role=role,
+        id=ident,
+        federation=spec.federation,
+        broker=spec.broker,
+        ca=d / "ca.crt",
+        cert=d / f"{stem}.crt",
+        key=d / f"{stem}.key",
+        signing_key=d / "signing.key",
+        verify_keys=d / "verify",
+    )
+
+
+def add_devices(out: str | Path, ids: Sequence[str], *, archive: bool = False) -> list[Path]:
+    """Issue a certificate, signing key and kit for each new device; returns the kit paths.
+
+    Raises:
+        ConfigError: an id already holds a valid certificate (revoke it first).
+    """
+    fleet = _Fleet.open(Path(out))
+    ids = device_ids(ids)
+    taken = sorted(set(ids) & set(fleet.spec.devices_issued))
+    if taken:
+        raise ConfigError(f"device(s) {taken} already provisioned; revoke them first")
+    ca_key, ca_cert = fleet.ca()
+    issued = dict(fleet.spec.devices_issued)
+    kits = []
+    for device in ids:
+        kit_dir, serial = _device_kit(fleet, ca_key, ca_cert, device)
+        issued[device] = serial
+        fleet.spec = _replace(fleet.spec, devices_issued=issued)
+        fleet.save()  # after each device: an interrupted batch keeps what it issued
+        if archive:
+            _archive(kit_dir)
+        kits.append(kit_dir)
+    return kits
+
+
+def _replace(spec: ProvisionSpec, **changes: Any) -> ProvisionSpec:
+    data = {**asdict(spec), **changes}
+    data["devices"] = tuple(sorted(data["devices_issued"]))
+    data["hostnames"] = tuple(data["hostnames"])
+    return ProvisionSpec(**data)
+
+
+def _device_kit(
+    fleet: _Fleet, ca_key: Any, ca_cert: x509.Certificate, device: str
+) -> tuple[Path, str]:
+    d = fleet.out / "devices" / device
+    if d.exists():
+        shutil.rmtree(d)
+    _private_dir(d.parent)
+    _private_dir(d)
+    _private_dir(d / "verify")
+    key, cert = _issue(ca_key, ca_cert, device, fleet.spec.federation, days=fleet.spec.days)
+    _write_secret(d / "device.key", _pem_private(key))
+    _write_public(d / "device.crt", _pem_cert(cert))
+    _write_public(d / "ca.crt", _pem_cert(ca_cert))
+    signing = ed25519.Ed25519PrivateKey.generate()
+    _write_secret(d / "signing.key", _pem_private(signing))
+    coordinator_pub = fleet.out / COORDINATOR_ID / "signing.pub"
+    shutil.copyfile(coordinator_pub, d / "verify" / f"{COORDINATOR_ID}.pub")
+    _write_public(
+        fleet.out / COORDINATOR_ID / "verify" / f"{device}.pub", _pem_public(signing.public_key())
+    )
+    write_kit(_kit(fleet.spec, d, "device", device, "device"))
+    return d, format(cert.serial_number, "x")
+
+
+def _archive(kit_dir: Path) -> Path:
+    """``ID.tar.gz`` beside the kit (mode 0600: it holds the device's private keys)."""
+    target = kit_dir.parent / f"{kit_dir.name}.tar.gz"
+    target.unlink(missing_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        tar.add(kit_dir, arcname=kit_dir.name)
+    return target
+
+
+def revoke_devices(out: str | Path, ids: Sequence[str]) -> Path:
+    """Revoke devices: CRL rewritten (and named in mosquitto.conf), kits and keys deleted.
+
+    Returns the broker directory, whose files must reach the broker, which must then be
+    restarted (Mosquitto reads the CRL at start).
+
+    Raises:
+        ConfigError: an id that holds no valid certificate.
+    """
+    fleet = _Fleet.open(Path(out))
+    unknown = sorted(set(ids) - set(fleet.spec.devices_issued))
+    if unknown:
+        raise ConfigError(
+            f"cannot revoke {unknown}: not provisioned (known: {sorted(fleet.spec.devices_issued)})"
+        )
+    issued = dict(fleet.spec.devices_issued)
+    revoked = dict(fleet.spec.revoked)
+    for device in ids:
+        revoked[issued.pop(device)] = device
+        shutil.rmtree(fleet.out / "devices" / device, ignore_errors=True)
+        (fleet.out / "devices" / f"{device}.tar.gz").unlink(missing_ok=True)
+        (fleet.out / COORDINATOR_ID / "verify" / f"{device}.pub").unlink(missing_ok=True)
+    fleet.spec = _replace(fleet.spec, devices_issued=issued, revoked=revoked)
+    fleet.save()
+    fleet.write_broker_config()
+    return fleet.broker_dir
+
+
+def summary(out: str | Path) -> str:
+    """What ``provision init`` wrote and the commands that use it."""
+    fleet = _Fleet.open(Path(out))
+    root, spec = fleet.out, fleet.spec
+    first = spec.devices[0] if spec.devices else "ID"
+    return "\n".join(
+        [
+            f"fleet {spec.federation!r} in {root}: CA, broker, coordinator and "
+            f"{len(spec.devices)} device kit(s); keep ca/ca.key offline",
+            f"broker:      copy {root}/broker to the broker host, then "
+            f"`mosquitto -c {root}/broker/mosquitto.conf` (listens on {spec.port}, mTLS, ACL)",
+            f"coordinator: coordinator serve --kit {root}/{COORDINATOR_ID} --algorithm fedavg",
+            f"device:      copy {root}/devices/{first} to the device, then "
+            f"edge-agent --kit {first}",
+            f"later:       coordinator provision add --out {root} NEW_ID | "
+            f"coordinator provision revoke --out {root} {first}",
+        ]
+    )

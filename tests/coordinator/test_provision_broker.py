@@ -1,0 +1,155 @@
+"""Issue 19: a provisioned fleet on a real Mosquitto in mutual-TLS mode (``mosquitto_tls``).
+
+What the broker itself enforces with the files ``coordinator provision`` wrote: a device reads
+only its own tasks and writes only as itself, an unprovisioned client cannot connect, and a
+revoked device is refused once the broker restarts with the CRL.
+
+Absence is checked with a fence, not a sleep: after the message that must not arrive, the
+same publisher sends one that must, and Mosquitto delivers one publisher's QoS 1 messages in
+order, so when the fence has arrived the forbidden message would have arrived before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import Inbox, wait_for
+
+from coordinator.provision import ProvisionSpec, provision, revoke_devices
+from protocol.credentials import load_credentials
+from protocol.errors import ConnectError, TransportError
+from protocol.mqtt import MqttTransport, TlsOptions
+from protocol.topics import Topics
+from tests.conftest import TLS_FEDERATION, ProvisionedMosquitto
+
+pytestmark = pytest.mark.network
+
+T = Topics(TLS_FEDERATION)
+
+
+@contextlib.contextmanager
+def client(broker: ProvisionedMosquitto, kit: Path, client_id: str) -> Iterator[MqttTransport]:
+    """A transport with a kit's credentials (connected on entry by the caller's subscribe)."""
+    creds = load_credentials(kit=kit, env={})
+    t = MqttTransport(
+        client_id=client_id, port=broker.port, connect_timeout=5, **creds.transport_options()
+    )
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def _connect_refused(broker: ProvisionedMosquitto, tls: TlsOptions | None) -> None:
+    t = MqttTransport(client_id="intruder", port=broker.port, connect_timeout=3, tls=tls)
+    try:
+        with pytest.raises(ConnectError):
+            t.connect()
+    finally:
+        t.close()
+
+
+def test_a_device_cannot_read_another_devices_tasks(mosquitto_tls: ProvisionedMosquitto) -> None:
+    # Prepare: agent0 tries to listen on agent1's tasks and on everything; agent1 on its own
+    b = mosquitto_tls
+    spy, own, victim = Inbox(), Inbox(), Inbox()
+    with (
+        client(b, b.kit("coordinator"), "coord") as coord,
+        client(b, b.kit("agent0"), "a0") as a0,
+        client(b, b.kit("agent1"), "a1") as a1,
+    ):
+        a0.connect()
+        for flt in (f"{T.base}/dev/agent1/down/#", f"{T.base}/#", "#"):
+            with contextlib.suppress(TransportError):  # refused, or accepted and filtered
+                a0.subscribe(flt, spy)
+        a0.subscribe(f"{T.base}/dev/agent0/down/#", own)
+        a1.subscribe(f"{T.base}/dev/agent1/down/#", victim)
+        a1.connect()
+        coord.connect()
+        # Execute: a task for agent1, then the fence, a task for agent0
+        coord.publish(T.down("agent1", "task"), b"task for agent1")
+        coord.publish(T.down("agent0", "task"), b"task for agent0")
+        # Assert
+        assert victim.wait(1) and own.wait(1)
+        assert victim.items[0][1] == b"task for agent1"
+        assert [p for _t, p in spy.items if p == b"task for agent1"] == []
+
+
+def test_a_device_cannot_publish_as_another_or_as_the_coordinator(
+    mosquitto_tls: ProvisionedMosquitto,
+) -> None:
+    b = mosquitto_tls
+    seen = Inbox()
+    with (
+        client(b, b.kit("coordinator"), "coord") as coord,
+        client(b, b.kit("agent0"), "a0") as a0,
+    ):
+        for flt in (f"{T.base}/dev/+/up/#", f"{T.base}/dev/+/status", T.coord_state, T.round):
+            coord.subscribe(flt, seen)
+        coord.connect()
+        a0.connect()
+        # Execute: forgeries as agent1 and as the coordinator, then agent0's own reply (fence)
+        a0.publish(T.up("agent1", "reply"), b"forged reply")
+        a0.publish(T.status("agent1"), b"forged status", retain=True)
+        a0.publish(T.coord_state, b"forged finished", retain=True)
+        a0.publish(T.round, b"forged round", retain=True)
+        a0.publish(T.up("agent0", "reply"), b"own reply")
+        assert wait_for(lambda: any(p == b"own reply" for _t, p in seen.items), 5)
+        assert [p for _t, p in seen.items] == [b"own reply"]
+    # and nothing forged was retained for later subscribers
+    late = Inbox()
+    with client(b, b.kit("coordinator"), "late") as coord:
+        coord.subscribe(T.coord_state, late)
+        coord.subscribe(T.status("agent1"), late)
+        coord.connect()
+        coord.publish(T.coord_state, b"real state", retain=True)  # fence
+        assert late.wait(1) and [p for _t, p in late.items] == [b"real state"]
+
+
+def test_unprovisioned_clients_cannot_connect(mosquitto_tls: ProvisionedMosquitto) -> None:
+    b = mosquitto_tls
+    ca = str(b.root / "broker" / "ca.crt")
+    _connect_refused(b, None)  # plain MQTT on the TLS port
+    _connect_refused(b, TlsOptions(ca_certs=ca))  # TLS without a client certificate
+    # a certificate from another CA, with a provisioned device's name
+    other = Path(tempfile.mkdtemp(prefix="edgefl-other-"))
+    try:
+        provision(other, ProvisionSpec(federation=TLS_FEDERATION, devices=("agent0",)))
+        kit = other / "devices" / "agent0"
+        _connect_refused(
+            b,
+            TlsOptions(
+                ca_certs=ca, certfile=str(kit / "device.crt"), keyfile=str(kit / "device.key")
+            ),
+        )
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
+def test_a_revoked_device_is_refused_after_the_broker_restarts(
+    mosquitto_tls: ProvisionedMosquitto, tmp_path: Path
+) -> None:
+    b = mosquitto_tls
+    kept = shutil.copytree(b.kit("agent2"), tmp_path / "agent2")  # what the device still holds
+    with client(b, kept, "a2") as a2:
+        a2.connect()  # Prepare: it works before
+    # Execute
+    revoke_devices(b.root, ["agent2"])
+    b.stop()
+    b.start()
+    # Assert: agent2 is refused, agent0 still connects
+    creds = load_credentials(kit=kept, env={})
+    t = MqttTransport(client_id="a2", port=b.port, connect_timeout=3, **creds.transport_options())
+    try:
+        with pytest.raises(ConnectError):
+            t.connect()
+    finally:
+        t.close()
+    with client(b, b.kit("agent0"), "a0") as a0:
+        a0.connect()
+        assert a0.connected
