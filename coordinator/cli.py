@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocol.logs import setup_logging
 
@@ -19,7 +19,6 @@ if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.config import RunConfig
     from coordinator.engine import RunResult
     from coordinator.lifecycle import RunInfo
-    from protocol.credentials import Credentials
 
 __all__ = ["build_parser", "main"]
 
@@ -57,52 +56,55 @@ def _state_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _credential_options(p: argparse.ArgumentParser) -> None:
-    from protocol.credentials import add_arguments
-
-    add_arguments(p)
-
-
-def _provision_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    prov = sub.add_parser(
-        "provision", help="CA, certificates, Mosquitto mTLS config with ACL, device kits"
-    )
-    steps = prov.add_subparsers(dest="step", required=True)
-    init = steps.add_parser("init", help="a new fleet: CA, broker, coordinator, devices")
-    init.add_argument("--out", type=Path, required=True, help="directory to create (keep it)")
-    init.add_argument("--federation", default="default", help="federation name")
-    init.add_argument("--devices", default="", help="comma-separated device ids")
-    init.add_argument("--count", type=int, default=0, help="N devices named PREFIX001..")
-    init.add_argument("--prefix", default="device-", help="prefix of counted device ids")
-    init.add_argument(
-        "--hostname",
-        dest="hostnames",
-        action="append",
+def _split_options(p: argparse.ArgumentParser, global_test_default: int) -> None:
+    """How the simulated agents split the data (issue 20 §1: a reproduction's knobs)."""
+    p.add_argument(
+        "--partition-file",
+        type=Path,
         default=None,
-        help="broker name or IP in its certificate (repeatable; default localhost, 127.0.0.1)",
+        help="the agents' split from a file: train_idx_K / test_idx_K (and optional "
+        "global_test_idx) index arrays over --data; replaces --partition and the split knobs",
     )
-    init.add_argument("--broker-host", default="", help="host the kits connect to (first name)")
-    init.add_argument("--port", type=int, default=8883, help="TLS listener port")
-    init.add_argument("--listen", default="", help="broker bind address (default: all)")
-    init.add_argument(
-        "--broker-dir", default="", help="where OUT/broker will be on the broker host"
+    p.add_argument(
+        "--partition-seed", type=int, default=None, help="seed of the split (default: --seed)"
     )
-    init.add_argument(
-        "--broker-user", default="", help="give the server key to this user (mosquitto)"
+    p.add_argument(
+        "--test-fraction", type=float, default=0.2, help="each client's local test share"
     )
-    init.add_argument("--days", type=int, default=825, help="validity of leaf certificates")
-    init.add_argument("--archive", action="store_true", help="also write devices/ID.tar.gz")
-    add = steps.add_parser("add", help="provision more devices in an existing fleet")
-    add.add_argument("--out", type=Path, required=True, help="the fleet directory")
-    add.add_argument("ids", nargs="*", help="device ids")
-    add.add_argument("--count", type=int, default=0, help="N devices named PREFIX001..")
-    add.add_argument("--prefix", default="device-", help="prefix of counted device ids")
-    add.add_argument("--archive", action="store_true", help="also write devices/ID.tar.gz")
-    rev = steps.add_parser("revoke", help="revoke devices (CRL; restart the broker after)")
-    rev.add_argument("--out", type=Path, required=True, help="the fleet directory")
-    rev.add_argument("ids", nargs="+", help="device ids")
-    for p in (init, add, rev):
-        _log_options(p)
+    p.add_argument("--min-size", type=int, default=10, help="fewest samples a client may get")
+    p.add_argument(
+        "--global-test-size",
+        type=int,
+        default=global_test_default,
+        help="held-out global test set (0 = none)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="agents evaluate every N-th training round (and always at the end)",
+    )
+
+
+def _partition_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``coordinator partition``: our seeded split written as a partition file."""
+    part = sub.add_parser(
+        "partition", help="write a seeded split as a partition file (train_idx_K / test_idx_K)"
+    )
+    part.add_argument("--data", default="digits", help="dataset the indices refer to")
+    part.add_argument("--data-root", default=None, help="root directory of torchvision datasets")
+    part.add_argument("--clients", type=int, required=True, help="number of clients")
+    part.add_argument(
+        "--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K"
+    )
+    part.add_argument("--alpha", type=float, default=None, help="shorthand for dirichlet:ALPHA")
+    part.add_argument("--seed", type=int, default=0, help="seed of the split")
+    part.add_argument("--test-fraction", type=float, default=0.2, help="local test share")
+    part.add_argument("--min-size", type=int, default=10, help="fewest samples per client")
+    part.add_argument("--global-test-size", type=int, default=0, help="held-out global test set")
+    part.add_argument("--out", type=Path, required=True, help="the .npz to write")
+    _log_options(part)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,8 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
         "broker: prefer an external Mosquitto with TLS for other machines)",
     )
     serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
-    _credential_options(serve)
-    _provision_parser(sub)
     demo = sub.add_parser("demo", help="the whole system on this machine with bundled data")
     _run_options(demo)
     demo.add_argument("--agents", type=int, default=4, help="number of edge-agent processes")
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--feature-dim", type=int, default=None, help="feature size (digits 64, mnist5k 980)"
     )
+    _split_options(demo, global_test_default=360)
     sim = sub.add_parser("simulate", help="many agents in one process (in-memory transport)")
     _run_options(sim)
     sim.add_argument("--agents", type=int, default=10, help="simulated devices")
@@ -151,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--image-size", type=int, default=None, help="resize images")
     sim.add_argument("--export", action="store_true", help="export ONNX bundles at the end")
+    _split_options(sim, global_test_default=360)
+    sim.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads of the process (0 = default)"
+    )
+    _partition_parser(sub)
     status = sub.add_parser("status", help="a run's state, round and agents (default: latest)")
     _state_options(status)
     runs = sub.add_parser("runs", help="the runs in a state directory with their outcome")
@@ -234,16 +240,12 @@ def _serve(args: argparse.Namespace) -> int:
     from coordinator.demo import describe_algorithm, summarize
     from coordinator.engine import RunResult
 
-    creds = _serve_credentials(args)
     cfg, info = _resolve(
         args,
-        **{
-            "broker": args.broker,
-            "min_agents": args.min_agents,
-            "embedded_port": args.port,
-            "embedded_host": args.listen,
-            **_kit_run_keys(args, creds),
-        },
+        broker=args.broker,
+        min_agents=args.min_agents,
+        embedded_port=args.port,
+        embedded_host=args.listen,
     )
     if info is not None and info.outcome == "finished":
         from coordinator.store import Store
@@ -257,7 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg, creds)
+        result = _serve_run(cfg)
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
@@ -287,61 +289,18 @@ def _resume_command(argv: list[str], run_dir: str) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def _serve_credentials(args: argparse.Namespace) -> Credentials:
-    """Broker credentials from --kit/--credentials/EDGEFL_* (never stored with the run)."""
-    from protocol.credentials import load_credentials
-    from protocol.errors import ConfigError
-
-    creds = load_credentials(kit=args.kit, credentials_file=args.credentials)
-    if creds.kit is not None and creds.kit.role != "coordinator":
-        raise ConfigError(
-            f"kit {creds.kit.path} is device {creds.kit.id!r}'s; `coordinator serve` needs the "
-            "coordinator's kit (OUT/coordinator of `coordinator provision`)"
-        )
-    logging.getLogger("edgefl").info("broker credentials: %s", creds.describe())
-    return creds
-
-
-def _kit_run_keys(args: argparse.Namespace, creds: Credentials) -> dict[str, object]:
-    """``broker`` and ``federation`` from the kit where the config and flags give none."""
-    from coordinator.config import read_layers
-    from protocol.errors import ConfigError
-
-    if creds.kit is None:
-        return {}
-    given = read_layers(args.config, args.overrides, broker=args.broker)["run"]
-    out: dict[str, object] = {}
-    if not given.get("broker"):
-        out["broker"] = creds.kit.broker
-    if "federation" not in given:
-        out["federation"] = creds.kit.federation
-    elif given["federation"] != creds.kit.federation:
-        raise ConfigError(
-            f"run.federation is {given['federation']!r} but the kit {creds.kit.path} is for "
-            f"federation {creds.kit.federation!r} (its ACL allows no other)"
-        )
-    return out
-
-
-def _serve_run(cfg: RunConfig, creds: Credentials) -> RunResult:
+def _serve_run(cfg: RunConfig) -> RunResult:
     from coordinator.runner import mqtt_transport, run_coordinator
-    from protocol.errors import ConfigError
     from protocol.mqtt import parse_broker
 
     if cfg.broker:
-        host, port = parse_broker(cfg.broker)
-        transport = mqtt_transport(cfg, host, port, **creds.transport_options())
+        transport = mqtt_transport(cfg, *parse_broker(cfg.broker))
         try:
             return run_coordinator(cfg, transport)
         finally:
             transport.close()  # a clean disconnect: the retained state stays "finished"
     from protocol.broker import EmbeddedBroker
 
-    if creds.tls or creds.password:
-        raise ConfigError(
-            f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
-            "has no TLS or passwords; give --broker or a kit (`coordinator provision`)"
-        )
     with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
         transport = mqtt_transport(cfg, "127.0.0.1", broker.port)
@@ -404,9 +363,17 @@ def _demo(args: argparse.Namespace) -> int:
     from coordinator.demo import DemoSpec, run_demo
 
     cfg = _demo_config(args)
+    if args.partition_file is not None:  # a count mismatch fails before agents start
+        from edge_agent.data import load_partition_file
+
+        load_partition_file(args.partition_file, num_clients=args.agents)
     feature_dim = args.feature_dim or DEMO_FEATURE_DIM.get(args.data, 64)
     spec = DemoSpec(
-        agents=args.agents, data=args.data, feature_dim=feature_dim, export=not args.no_export
+        agents=args.agents,
+        data=args.data,
+        feature_dim=feature_dim,
+        export=not args.no_export,
+        **_split_fields(args),
     )
     run_demo(cfg, spec)
     return 0
@@ -435,45 +402,62 @@ def _simulate(args: argparse.Namespace) -> int:
         feature_act=None if args.feature_act == "none" else args.feature_act,
         image_size=args.image_size,
         export=args.export,
+        **_split_fields(args),
     )
     from coordinator.demo import summarize
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     result = simulate(cfg, fleet)
     print(summarize(result, Path(cfg.run_dir), cfg))
     return 0
 
 
-def _provision(args: argparse.Namespace) -> int:
-    """``provision init|add|revoke``: what was written, and what to do with it."""
-    from coordinator import provision as pv
+def _split_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The split knobs shared by ``FleetSpec`` and ``DemoSpec``."""
+    return {
+        "partition_file": None if args.partition_file is None else str(args.partition_file),
+        "partition_seed": args.partition_seed,
+        "test_fraction": args.test_fraction,
+        "min_size": args.min_size,
+        "global_test_size": args.global_test_size,
+        "eval_every": args.eval_every,
+    }
 
-    if args.step == "revoke":
-        broker_dir = pv.revoke_devices(args.out, args.ids)
-        print(
-            f"revoked {', '.join(args.ids)}: {broker_dir}/crl.pem and mosquitto.conf rewritten, "
-            "kits and public keys deleted.\nCopy the broker directory to the broker host and "
-            "restart mosquitto (`systemctl restart mosquitto`): it reads the CRL at start."
-        )
-        return 0
-    named = args.ids if args.step == "add" else [d for d in args.devices.split(",") if d]
-    ids = pv.device_ids(named, args.count, args.prefix)
-    if args.step == "init":
-        spec = pv.ProvisionSpec(
-            federation=args.federation,
-            devices=tuple(ids),
-            hostnames=tuple(args.hostnames or ("localhost", "127.0.0.1")),
-            broker_host=args.broker_host,
-            port=args.port,
-            listen=args.listen,
-            broker_dir=args.broker_dir,
-            broker_user=args.broker_user,
-            days=args.days,
-        )
-        pv.provision(args.out, spec, archive=args.archive)
-        print(pv.summary(args.out))
-        return 0
-    kits = pv.add_devices(args.out, ids, archive=args.archive)
-    print("\n".join(f"kit: {k}" for k in kits))
+
+def _partition(args: argparse.Namespace) -> int:
+    """Write our seeded split in the partition-file format (to hand it to another toolkit)."""
+    from edge_agent.data import (
+        load_dataset,
+        load_partition_file,
+        make_federated_split,
+        make_partition_spec,
+        save_partition_file,
+        split_from_file,
+    )
+
+    text = args.partition if args.alpha is None else f"dirichlet:{args.alpha}"
+    spec = make_partition_spec(
+        text,
+        num_clients=args.clients,
+        seed=args.seed,
+        min_size=args.min_size,
+        test_fraction=args.test_fraction,
+        global_test_size=args.global_test_size,
+    )
+    dataset = load_dataset(args.data, root=args.data_root)
+    split = make_federated_split(dataset, spec)
+    path = save_partition_file(args.out, split)
+    back = split_from_file(dataset, load_partition_file(path, num_clients=args.clients))
+    sizes = [len(t) for t in split.client_train_indices]
+    print(
+        f"wrote {path}: {args.data} ({len(dataset)} samples), {text}, {args.clients} clients, "
+        f"seed {args.seed}; train {min(sizes)}..{max(sizes)} per client, "
+        f"global test {len(split.global_test_indices)}; split digest {back.digest()[:16]}"
+    )
     return 0
 
 
@@ -589,9 +573,9 @@ def _config_cmd(args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     "serve": _serve,
-    "provision": _provision,
     "demo": _demo,
     "simulate": _simulate,
+    "partition": _partition,
     "report": _report,
     "status": _status,
     "runs": _runs,

@@ -41,6 +41,13 @@ class DemoSpec:
     partition: str = "dirichlet:0.5"
     feature_dim: int = 64
     export: bool = True
+    # the split knobs of `coordinator simulate` (issue 20 §1), passed on to every agent
+    partition_file: str | None = None
+    partition_seed: int | None = None
+    test_fraction: float = 0.2
+    min_size: int = 10
+    global_test_size: int = 360
+    eval_every: int = 1
 
 
 class AgentProcessError(EdgeFLError):
@@ -114,10 +121,30 @@ def _agent_cmd(cfg: RunConfig, spec: DemoSpec, port: int, i: int, run_dir: Path)
         "--log-level",
         "WARNING",
     ]
+    cmd += _split_flags(spec)
     if spec.export:
         cmd += ["--export-dir", str(run_dir / "export" / f"agent{i}")]
     else:
         cmd += ["--no-export"]
+    return cmd
+
+
+def _split_flags(spec: DemoSpec) -> list[str]:
+    """The agents' split: a partition file, or the knobs of the seeded split."""
+    cmd = [
+        "--test-fraction",
+        str(spec.test_fraction),
+        "--min-size",
+        str(spec.min_size),
+        "--global-test-size",
+        str(spec.global_test_size),
+        "--eval-every",
+        str(spec.eval_every),
+    ]
+    if spec.partition_seed is not None:
+        cmd += ["--partition-seed", str(spec.partition_seed)]
+    if spec.partition_file is not None:
+        cmd += ["--partition-file", spec.partition_file]
     return cmd
 
 

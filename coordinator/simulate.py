@@ -36,6 +36,12 @@ class FleetSpec:
     feature_act: str | None = None  # "relu" after the projection
     image_size: int | None = None
     global_test_size: int = 360
+    test_fraction: float = 0.2  # share of each client's samples kept as its local test set
+    min_size: int = 10  # fewest samples (train + test) a Dirichlet partition gives a client
+    partition_seed: int | None = None  # seed of the split (None: the run's seed)
+    # a split file (train_idx_K / test_idx_K [/ global_test_idx]); replaces the four above
+    partition_file: str | None = None
+    eval_every: int = 1  # agents evaluate every N-th training round (and the final step)
     export: bool = False
     device: str = "cpu"  # where every simulated agent trains: cpu, cuda[:N] or auto
     data_root: str | None = None  # torchvision-style datasets read from local files
@@ -58,7 +64,9 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
     spec = PartitionSpec(
         **parse_partition(fleet.partition),
         num_clients=fleet.num_agents,
-        seed=cfg.seed,
+        seed=cfg.seed if fleet.partition_seed is None else fleet.partition_seed,
+        min_size=fleet.min_size,
+        test_fraction=fleet.test_fraction,
         global_test_size=fleet.global_test_size,
     )
     run_dir = Path(cfg.run_dir)
@@ -71,6 +79,7 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         data=fleet.data,
         image_size=fleet.image_size,
         partition=spec,
+        partition_file=None if fleet.partition_file is None else Path(fleet.partition_file),
         client_index=index,
         federation=cfg.federation,
         state_dir=run_dir / "agents" / device_id,
@@ -78,6 +87,7 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         device=fleet.device,
         data_root=fleet.data_root,
         seed=cfg.seed,
+        eval_every=fleet.eval_every,
         classes=cfg.classes,  # what a real agent adopts from the coordinator's state
     )
 
@@ -96,6 +106,10 @@ def simulate(
     """
     from edge_agent.factory import build_agent
 
+    if fleet.partition_file is not None:  # a count mismatch fails before any agent starts
+        from edge_agent.data import load_partition_file
+
+        load_partition_file(fleet.partition_file, num_clients=fleet.num_agents)
     broker = MemoryBroker()
 
     def make(client_id: str, will: Will) -> Transport:

@@ -67,6 +67,9 @@ class AgentSettings:
     class_names: tuple[str, ...] = ()
     progress_interval_s: float = 1.0
     extra_register: dict[str, Any] = field(default_factory=dict)
+    # evaluate after every N-th training round (other phases always): evaluating a large
+    # global test set every round can cost more than the round's training (issue 20 §1)
+    eval_every: int = 1
 
 
 class EdgeAgent:
@@ -294,7 +297,7 @@ class EdgeAgent:
         self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)
         try:
             result = self.algorithm.handle(task)
-            metrics = {**result.metrics, **self._evaluate()}
+            metrics = {**result.metrics, **(self._evaluate() if self._evaluates(task) else {})}
             if task.phase == "final":
                 metrics.update(self._export_safely(task))
         except EdgeFLError as exc:
@@ -335,6 +338,10 @@ class EdgeAgent:
         self.endpoint.send(topic, body, round=task.round)
 
     # ----- evaluation, checkpoint, export ---------------------------------------------------
+    def _evaluates(self, task: Task) -> bool:
+        every = max(1, self.settings.eval_every)
+        return task.phase != "train" or task.round % every == 0
+
     def _evaluate(self) -> dict[str, float]:
         out: dict[str, float] = {}
         local = evaluate(self.ctx.model, self.ctx.test, self.algorithm.scores)

@@ -30,16 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one edge device of an edgefl federation: register with the coordinator, "
         "train its own model on its private data, exchange compact knowledge over MQTT.",
     )
-    p.add_argument(
-        "--broker", default=None, help="MQTT broker HOST[:PORT] (default port 1883; or the kit's)"
-    )
-    p.add_argument(
-        "--id", dest="device_id", default=None, help="device id (default: the kit's, else hostname)"
-    )
-    p.add_argument(
-        "--federation", default=None, help="federation name (topic namespace; default: the kit's)"
-    )
-    _credential_options(p)
+    p.add_argument("--broker", required=True, help="MQTT broker HOST[:PORT] (default port 1883)")
+    p.add_argument("--id", dest="device_id", default=None, help="device id (default: hostname)")
+    p.add_argument("--federation", default="default", help="federation name (topic namespace)")
+    p.add_argument("--username", default=None, help="MQTT username")
+    p.add_argument("--password", default=None, help="MQTT password")
     p.add_argument(
         "--algorithm",
         default=None,
@@ -86,13 +81,44 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="simulate a shard: iid | dirichlet:ALPHA | pathological:K (needs --clients)",
     )
-    p.add_argument("--clients", type=int, default=1, help="number of shards in the simulation")
-    p.add_argument("--client-index", type=int, default=0, help="which shard is this device's")
+    p.add_argument(
+        "--partition-file",
+        type=Path,
+        default=None,
+        help="this device's shard from a split file: arrays train_idx_K / test_idx_K (and "
+        "optional global_test_idx) over --data; K is --client",
+    )
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=None,
+        help="number of shards in the simulation (with --partition-file: must match the file)",
+    )
+    p.add_argument(
+        "--client",
+        "--client-index",
+        dest="client_index",
+        type=int,
+        default=0,
+        help="which shard is this device's",
+    )
     p.add_argument(
         "--global-test-size",
         type=int,
         default=360,
         help="held-out global test set size when simulating shards",
+    )
+    p.add_argument("--test-fraction", type=float, default=0.2, help="local test share of a shard")
+    p.add_argument("--min-size", type=int, default=10, help="fewest samples a shard may get")
+    p.add_argument(
+        "--partition-seed", type=int, default=None, help="seed of the shards (default: --seed)"
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="evaluate every N-th training round (and always at the end)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of partition, init and batching")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
@@ -122,15 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=("text", "json"), default="text", help="json: one object a line"
     )
     return p
-
-
-def _credential_options(p: argparse.ArgumentParser) -> None:
-    from protocol.credentials import ENV, add_arguments
-
-    add_arguments(p)
-    p.add_argument("--username", default=None, help=f"MQTT username (or ${ENV['username']})")
-    # a password on the command line is visible to every user in `ps`: refused, with the way out
-    p.add_argument("--password", default=None, help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +182,6 @@ def _run(args: argparse.Namespace) -> int:
     from protocol.mqtt import parse_broker
     from protocol.topics import validate_id
 
-    args.creds = _credentials(args)
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
     parse_broker(args.broker)  # a bad address fails before the data is loaded
     import torch
@@ -183,43 +199,6 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _credentials(args: argparse.Namespace) -> Any:
-    """Credentials from --kit/--credentials/EDGEFL_*; the kit also gives id, federation, broker.
-
-    Fills ``args.device_id``, ``args.federation`` and ``args.broker`` where they were not given.
-    """
-    from protocol.credentials import ENV, load_credentials
-    from protocol.errors import ConfigError
-
-    if args.password is not None:
-        raise ConfigError(
-            "--password: a password on the command line is visible to every user in `ps`; "
-            f"set ${ENV['password']} or put it in a --credentials file ([mqtt] password)"
-        )
-    creds = load_credentials(kit=args.kit, credentials_file=args.credentials)
-    kit = creds.kit
-    if kit is not None:
-        if kit.role != "device":
-            raise ConfigError(f"kit {kit.path} is the coordinator's; edge-agent needs a device kit")
-        for flag, name, value in (
-            ("--id", "device_id", kit.id),
-            ("--federation", "federation", kit.federation),
-        ):
-            given = getattr(args, name)
-            if given is not None and given != value:
-                raise ConfigError(
-                    f"{flag} {given}: the kit {kit.path} is for {value!r} (its certificate and "
-                    "the broker's ACL allow no other)"
-                )
-            setattr(args, name, value)
-        args.broker = args.broker or kit.broker
-    if args.broker is None:
-        raise ConfigError("--broker: expected HOST[:PORT] (or a --kit that names the broker)")
-    args.federation = args.federation or "default"
-    logging.getLogger("edgefl.agent").info("broker credentials: %s", creds.describe())
-    return creds
-
-
 def _transport(args: argparse.Namespace, device_id: str) -> Any:
     from protocol.codec import Envelope, encode
     from protocol.messages import Status
@@ -229,15 +208,13 @@ def _transport(args: argparse.Namespace, device_id: str) -> Any:
 
     host, port = parse_broker(args.broker)
     status = Envelope(body=Status(state="offline"), sender=device_id, federation=args.federation)
-    options = args.creds.transport_options()
-    if args.username:  # a user name is no secret: the command line may give it
-        options["username"] = args.username
     return MqttTransport(
         host=host,
         port=port,
         client_id=f"edgefl-{args.federation}-{device_id}",
         will=Will(Topics(args.federation).status(device_id), encode(status)),
-        **options,
+        username=args.username,
+        password=args.password,
     )
 
 
@@ -325,13 +302,25 @@ def _options(
 ) -> AgentOptions:
     from edge_agent.data import PartitionSpec, parse_partition
     from edge_agent.factory import AgentOptions
+    from protocol.errors import ConfigError
 
     partition = None
-    if args.partition:
+    if args.partition_file is not None:
+        from edge_agent.data import load_partition_file
+
+        pf = load_partition_file(args.partition_file, num_clients=args.clients)
+        if not 0 <= args.client_index < pf.num_clients:
+            raise ConfigError(
+                f"--client {args.client_index}: the partition file {args.partition_file} "
+                f"holds clients 0..{pf.num_clients - 1}"
+            )
+    elif args.partition:
         partition = PartitionSpec(
             **parse_partition(args.partition),
-            num_clients=args.clients,
-            seed=args.seed,
+            num_clients=1 if args.clients is None else args.clients,
+            seed=args.seed if args.partition_seed is None else args.partition_seed,
+            min_size=args.min_size,
+            test_fraction=args.test_fraction,
             global_test_size=args.global_test_size,
         )
     state_dir = args.state_dir or Path(f"edgefl-agent-{device_id}")
@@ -346,12 +335,14 @@ def _options(
         data_root=args.data_root,
         image_size=args.image_size,
         partition=partition,
+        partition_file=args.partition_file,
         client_index=args.client_index,
         federation=args.federation,
         state_dir=state_dir,
         export_dir=export_dir,
         device=args.device,
         seed=args.seed,
+        eval_every=args.eval_every,
         exit_when_finished=not args.stay,
         classes=classes,
     )

@@ -15,7 +15,14 @@ import torch
 
 from edge_agent.agent import AgentSettings, EdgeAgent
 from edge_agent.algorithms import EdgeContext, create_edge_algorithm
-from edge_agent.data import ArrayDataset, PartitionSpec, load_dataset, make_federated_split
+from edge_agent.data import (
+    ArrayDataset,
+    PartitionSpec,
+    load_dataset,
+    load_partition_file,
+    make_federated_split,
+    split_from_file,
+)
 from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import create_model
@@ -40,12 +47,15 @@ class AgentOptions:
     data_root: str | None = None
     image_size: int | None = None
     partition: PartitionSpec | None = None  # None: the whole dataset is this device's own
+    # a split file (edge_agent.data.partition_file): client_index's arrays; wins over partition
+    partition_file: Path | None = None
     client_index: int = 0
     federation: str = "default"
     state_dir: Path = Path("agent-state")
     export_dir: Path | None = None
     device: str = "auto"
     seed: int = 0
+    eval_every: int = 1  # evaluate every N-th training round (and every other phase)
     exit_when_finished: bool = True
     # the federation's classes, by name and in order: local labels are mapped onto them by name
     # (empty: the dataset's own numbering, which must then agree across the fleet)
@@ -71,6 +81,10 @@ def _tensors(ds: ArrayDataset, device: torch.device) -> TensorData:
 
 def _shards(opts: AgentOptions) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset | None]:
     dataset = load_dataset(opts.data, root=opts.data_root, image_size=opts.image_size)
+    if opts.partition_file is not None:
+        split = split_from_file(dataset, load_partition_file(opts.partition_file))
+        train, test = split.client(opts.client_index)
+        return train, test, split.global_test if len(split.global_test_indices) else None
     if opts.partition is None:
         rng = np.random.default_rng(opts.seed)
         order = rng.permutation(len(dataset.y))
@@ -115,11 +129,14 @@ def describe_data(
     per_class = ", ".join(
         f"{name} {n}" for name, n in zip(train.class_names, counts.tolist(), strict=True) if n
     )
-    split = (
-        "80/20 train/test split of the whole dataset"
-        if opts.partition is None
-        else f"{_scheme(opts.partition)} shard {opts.client_index} of {opts.partition.num_clients}"
-    )
+    if opts.partition_file is not None:
+        split = f"client {opts.client_index} of partition file {opts.partition_file}"
+    elif opts.partition is None:
+        split = "80/20 train/test split of the whole dataset"
+    else:
+        split = (
+            f"{_scheme(opts.partition)} shard {opts.client_index} of {opts.partition.num_clients}"
+        )
     shape = "x".join(str(int(d)) for d in train.x.shape[1:])
     held_out = "" if global_test is None else f", global test {len(global_test.y)}"
     return (
@@ -179,6 +196,7 @@ def build_agent(
         state_dir=opts.state_dir,
         federation=opts.federation,
         exit_when_finished=opts.exit_when_finished,
+        eval_every=opts.eval_every,
         export_dir=opts.export_dir,
         class_names=train.class_names,
     )

@@ -18,6 +18,12 @@ from edge_agent.data.loaders import (
     save_npz,
 )
 from edge_agent.data.partition import MAX_DIRICHLET_DRAWS, SCHEMES, Scheme, partition
+from edge_agent.data.partition_file import (
+    PartitionFile,
+    load_partition_file,
+    save_partition_file,
+    split_from_file,
+)
 from edge_agent.data.spec import (
     PartitionFields,
     PartitionSpec,
@@ -33,16 +39,20 @@ __all__ = [
     "ArrayDataset",
     "FederatedSplit",
     "PartitionFields",
+    "PartitionFile",
     "PartitionSpec",
     "Scheme",
     "list_datasets",
     "load_dataset",
     "load_images",
     "load_npz",
+    "load_partition_file",
     "make_federated_split",
     "make_partition_spec",
     "parse_partition",
     "partition",
     "resize_images",
     "save_npz",
+    "save_partition_file",
+    "split_from_file",
 ]

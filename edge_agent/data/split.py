@@ -32,14 +32,14 @@ class FederatedSplit:
 
     Attributes:
         dataset: The whole dataset the indices refer to.
-        spec: The partition that produced the split.
+        spec: The partition that produced the split (None: read from a partition file).
         global_test_indices: Sorted indices of the global test set.
         client_train_indices: Per client, sorted indices of its training samples.
         client_test_indices: Per client, sorted indices of its local test samples.
     """
 
     dataset: ArrayDataset
-    spec: PartitionSpec
+    spec: PartitionSpec | None
     global_test_indices: IndexArray
     client_train_indices: tuple[IndexArray, ...]
     client_test_indices: tuple[IndexArray, ...]
@@ -70,7 +70,8 @@ class FederatedSplit:
     def digest(self) -> str:
         """SHA-256 over the dataset's name and labels, the spec and every index set."""
         h = hashlib.sha256()
-        h.update(json.dumps([self.dataset.name, self.spec.to_dict()], sort_keys=True).encode())
+        spec = None if self.spec is None else self.spec.to_dict()
+        h.update(json.dumps([self.dataset.name, spec], sort_keys=True).encode())
         for arr in (
             self.dataset.y,
             self.global_test_indices,
@@ -107,7 +108,7 @@ class FederatedSplit:
             "num_classes": self.dataset.num_classes,
             "class_names": list(self.dataset.class_names),
             "input_shape": list(self.dataset.input_shape),
-            "spec": self.spec.to_dict(),
+            "spec": None if self.spec is None else self.spec.to_dict(),
             "digest": self.digest(),
             "global_test": {
                 "size": len(self.global_test_indices),

@@ -86,3 +86,88 @@ def test_fedvtc_every_round_exchanges_the_generator(tmp_path: Path) -> None:
     ]
     assert extra_down[0] < 0.1 * uploads  # nothing averaged before round 1
     assert extra_down[1] >= 0.9 * uploads  # round 2's tasks carry the averaged generator
+
+
+# ----- issue 20 §1: a user's own split and the reproduction knobs ----------------------------
+def _file_split(tmp_path: Path, clients: int = 3) -> Path:
+    from edge_agent.data import (
+        PartitionSpec,
+        load_dataset,
+        make_federated_split,
+        save_partition_file,
+    )
+
+    spec = PartitionSpec(
+        scheme="dirichlet", alpha=0.5, num_clients=clients, seed=7, global_test_size=100
+    )
+    return save_partition_file(
+        tmp_path / "split.npz", make_federated_split(load_dataset("digits"), spec)
+    )
+
+
+def _cfg(tmp_path: Path, rounds: int = 2):
+    return load_config(
+        None,
+        ["hyper.local_epochs=1"],
+        algorithm="fedproto",
+        rounds=rounds,
+        run_dir=str(tmp_path / "run"),
+        min_agents=3,
+        deadline_s=120.0,
+        run_id="test-file",
+    )
+
+
+def test_agents_train_on_the_partition_file(tmp_path: Path) -> None:
+    from coordinator.simulate import agent_options
+    from edge_agent.data import load_partition_file
+    from edge_agent.factory import build_agent
+    from protocol.transport import MemoryBroker, MemoryTransport
+
+    path = _file_split(tmp_path)
+    fleet = FleetSpec(num_agents=3, models=MODELS, data="digits", partition_file=str(path))
+    pf = load_partition_file(path)
+    for i in range(3):
+        opts = agent_options(_cfg(tmp_path), fleet, i)
+        agent = build_agent(opts, MemoryTransport(MemoryBroker(), opts.device_id))
+        assert len(agent.ctx.train) == len(pf.train[i])
+        assert len(agent.ctx.test) == len(pf.test[i])
+        assert agent.ctx.global_test is not None and len(agent.ctx.global_test) == 100
+    result = simulate(_cfg(tmp_path), fleet)
+    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
+
+
+def test_partition_file_client_count_must_match_the_fleet(tmp_path: Path) -> None:
+    from protocol.errors import ConfigError
+
+    path = _file_split(tmp_path, clients=4)
+    fleet = FleetSpec(num_agents=3, models=MODELS, data="digits", partition_file=str(path))
+    with pytest.raises(ConfigError, match=r"holds 4 clients .* fleet has 3"):
+        simulate(_cfg(tmp_path), fleet)
+
+
+def test_split_knobs_reach_the_agents(tmp_path: Path) -> None:
+    from coordinator.simulate import agent_options
+
+    fleet = FleetSpec(
+        num_agents=3,
+        models=MODELS,
+        test_fraction=0.3,
+        min_size=25,
+        partition_seed=5,
+        global_test_size=50,
+        eval_every=4,
+    )
+    opts = agent_options(_cfg(tmp_path), fleet, 1)
+    assert opts.partition is not None
+    assert (opts.partition.test_fraction, opts.partition.min_size) == (0.3, 25)
+    assert (opts.partition.seed, opts.partition.global_test_size) == (5, 50)
+    assert opts.eval_every == 4
+
+
+def test_eval_every_skips_the_rounds_between(tmp_path: Path) -> None:
+    fleet = FleetSpec(num_agents=3, models=MODELS, global_test_size=100, eval_every=2)
+    result = simulate(_cfg(tmp_path, rounds=3), fleet)
+    evaluated = [m["mean_acc_local"] is not None for m in result.metrics]
+    assert [m["phase"] for m in result.metrics] == ["train"] * 3 + ["final"]
+    assert evaluated == [False, True, False, True]  # rounds 2 and the final step
