@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.config import RunConfig
     from coordinator.engine import RunResult
     from coordinator.lifecycle import RunInfo
+    from protocol.credentials import Credentials
 
 __all__ = ["build_parser", "main"]
 
@@ -107,6 +108,54 @@ def _partition_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _log_options(part)
 
 
+def _credential_options(p: argparse.ArgumentParser) -> None:
+    from protocol.credentials import add_arguments
+
+    add_arguments(p)
+
+
+def _provision_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    prov = sub.add_parser(
+        "provision", help="CA, certificates, Mosquitto mTLS config with ACL, device kits"
+    )
+    steps = prov.add_subparsers(dest="step", required=True)
+    init = steps.add_parser("init", help="a new fleet: CA, broker, coordinator, devices")
+    init.add_argument("--out", type=Path, required=True, help="directory to create (keep it)")
+    init.add_argument("--federation", default="default", help="federation name")
+    init.add_argument("--devices", default="", help="comma-separated device ids")
+    init.add_argument("--count", type=int, default=0, help="N devices named PREFIX001..")
+    init.add_argument("--prefix", default="device-", help="prefix of counted device ids")
+    init.add_argument(
+        "--hostname",
+        dest="hostnames",
+        action="append",
+        default=None,
+        help="broker name or IP in its certificate (repeatable; default localhost, 127.0.0.1)",
+    )
+    init.add_argument("--broker-host", default="", help="host the kits connect to (first name)")
+    init.add_argument("--port", type=int, default=8883, help="TLS listener port")
+    init.add_argument("--listen", default="", help="broker bind address (default: all)")
+    init.add_argument(
+        "--broker-dir", default="", help="where OUT/broker will be on the broker host"
+    )
+    init.add_argument(
+        "--broker-user", default="", help="give the server key to this user (mosquitto)"
+    )
+    init.add_argument("--days", type=int, default=825, help="validity of leaf certificates")
+    init.add_argument("--archive", action="store_true", help="also write devices/ID.tar.gz")
+    add = steps.add_parser("add", help="provision more devices in an existing fleet")
+    add.add_argument("--out", type=Path, required=True, help="the fleet directory")
+    add.add_argument("ids", nargs="*", help="device ids")
+    add.add_argument("--count", type=int, default=0, help="N devices named PREFIX001..")
+    add.add_argument("--prefix", default="device-", help="prefix of counted device ids")
+    add.add_argument("--archive", action="store_true", help="also write devices/ID.tar.gz")
+    rev = steps.add_parser("revoke", help="revoke devices (CRL; restart the broker after)")
+    rev.add_argument("--out", type=Path, required=True, help="the fleet directory")
+    rev.add_argument("ids", nargs="+", help="device ids")
+    for p in (init, add, rev):
+        _log_options(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``coordinator`` argument parser."""
     p = argparse.ArgumentParser(
@@ -124,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         "broker: prefer an external Mosquitto with TLS for other machines)",
     )
     serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
+    _credential_options(serve)
+    _provision_parser(sub)
     demo = sub.add_parser("demo", help="the whole system on this machine with bundled data")
     _run_options(demo)
     demo.add_argument("--agents", type=int, default=4, help="number of edge-agent processes")
@@ -240,12 +291,16 @@ def _serve(args: argparse.Namespace) -> int:
     from coordinator.demo import describe_algorithm, summarize
     from coordinator.engine import RunResult
 
+    creds = _serve_credentials(args)
     cfg, info = _resolve(
         args,
-        broker=args.broker,
-        min_agents=args.min_agents,
-        embedded_port=args.port,
-        embedded_host=args.listen,
+        **{
+            "broker": args.broker,
+            "min_agents": args.min_agents,
+            "embedded_port": args.port,
+            "embedded_host": args.listen,
+            **_kit_run_keys(args, creds),
+        },
     )
     if info is not None and info.outcome == "finished":
         from coordinator.store import Store
@@ -259,7 +314,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg)
+        result = _serve_run(cfg, creds)
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
@@ -289,18 +344,61 @@ def _resume_command(argv: list[str], run_dir: str) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def _serve_run(cfg: RunConfig) -> RunResult:
+def _serve_credentials(args: argparse.Namespace) -> Credentials:
+    """Broker credentials from --kit/--credentials/EDGEFL_* (never stored with the run)."""
+    from protocol.credentials import load_credentials
+    from protocol.errors import ConfigError
+
+    creds = load_credentials(kit=args.kit, credentials_file=args.credentials)
+    if creds.kit is not None and creds.kit.role != "coordinator":
+        raise ConfigError(
+            f"kit {creds.kit.path} is device {creds.kit.id!r}'s; `coordinator serve` needs the "
+            "coordinator's kit (OUT/coordinator of `coordinator provision`)"
+        )
+    logging.getLogger("edgefl").info("broker credentials: %s", creds.describe())
+    return creds
+
+
+def _kit_run_keys(args: argparse.Namespace, creds: Credentials) -> dict[str, object]:
+    """``broker`` and ``federation`` from the kit where the config and flags give none."""
+    from coordinator.config import read_layers
+    from protocol.errors import ConfigError
+
+    if creds.kit is None:
+        return {}
+    given = read_layers(args.config, args.overrides, broker=args.broker)["run"]
+    out: dict[str, object] = {}
+    if not given.get("broker"):
+        out["broker"] = creds.kit.broker
+    if "federation" not in given:
+        out["federation"] = creds.kit.federation
+    elif given["federation"] != creds.kit.federation:
+        raise ConfigError(
+            f"run.federation is {given['federation']!r} but the kit {creds.kit.path} is for "
+            f"federation {creds.kit.federation!r} (its ACL allows no other)"
+        )
+    return out
+
+
+def _serve_run(cfg: RunConfig, creds: Credentials) -> RunResult:
     from coordinator.runner import mqtt_transport, run_coordinator
+    from protocol.errors import ConfigError
     from protocol.mqtt import parse_broker
 
     if cfg.broker:
-        transport = mqtt_transport(cfg, *parse_broker(cfg.broker))
+        host, port = parse_broker(cfg.broker)
+        transport = mqtt_transport(cfg, host, port, **creds.transport_options())
         try:
             return run_coordinator(cfg, transport)
         finally:
             transport.close()  # a clean disconnect: the retained state stays "finished"
     from protocol.broker import EmbeddedBroker
 
+    if creds.tls or creds.password:
+        raise ConfigError(
+            f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
+            "has no TLS or passwords; give --broker or a kit (`coordinator provision`)"
+        )
     with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
         transport = mqtt_transport(cfg, "127.0.0.1", broker.port)
@@ -461,6 +559,40 @@ def _partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _provision(args: argparse.Namespace) -> int:
+    """``provision init|add|revoke``: what was written, and what to do with it."""
+    from coordinator import provision as pv
+
+    if args.step == "revoke":
+        broker_dir = pv.revoke_devices(args.out, args.ids)
+        print(
+            f"revoked {', '.join(args.ids)}: {broker_dir}/crl.pem and mosquitto.conf rewritten, "
+            "kits and public keys deleted.\nCopy the broker directory to the broker host and "
+            "restart mosquitto (`systemctl restart mosquitto`): it reads the CRL at start."
+        )
+        return 0
+    named = args.ids if args.step == "add" else [d for d in args.devices.split(",") if d]
+    ids = pv.device_ids(named, args.count, args.prefix)
+    if args.step == "init":
+        spec = pv.ProvisionSpec(
+            federation=args.federation,
+            devices=tuple(ids),
+            hostnames=tuple(args.hostnames or ("localhost", "127.0.0.1")),
+            broker_host=args.broker_host,
+            port=args.port,
+            listen=args.listen,
+            broker_dir=args.broker_dir,
+            broker_user=args.broker_user,
+            days=args.days,
+        )
+        pv.provision(args.out, spec, archive=args.archive)
+        print(pv.summary(args.out))
+        return 0
+    kits = pv.add_devices(args.out, ids, archive=args.archive)
+    print("\n".join(f"kit: {k}" for k in kits))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from coordinator.report import plot_report, render_report
 
@@ -573,6 +705,7 @@ def _config_cmd(args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     "serve": _serve,
+    "provision": _provision,
     "demo": _demo,
     "simulate": _simulate,
     "partition": _partition,

@@ -30,11 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one edge device of an edgefl federation: register with the coordinator, "
         "train its own model on its private data, exchange compact knowledge over MQTT.",
     )
-    p.add_argument("--broker", required=True, help="MQTT broker HOST[:PORT] (default port 1883)")
-    p.add_argument("--id", dest="device_id", default=None, help="device id (default: hostname)")
-    p.add_argument("--federation", default="default", help="federation name (topic namespace)")
-    p.add_argument("--username", default=None, help="MQTT username")
-    p.add_argument("--password", default=None, help="MQTT password")
+    p.add_argument(
+        "--broker", default=None, help="MQTT broker HOST[:PORT] (default port 1883; or the kit's)"
+    )
+    p.add_argument(
+        "--id", dest="device_id", default=None, help="device id (default: the kit's, else hostname)"
+    )
+    p.add_argument(
+        "--federation", default=None, help="federation name (topic namespace; default: the kit's)"
+    )
+    _credential_options(p)
     p.add_argument(
         "--algorithm",
         default=None,
@@ -150,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _credential_options(p: argparse.ArgumentParser) -> None:
+    from protocol.credentials import ENV, add_arguments
+
+    add_arguments(p)
+    p.add_argument("--username", default=None, help=f"MQTT username (or ${ENV['username']})")
+    # a password on the command line is visible to every user in `ps`: refused, with the way out
+    p.add_argument("--password", default=None, help=argparse.SUPPRESS)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``edge-agent``."""
     args = build_parser().parse_args(argv)
@@ -182,6 +196,7 @@ def _run(args: argparse.Namespace) -> int:
     from protocol.mqtt import parse_broker
     from protocol.topics import validate_id
 
+    args.creds = _credentials(args)
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
     parse_broker(args.broker)  # a bad address fails before the data is loaded
     import torch
@@ -199,6 +214,43 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
 
+def _credentials(args: argparse.Namespace) -> Any:
+    """Credentials from --kit/--credentials/EDGEFL_*; the kit also gives id, federation, broker.
+
+    Fills ``args.device_id``, ``args.federation`` and ``args.broker`` where they were not given.
+    """
+    from protocol.credentials import ENV, load_credentials
+    from protocol.errors import ConfigError
+
+    if args.password is not None:
+        raise ConfigError(
+            "--password: a password on the command line is visible to every user in `ps`; "
+            f"set ${ENV['password']} or put it in a --credentials file ([mqtt] password)"
+        )
+    creds = load_credentials(kit=args.kit, credentials_file=args.credentials)
+    kit = creds.kit
+    if kit is not None:
+        if kit.role != "device":
+            raise ConfigError(f"kit {kit.path} is the coordinator's; edge-agent needs a device kit")
+        for flag, name, value in (
+            ("--id", "device_id", kit.id),
+            ("--federation", "federation", kit.federation),
+        ):
+            given = getattr(args, name)
+            if given is not None and given != value:
+                raise ConfigError(
+                    f"{flag} {given}: the kit {kit.path} is for {value!r} (its certificate and "
+                    "the broker's ACL allow no other)"
+                )
+            setattr(args, name, value)
+        args.broker = args.broker or kit.broker
+    if args.broker is None:
+        raise ConfigError("--broker: expected HOST[:PORT] (or a --kit that names the broker)")
+    args.federation = args.federation or "default"
+    logging.getLogger("edgefl.agent").info("broker credentials: %s", creds.describe())
+    return creds
+
+
 def _transport(args: argparse.Namespace, device_id: str) -> Any:
     from protocol.codec import Envelope, encode
     from protocol.messages import Status
@@ -208,13 +260,15 @@ def _transport(args: argparse.Namespace, device_id: str) -> Any:
 
     host, port = parse_broker(args.broker)
     status = Envelope(body=Status(state="offline"), sender=device_id, federation=args.federation)
+    options = args.creds.transport_options()
+    if args.username:  # a user name is no secret: the command line may give it
+        options["username"] = args.username
     return MqttTransport(
         host=host,
         port=port,
         client_id=f"edgefl-{args.federation}-{device_id}",
         will=Will(Topics(args.federation).status(device_id), encode(status)),
-        username=args.username,
-        password=args.password,
+        **options,
     )
 
 
