@@ -571,25 +571,26 @@ def _provision(args: argparse.Namespace) -> int:
             "restart mosquitto (`systemctl restart mosquitto`): it reads the CRL at start."
         )
         return 0
-    named = args.ids if args.step == "add" else [d for d in args.devices.split(",") if d]
-    ids = pv.device_ids(named, args.count, args.prefix)
-    if args.step == "init":
-        spec = pv.ProvisionSpec(
-            federation=args.federation,
-            devices=tuple(ids),
-            hostnames=tuple(args.hostnames or ("localhost", "127.0.0.1")),
-            broker_host=args.broker_host,
-            port=args.port,
-            listen=args.listen,
-            broker_dir=args.broker_dir,
-            broker_user=args.broker_user,
-            days=args.days,
+    if args.step == "add":
+        kits = pv.add_devices(
+            args.out, args.ids, count=args.count, prefix=args.prefix, archive=args.archive
         )
-        pv.provision(args.out, spec, archive=args.archive)
-        print(pv.summary(args.out))
+        print("\n".join(f"kit: {k}" for k in kits))
         return 0
-    kits = pv.add_devices(args.out, ids, archive=args.archive)
-    print("\n".join(f"kit: {k}" for k in kits))
+    named = [d for d in args.devices.split(",") if d]
+    spec = pv.ProvisionSpec(
+        federation=args.federation,
+        devices=tuple(pv.device_ids(named, args.count, args.prefix)),
+        hostnames=tuple(args.hostnames or ("localhost", "127.0.0.1")),
+        broker_host=args.broker_host,
+        port=args.port,
+        listen=args.listen,
+        broker_dir=args.broker_dir,
+        broker_user=args.broker_user,
+        days=args.days,
+    )
+    pv.provision(args.out, spec, archive=args.archive)
+    print(pv.summary(args.out))
     return 0
 
 

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,9 +105,24 @@ def _checked_id(value: str, field: str) -> str:
         raise ConfigError(str(exc)) from exc
 
 
-def device_ids(names: Sequence[str] = (), count: int = 0, prefix: str = "device-") -> list[str]:
-    """Device ids from a list or a count with prefix (``device-001`` ...); validated, unique."""
-    ids = list(names) + [f"{prefix}{i:03d}" for i in range(1, count + 1)]
+def device_ids(
+    names: Sequence[str] = (),
+    count: int = 0,
+    prefix: str = "device-",
+    skip: Collection[str] = (),
+) -> list[str]:
+    """Device ids from a list and a count with prefix (``device-001`` ...); validated, unique.
+
+    Counted ids skip the ones in ``skip`` (devices already issued or revoked), so that
+    ``provision add --count 2`` continues a counted fleet instead of colliding with it.
+    """
+    ids = list(names)
+    number = 0
+    while len(ids) < len(names) + count:
+        number += 1
+        candidate = f"{prefix}{number:03d}"
+        if candidate not in skip and candidate not in ids:
+            ids.append(candidate)
     for d in ids:
         _checked_id(d, "device id")
         if d == COORDINATOR_ID:
@@ -462,14 +477,24 @@ def _kit(spec: ProvisionSpec, d: Path, role: Any, ident: str, stem: str) -> Kit:
     )
 
 
-def add_devices(out: str | Path, ids: Sequence[str], *, archive: bool = False) -> list[Path]:
+def add_devices(
+    out: str | Path,
+    ids: Sequence[str] = (),
+    *,
+    count: int = 0,
+    prefix: str = "device-",
+    archive: bool = False,
+) -> list[Path]:
     """Issue a certificate, signing key and kit for each new device; returns the kit paths.
+
+    ``count`` more devices are named ``{prefix}NNN`` with numbers no device used before.
 
     Raises:
         ConfigError: an id already holds a valid certificate (revoke it first).
     """
     fleet = _Fleet.open(Path(out))
-    ids = device_ids(ids)
+    used = {*fleet.spec.devices_issued, *fleet.spec.revoked.values()}
+    ids = device_ids(ids, count, prefix, skip=used)
     taken = sorted(set(ids) & set(fleet.spec.devices_issued))
     if taken:
         raise ConfigError(f"device(s) {taken} already provisioned; revoke them first")

@@ -222,7 +222,10 @@ class Credentials:
         """Where each value came from, for a log line (no value is shown)."""
         if not self.sources:
             return "no credentials (anonymous, plain TCP)"
-        return "; ".join(f"{k} from {src}" for k, src in sorted(self.sources.items()))
+        by_source: dict[str, list[str]] = {}
+        for name, src in self.sources.items():
+            by_source.setdefault(src, []).append(name)
+        return "; ".join(f"{', '.join(names)} from {src}" for src, names in by_source.items())
 
 
 def load_credentials(

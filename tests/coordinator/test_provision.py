@@ -210,6 +210,8 @@ def test_cli_init_add_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert read_kit(out / "devices" / "d-002").id == "d-002"
     assert main(["provision", "add", "--out", str(out), "extra", "--archive"]) == 0
     assert (out / "devices" / "extra.tar.gz").exists()
+    assert main(["provision", "add", "--out", str(out), "--count", "1", "--prefix", "d-"]) == 0
+    assert read_kit(out / "devices" / "d-003").id == "d-003"  # counting goes on after d-002
     assert main(["provision", "revoke", "--out", str(out), "d-001"]) == 0
     assert "restart mosquitto" in capsys.readouterr().out
     assert main(["provision", "revoke", "--out", str(out), "d-001"]) == 2
