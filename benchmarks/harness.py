@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import shutil
 import statistics
@@ -44,6 +45,7 @@ __all__ = [
     "by_seed",
     "ci95",
     "ci_cell",
+    "client_test_sizes",
     "code_label",
     "final_step",
     "group_by",
@@ -195,8 +197,39 @@ def simulate_run(run: SimRun, threads: int) -> tuple[list[Record], float]:
     return result.metrics, wall
 
 
+class _ErrorLog(logging.Handler):
+    """Collects the distinct messages logged at ERROR or above (agents log why they stopped:
+    an admission refused, a task that failed), the first ``limit`` of them."""
+
+    def __init__(self, limit: int = 10) -> None:
+        super().__init__(logging.ERROR)
+        self.limit = limit
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = f"{record.name}: {record.getMessage()}"
+        if len(self.messages) < self.limit and text not in self.messages:
+            self.messages.append(text)
+
+
+def client_test_sizes(run: SimRun) -> list[int]:
+    """Each client's own test-split size, from the partition spec :func:`simulate` hands its
+    agents (the weights of a sample-weighted personalised accuracy)."""
+    from coordinator.config import load_config
+    from coordinator.simulate import agent_options
+    from edge_agent.data import load_dataset, make_federated_split
+
+    cfg = load_config(None, [], **run.config_values(Path(tempfile.gettempdir())))
+    spec = agent_options(cfg, run.fleet(), 0).partition  # one spec for every client
+    split = make_federated_split(load_dataset(run.data), spec)
+    return [len(split.client(k)[1]) for k in range(run.clients)]
+
+
 def guarded(execute: Callable[[Record], Record], spec: Record) -> Record:
-    """``execute(spec)``, or the error record of the exception it raised (the grid goes on)."""
+    """``execute(spec)``, or the error record of the exception it raised (the grid goes on):
+    the error, its traceback and the distinct errors logged during the run (``log``)."""
+    errors = _ErrorLog()
+    logging.getLogger().addHandler(errors)
     try:
         return execute(spec)
     except Exception as exc:
@@ -204,13 +237,16 @@ def guarded(execute: Callable[[Record], Record], spec: Record) -> Record:
             "spec": spec,
             "error": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
+            "log": errors.messages,
         }
+    finally:
+        logging.getLogger().removeHandler(errors)
 
 
 # ----- a grid ---------------------------------------------------------------------------------
 def add_grid_args(
     ap: argparse.ArgumentParser,
-    out: str,
+    out: str | None,
     *,
     jobs: bool = True,
     deadline: float | None = 600.0,
@@ -218,7 +254,7 @@ def add_grid_args(
 ) -> None:
     """The options every grid script shares: ``--jobs`` (when ``jobs``), ``--threads``,
     ``--deadline`` (when a default is given), ``--code`` (when ``code``), ``--out`` (default
-    ``out``), ``--md`` and ``--table-only``."""
+    ``out``; None leaves it to the script), ``--md`` and ``--table-only``."""
     if jobs:
         ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
@@ -228,7 +264,7 @@ def add_grid_args(
         ap.add_argument(
             "--code", default=None, help="label of the code version run (default: git HEAD)"
         )
-    ap.add_argument("--out", type=Path, default=Path(out))
+    ap.add_argument("--out", type=Path, default=None if out is None else Path(out))
     ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
     ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
 
