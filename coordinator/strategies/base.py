@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
+from coordinator.aggregation import MEAN, RobustRule, aggregate_maps
 from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
+from protocol.algorithms.base import AveragingConfig
+from protocol.arrays import Encoding
 from protocol.errors import AdmissionError, ConfigError, ValidationError
 from protocol.messages import Register, Reply
 from protocol.payloads import Payload, PrototypeSet, TensorMap
@@ -197,6 +200,28 @@ class Strategy(Generic[C]):
 
     def load_state_dict(self, state: dict[str, Payload]) -> None:
         """Restore what :meth:`state_dict` produced."""
+
+    # ----- shared aggregation helpers -------------------------------------------------------
+    @property
+    def robust(self) -> RobustRule:
+        """How this run combines uploads: the config's ``aggregation``, ``trim_fraction`` and
+        ``clip_norm`` (:class:`~protocol.algorithms.base.AveragingConfig`); the plain mean for
+        algorithms that average nothing."""
+        cfg = self.config
+        if isinstance(cfg, AveragingConfig):
+            return RobustRule(cfg.aggregation, cfg.trim_fraction, cfg.clip_norm)
+        return MEAN
+
+    def average(
+        self,
+        maps: Sequence[TensorMap],
+        weights: Sequence[float] | None,
+        encoding: Encoding,
+        what: str,
+    ) -> TensorMap:
+        """The round's tensor maps combined under :attr:`robust` (default: the weighted mean,
+        :func:`~coordinator.aggregation.weighted_mean` itself)."""
+        return aggregate_maps(maps, weights, self.robust, encoding, what)
 
     # ----- shared validation helpers --------------------------------------------------------
     @staticmethod

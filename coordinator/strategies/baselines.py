@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator.aggregation import weighted_mean
+from coordinator.aggregation import MEAN, RobustRule, reduce_by_class, weighted_mean
 from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
 from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
 from protocol.errors import AdmissionError, AggregationError, ValidationError
@@ -70,12 +70,16 @@ class FedAvgStrategy(Strategy[FedAvgConfig]):
                 )
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """Weights averaged by sample count (integer buffers: the maximum)."""
+        """Weights averaged by sample count (integer buffers: the maximum), or combined by the
+        configured robust rule."""
         if step.phase != "train":
             return {}
         maps = [w for _, r in replies if isinstance(w := r.payloads["weights"], TensorMap)]
         n = [max(r.num_samples, 1) for _, r in replies]
-        self.weights = weighted_mean(maps, n, self.config.weight_encoding, what="fedavg weights")
+        if self.robust.plain:  # FedAvg's own rule, bit for bit
+            self.weights = weighted_mean(maps, n, self.config.weight_encoding, "fedavg weights")
+        else:
+            self.weights = self.average(maps, n, self.config.weight_encoding, "fedavg weights")
         return {"aggregated": float(len(replies))}
 
     def state_dict(self) -> dict[str, Payload]:
@@ -98,10 +102,13 @@ def mean_prototypes(
     sets: list[PrototypeSet],
     num_classes: int,
     encoding: str = "raw",
+    *,
     sd: np.ndarray | None = None,
+    rule: RobustRule = MEAN,
 ) -> PrototypeSet | None:
-    """Per-class plain mean over the sets holding the class; classes held by none keep
-    their previous value (FedProto's and FedVTC's rule)."""
+    """Per-class plain mean over the sets holding the class (or ``rule``'s robust reduction
+    over them); classes held by none keep their previous value (FedProto's and FedVTC's
+    rule)."""
     dims = {s.dim for s in sets if s.class_ids.size}
     if not dims:
         return current
@@ -118,7 +125,15 @@ def mean_prototypes(
         hits[s.class_ids] += 1
         counts[s.class_ids] += s.counts
     new = hits > 0
-    table[new] /= hits[new, None]
+    if rule.plain:
+        table[new] /= hits[new, None]
+    else:
+        ids, robust = reduce_by_class(
+            np.concatenate([s.class_ids for s in sets]),
+            np.concatenate([s.vectors for s in sets]),
+            rule,
+        )
+        table[ids] = robust
     if current is not None:
         for i, c in enumerate(current.class_ids):
             if not new[c]:
@@ -148,7 +163,8 @@ class FedProtoStrategy(Strategy[FedProtoConfig]):
             self.pin_dim(step, "protos", protos)
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """c^y <- mean of c_k^y over participants holding y (unweighted, as in FedProto)."""
+        """c^y <- mean of c_k^y over participants holding y (unweighted, as in FedProto), or
+        the configured robust reduction over them."""
         if step.phase != "train":
             return {}
         sets = [r.payloads["protos"] for _, r in replies]
@@ -157,6 +173,7 @@ class FedProtoStrategy(Strategy[FedProtoConfig]):
             [s for s in sets if isinstance(s, PrototypeSet)],
             self.num_classes,
             self.config.proto_encoding,
+            rule=self.robust,
         )
         return {
             "classes_with_prototype": float(

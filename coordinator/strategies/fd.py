@@ -56,7 +56,9 @@ class FDStrategy(Strategy[FDConfig]):
             return {}
         sets = [s for _, r in replies if isinstance(s := r.payloads.get("logits"), PrototypeSet)]
         current = self.logits if self.config.carry_absent else None
-        self.logits = mean_prototypes(current, sets, self.num_classes, self.config.logit_encoding)
+        self.logits = mean_prototypes(
+            current, sets, self.num_classes, self.config.logit_encoding, rule=self.robust
+        )
         held = 0 if self.logits is None else int(self.logits.class_ids.size)
         return {"classes_with_logits": float(held)}
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from coordinator.aggregation import weighted_mean
 from coordinator.strategies.base import (
     AgentInfo,
     ServerContext,
@@ -96,9 +95,7 @@ class FedGenStrategy(Strategy[FedGenConfig]):
         self._dim = dims.pop() if dims else self._dim
         self._pending = (heads, samples) if heads else None
         if self.config.head_exchange and heads:
-            self.head = weighted_mean(
-                heads, samples, self.config.head_encoding, what="fedgen heads"
-            )
+            self.head = self.average(heads, samples, self.config.head_encoding, "fedgen heads")
         return {"heads": float(len(heads))}
 
     def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:

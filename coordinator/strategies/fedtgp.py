@@ -67,7 +67,9 @@ class FedTGPStrategy(FedProtoStrategy):
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Keep every (client prototype, class) pair of the round and the adaptive margin."""
         sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
-        means = mean_prototypes(None, sets, self.num_classes)  # checks dimensions agree
+        # checks dimensions agree; the margin comes from these class centres (the generator
+        # still trains on every pair, which the robust rule does not filter)
+        means = mean_prototypes(None, sets, self.num_classes, rule=self.robust)
         if means is None:
             self._pending = None
             return {"uploaded_prototypes": 0.0}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import cast
 
-from coordinator.aggregation import weighted_mean
 from coordinator.strategies.base import AgentInfo, Step, admit_one_input, register_strategy
 from coordinator.strategies.baselines import FedAvgStrategy
 from protocol.algorithms.fedtype import FedTypeConfig
@@ -66,5 +65,5 @@ class FedTypeStrategy(FedAvgStrategy):
         if self.fedtype.aggregation_weights == "samples":
             return super().aggregate(step, replies)
         maps = [self.payload(r, "weights", TensorMap) for _, r in replies]
-        self.weights = weighted_mean(maps, None, self.config.weight_encoding, "fedtype proxies")
+        self.weights = self.average(maps, None, self.config.weight_encoding, "fedtype proxies")
         return {"aggregated": float(len(replies))}

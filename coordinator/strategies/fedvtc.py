@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator.aggregation import weighted_mean
+from coordinator.aggregation import reduce_rows
 from coordinator.strategies.base import (
     AgentInfo,
     Aggregator,
@@ -108,11 +108,16 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         """Per-class plain means of the prototypes and the plain mean of the SDs."""
         protos = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
         sds = [s.sd for s in protos if s.sd is not None]
-        sd = np.mean(np.stack(sds), axis=0).astype(np.float32) if sds else None
+        sd = self._mean_sd(sds)
         if sd is None and self.protos is not None:
             sd = self.protos.sd
         self.protos = mean_prototypes(
-            self.protos, protos, self.num_classes, self.config.proto_encoding, sd=sd
+            self.protos,
+            protos,
+            self.num_classes,
+            self.config.proto_encoding,
+            sd=sd,
+            rule=self.robust,
         )
         if self.config.generator_exchange == "every_round":
             self._average_generators(replies, require_trained=False)
@@ -121,6 +126,13 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             "classes_with_prototype": float(held),
             "sigma_mean": float(sd.mean()) if sd is not None else 1.0,
         }
+
+    def _mean_sd(self, sds: list[np.ndarray]) -> np.ndarray | None:
+        if not sds:
+            return None
+        if self.robust.plain:
+            return np.mean(np.stack(sds), axis=0).astype(np.float32)  # type: ignore[no-any-return]
+        return reduce_rows(np.stack(sds), self.robust).astype(np.float32)
 
     def aggregate_generators(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]
@@ -139,7 +151,7 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         ]
         if maps:
             # D11: plain mean incl. BN running stats; counters such as num_batches_tracked: max
-            self.generator = weighted_mean(maps, None, self.config.generator_encoding, "generators")
+            self.generator = self.average(maps, None, self.config.generator_encoding, "generators")
         return len(maps)
 
     def state_dict(self) -> dict[str, Payload]:

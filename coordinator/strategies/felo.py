@@ -10,11 +10,11 @@ mean feature) once warm-up is over, and the group model of the agent's architect
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from coordinator.aggregation import weighted_mean
+from coordinator.aggregation import RobustRule, reduce_by_class
 from coordinator.knowledge import KnowledgeTable
 from coordinator.strategies.base import (
     AgentInfo,
@@ -69,8 +69,11 @@ class _FeatureLogitStrategy(Strategy[Any]):
         return out
 
     def server_knowledge(self) -> FeatureLogitSet | None:
-        """Per-class table means (Felo, FedHe)."""
-        return self.table.means(self.config.knowledge_encoding)
+        """Per-class table means (Felo, FedHe), or the configured robust reduction over each
+        class's entries."""
+        if self.robust.plain:
+            return self.table.means(self.config.knowledge_encoding)
+        return robust_means(self.table, self.robust, self.config.knowledge_encoding)
 
     # ----- what each agent sends ------------------------------------------------------------
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
@@ -160,7 +163,7 @@ class _FeatureLogitStrategy(Strategy[Any]):
         failed = 0
         for key, group in sorted(members.items()):
             try:
-                self.groups[key] = weighted_mean(
+                self.groups[key] = self.average(
                     [w for w, _ in group],
                     [n for _, n in group],
                     self.config.weight_encoding,
@@ -189,6 +192,28 @@ class _FeatureLogitStrategy(Strategy[Any]):
             for name, v in state.items()
             if name.startswith(GROUP_PREFIX) and isinstance(v, TensorMap)
         }
+
+
+def robust_means(
+    table: KnowledgeTable, rule: RobustRule, encoding: Literal["raw", "f16"]
+) -> FeatureLogitSet | None:
+    """:meth:`KnowledgeTable.means` under ``rule``: per class, features and logits each reduced
+    over the kept entries of that class (weighted by counts when the table is), counts summed.
+    Velo's CVAE still trains on every entry."""
+    if not len(table):
+        return None
+    weights = table.counts if table.count_weighted else None
+    ids, feats = reduce_by_class(table.cls, table.features, rule, weights)
+    _, logits = reduce_by_class(table.cls, table.logits, rule, weights)
+    counts = np.array([table.counts[table.cls == c].sum() for c in ids.tolist()], np.int64)
+    counts = np.minimum(counts, np.iinfo(np.int32).max)
+    return FeatureLogitSet(
+        ids.astype(np.int32),
+        feats.astype(np.float32),
+        logits.astype(np.float32),
+        counts.astype(np.int32),
+        encoding=encoding,
+    )
 
 
 @register_strategy("felo")

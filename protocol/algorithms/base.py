@@ -25,6 +25,7 @@ __all__ = [
     "CONFIG_TYPES",
     "TRAIN_LIMITS",
     "AlgorithmConfig",
+    "AveragingConfig",
     "PayloadSpec",
     "TrainConfig",
     "check_payloads",
@@ -189,6 +190,31 @@ class TrainConfig(AlgorithmConfig):
                 raise ValueError(f"{key} must be in [{lo:g}, {hi:g}], got {value!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+
+
+@dataclass(frozen=True)
+class AveragingConfig(TrainConfig):
+    """Settings of every algorithm whose server averages uploads (weights, prototypes, logits,
+    features): how the uploads of a round are combined (issue 19, ``docs/security.md``).
+
+    The coordinator alone reads these; they travel in the task config like every field.
+    """
+
+    # mean: the algorithm's own (sample-weighted or plain) mean, the default and the paper's
+    # rule; median: coordinate-wise median (unweighted); trimmed_mean: per coordinate, drop the
+    # trim_fraction lowest and highest values, average the rest (sample-weighted)
+    aggregation: typing.Literal["mean", "median", "trimmed_mean"] = "mean"
+    trim_fraction: float = 0.1  # share of the uploads dropped at each end; in [0, 0.5)
+    # 0 = off; else each upload's deviation from the round's coordinate-wise median is clipped
+    # to clip_norm x the median deviation norm before the mean, median or trimmed mean
+    clip_norm: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction!r}")
+        if not 0 <= self.clip_norm <= 1e6:
+            raise ValueError(f"clip_norm must be in [0, 1e+06] (0 = off), got {self.clip_norm!r}")
 
 
 CONFIG_TYPES: dict[str, type[AlgorithmConfig]] = {}

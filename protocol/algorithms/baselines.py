@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import (
+    AveragingConfig,
+    PayloadSpec,
+    TrainConfig,
+    register_config,
+)
 from protocol.payloads import PrototypeSet, TensorMap
 
 __all__ = ["FedAvgConfig", "FedProtoConfig", "LocalConfig"]
@@ -21,7 +26,7 @@ class LocalConfig(TrainConfig):
 
 @register_config("fedavg")
 @dataclass(frozen=True)
-class FedAvgConfig(TrainConfig):
+class FedAvgConfig(AveragingConfig):
     """FedAvg: sample-weighted averaging of full weights (homogeneous fleets only)."""
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
@@ -33,7 +38,7 @@ class FedAvgConfig(TrainConfig):
 
 @register_config("fedproto")
 @dataclass(frozen=True)
-class FedProtoConfig(TrainConfig):
+class FedProtoConfig(AveragingConfig):
     """FedProto: CE + lam * MSE(feature, global prototype of its label); prototypes exchanged."""
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
 from protocol.payloads import PrototypeSet
 
 __all__ = ["FDConfig"]
@@ -23,7 +23,7 @@ __all__ = ["FDConfig"]
 
 @register_config("fd")
 @dataclass(frozen=True)
-class FDConfig(TrainConfig):
+class FDConfig(AveragingConfig):
     """FD: per-class mean logits up, per-class global logits down, CE + lambda * KD to them."""
 
     # the logits travel as a PrototypeSet: class ids, one mean vector of C logits each, counts

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
 from protocol.payloads import TensorMap
 
 __all__ = ["FedGenConfig"]
@@ -24,7 +24,7 @@ __all__ = ["FedGenConfig"]
 
 @register_config("fedgen")
 @dataclass(frozen=True)
-class FedGenConfig(TrainConfig):
+class FedGenConfig(AveragingConfig):
     """FedGen: heads up; a server-trained feature generator down; CE on generated features."""
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
 from protocol.payloads import PrototypeSet, TensorMap
 
 __all__ = ["FedVTCConfig"]
@@ -19,7 +19,7 @@ __all__ = ["FedVTCConfig"]
 
 @register_config("fedvtc")
 @dataclass(frozen=True)
-class FedVTCConfig(TrainConfig):
+class FedVTCConfig(AveragingConfig):
     """Prototypes + SDs per round, one-shot VTC generator, synthetic fine-tuning."""
 
     # M2 (the generator too under generator_exchange = "every_round": the strategy requires

@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
 from protocol.payloads import FeatureLogitSet, TensorMap
 
 __all__ = ["FedHeConfig", "FeloConfig", "VeloConfig"]
 
 
 @dataclass(frozen=True)
-class _FeatureLogitConfig(TrainConfig):
+class _FeatureLogitConfig(AveragingConfig):
     """Settings shared by Felo, Velo and FedHe."""
 
     optimizer: Literal["sgd", "adam"] = "adam"
