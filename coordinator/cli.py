@@ -566,9 +566,10 @@ def _provision(args: argparse.Namespace) -> int:
     if args.step == "revoke":
         broker_dir = pv.revoke_devices(args.out, args.ids)
         print(
-            f"revoked {', '.join(args.ids)}: {broker_dir}/crl.pem and mosquitto.conf rewritten, "
-            "kits and public keys deleted.\nCopy the broker directory to the broker host and "
-            "restart mosquitto (`systemctl restart mosquitto`): it reads the CRL at start."
+            f"revoked {', '.join(args.ids)}: {broker_dir}/crl.pem rewritten, kits and public "
+            "keys deleted.\nCopy crl.pem to the broker host and reload mosquitto (`systemctl "
+            "reload mosquitto`, or SIGHUP): new connections are then checked against it; "
+            "restart it to also cut the connections that are open."
         )
         return 0
     if args.step == "add":

@@ -6,7 +6,7 @@ directory that the operator keeps (it holds the CA key)::
     OUT/fleet.json                 what was issued and revoked (no secrets)
     OUT/ca/ca.key, ca.crt          the fleet's CA; ca.key never leaves this directory
     OUT/broker/                    copy to the broker host: mosquitto.conf, acl, ca.crt,
-                                   server.crt, server.key, crl.pem (once a device is revoked)
+                                   server.crt, server.key, crl.pem (empty until a revocation)
     OUT/coordinator/               `coordinator serve --kit OUT/coordinator`
     OUT/devices/ID/                `edge-agent --kit DIR`: kit.json, ca.crt, device.crt,
                                    device.key, signing.key, verify/coordinator.pub
@@ -18,8 +18,9 @@ directory. Private keys are written with mode 0600, kit directories 0700.
 
 The ACL uses Mosquitto ``pattern`` rules with ``%u`` (``WIRE.md`` §11), so it names no
 device: any certificate of this CA reaches exactly its own topics. A device is revoked
-through the CRL (the broker refuses its TLS handshake once restarted); its kit and public
-key are deleted, so the coordinator no longer accepts its signatures either.
+through the CRL, which the config names from the start (empty until then), so that a reload
+(SIGHUP) of Mosquitto takes a new one: the broker then refuses the device's TLS handshake.
+Its kit and public key are deleted, so the coordinator no longer holds its signing key either.
 """
 
 from __future__ import annotations
@@ -335,20 +336,19 @@ def mosquitto_conf(spec: ProvisionSpec, broker_dir: Path) -> str:
     d = broker_dir
     lines = [
         "# edgefl broker, written by `coordinator provision`: mutual TLS, one ACL.",
-        "# Reload after `coordinator provision revoke`: restart mosquitto to load the new CRL.",
+        "# After `coordinator provision revoke`: copy crl.pem here and reload mosquitto (SIGHUP).",
         "per_listener_settings false",
         f"listener {spec.port}" + (f" {spec.listen}" if spec.listen else ""),
         f"cafile {d / 'ca.crt'}",
         f"certfile {d / 'server.crt'}",
         f"keyfile {d / 'server.key'}",
-        "tls_version tlsv1.2",
         "require_certificate true",
         "use_identity_as_username true",
         "allow_anonymous false",
         f"acl_file {d / 'acl'}",
+        # always named (empty at first): a reload then takes a new CRL, a restart is not needed
+        f"crlfile {d / 'crl.pem'}",
     ]
-    if spec.revoked:
-        lines.append(f"crlfile {d / 'crl.pem'}")
     # the runtime's persistent sessions queue QoS 1 messages while a device is away
     lines += ["set_tcp_nodelay true", "max_queued_messages 100000"]
     return "\n".join(lines) + "\n"
@@ -392,11 +392,9 @@ class _Fleet:
         target = Path(self.spec.broker_dir) if self.spec.broker_dir else d.resolve()
         _write_public(d / "acl", acl_text(self.spec.federation))
         _write_public(d / "mosquitto.conf", mosquitto_conf(self.spec, target))
-        if self.spec.revoked:
-            key, cert = self.ca()
-            crl = _crl(key, cert, sorted(self.spec.revoked))
-            _write_public(d / "crl.pem", crl.public_bytes(serialization.Encoding.PEM))
-            shutil.copyfile(d / "crl.pem", self.out / "ca" / "crl.pem")
+        key, cert = self.ca()
+        crl = _crl(key, cert, sorted(self.spec.revoked))
+        _write_public(d / "crl.pem", crl.public_bytes(serialization.Encoding.PEM))
 
 
 def provision(out: str | Path, spec: ProvisionSpec, *, archive: bool = False) -> Path:
@@ -554,10 +552,10 @@ def _archive(kit_dir: Path) -> Path:
 
 
 def revoke_devices(out: str | Path, ids: Sequence[str]) -> Path:
-    """Revoke devices: CRL rewritten (and named in mosquitto.conf), kits and keys deleted.
+    """Revoke devices: the CRL rewritten, their kits and public keys deleted.
 
-    Returns the broker directory, whose files must reach the broker, which must then be
-    restarted (Mosquitto reads the CRL at start).
+    Returns the broker directory, whose ``crl.pem`` must reach the broker, which must then
+    reload (SIGHUP) or restart: Mosquitto reads the CRL only then.
 
     Raises:
         ConfigError: an id that holds no valid certificate.

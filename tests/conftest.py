@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,12 @@ class ProvisionedMosquitto(MosquittoBroker):
     def config_text(self) -> str:
         conf = (self.root / "broker" / "mosquitto.conf").read_text()
         return conf + "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n"
+
+    def reload(self) -> None:
+        """SIGHUP: mosquitto reads its ACL and CRL again (``systemctl reload mosquitto``)."""
+        if self._proc is None:
+            raise RuntimeError("mosquitto is not running")
+        self._proc.send_signal(signal.SIGHUP)
 
     def kit(self, name: str) -> Path:
         """A device's kit directory, or the coordinator's (``"coordinator"``)."""
