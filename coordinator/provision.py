@@ -25,8 +25,6 @@ Its kit and public key are deleted, so the coordinator no longer holds its signi
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import json
 import os
 import shutil
@@ -37,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from coordinator import pki
 from protocol.credentials import Kit, write_kit
 from protocol.errors import ConfigError, ValidationError
 from protocol.topics import PREFIX, validate_id
@@ -59,9 +57,6 @@ __all__ = [
 
 COORDINATOR_ID = "coordinator"  # the coordinator's sender id and certificate CN
 STATE_FILE = "fleet.json"
-CA_DAYS = 3650
-# a CRL past its next update makes OpenSSL refuse *every* client: keep it valid as long as the CA
-CRL_DAYS = CA_DAYS
 
 
 @dataclass(frozen=True)
@@ -86,9 +81,9 @@ class ProvisionSpec:
         _checked_id(self.federation, "--federation")
         if not self.hostnames:
             raise ConfigError("--hostname: the broker certificate needs at least one name")
-        if not 1 <= self.port <= 65535 or not 1 <= self.days <= CA_DAYS:
+        if not 1 <= self.port <= 65535 or not 1 <= self.days <= pki.CA_DAYS:
             raise ConfigError(
-                f"--port 1..65535 and --days 1..{CA_DAYS}, got {self.port} and {self.days}"
+                f"--port 1..65535 and --days 1..{pki.CA_DAYS}, got {self.port} and {self.days}"
             )
 
     @property
@@ -132,173 +127,6 @@ def device_ids(
     if dup:
         raise ConfigError(f"device ids given twice: {dup}")
     return ids
-
-
-# -- files ---------------------------------------------------------------------------------------
-
-
-def _write_secret(path: Path, data: bytes) -> None:
-    """Create ``path`` with mode 0600 before writing: the key is never readable by others."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _write_public(path: Path, data: bytes | str) -> None:
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-    path.chmod(0o644)
-
-
-def _private_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
-    return path
-
-
-def _pem_private(key: Any) -> bytes:
-    pem: bytes = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return pem
-
-
-def _pem_public(key: Any) -> bytes:
-    pem: bytes = key.public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return pem
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-# -- certificates ------------------------------------------------------------------------------
-
-
-def _name(cn: str, federation: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"edgefl {federation}"),
-            x509.NameAttribute(NameOID.COMMON_NAME, cn),
-        ]
-    )
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-def _make_ca(federation: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = _name(f"edgefl {federation} CA", federation)
-    now = _now()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate small clock skew
-        .not_valid_after(now + dt.timedelta(days=CA_DAYS))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def _san(hostnames: Sequence[str]) -> x509.SubjectAlternativeName:
-    names: list[x509.GeneralName] = []
-    for host in hostnames:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    return x509.SubjectAlternativeName(names)
-
-
-def _issue(
-    ca_key: ec.EllipticCurvePrivateKey,
-    ca_cert: x509.Certificate,
-    cn: str,
-    federation: str,
-    *,
-    days: int,
-    server_names: Sequence[str] = (),
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A leaf key and certificate: a client certificate, or a server one with ``server_names``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = _now()
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn, federation))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-    )
-    if server_names:
-        builder = builder.add_extension(_san(server_names), critical=False)
-    return key, builder.sign(ca_key, hashes.SHA256())
-
-
-def _crl(
-    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, serials: Sequence[str]
-) -> x509.CertificateRevocationList:
-    now = _now()
-    builder = (
-        x509.CertificateRevocationListBuilder()
-        .issuer_name(ca_cert.subject)
-        .last_update(now - dt.timedelta(minutes=5))
-        .next_update(now + dt.timedelta(days=CRL_DAYS))
-    )
-    for serial in serials:
-        builder = builder.add_revoked_certificate(
-            x509.RevokedCertificateBuilder()
-            .serial_number(int(serial, 16))
-            .revocation_date(now - dt.timedelta(minutes=5))
-            .build()
-        )
-    return builder.sign(ca_key, hashes.SHA256())
 
 
 # -- broker config -----------------------------------------------------------------------------
@@ -375,7 +203,7 @@ class _Fleet:
         return cls(out, ProvisionSpec(**data))
 
     def save(self) -> None:
-        _write_public(self.out / STATE_FILE, json.dumps(asdict(self.spec), indent=2) + "\n")
+        pki.write_public(self.out / STATE_FILE, json.dumps(asdict(self.spec), indent=2) + "\n")
 
     @property
     def broker_dir(self) -> Path:
@@ -390,11 +218,11 @@ class _Fleet:
     def write_broker_config(self) -> None:
         d = self.broker_dir
         target = Path(self.spec.broker_dir) if self.spec.broker_dir else d.resolve()
-        _write_public(d / "acl", acl_text(self.spec.federation))
-        _write_public(d / "mosquitto.conf", mosquitto_conf(self.spec, target))
+        pki.write_public(d / "acl", acl_text(self.spec.federation))
+        pki.write_public(d / "mosquitto.conf", mosquitto_conf(self.spec, target))
         key, cert = self.ca()
-        crl = _crl(key, cert, sorted(self.spec.revoked))
-        _write_public(d / "crl.pem", crl.public_bytes(serialization.Encoding.PEM))
+        crl = pki.crl(key, cert, sorted(self.spec.revoked))
+        pki.write_public(d / "crl.pem", crl.public_bytes(serialization.Encoding.PEM))
 
 
 def provision(out: str | Path, spec: ProvisionSpec, *, archive: bool = False) -> Path:
@@ -411,10 +239,10 @@ def provision(out: str | Path, spec: ProvisionSpec, *, archive: bool = False) ->
         )
     ids = device_ids(spec.devices)
     fleet = _Fleet(root, ProvisionSpec(**{**asdict(spec), "devices": (), "devices_issued": {}}))
-    ca_dir = _private_dir(root / "ca")
-    ca_key, ca_cert = _make_ca(spec.federation)
-    _write_secret(ca_dir / "ca.key", _pem_private(ca_key))
-    _write_public(ca_dir / "ca.crt", _pem_cert(ca_cert))
+    ca_dir = pki.private_dir(root / "ca")
+    ca_key, ca_cert = pki.make_ca(spec.federation)
+    pki.write_secret(ca_dir / "ca.key", pki.pem_private(ca_key))
+    pki.write_public(ca_dir / "ca.crt", pki.pem_cert(ca_cert))
     _broker_files(fleet, ca_key, ca_cert)
     _coordinator_kit(fleet, ca_key, ca_cert)
     fleet.save()
@@ -426,7 +254,7 @@ def _broker_files(fleet: _Fleet, ca_key: Any, ca_cert: x509.Certificate) -> None
     d = fleet.broker_dir
     d.mkdir(parents=True, exist_ok=True)
     spec = fleet.spec
-    key, cert = _issue(
+    key, cert = pki.issue(
         ca_key,
         ca_cert,
         spec.hostnames[0],
@@ -434,7 +262,7 @@ def _broker_files(fleet: _Fleet, ca_key: Any, ca_cert: x509.Certificate) -> None
         days=spec.days,
         server_names=spec.hostnames,
     )
-    _write_secret(d / "server.key", _pem_private(key))
+    pki.write_secret(d / "server.key", pki.pem_private(key))
     if spec.broker_user:
         try:
             shutil.chown(d / "server.key", user=spec.broker_user)
@@ -442,21 +270,23 @@ def _broker_files(fleet: _Fleet, ca_key: Any, ca_cert: x509.Certificate) -> None
             raise ConfigError(
                 f"--broker-user {spec.broker_user}: cannot own the key: {exc}"
             ) from exc
-    _write_public(d / "server.crt", _pem_cert(cert))
-    _write_public(d / "ca.crt", _pem_cert(ca_cert))
+    pki.write_public(d / "server.crt", pki.pem_cert(cert))
+    pki.write_public(d / "ca.crt", pki.pem_cert(ca_cert))
     fleet.write_broker_config()
 
 
 def _coordinator_kit(fleet: _Fleet, ca_key: Any, ca_cert: x509.Certificate) -> None:
-    d = _private_dir(fleet.out / COORDINATOR_ID)
-    _private_dir(d / "verify")
-    key, cert = _issue(ca_key, ca_cert, COORDINATOR_ID, fleet.spec.federation, days=fleet.spec.days)
-    _write_secret(d / "coordinator.key", _pem_private(key))
-    _write_public(d / "coordinator.crt", _pem_cert(cert))
-    _write_public(d / "ca.crt", _pem_cert(ca_cert))
+    d = pki.private_dir(fleet.out / COORDINATOR_ID)
+    pki.private_dir(d / "verify")
+    key, cert = pki.issue(
+        ca_key, ca_cert, COORDINATOR_ID, fleet.spec.federation, days=fleet.spec.days
+    )
+    pki.write_secret(d / "coordinator.key", pki.pem_private(key))
+    pki.write_public(d / "coordinator.crt", pki.pem_cert(cert))
+    pki.write_public(d / "ca.crt", pki.pem_cert(ca_cert))
     signing = ed25519.Ed25519PrivateKey.generate()
-    _write_secret(d / "signing.key", _pem_private(signing))
-    _write_public(d / "signing.pub", _pem_public(signing.public_key()))
+    pki.write_secret(d / "signing.key", pki.pem_private(signing))
+    pki.write_public(d / "signing.pub", pki.pem_public(signing.public_key()))
     write_kit(_kit(fleet.spec, d, "coordinator", COORDINATOR_ID, "coordinator"))
 
 
@@ -523,19 +353,20 @@ def _device_kit(
     d = fleet.out / "devices" / device
     if d.exists():
         shutil.rmtree(d)
-    _private_dir(d.parent)
-    _private_dir(d)
-    _private_dir(d / "verify")
-    key, cert = _issue(ca_key, ca_cert, device, fleet.spec.federation, days=fleet.spec.days)
-    _write_secret(d / "device.key", _pem_private(key))
-    _write_public(d / "device.crt", _pem_cert(cert))
-    _write_public(d / "ca.crt", _pem_cert(ca_cert))
+    pki.private_dir(d.parent)
+    pki.private_dir(d)
+    pki.private_dir(d / "verify")
+    key, cert = pki.issue(ca_key, ca_cert, device, fleet.spec.federation, days=fleet.spec.days)
+    pki.write_secret(d / "device.key", pki.pem_private(key))
+    pki.write_public(d / "device.crt", pki.pem_cert(cert))
+    pki.write_public(d / "ca.crt", pki.pem_cert(ca_cert))
     signing = ed25519.Ed25519PrivateKey.generate()
-    _write_secret(d / "signing.key", _pem_private(signing))
+    pki.write_secret(d / "signing.key", pki.pem_private(signing))
     coordinator_pub = fleet.out / COORDINATOR_ID / "signing.pub"
     shutil.copyfile(coordinator_pub, d / "verify" / f"{COORDINATOR_ID}.pub")
-    _write_public(
-        fleet.out / COORDINATOR_ID / "verify" / f"{device}.pub", _pem_public(signing.public_key())
+    pki.write_public(
+        fleet.out / COORDINATOR_ID / "verify" / f"{device}.pub",
+        pki.pem_public(signing.public_key()),
     )
     write_kit(_kit(fleet.spec, d, "device", device, "device"))
     return d, format(cert.serial_number, "x")
