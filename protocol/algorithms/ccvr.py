@@ -38,6 +38,11 @@ class CCVRConfig(FedAvgConfig):
     calib_lr: float = 0.01  # plain SGD
     calib_batch_size: int = 32
     stats_encoding: Literal["raw", "f16"] = "raw"
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {  # issue 19
+        "virtual_per_class": (1, 100_000),
+        "calib_epochs": (0, 10_000),
+        "calib_batch_size": (1, 65_536),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

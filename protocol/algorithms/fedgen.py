@@ -42,6 +42,13 @@ class FedGenConfig(AveragingConfig):
     head_exchange: bool = True  # the sample-weighted mean head goes down too (HtFLlib)
     generator_encoding: Literal["raw", "f16", "i8"] = "raw"
     head_encoding: Literal["raw", "f16", "i8"] = "raw"
+    # issue 19: the generator's sizes (every agent builds it) and the server's work per round
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "noise_dim": (1, 65_536),
+        "hidden_dim": (1, 65_536),
+        "server_steps": (0, 100_000),
+        "server_batch_size": (2, 65_536),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

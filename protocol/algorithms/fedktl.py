@@ -96,6 +96,18 @@ class FedKTLConfig(TrainConfig):
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("protos", PrototypeSet),),
     }
+    # sizes and epochs (issue 19): the agent builds ETF, h' and images of these sizes, the
+    # coordinator trains F for server_epochs every round
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "etf_dim": (0, 65_536),
+        "feature_dim": (1, 65_536),
+        "latent_dim": (0, 65_536),
+        "server_epochs": (0, 10_000),
+        "server_batch_size": (1, 65_536),
+        "cppn_w_dim": (1, 65_536),
+        "cppn_channels": (1, 4),
+        "cppn_resolution": (1, 1024),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

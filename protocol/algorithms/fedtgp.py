@@ -13,7 +13,7 @@ generator's hidden width is the feature dimension; clients predict by nearest gl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from protocol.algorithms.base import register_config
 from protocol.algorithms.baselines import FedProtoConfig
@@ -35,6 +35,11 @@ class FedTGPConfig(FedProtoConfig):
     server_batch_size: int = 10
     margin_threshold: float = 100.0  # tau: the margin is min(max class gap, tau)
     tgp_hidden_dim: int = 0  # 0: the feature dimension (HtFLlib)
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {  # issue 19
+        "server_epochs": (0, 10_000),
+        "server_batch_size": (1, 65_536),
+        "tgp_hidden_dim": (0, 65_536),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

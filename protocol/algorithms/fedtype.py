@@ -15,7 +15,7 @@ decay 1e-4, batch 16, R = 5, theta 0.1, lambda 0.5, k_reg 5, Platt T0 1.3. The a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from protocol.algorithms.base import register_config
 from protocol.algorithms.baselines import FedAvgConfig
@@ -67,6 +67,15 @@ class FedTypeConfig(FedAvgConfig):
     measure_coverage: bool = True
     # at the end of the run, also export the proxy as its own bundle (export_dir/proxy)
     export_proxy: bool = False
+
+    # sizes and iteration counts a task may ask of a device (issue 19); val_fraction and theta
+    # are checked below, (0, 1) exclusive
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "raps_k_reg": (0, 100_000),
+        "top_k": (1, 100_000),
+        "platt_iters": (0, 100_000),
+        "platt_batch": (1, 65_536),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

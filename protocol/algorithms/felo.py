@@ -46,6 +46,8 @@ class _FeatureLogitConfig(AveragingConfig):
     kl_reduction: Literal["elementwise_mean", "batchmean"] = "elementwise_mean"  # §8-D7
     knowledge_encoding: Literal["raw", "f16"] = "raw"
     weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # group weights, both ways
+    # the coordinator keeps up to history_cap entries per class (issue 19)
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {"history_cap": (1, 1_000_000)}
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (
@@ -95,6 +97,7 @@ class VeloConfig(_FeatureLogitConfig):
     # per-sample summed squared error + KL, averaged over the batch.
     cvae_loss: Literal["code", "elbo"] = "code"
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        **_FeatureLogitConfig.LIMITS,
         "cvae_epochs": (0, 1000),
         "cvae_batch_size": (1, 65_536),
         "cvae_z_dim": (1, 65_536),
