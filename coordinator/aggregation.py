@@ -51,10 +51,11 @@ class RobustRule:
       and a weighted median would let one reply that claims more than half of the samples
       dictate every coordinate. With an honest majority every coordinate of the result lies
       within the honest uploads' range, whatever the others send.
-    * ``trimmed_mean``: per coordinate, the ``k = floor(trim_fraction * n)`` lowest and ``k``
+    * ``trimmed_mean``: per coordinate, the ``k = ceil(trim_fraction * n)`` lowest and ``k``
       highest values are dropped (at most ``(n - 1) // 2`` each, so one value always remains)
       and the rest averaged with their sample weights. ``k`` >= the number of attackers bounds
-      the result to the honest range.
+      the result to the honest range. Ceiling, not floor: a class held by 7 uploads still
+      loses one value at each end under ``trim_fraction = 0.1`` (with floor, none).
 
     ``clip_norm`` (0 = off): before reducing, each upload's deviation from the coordinate-wise
     median of the uploads is scaled down to at most ``clip_norm`` times the median of those
@@ -132,8 +133,8 @@ def _reduce(x: F64, w: F64, rule: RobustRule) -> F64:
         return np.median(x, axis=0)  # type: ignore[no-any-return]
     k = 0
     if rule.method == "trimmed_mean":
-        # the epsilon keeps 0.3 * 10 = 2.9999... from trimming 2 instead of 3
-        k = min(int(np.floor(rule.trim_fraction * n + 1e-9)), (n - 1) // 2)
+        # the epsilon keeps 0.3 * 10 = 3.0000000000000004 from trimming 4 instead of 3
+        k = min(int(np.ceil(rule.trim_fraction * n - 1e-9)), (n - 1) // 2)
     if k == 0:
         return np.tensordot(w, x, axes=(0, 0))  # type: ignore[no-any-return]
     order = np.argsort(x, axis=0, kind="stable")[k : n - k]

@@ -50,10 +50,13 @@ def test_trimming_is_per_coordinate() -> None:
 @pytest.mark.parametrize(
     ("n", "fraction", "expected"),
     [
-        (10, 0.1, 1),  # k = floor(0.1 * 10) = 1 at each end
-        (100, 0.29, 29),  # 0.29 * 100 is 28.999... in floating point: still 29
+        (10, 0.1, 1),  # k = ceil(0.1 * 10) = 1 at each end
+        (7, 0.1, 1),  # ceil: a class with 7 holders still loses one value at each end
+        (10, 0.3, 3),  # 0.3 * 10 is 3.0000000000000004 in floating point: still 3
+        (100, 0.29, 29),  # 28.999999999999996: 29
         (3, 0.49, 1),  # at most (n - 1) // 2: the median remains
         (2, 0.4, 0),  # too few uploads to trim: the mean
+        (10, 0.0, 0),  # no trimming: the mean
     ],
 )
 def test_how_many_values_the_trimmed_mean_drops(n: int, fraction: float, expected: int) -> None:
