@@ -239,13 +239,17 @@ def make_frames(n: int, dim: int, num_classes: int = 10, federation: str = "benc
 
 def decode_rates(frames: list[bytes], repeat: int = 3) -> dict[str, float]:
     """Frames per second through the typed walk and through the lean path."""
-    from protocol import codec, lean
+    from protocol import codec
 
     def typed(data: bytes) -> Any:
-        return codec.typed_envelope_from_map(codec.decode_frame_map(data))
+        return codec.envelope_from_map(codec.decode_frame_map(data), fast=False)
 
     rates: dict[str, float] = {}
-    for name, fn in (("typed", typed), ("lean", codec.decode), ("lean_map_only", lean.peek)):
+    for name, fn in (
+        ("typed", typed),
+        ("lean", codec.decode),
+        ("msgpack only", codec.decode_frame_map),
+    ):
         best = float("inf")
         for _ in range(repeat):
             t0 = time.perf_counter()

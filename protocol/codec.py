@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 
+from protocol import lean
 from protocol.errors import DecodeError, LimitError, ProtocolError, ValidationError
 from protocol.messages import MESSAGE_TYPES, Message
 
@@ -70,6 +71,11 @@ class Envelope:
     round: int = 0
     msg_id: str = field(default_factory=new_message_id)
     ts: float = field(default_factory=time.time)
+    # The unsigned frame this envelope was decoded from, kept so a receiver can store what it
+    # received instead of encoding it again; empty for envelopes built locally. Not part of
+    # equality, never encoded. ``dataclasses.replace`` copies it: clear it when changing a
+    # received envelope.
+    wire: bytes = field(default=b"", compare=False, repr=False)
 
     @property
     def kind(self) -> str:
@@ -119,11 +125,17 @@ def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
     obj = decode_frame_map(data, limits)
     if "sm" in obj:
         raise DecodeError("frame: signed frame given to decode(); use a Verifier")
-    return envelope_from_map(obj)
+    return envelope_from_map(obj, wire=bytes(data))
 
 
-def envelope_from_map(obj: dict[str, Any]) -> Envelope:
-    """Validate an unpacked unsigned frame map and build its :class:`Envelope`."""
+def envelope_from_map(obj: dict[str, Any], *, wire: bytes = b"", fast: bool = True) -> Envelope:
+    """Validate an unpacked unsigned frame map and build its :class:`Envelope`.
+
+    ``wire``: the frame's bytes, kept on the envelope. ``fast=False`` forces the typed walk
+    for the body; by default the kinds ``protocol.lean`` knows (replies) try the lean decoder
+    first, which returns a body only where the typed walk would build an equal one and leaves
+    everything else, including every rejection and its message, to the typed walk.
+    """
     expected = {"v", "k", "f", "s", "i", "r", "t", "b"}
     if set(obj) != expected:
         raise ValidationError("frame", f"keys {sorted(expected)}", sorted(map(str, obj)))
@@ -140,7 +152,9 @@ def envelope_from_map(obj: dict[str, Any]) -> Envelope:
     if not isinstance(obj["t"], float):
         raise ValidationError("frame.t (timestamp)", "float", type(obj["t"]).__name__)
     try:
-        body = cls.from_wire(obj["b"], kind)
+        body: Any = lean.decode_body(kind, obj["b"]) if fast else None
+        if body is None:
+            body = cls.from_wire(obj["b"], kind)
     except ProtocolError:
         raise
     except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
@@ -152,4 +166,5 @@ def envelope_from_map(obj: dict[str, Any]) -> Envelope:
         round=obj["r"],
         msg_id=obj["i"],
         ts=obj["t"],
+        wire=wire,
     )

@@ -298,13 +298,13 @@ class Endpoint:
                     raise SignatureError(
                         f"signed frame (key {obj.get('kid')!r}) but this endpoint has no verifier"
                     )
-                return self.verifier.open(obj, self.limits)
+                return replace(self.verifier.open(obj, self.limits), wire=obj["sm"])
             if self.require_signatures and obj.get("k") not in self.unsigned_kinds:
                 raise SignatureError(
                     f"unsigned {obj.get('k')!r} frame from {obj.get('s')!r}: "
                     "signatures are required"
                 )
-            return envelope_from_map(obj)
+            return envelope_from_map(obj, wire=bytes(data))
         except ProtocolError as exc:
             self._reject(exc, topic, len(data) if count else 0)
             return None
