@@ -76,6 +76,9 @@ class Envelope:
     # equality, never encoded. ``dataclasses.replace`` copies it: clear it when changing a
     # received envelope.
     wire: bytes = field(default=b"", compare=False, repr=False)
+    # Set by the receiving endpoint when the frame's signature verified (``WIRE.md`` §7): an
+    # unsigned frame it accepts anyway (a last will) arrives with ``False``. Never encoded.
+    verified: bool = field(default=False, compare=False, repr=False)
 
     @property
     def kind(self) -> str:

@@ -298,7 +298,8 @@ class Endpoint:
                     raise SignatureError(
                         f"signed frame (key {obj.get('kid')!r}) but this endpoint has no verifier"
                     )
-                return replace(self.verifier.open(obj, self.limits), wire=obj["sm"])
+                env = self.verifier.open(obj, self.limits)
+                return replace(env, wire=obj["sm"], verified=True)
             if self.require_signatures and obj.get("k") not in self.unsigned_kinds:
                 raise SignatureError(
                     f"unsigned {obj.get('k')!r} frame from {obj.get('s')!r}: "
@@ -308,6 +309,12 @@ class Endpoint:
         except ProtocolError as exc:
             self._reject(exc, topic, len(data) if count else 0)
             return None
+
+    def trusted(self, env: Envelope) -> bool:
+        """Whether a handler may act on ``env`` as evidence: its signature verified, or this
+        endpoint does not require signatures. An unsigned frame of ``unsigned_kinds`` (a last
+        will) is a hint only: presence, never a state change that needs its sender."""
+        return env.verified or not self.require_signatures
 
     def _reject(self, exc: ProtocolError, topic: str, size: int) -> None:
         self.rejected[type(exc).__name__] += 1
