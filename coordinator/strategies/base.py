@@ -25,7 +25,7 @@ from protocol.algorithms.base import AveragingConfig
 from protocol.arrays import Encoding
 from protocol.errors import AdmissionError, ConfigError, ValidationError
 from protocol.messages import Register, Reply
-from protocol.payloads import Payload, PrototypeSet, TensorMap
+from protocol.payloads import FeatureLogitSet, Payload, PrototypeSet, TensorMap
 from protocol.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT, check_max_abs, float_arrays
 from protocol.wire import WireModel
 
@@ -272,24 +272,32 @@ class Strategy(Generic[C]):
             for field, arr in float_arrays(payload, f"reply.payloads.{key}"):
                 check_max_abs(arr, bound, field)
 
-    def expected_dim(self, step: Step, key: str, current: PrototypeSet | None) -> int | None:
+    def expected_dim(
+        self, step: Step, key: str, current: PrototypeSet | None, declared: int = 0
+    ) -> int | None:
         """The feature dimension a ``key`` payload must have in ``step``.
 
-        The global state's once it holds vectors; before that (round 1), the dimension of the
-        step's first valid reply (:meth:`pin_dim`), so that a reply of another dimension is
-        refused in :meth:`validate` instead of failing the aggregation. ``None``: anything.
+        ``declared`` (the config's ``feature_dim``) when the run declares one; else the global
+        state's once it holds vectors; before that (round 1), the dimension of the step's first
+        valid reply (:meth:`pin_dim`), so that a reply of another dimension is refused in
+        :meth:`validate` instead of failing the aggregation. ``None``: anything. Only a declared
+        dimension stops a forger who answers first in round 1 from fixing the wrong one.
         """
+        if declared > 0:
+            return declared
         if current is not None and current.class_ids.size:
             return current.dim
         pinned = self._pinned_dims.get(key)
         return pinned[1] if pinned is not None and pinned[0] == step else None
 
-    def pin_dim(self, step: Step, key: str, protos: PrototypeSet) -> None:
+    def pin_dim(self, step: Step, key: str, protos: PrototypeSet | FeatureLogitSet) -> None:
         """Call at the end of :meth:`validate`, once the reply is valid: the first valid reply
-        of ``step`` with vectors fixes the dimension the others must match."""
+        of ``step`` with vectors (prototypes, or a knowledge set's features) fixes the dimension
+        the others must match."""
         pinned = self._pinned_dims.get(key)
+        dim = protos.dim if isinstance(protos, PrototypeSet) else int(protos.features.shape[1])
         if protos.class_ids.size and (pinned is None or pinned[0] != step):
-            self._pinned_dims[key] = (step, protos.dim)
+            self._pinned_dims[key] = (step, dim)
 
 
 def admit_one_input(agent: AgentInfo, fleet: list[AgentInfo], shared_model: str) -> None:

@@ -158,7 +158,7 @@ class FedProtoStrategy(Strategy[FedProtoConfig]):
         """Prototypes of the agent's own classes, within ``max_abs_feature``, with the fleet's
         feature dimension (round 1: the step's first valid reply's)."""
         if step.phase == "train":
-            dim = self.expected_dim(step, "protos", self.protos)
+            dim = self.expected_dim(step, "protos", self.protos, self.config.feature_dim)
             protos = self.check_prototypes(agent, reply, "protos", dim)
             self.pin_dim(step, "protos", protos)
 

@@ -77,7 +77,8 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             phase_check(step, agent, reply)
 
     def _validate_train(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        dim = self.expected_dim(step, "protos", self.protos)  # round 1: the first valid reply's
+        # declared, or the global prototypes', or round 1: the first valid reply's
+        dim = self.expected_dim(step, "protos", self.protos, self.config.feature_dim)
         protos = self.check_prototypes(agent, reply, "protos", dim)
         if protos.sd is None:
             raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)

@@ -45,6 +45,16 @@ class FedProtoConfig(AveragingConfig):
         "train": (PayloadSpec("protos", PrototypeSet),),
     }
 
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {"feature_dim": (0, 65_536)}
+
     proto_weight: float = 1.0  # FedProto's lambda
     proto_encoding: Literal["raw", "f16"] = "raw"
     predict: Literal["head", "prototype"] = "head"  # prototype: nearest global prototype
+    # the prototypes' dimension (the agents' --feature-dim); 0: fixed by the first valid reply
+    # of round 1, which a forger answering first could choose (docs/security.md)
+    feature_dim: int = 0
+    # the agents' common start (issue 20 §2). "architecture": agents of one architecture start
+    # from the same weights (HtFLlib seeds every client's model alike), so their class means
+    # agree from round 1; "head": besides, every agent's head starts identical, so the classes
+    # pull features the same way in every architecture; "none": each agent its own start
+    shared_init: Literal["none", "architecture", "head"] = "architecture"

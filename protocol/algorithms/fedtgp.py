@@ -36,6 +36,7 @@ class FedTGPConfig(FedProtoConfig):
     margin_threshold: float = 100.0  # tau: the margin is min(max class gap, tau)
     tgp_hidden_dim: int = 0  # 0: the feature dimension (HtFLlib)
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {  # issue 19
+        **FedProtoConfig.LIMITS,
         "server_epochs": (0, 10_000),
         "server_batch_size": (1, 65_536),
         "tgp_hidden_dim": (0, 65_536),

@@ -27,6 +27,7 @@ class FedVTCConfig(AveragingConfig):
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "synthetic_per_class": (1, 10_000),
         "finetune_epochs": (0, 1000),
+        "feature_dim": (0, 65_536),
     }
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (
@@ -72,6 +73,9 @@ class FedVTCConfig(AveragingConfig):
     sd_min: float = 1e-3
     sd_max: float = 10.0
     proto_encoding: Literal["raw", "f16"] = "raw"
+    # the prototypes' dimension (the agents' --feature-dim); 0: fixed by the first valid reply
+    # of round 1, which a forger answering first could choose (docs/security.md)
+    feature_dim: int = 0
     generator_encoding: Literal["raw", "f16"] = "raw"
     finetune_source: Literal["generator", "noise"] = "generator"  # "noise" = the control
     # Diagnostics of the final phase (spec §10.1), off by default: fine-tune a copy of the same

@@ -46,8 +46,14 @@ class _FeatureLogitConfig(AveragingConfig):
     kl_reduction: Literal["elementwise_mean", "batchmean"] = "elementwise_mean"  # §8-D7
     knowledge_encoding: Literal["raw", "f16"] = "raw"
     weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # group weights, both ways
+    # the uploaded features' dimension (the agents' --feature-dim); 0: fixed by the first valid
+    # reply of round 1, which a forger answering first could choose (docs/security.md)
+    feature_dim: int = 0
     # the coordinator keeps up to history_cap entries per class (issue 19)
-    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {"history_cap": (1, 1_000_000)}
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "history_cap": (1, 1_000_000),
+        "feature_dim": (0, 65_536),
+    }
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (
