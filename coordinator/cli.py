@@ -314,7 +314,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg, creds)
+        result = _serve_run(cfg, creds, args.no_signing)
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
@@ -380,16 +380,19 @@ def _kit_run_keys(args: argparse.Namespace, creds: Credentials) -> dict[str, obj
     return out
 
 
-def _serve_run(cfg: RunConfig, creds: Credentials) -> RunResult:
-    from coordinator.runner import mqtt_transport, run_coordinator
+def _serve_run(cfg: RunConfig, creds: Credentials, no_signing: bool = False) -> RunResult:
+    from coordinator.runner import SENDER, mqtt_transport, run_coordinator
+    from protocol.credentials import load_signing
     from protocol.errors import ConfigError
     from protocol.mqtt import parse_broker
 
+    # on whenever the kit (or --credentials, EDGEFL_*) has signing keys
+    signing = load_signing(creds, SENDER, enabled=not no_signing)
     if cfg.broker:
         host, port = parse_broker(cfg.broker)
         transport = mqtt_transport(cfg, host, port, **creds.transport_options())
         try:
-            return run_coordinator(cfg, transport)
+            return run_coordinator(cfg, transport, signing=signing)
         finally:
             transport.close()  # a clean disconnect: the retained state stays "finished"
     from protocol.broker import EmbeddedBroker
@@ -403,7 +406,7 @@ def _serve_run(cfg: RunConfig, creds: Credentials) -> RunResult:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
         transport = mqtt_transport(cfg, "127.0.0.1", broker.port)
         try:
-            return run_coordinator(cfg, transport)
+            return run_coordinator(cfg, transport, signing=signing)
         finally:
             transport.close()
 

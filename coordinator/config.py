@@ -25,6 +25,7 @@ from typing import Any
 from protocol.algorithms import AlgorithmConfig, config_type
 from protocol.algorithms.base import _coerce
 from protocol.errors import ConfigError
+from protocol.signing import DEFAULT_WINDOW
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +35,7 @@ else:  # pragma: no cover - Python 3.10 (JetPack 6)
 __all__ = ["RunConfig", "build_config", "load_config", "parse_override", "read_layers", "run_keys"]
 
 _SERVER_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+MAX_HEARTBEAT_S = DEFAULT_WINDOW / 2  # a late joiner must find the retained state fresh
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class RunConfig:
     # before each later step, how long to wait for min_agents to be online again (an agent
     # that restarted mid-run rejoins); the step then goes ahead with the agents online
     rejoin_wait_s: float = 10.0
+    # with signed frames, the retained coordinator state is published again this often, well
+    # inside the signature window, so that agents joining later never see it stale (WIRE.md §7)
+    state_heartbeat_s: float = 60.0
     max_retries: int = 2  # re-runs of a step that missed quorum before the run stops
     seed: int = 0
     num_classes: int = 10
@@ -78,6 +83,11 @@ class RunConfig:
         if self.deadline_s <= 0 or self.grace_s < 0 or self.num_classes < 1:
             raise ConfigError("run: deadline_s > 0, grace_s >= 0, num_classes >= 1")
         _check_classes(self.classes, self.num_classes)
+        if not 0 < self.state_heartbeat_s <= MAX_HEARTBEAT_S:
+            raise ConfigError(
+                f"run.state_heartbeat_s: expected a value in (0, {MAX_HEARTBEAT_S:g}] seconds "
+                f"(half the {DEFAULT_WINDOW:g} s signature window), got {self.state_heartbeat_s}"
+            )
         if not _SERVER_DEVICE.fullmatch(self.server_device):
             raise ConfigError(
                 f"run.server_device: expected auto, cpu, cuda or cuda:N, got {self.server_device!r}"
@@ -128,6 +138,8 @@ RUN_KEY_HELP: dict[str, str] = {
     "grace_s": "extra seconds after the deadline for replies already in flight",
     "wait_agents_s": "seconds to wait for min_agents before the run gives up",
     "rejoin_wait_s": "seconds each later step waits for min_agents to be online again",
+    "state_heartbeat_s": "with signing, seconds between re-publications of the retained "
+    "coordinator state (at most half the 300 s signature window)",
     "max_retries": "re-runs of a step that missed its quorum before the run stops",
     "seed": "seed of selection and server-side training",
     "num_classes": "classes of the federation's task; every agent must have as many",

@@ -121,6 +121,7 @@ class Coordinator:
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self._open_step: OpenStep | None = None  # set only while collect() is waiting
         self._state: tuple[StateName, int] = ("starting", 0)  # last published coordinator state
+        self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._refused_replies: dict[str, str] = {}  # msg_id -> reason, so a resend counts once
         self._restore()
@@ -187,6 +188,20 @@ class Coordinator:
             classes=list(self.cfg.classes),
         )
         self.endpoint.send(self.topics.coord_state, body, retain=True)
+        self._next_heartbeat = time.monotonic() + self.cfg.state_heartbeat_s
+
+    def _heartbeat(self) -> None:
+        """Publish the retained state again, freshly signed, every ``state_heartbeat_s``.
+
+        A signed frame is refused once its timestamp is older than the replay window (300 s,
+        ``WIRE.md`` §7), so a retained state published once would be refused by every agent
+        joining later; a fresh one also replaces, within one interval, a forged retained state
+        that a broker without ACL let through. Unsigned states never go stale: no heartbeat.
+        """
+        if self.endpoint.signer is None or time.monotonic() < self._next_heartbeat:
+            return
+        with contextlib.suppress(EdgeFLError):  # a broker gone for now: the next pass retries
+            self._publish_state(*self._state)
 
     # ----- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -368,6 +383,7 @@ class Coordinator:
         """
         if self.health_check is not None:
             self.health_check()
+        self._heartbeat()
         try:
             batch = [self.inbox.get(timeout=timeout)]
         except queue.Empty:
@@ -393,6 +409,11 @@ class Coordinator:
             self._reject("sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}")
             return
         body = env.body
+        if not self.endpoint.trusted(env) and not _is_will(body):
+            # with signatures required only a last will arrives unsigned: it may say that its
+            # device went offline, never that it is online, busy or done (a forger could)
+            self._reject("unsigned", f"unsigned {env.kind} {_describe(body)} from {device}")
+            return
         if device in self.agents:  # last seen, for `coordinator status`
             online = body.state in ("online", "busy") if isinstance(body, Status) else None
             self.store.touch_agent(device, online)
@@ -651,6 +672,15 @@ class Coordinator:
         )
         record["bytes_progress"] = sum(progress.values())
         return record
+
+
+def _is_will(body: object) -> bool:
+    """An agent's last will: the only thing the engine accepts from an unverified frame."""
+    return isinstance(body, Status) and body.state == "offline"
+
+
+def _describe(body: object) -> str:
+    return repr(body.state) if isinstance(body, Status) else ""
 
 
 def _fmt(value: float | None) -> str:

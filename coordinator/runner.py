@@ -8,7 +8,7 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig
 from coordinator.engine import Coordinator, QuorumError, RunResult
@@ -16,9 +16,12 @@ from coordinator.store import Store
 from coordinator.strategies import create_strategy
 from protocol.codec import Envelope, encode
 from protocol.endpoint import Endpoint
-from protocol.messages import CoordinatorState
+from protocol.messages import CoordinatorState, Status
 from protocol.topics import Topics
 from protocol.transport import Transport, Will
+
+if TYPE_CHECKING:
+    from protocol.credentials import SigningKeys
 
 __all__ = [
     "coordinator_client_id",
@@ -29,6 +32,9 @@ __all__ = [
 ]
 
 SENDER = "coordinator"
+# what the coordinator accepts unsigned when it requires signatures: the agents' last wills,
+# which the broker publishes long after they were made; the engine takes them as presence only
+UNSIGNED_KINDS = frozenset({Status.KIND})
 
 
 def coordinator_client_id(cfg: RunConfig) -> str:
@@ -82,10 +88,12 @@ def make_coordinator(
     logger: logging.Logger | None = None,
     *,
     health_check: Callable[[], None] | None = None,
+    signing: SigningKeys | None = None,
 ) -> Coordinator:
     """Lock the run directory, open its store and strategy and wire them to ``transport``.
 
     ``health_check`` runs before every wait for messages and may raise to end the run.
+    ``signing``: sign every frame and refuse unsigned ones except the agents' wills (§7).
     ``run.json`` is written once, when the run starts: a resumed run keeps its record.
     """
     run_dir = Path(cfg.run_dir)
@@ -97,7 +105,8 @@ def make_coordinator(
         )
         if not (run_dir / "run.json").exists():
             (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        endpoint = Endpoint(transport, sender=SENDER, federation=cfg.federation)
+        options = {} if signing is None else signing.endpoint_options(UNSIGNED_KINDS)
+        endpoint = Endpoint(transport, sender=SENDER, federation=cfg.federation, **options)
         return Coordinator(cfg, endpoint, store, strategy, logger, health_check=health_check)
     except BaseException:
         store.close()
@@ -110,6 +119,7 @@ def run_coordinator(
     logger: logging.Logger | None = None,
     *,
     health_check: Callable[[], None] | None = None,
+    signing: SigningKeys | None = None,
 ) -> RunResult:
     """Connect, run every step, disconnect.
 
@@ -119,7 +129,7 @@ def run_coordinator(
     run_dir = Path(cfg.run_dir)
     created = not run_dir.exists()
     try:
-        coord = make_coordinator(cfg, transport, logger, health_check=health_check)
+        coord = make_coordinator(cfg, transport, logger, health_check=health_check, signing=signing)
     except BaseException:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -7,7 +7,6 @@ the models load only once the arguments are parsed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
@@ -198,6 +197,7 @@ def _run(args: argparse.Namespace) -> int:
 
     args.creds = _credentials(args)
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
+    args.signing = _signing(args, device_id)
     parse_broker(args.broker)  # a bad address fails before the data is loaded
     import torch
 
@@ -251,6 +251,13 @@ def _credentials(args: argparse.Namespace) -> Any:
     return creds
 
 
+def _signing(args: argparse.Namespace, device_id: str) -> Any:
+    """The kit's signing keys (``None``: frames unsigned); ``--no-signing`` turns them off."""
+    from protocol.credentials import load_signing
+
+    return load_signing(args.creds, device_id, enabled=not args.no_signing)
+
+
 def _transport(args: argparse.Namespace, device_id: str) -> Any:
     from protocol.codec import Envelope, encode
     from protocol.messages import Status
@@ -284,14 +291,16 @@ def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) ->
     try:
         algorithm = args.algorithm or "fedproto"
         classes = _class_list(args.classes) if args.classes else ()
-        agent = build_agent(_options(args, device_id, algorithm, classes), transport)
+        opts = _options(args, device_id, algorithm, classes)
+        agent = build_agent(opts, transport, signing=args.signing)
         if args.algorithm is None or not classes:
-            state = _coordinator_state(args, transport, stop)
+            state = _coordinator_state(args, device_id, transport, stop)
             if state is None:  # stopped while waiting
                 return 0
             adopted = _adopt(args, state)
             if adopted != (algorithm, classes):
-                agent = build_agent(_options(args, device_id, *adopted), transport)
+                opts = _options(args, device_id, *adopted)
+                agent = build_agent(opts, transport, signing=args.signing)
         agent.start()  # subscriptions before connecting: the broker's queued tasks arrive at once
         if not transport.connected:
             transport.connect(retry_for=args.connect_retry)
@@ -316,30 +325,41 @@ def _adopt(args: argparse.Namespace, state: Any) -> tuple[str, tuple[str, ...]]:
     return algorithm, tuple(state.classes)
 
 
-def _coordinator_state(args: argparse.Namespace, transport: Any, stop: threading.Event) -> Any:
+def _coordinator_state(
+    args: argparse.Namespace, device_id: str, transport: Any, stop: threading.Event
+) -> Any:
     """The retained state of the federation's current run (``None`` if stopped first).
 
     Waits for a coordinator that is starting or running (not one that finished or vanished):
-    an agent adopts what the run it joins runs, and the classes it names.
+    an agent adopts what the run it joins runs, and the classes it names. With signing, only
+    a verified state counts: a forged one could make the agent adopt another algorithm.
     """
     import queue
 
-    from protocol.codec import decode
-    from protocol.errors import ProtocolError
+    from edge_agent.factory import UNSIGNED_KINDS
+    from protocol.codec import Envelope
+    from protocol.endpoint import Endpoint
     from protocol.messages import CoordinatorState
     from protocol.topics import Topics
 
     states: queue.Queue[CoordinatorState] = queue.Queue()
-
-    def on_state(_topic: str, data: bytes) -> None:
-        with contextlib.suppress(ProtocolError):
-            body = decode(data).body
-            if isinstance(body, CoordinatorState):
-                states.put(body)
-
-    transport.subscribe(Topics(args.federation).coord_state, on_state)
-    transport.connect(retry_for=args.connect_retry)
+    options = {} if args.signing is None else args.signing.endpoint_options(UNSIGNED_KINDS)
+    # its own endpoint and replay cache: the agent's endpoint receives the same retained state
+    endpoint = Endpoint(transport, sender=device_id, federation=args.federation, **options)
     log = logging.getLogger("edgefl.agent")
+
+    def on_state(env: Envelope, _topic: str) -> None:
+        if not isinstance(env.body, CoordinatorState):
+            return
+        if endpoint.trusted(env):
+            states.put(env.body)
+        elif env.body.state != "offline":
+            log.warning(
+                "ignored an unsigned coordinator state %r: signatures are required", env.body.state
+            )
+
+    endpoint.subscribe(Topics(args.federation).coord_state, on_state)
+    transport.connect(retry_for=args.connect_retry)
     log.info("waiting for a coordinator of federation %s to join its run", args.federation)
     while not stop.is_set():
         try:

@@ -9,6 +9,7 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,9 +30,24 @@ from models import create_model
 from models.checkpoint import ModelSpec
 from protocol.endpoint import Endpoint
 from protocol.errors import ConfigError
+from protocol.messages import CoordinatorState
 from protocol.transport import Transport
 
-__all__ = ["AgentOptions", "build_agent", "describe_data", "map_classes", "pick_device"]
+if TYPE_CHECKING:
+    from protocol.credentials import SigningKeys
+
+__all__ = [
+    "UNSIGNED_KINDS",
+    "AgentOptions",
+    "build_agent",
+    "describe_data",
+    "map_classes",
+    "pick_device",
+]
+
+# what an agent accepts unsigned when it requires signatures: the coordinator's last will,
+# which the broker publishes long after it was made; the agent takes it as a hint only
+UNSIGNED_KINDS = frozenset({CoordinatorState.KIND})
 
 
 @dataclass(frozen=True)
@@ -152,9 +168,16 @@ def _scheme(p: PartitionSpec) -> str:
 
 
 def build_agent(
-    opts: AgentOptions, transport: Transport, logger: logging.Logger | None = None
+    opts: AgentOptions,
+    transport: Transport,
+    logger: logging.Logger | None = None,
+    *,
+    signing: SigningKeys | None = None,
 ) -> EdgeAgent:
-    """Load this device's data shard, build its model and algorithm, wire the endpoint."""
+    """Load this device's data shard, build its model and algorithm, wire the endpoint.
+
+    ``signing``: sign every frame and refuse unsigned ones except the coordinator's will (§7).
+    """
     device = pick_device(opts.device)
     train, test, global_test = _shards(opts)
     if opts.classes:
@@ -190,7 +213,8 @@ def build_agent(
         )
         algorithm = create_edge_algorithm(opts.algorithm, ctx)
     spec = ModelSpec.from_model(model)
-    endpoint = Endpoint(transport, sender=opts.device_id, federation=opts.federation)
+    options = {} if signing is None else signing.endpoint_options(UNSIGNED_KINDS)
+    endpoint = Endpoint(transport, sender=opts.device_id, federation=opts.federation, **options)
     settings = AgentSettings(
         device_id=opts.device_id,
         state_dir=opts.state_dir,

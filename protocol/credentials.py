@@ -55,9 +55,11 @@ __all__ = [
     "KIT_FILE",
     "Credentials",
     "Kit",
+    "SigningKeys",
     "add_arguments",
     "load_credentials",
     "load_signer",
+    "load_signing",
     "load_verify_keys",
     "read_kit",
     "write_kit",
@@ -392,6 +394,68 @@ def _pem_key(path: Path, private: bool) -> bytes:
     return raw
 
 
+@dataclass(frozen=True)
+class SigningKeys:
+    """This participant's signer and its peers' public keys: what signed frames need (§7)."""
+
+    signer: Any  # protocol.signing.Ed25519Signer; key id = this participant's sender id
+    verify_keys: Mapping[str, Any]  # key id -> protocol.signing.VerifyKey
+    source: str = ""  # where the keys came from, for logs
+
+    def endpoint_options(self, unsigned_kinds: frozenset[str]) -> dict[str, Any]:
+        """Keyword arguments for :class:`~protocol.endpoint.Endpoint`: sign every frame, require
+        signatures, accept only ``unsigned_kinds`` (the last wills) unsigned.
+
+        Each call makes a new :class:`~protocol.signing.Verifier` (its own replay cache): two
+        endpoints sharing one would refuse each other's copy of a retained message as a replay.
+        """
+        from protocol.signing import Verifier
+
+        return {
+            "signer": self.signer,
+            "verifier": Verifier(dict(self.verify_keys)),
+            "require_signatures": True,
+            "unsigned_kinds": unsigned_kinds,
+        }
+
+
+def load_signing(creds: Credentials, key_id: str, *, enabled: bool = True) -> SigningKeys | None:
+    """The signing keys ``creds`` locate, for participant ``key_id``; ``None`` when off.
+
+    Signing is on whenever a signing key is known (a kit has one) unless ``enabled`` is false
+    (``--no-signing``, logged as a warning). A signing key without verify keys, or the other
+    way round, is a :class:`ConfigError`: half a key set would fail every frame at run time.
+    """
+    key, peers = creds.signing_key, creds.verify_keys
+    if not enabled:
+        if key is not None or peers is not None:
+            log.warning(
+                "--no-signing: frames are neither signed nor verified although signing keys "
+                "are available (%s); any client of the broker can speak for any participant",
+                creds.sources.get("signing_key") or creds.sources.get("verify_keys"),
+            )
+        return None
+    if key is None and peers is None:
+        log.info("frames are not signed: no signing key (a kit from `coordinator provision`)")
+        return None
+    if key is None or peers is None:
+        given, missing, file_key = (
+            ("signing_key", "verify_keys", "verify_keys")
+            if key is not None
+            else ("verify_keys", "signing_key", "key")
+        )
+        raise ConfigError(
+            f"{given} from {creds.sources[given]} but no {missing}: set {ENV[missing]} or "
+            f"[signing] {file_key}, or run with --no-signing"
+        )
+    keys = load_verify_keys(peers)
+    if not keys:
+        raise ConfigError(f"verify keys: {peers} holds no ID.pub file; nobody could be verified")
+    source = creds.sources.get("signing_key", "")
+    log.info("signing frames as %s; verifying %d peers' keys (from %s)", key_id, len(keys), source)
+    return SigningKeys(load_signer(key, key_id), keys, source)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--kit`` and ``--credentials``: the flags name files, never secrets (``ps`` shows argv)."""
     parser.add_argument(
@@ -410,4 +474,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="TOML with [mqtt] username/password, [tls] ca/cert/key, [signing] key/verify_keys "
         f"(default ${ENV['credentials']}); ${ENV['username']}, ${ENV['password']}, "
         f"${ENV['ca']}, ${ENV['cert']}, ${ENV['key']} override single values",
+    )
+    parser.add_argument(
+        "--no-signing",
+        action="store_true",
+        help="do not sign or verify frames even though signing keys are available (a kit has "
+        "them; by default every frame is signed and unsigned ones refused, WIRE.md §7)",
     )
