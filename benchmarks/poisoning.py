@@ -1,0 +1,309 @@
+"""One poisoning agent out of 10 against each aggregation option (issue 19).
+
+Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+code paths as a real fleet). The attacker is not in the product: it is :class:`PoisonTransport`,
+a transport that rewrites its own device's ``train`` replies on the way out, i.e. a compromised
+device that runs the honest agent and sends whatever it likes. Its replies are finite and within
+the value bounds (``WIRE.md`` §10: |x| <= 1e4 in prototypes, <= 1e6 in weights), so validation
+accepts them and only the aggregation rule stands between them and the global state.
+
+Attacks (``ATTACKS``, one per payload):
+
+* ``fedavg``: a sign-flipped, scaled update: ``g - 10 (w - g)`` with ``g`` the global model of
+  its task (round 1, before any global model: ``-10 w``), clipped to the weight bound.
+* ``fedproto``: every prototype sign-flipped and scaled to the feature bound:
+  ``-p * 9990 / max|p|``.
+
+Options: ``mean`` (the default), ``median``, ``trimmed_mean`` (trim_fraction 0.1: one value
+dropped at each end of 10), ``clip`` (mean with clip_norm 2: deviations from the coordinate-wise
+median beyond twice the median deviation norm are scaled down).
+
+Reported: the honest agents' (``agent0`` .. ``agent8``) mean accuracy after the ``final`` step on
+their own test splits (``acc_local``) and on the global test set (``acc_global``), in runs with
+all 10 agents honest ("clean") and with ``agent9`` poisoning ("attacked").
+
+Usage::
+
+    python benchmarks/poisoning.py --seeds 0 1 --rounds 5 \\
+        --out benchmarks/results/poisoning.json --md benchmarks/results/poisoning.md
+    python benchmarks/poisoning.py --out benchmarks/results/poisoning.json --table-only
+
+Results are appended to ``--out`` after every run; a rerun skips runs already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from protocol.codec import decode, encode
+from protocol.messages import Reply, Task
+from protocol.payloads import Payload, PrototypeSet, TensorMap
+from protocol.transport import Handler, MemoryBroker, MemoryTransport, Transport, Will
+from protocol.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT
+
+logging.basicConfig(level=logging.ERROR)
+
+ATTACKER = "agent9"
+OPTIONS: dict[str, dict[str, Any]] = {
+    "mean": {},
+    "median": {"aggregation": "median"},
+    "trimmed_mean": {"aggregation": "trimmed_mean", "trim_fraction": 0.1},
+    "clip": {"clip_norm": 2.0},
+}
+ALGORITHMS = ("fedavg", "fedproto")
+SCALE = 10.0  # the sign-flipped update's factor
+Attack = Callable[[dict[str, Payload], dict[str, Payload]], dict[str, Payload]]
+
+
+def flip_weights(payloads: dict[str, Payload], task: dict[str, Payload]) -> dict[str, Payload]:
+    """``g - SCALE (w - g)`` for every float tensor (``g`` = 0 before any global model)."""
+    w = payloads["weights"]
+    g = task.get("weights")
+    assert isinstance(w, TensorMap)
+    out = {}
+    for name, t in w.tensors.items():
+        if t.dtype.kind != "f":
+            out[name] = t
+            continue
+        ref = g.tensors[name] if isinstance(g, TensorMap) else np.zeros_like(t)
+        bad = ref - SCALE * (t - ref)
+        out[name] = np.clip(bad, -0.999 * MAX_ABS_WEIGHT, 0.999 * MAX_ABS_WEIGHT).astype(t.dtype)
+    return {**payloads, "weights": TensorMap(out, encoding=w.encoding)}
+
+
+def flip_prototypes(payloads: dict[str, Payload], task: dict[str, Payload]) -> dict[str, Payload]:
+    """Every prototype sign-flipped and scaled to just under the feature bound."""
+    p = payloads["protos"]
+    assert isinstance(p, PrototypeSet)
+    peak = max(float(np.abs(p.vectors).max()), 1e-12)
+    vectors = (-p.vectors * (0.999 * MAX_ABS_FEATURE / peak)).astype(np.float32)
+    bad = PrototypeSet(p.class_ids, vectors, p.counts, sd=p.sd, encoding=p.encoding)
+    return {**payloads, "protos": bad}
+
+
+ATTACKS: dict[str, Attack] = {"fedavg": flip_weights, "fedproto": flip_prototypes}
+
+
+class PoisonTransport(MemoryTransport):
+    """The attacker's link: remembers each task's payloads and rewrites its ``train`` replies."""
+
+    def __init__(self, broker: MemoryBroker, client_id: str, attack: Attack, will: Will) -> None:
+        super().__init__(broker, client_id, will=will)
+        self.attack = attack
+        self.tasks: dict[str, dict[str, Payload]] = {}  # task id -> payloads sent down
+        self.poisoned = 0
+
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        """Also keep the payloads of every task that arrives (the global model)."""
+
+        def spy(topic: str, data: bytes) -> None:
+            try:
+                env = decode(data)
+            except Exception:  # chunks and anything else: the agent's endpoint decides
+                env = None
+            if env is not None and isinstance(env.body, Task):
+                self.tasks[env.body.task_id] = dict(env.body.payloads)
+            handler(topic, data)
+
+        super().subscribe(topic_filter, spy, qos)
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        """Rewrite a ``train`` reply's payloads; everything else passes unchanged."""
+        env = decode(payload)
+        body = env.body
+        if isinstance(body, Reply) and body.phase == "train" and body.payloads:
+            task = self.tasks.get(body.task_id, {})
+            bad = dataclasses.replace(body, payloads=self.attack(dict(body.payloads), task))
+            payload = encode(dataclasses.replace(env, body=bad))
+            self.poisoned += 1
+        super().publish(topic, payload, qos=qos, retain=retain)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line; defaults keep the grid small (a shared 2-core machine)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    ap.add_argument("--options", nargs="+", default=list(OPTIONS), choices=sorted(OPTIONS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
+    ap.add_argument("--model", default="cnn_t1", help="every agent's architecture")
+    ap.add_argument("--alpha", type=float, default=0.5, help="Dirichlet label skew")
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--deadline", type=float, default=900.0, help="per-step deadline (s)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/poisoning.json"))
+    ap.add_argument("--md", type=Path, default=None, help="write the markdown table here")
+    ap.add_argument("--table-only", action="store_true")
+    return ap.parse_args(argv)
+
+
+def run_spec(args: argparse.Namespace, algorithm: str, option: str, attacked: bool, seed: int):
+    """Everything that determines one run (also its identity in the results file)."""
+    return {
+        "algorithm": algorithm,
+        "option": option,
+        "attacked": attacked,
+        "seed": seed,
+        "rounds": args.rounds,
+        "epochs": args.epochs,
+        "model": args.model,
+        "alpha": args.alpha,
+        "clients": args.clients,
+        "hyper": {"local_epochs": args.epochs, **OPTIONS[option]},
+    }
+
+
+def execute(spec: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """One simulation; the honest agents' final accuracies."""
+    from coordinator.config import load_config
+    from coordinator.simulate import FleetSpec, simulate
+
+    run_dir = Path(tempfile.mkdtemp(prefix="poisoning-"))
+    broker = MemoryBroker()
+    links: list[PoisonTransport] = []
+
+    def transport(client_id: str, will: Will) -> Transport:
+        if spec["attacked"] and client_id == ATTACKER:
+            links.append(PoisonTransport(broker, client_id, ATTACKS[spec["algorithm"]], will))
+            return links[-1]
+        return MemoryTransport(broker, client_id, will=will)
+
+    try:
+        cfg = load_config(
+            None,
+            [],
+            algorithm=spec["algorithm"],
+            rounds=spec["rounds"],
+            run_dir=str(run_dir),
+            min_agents=spec["clients"],
+            seed=spec["seed"],
+            fraction=1.0,
+            deadline_s=deadline,
+            max_retries=1,
+            num_classes=10,
+            run_id="poisoning",
+        ).replace(hyper=spec["hyper"])
+        fleet = FleetSpec(
+            num_agents=spec["clients"],
+            models=(spec["model"],),
+            data="digits",
+            partition=f"dirichlet:{spec['alpha']}",
+            feature_dim=64,
+        )
+        t0 = time.time()
+        result = simulate(cfg, fleet, transport_factory=transport)
+        wall = time.time() - t0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    # a run whose steps all failed may end without a final step: its last step's agents
+    last = ([s for s in result.metrics if s["phase"] == "final"] or result.metrics or [{}])[-1]
+    honest = {d: a for d, a in last.get("agents", {}).items() if d != ATTACKER}
+    return {
+        "spec": spec,
+        "wall_s": wall,
+        "poisoned_replies": links[0].poisoned if links else 0,
+        "honest_agents": len(honest),
+        "acc_local": _mean([a.get("acc_local") for a in honest.values()]),
+        "acc_global": _mean([a.get("acc_global") for a in honest.values()]),
+        "final_phase": last.get("phase"),
+        "steps": [(s["phase"], s.get("status", "done"), len(s["agents"])) for s in result.metrics],
+    }
+
+
+def _mean(values: list[Any]) -> float | None:
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and np.isfinite(v)]
+    return statistics.fmean(vals) if vals else None
+
+
+def mean_sd(values: list[float | None]) -> str:
+    """``mean ± sd`` in percent (``–`` without values)."""
+    vals = [100 * v for v in values if v is not None]
+    if not vals:
+        return "–"
+    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return f"{statistics.fmean(vals):.1f} ± {sd:.1f}"
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    """Markdown: one row per (algorithm, option), clean vs attacked accuracy."""
+    cells: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
+    for r in runs:
+        s = r["spec"]
+        cells.setdefault((s["algorithm"], s["option"], s["attacked"]), []).append(r)
+    specs = [r["spec"] for r in runs]
+    setting = sorted({(s["rounds"], s["epochs"], s["model"], s["alpha"]) for s in specs})
+    lines = [
+        "Honest agents' mean accuracy in % (mean ± sd over seeds) after the `final` step: "
+        "`agent0`..`agent8` on their own test splits (local) and on the 360-image global test "
+        "set (global). clean: all 10 agents honest; attacked: `agent9` poisons every `train` "
+        "reply (see `benchmarks/poisoning.py`). Settings (rounds, local epochs, model, "
+        f"Dirichlet alpha): {setting}; digits, 10 agents, all participate every round.",
+        "",
+        "| algorithm | option | seeds | clean local | attacked local | clean global "
+        "| attacked global | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for algorithm in ALGORITHMS:
+        for option in OPTIONS:
+            clean = cells.get((algorithm, option, False), [])
+            bad = cells.get((algorithm, option, True), [])
+            if not clean and not bad:
+                continue
+            wall = statistics.fmean(r["wall_s"] for r in clean + bad)
+            lines.append(
+                f"| {algorithm} | {option} | {len(clean)}/{len(bad)} | "
+                f"{mean_sd([r['acc_local'] for r in clean])} | "
+                f"{mean_sd([r['acc_local'] for r in bad])} | "
+                f"{mean_sd([r['acc_global'] for r in clean])} | "
+                f"{mean_sd([r['acc_global'] for r in bad])} | {wall:.0f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the missing cells of the grid, then print (and write) the table."""
+    args = parse_args(argv)
+    done = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
+    if not args.table_only:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        have = [r["spec"] for r in done["runs"]]
+        for seed in args.seeds:
+            for algorithm in args.algorithms:
+                for option in args.options:
+                    for attacked in (False, True):
+                        spec = run_spec(args, algorithm, option, attacked, seed)
+                        if spec in have:
+                            continue
+                        out = execute(spec, args.deadline)
+                        done["runs"].append(out)
+                        args.out.parent.mkdir(parents=True, exist_ok=True)
+                        args.out.write_text(json.dumps(done, indent=1) + "\n")
+                        print(
+                            f"{algorithm} {option} attacked={attacked} seed={seed}: "
+                            f"local {out['acc_local']} global {out['acc_global']} "
+                            f"({out['wall_s']:.0f} s)",
+                            flush=True,
+                        )
+    md = table(done["runs"])
+    print(md)
+    if args.md is not None:
+        args.md.write_text("# One poisoning agent out of 10\n\n" + md)
+
+
+if __name__ == "__main__":
+    main()
