@@ -350,8 +350,9 @@ def tables(runs: list[dict[str, Any]]) -> str:
             f"### {data}, Dir({alpha:g}), T={rounds}, participation {fraction:g}",
             "",
             "Accuracy in % (mean ± sd over seeds) after the `final` step, unweighted mean over "
-            "all 10 agents. private = each agent's private model on its own test split "
-            "(`acc_local`); private@global = the same models on the 360-image global test set; "
+            f"all {rs[0]['spec']['clients']} agents. private = each agent's private model on "
+            "its own test split (`acc_local`); private@global = the same models on the "
+            f"{rs[0]['spec']['global_test']}-image global test set; "
             "proxy = the last local proxy p_i; global proxy = p_g^T, both on the agent's own "
             "test split. `fedavg_proxy`: its final model is p_g^T (global proxy column; p_g: is "
             "the same model on the global test set).",
@@ -415,7 +416,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "Private accuracy per architecture (own test split, %, mean over seeds; parameter "
             "count in brackets):",
             "",
-            "| method | " + " | ".join(f"{a} ({params.get(a, 0):,})" for a in archs) + " |",
+            "| method | " + " | ".join(_arch_head(a, params) for a in archs) + " |",
             "|---|" + "---|" * len(archs),
         ]
         for m in order:
@@ -426,15 +427,23 @@ def tables(runs: list[dict[str, Any]]) -> str:
                 cells.append(f"{100 * statistics.fmean(vals):.1f}" if vals else "–")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         proxy = rs[0]["spec"]["proxy"]
-        priv = [params[a] for a in archs if a != proxy] or [params.get(proxy, 0)]
+        # FedType's agents register their private model as arch "private" (issue 16, spec
+        # §3.3): the parameter range is that of the known architectures
+        priv = [params[a] for a in archs if a != proxy and a in params]
+        if not priv and all(a in params for a in archs):
+            priv = [params.get(proxy, 0)]  # fedavg_proxy alone: every model is the proxy
+        sizes = (
+            f"{min(priv):,}-{max(priv):,} parameters = {4 * min(priv):,}-{4 * max(priv):,} B"
+            if priv
+            else "not disclosed"
+        )
         lines += [
             "",
             f"Traffic per client per round (bytes per participation of a train step, mean over "
             f"seeds; down = coordinator to agent, up = agent to coordinator; round 1 of FedType "
             f"sends no proxy down; last = the last round). Proxy `{proxy}`: "
             f"{params.get(proxy, 0):,} parameters = {4 * params.get(proxy, 0):,} B in float32; "
-            f"private models: {min(priv):,}-{max(priv):,} parameters = "
-            f"{4 * min(priv):,}-{4 * max(priv):,} B.",
+            f"private models: {sizes}.",
             "",
             "| method | down | up | down (last round) | up (last round) | total per run kB |",
             "|---|---|---|---|---|---|",
@@ -450,6 +459,11 @@ def tables(runs: list[dict[str, Any]]) -> str:
             )
         lines += [*paired(by_method), ""]
     return "\n".join(lines) + "\n"
+
+
+def _arch_head(arch: str, params: dict[str, int]) -> str:
+    """``mlp_xl (4,810)``; an architecture the agents did not disclose has no count."""
+    return f"{arch} ({params[arch]:,})" if arch in params else f"{arch} (not disclosed)"
 
 
 def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:

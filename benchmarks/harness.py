@@ -56,6 +56,7 @@ __all__ = [
     "mean_sd",
     "paired_diffs",
     "pending",
+    "personalised_accuracy",
     "run_grid",
     "save_results",
     "simulate_run",
@@ -387,6 +388,18 @@ def step_bytes(step: Record, direction: str, *, progress: bool = True) -> int:
         for k, v in step["bytes"].items()
         if k.startswith(direction) and (progress or not k.endswith(".progress"))
     )
+
+
+def personalised_accuracy(agents: dict[str, Record], test_sizes: list[int]) -> float | None:
+    """``acc_local`` of a step's agents weighted by their own test split's size: the accuracy
+    over the union of the clients' test splits. Agents are simulate()'s ``agent{i}``."""
+    pairs = [
+        (test_sizes[int(device.removeprefix("agent"))], float(a["acc_local"]))
+        for device, a in agents.items()
+        if isinstance(a.get("acc_local"), (int, float))
+    ]
+    total = sum(n for n, _ in pairs)
+    return sum(n * acc for n, acc in pairs) / total if total else None
 
 
 # ----- tables ---------------------------------------------------------------------------------

@@ -139,6 +139,17 @@ def test_mean_of_skips_missing_and_non_numeric_values() -> None:
     assert harness.mean_of(records, "c") is None
 
 
+def test_personalised_accuracy_weights_each_client_by_its_test_split() -> None:
+    agents: dict[str, Record] = {
+        "agent0": {"acc_local": 1.0},
+        "agent2": {"acc_local": 0.5},
+        "agent1": {"acc_local": None},  # no evaluation: left out
+    }
+    # 10 samples at 100 % and 30 at 50 %: 25 of 40 right (the unweighted mean would be 75 %)
+    assert harness.personalised_accuracy(agents, [10, 99, 30]) == 0.625
+    assert harness.personalised_accuracy({"agent1": {"acc_local": None}}, [1, 2]) is None
+
+
 # ----- table cells ----------------------------------------------------------------------------
 def test_mean_sd_scales_and_formats() -> None:
     assert harness.mean_sd([0.5, 0.7, None]) == "60.0 ± 14.1"

@@ -1,0 +1,463 @@
+"""Every registered algorithm on the same splits: the one table of issue 20 §4.
+
+Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+code paths as a real fleet), so accuracies are what the agents report and bytes are what the
+coordinator's endpoint counted.
+
+Setting: the algorithms registered in ``coordinator.strategies`` (not a hand list), each with
+its own config's defaults (its paper's, ``protocol/algorithms/<name>.py``) and only what it
+needs to run at all (``NEEDS``); 20 clients with full participation, the heterogeneous family
+``tiny`` (client i gets ``mlp_s, cnn_t1, cnn_t2, mlp_m, cnn_t3``[i mod 5]), feature dimension
+64, Dirichlet(alpha) label skew with alpha 0.1 and 1.0, a stratified global test set held out
+first, 20 % of each client's data as its own test split; ``digits`` (8x8) and ``mnist5k``
+(28x28); seeds 0-2.
+
+Reported per algorithm, after its ``final`` step (mean ± sd over seeds): personalised accuracy
+(each client's model on its own test split, weighted by the split's size) and global accuracy
+(each client's model on the global test set, mean over clients); bytes per client per round
+down and up (training rounds 2.., from the transport's counters, without progress messages);
+the whole run's bytes (set-up round and final steps included); seconds per training round.
+
+Usage::
+
+    python benchmarks/compare.py --quick --jobs 2   # digits, seed 0, 10 rounds
+    python benchmarks/compare.py --jobs 2           # the full grid
+    python benchmarks/compare.py --quick --table-only   # rewrite docs/results.md only
+
+``--quick`` results go to ``benchmarks/results/compare_quick.json``, the full grid's to
+``benchmarks/results/compare.json``; both write ``docs/results.md`` (``--md``).
+
+Results are appended to ``--out`` after every run; a rerun skips runs already there with the
+same settings, so an interrupted grid resumes. A run that raises is recorded under
+``failures`` (with its traceback and the errors logged during it) and retried next time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    SimRun,
+    add_grid_args,
+    client_test_sizes,
+    code_label,
+    failure_line,
+    final_step,
+    group_by,
+    load_results,
+    mean_sd,
+    personalised_accuracy,
+    run_grid,
+    simulate_run,
+    spec_key,
+    step_bytes,
+    train_steps,
+    write_markdown,
+)
+
+# the in-process transport's agents and the coordinator log per step; the grid prints a line
+# per run instead
+logging.basicConfig(level=logging.ERROR)
+
+DATA = {"digits": None, "mnist5k": 28}  # name: image_size
+GLOBAL_TEST = {"digits": 360, "mnist5k": 1000}
+FEATURE_DIM = 64
+# What an algorithm needs beyond its config's defaults to run in this setting at all, and why.
+# "feature_dim" replaces the fleet's feature dimension (per dataset where it depends on it).
+NEEDS: dict[str, dict[str, Any]] = {
+    # FedKTL's ETF head: the agents' features are the K = C = 10 ETF dimensions (fedktl.md §10)
+    "fedktl": {"feature_dim": {"digits": 10, "mnist5k": 10}},
+    # FedVTC's generator reads the prototypes as its latent: p = 64 (16x2x2) at 8x8, the
+    # paper's p = 980 (20x7x7) at 28x28 (models/vtc.py)
+    "fedvtc": {"feature_dim": {"digits": 64, "mnist5k": 980}},
+    # the default proxy is the paper's resnet18; the spec §10 CPU proxy (fedtype_repro.py)
+    "fedtype": {"hyper": {"proxy_model": "mlp_xs"}},
+}
+QUICK: dict[str, Any] = {"data": ["digits"], "seeds": [0], "rounds": 10}
+FULL: dict[str, Any] = {"data": ["digits", "mnist5k"], "seeds": [0, 1, 2], "rounds": 50}
+
+
+def registered() -> list[str]:
+    """The algorithms registered on the coordinator (``coordinator.strategies``, torch-free)."""
+    from coordinator.strategies import STRATEGIES
+
+    return sorted(STRATEGIES)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line; ``--quick`` fills in the smoke setting, the defaults are the full grid."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"smoke setting: {QUICK}")
+    ap.add_argument("--algorithms", nargs="+", default=None, help="default: all registered")
+    ap.add_argument("--data", nargs="+", default=None, choices=sorted(DATA))
+    ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0], help="Dirichlet")
+    ap.add_argument("--seeds", nargs="+", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--family", default="tiny", help="models.families name")
+    ap.add_argument("--wait-agents", type=float, default=120.0, help="registration wait (s)")
+    add_grid_args(ap, None, deadline=900.0)
+    ap.set_defaults(md=Path("docs/results.md"))  # the results page
+    args = ap.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.out is None:
+        name = "compare_quick.json" if args.quick else "compare.json"
+        args.out = Path("benchmarks/results") / name
+    return args
+
+
+def run_spec(
+    args: argparse.Namespace, algorithm: str, data: str, alpha: float, seed: int
+) -> dict[str, Any]:
+    """Everything that determines one run (also its identity in the results file)."""
+    needs = NEEDS.get(algorithm, {})
+    feature_dim = needs.get("feature_dim", {}).get(data, FEATURE_DIM)
+    return {
+        "method": algorithm,
+        "algorithm": algorithm,
+        "data": data,
+        "family": args.family,
+        "alpha": alpha,
+        "seed": seed,
+        "rounds": args.rounds,
+        "clients": args.clients,
+        "feature_dim": feature_dim,
+        "global_test": GLOBAL_TEST[data],
+        "hyper": dict(needs.get("hyper", {})),
+    }
+
+
+def execute(spec: dict[str, Any], threads: int, deadline: float, wait: float) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to the table's figures."""
+    from models.families import family_models
+
+    run = SimRun(
+        algorithm=spec["algorithm"],
+        hyper=spec["hyper"],
+        seed=spec["seed"],
+        rounds=spec["rounds"],
+        clients=spec["clients"],
+        models=tuple(family_models(spec["family"], spec["clients"])),
+        data=spec["data"],
+        partition=f"dirichlet:{spec['alpha']}",
+        feature_dim=spec["feature_dim"],
+        image_size=DATA[spec["data"]],
+        global_test=spec["global_test"],
+        deadline_s=deadline,
+        wait_agents_s=wait,
+        run_id="compare",
+    )
+    steps, wall = simulate_run(run, threads)
+    return {"spec": spec, "wall_s": wall, **summarize(steps, client_test_sizes(run))}
+
+
+def summarize(steps: list[dict[str, Any]], test_sizes: list[int]) -> dict[str, Any]:
+    """Final accuracies (personalised sample-weighted, global client mean), bytes, seconds."""
+    last = final_step(steps)
+    agents = last["agents"]
+    glob = [float(a["acc_global"]) for a in agents.values() if a.get("acc_global") is not None]
+    train = train_steps(steps)
+    later = train[1:] or train  # round 1 carries the set-up (and, before issue 20 §5, resends)
+    return {
+        "final_phase": last["phase"],
+        "final_agents": len(agents),
+        "acc_personal": personalised_accuracy(agents, test_sizes),
+        "acc_global": statistics.fmean(glob) if glob else None,
+        "down_per_client": statistics.fmean(
+            step_bytes(s, "tx", progress=False) / max(len(s["agents"]), 1) for s in later
+        ),
+        "up_per_client": statistics.fmean(
+            step_bytes(s, "rx", progress=False) / max(len(s["agents"]), 1) for s in later
+        ),
+        "bytes_run": sum(step_bytes(s, d, progress=False) for s in steps for d in ("tx", "rx")),
+        "s_per_round": statistics.fmean(float(s["duration_s"]) for s in train),
+        "rounds_done": len(train),
+        "steps_failed": sum(1 for s in steps if s.get("status") == "failed"),
+        "per_round": [
+            {
+                "round": s["round"],
+                "n": len(s["agents"]),
+                "down": step_bytes(s, "tx", progress=False),
+                "up": step_bytes(s, "rx", progress=False),
+                "s": s["duration_s"],
+                "acc_local": s.get("mean_acc_local"),
+                "acc_global": s.get("mean_acc_global"),
+            }
+            for s in train
+        ],
+    }
+
+
+# ----- the page -------------------------------------------------------------------------------
+def _acc(vals: list[float | None]) -> str:
+    xs = [v for v in vals if v is not None]
+    if len(xs) == 1:  # one seed: no spread to state
+        return f"{100 * xs[0]:.1f}"
+    return mean_sd(xs)
+
+
+def _kb(vals: list[float]) -> str:
+    return f"{statistics.fmean(vals) / 1e3:,.1f}"
+
+
+def _best(rows: dict[str, list[dict[str, Any]]], key: str) -> str | None:
+    means = {
+        m: statistics.fmean(r[key] for r in rs)
+        for m, rs in rows.items()
+        if all(r.get(key) is not None for r in rs)
+    }
+    return max(means, key=lambda m: means[m]) if means else None
+
+
+def setting_table(runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> list[str]:
+    """One setting's rows: every algorithm that ran, then every one that only failed."""
+    by_alg = group_by(sorted(runs, key=lambda r: r["spec"]["algorithm"]), _alg)
+    best_p, best_g = _best(by_alg, "acc_personal"), _best(by_alg, "acc_global")
+    lines = [
+        "| algorithm | seeds | personalised % | global % | down kB/client/round | "
+        "up kB/client/round | run MB | s/round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for alg, rs in by_alg.items():
+        pers = _acc([r["acc_personal"] for r in rs])
+        glob = _acc([r["acc_global"] for r in rs])
+        lines.append(
+            f"| `{alg}` | {len(rs)} | {f'**{pers}**' if alg == best_p else pers} | "
+            f"{f'**{glob}**' if alg == best_g else glob} | "
+            f"{_kb([r['down_per_client'] for r in rs])} | "
+            f"{_kb([r['up_per_client'] for r in rs])} | "
+            f"{statistics.fmean(r['bytes_run'] for r in rs) / 1e6:,.2f} | "
+            f"{statistics.fmean(r['s_per_round'] for r in rs):.1f} |"
+        )
+    for alg, fs in group_by(fails, _alg).items():
+        if alg not in by_alg:
+            lines.append(
+                f"| `{alg}` | 0 | failed ([below](#failures)): {_cause(fs[0])} | | | | | |"
+            )
+    verdict = (
+        f"Best on both metrics: `{best_p}`."
+        if best_p == best_g
+        else f"No algorithm is best on both: personalised `{best_p}`, global `{best_g}`."
+    )
+    return [*lines, "", verdict]
+
+
+def _alg(r: dict[str, Any]) -> str:
+    return str(r["spec"]["algorithm"])
+
+
+def _cause(failure: dict[str, Any]) -> str:
+    """The first error an agent or the coordinator logged (the why), else the exception."""
+    logged = failure.get("log") or [failure["error"]]
+    return _short(logged[0].split(": ", 1)[-1].split("; ")[0])
+
+
+def _short(text: str, width: int = 90) -> str:
+    one = " ".join(text.split()).replace("|", "/")
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+def failures_section(failures: list[dict[str, Any]]) -> list[str]:
+    """Each algorithm's failure once: its settings, the error, the errors logged during the
+    run (why agents stopped) and the end of the traceback."""
+    if not failures:
+        return []
+    out = ["", "## Failures", ""]
+    for alg, fs in sorted(group_by(failures, _alg).items()):
+        where = ", ".join(
+            f"{f['spec']['data']} Dir({_alpha(f['spec']['alpha'])}) seed {f['spec']['seed']}"
+            for f in fs
+        )
+        text = fs[0]["traceback"].strip().splitlines()[-3:]
+        if fs[0].get("log"):
+            text += ["logged during the run (first ones):", *fs[0]["log"][:3]]
+        out += [
+            f"- `{alg}` ({where}): `{_short(fs[0]['error'], 300)}`",
+            "",
+            "  ```text",
+            *(f"  {line}" for line in text),
+            "  ```",
+            "",
+        ]
+    return out
+
+
+def _alpha(alpha: float) -> str:
+    return str(float(alpha))  # 0.1, 1.0 (as the papers write them)
+
+
+def page(args: argparse.Namespace, runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> str:
+    """docs/results.md: settings, one table per (data, alpha), failures, how to rerun."""
+    label = "quick (smoke) setting" if args.quick else "full grid"
+    codes = sorted({str(r.get("code")) for r in runs})
+    lines = [
+        "# One table of every algorithm",
+        "",
+        f"**{label}**: {', '.join(args.data)}; {args.clients} clients, all in every round; "
+        f"family `{args.family}`; Dirichlet alpha {', '.join(map(_alpha, args.alphas))}; "
+        f"{args.rounds} rounds; seeds {', '.join(map(str, args.seeds))}; "
+        f"{args.threads} torch thread(s) per run, {max(args.jobs, 1)} run(s) at a time; "
+        f"code {', '.join(codes) or '–'}. Produced by `{command(args)}` (results: "
+        f"`{args.out}`).",
+        "",
+        *(QUICK_TEXT if args.quick else []),
+        *SETTINGS_TEXT,
+    ]
+    settings = group_by(runs + fails, lambda r: (r["spec"]["data"], r["spec"]["alpha"]))
+    for data, alpha in sorted(settings, key=lambda k: (list(DATA).index(k[0]), k[1])):
+        mine = [r for r in runs if (r["spec"]["data"], r["spec"]["alpha"]) == (data, alpha)]
+        theirs = [f for f in fails if (f["spec"]["data"], f["spec"]["alpha"]) == (data, alpha)]
+        lines += [f"## {data}, Dir({_alpha(alpha)})", "", *setting_table(mine, theirs), ""]
+    lines += failures_section(fails)
+    lines += [*rerun_text(), *(cost_estimate(args, runs, fails) if args.quick else [])]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that reruns this page's grid."""
+    preset = QUICK if args.quick else FULL
+    parts = ["python benchmarks/compare.py", "--quick" if args.quick else ""]
+    parts += [f"--rounds {args.rounds}" if args.rounds != preset["rounds"] else ""]
+    parts += [f"--jobs {args.jobs} --threads {args.threads}"]
+    return " ".join(p for p in parts if p)
+
+
+# MNIST-5k (28x28, 5000 images) over digits (8x8, 1797) per round, the same fleet and
+# settings: 5.4-7.1x for the client-bound Felo-family rows, 2.5x for Velo (server-bound), in
+# benchmarks/results/felo_{digits,mnist5k}.json (10 clients, Dir 0.5)
+MNIST_FACTOR = 6.0
+
+
+def cost_estimate(
+    args: argparse.Namespace, runs: list[dict[str, Any]], fails: list[dict[str, Any]]
+) -> list[str]:
+    """The full grid's CPU time extrapolated from this quick run's wall times."""
+    per_round = [r["wall_s"] / r["spec"]["rounds"] for r in runs]
+    if not per_round:
+        return []
+    settings = len({(r["spec"]["data"], r["spec"]["alpha"]) for r in runs})
+    one = sum(per_round) / settings  # every algorithm once, one round, one setting
+    seeds, rounds, alphas = len(FULL["seeds"]), FULL["rounds"], 2
+    digits_h = one * rounds * seeds * alphas / 3600
+    return [
+        "",
+        f"Cost, extrapolated from this page's wall times (all algorithms, one round, one "
+        f"setting: {one:.0f} s, run start-up included): digits {digits_h:.1f} h, MNIST-5k "
+        f"about {MNIST_FACTOR:g}x that ({MNIST_FACTOR * digits_h:.0f} h; the ratio measured on "
+        f"the Felo grids), in all about {(1 + MNIST_FACTOR) * digits_h:.0f} h of one core at "
+        f"the load this page ran under; each run of an algorithm that fails to start here "
+        f"({', '.join(sorted({_alg(f) for f in fails})) or 'none'}) waits "
+        f"{args.wait_agents:.0f} s (`--wait-agents`) before it is recorded as failed.",
+    ]
+
+
+QUICK_TEXT = [
+    "This is the smoke setting: it shows that every algorithm runs (or how it fails) in the "
+    "20-client heterogeneous fleet and what it costs in bytes and time. Ten rounds are too "
+    "few to rank accuracies: the defaults that take few optimiser steps per round (plain SGD "
+    "at lr 0.01 with batch 10, HtFLlib's, on 45-60 training images per client; Adam 1e-3 at "
+    "batch 50 for the Felo family) leave most rows near chance at Dir 1.0.",
+    "",
+]
+SETTINGS_TEXT = [
+    "Each algorithm runs with its own config's defaults (its paper's; `coordinator config "
+    "--defaults`, `docs/baselines.md`), so optimiser, batch size and local epochs differ "
+    "between rows, plus only what it needs to run here: FedKTL's agents have feature "
+    "dimension 10 (its ETF head, K = C), FedVTC's 64 on digits and 980 on MNIST (its "
+    "generator's latent), FedType's proxy is `mlp_xs` (the default is the paper's ResNet-18); "
+    "every other agent has feature dimension 64. Global test set: 360 images (digits), 1000 "
+    "(MNIST-5k), held out first, stratified; each client keeps 20 % of its data as its own "
+    "test split.",
+    "",
+    "Columns: personalised = each client's model after the `final` step on its own test "
+    "split, weighted by the split's size; global = the same models on the global test set, "
+    "mean over clients (mean ± sd over seeds; one seed: the value). Bytes are the "
+    "coordinator's transport counters per training round 2.. divided by the round's "
+    "participants, without progress messages (round 1 carries the set-up); run MB = every "
+    "step of the run, set-up and final steps included. s/round = the coordinator's mean "
+    "training-step time on a 2-core VM shared with other jobs: an indication, not a "
+    "benchmark. Bold = the best mean in the column.",
+    "",
+]
+
+
+def rerun_text() -> list[str]:
+    """How to run the full grid, and its size."""
+    n = len(registered())
+    runs = n * len(FULL["data"]) * 2 * len(FULL["seeds"])
+    return [
+        "## Full grid",
+        "",
+        "```bash",
+        "python benchmarks/compare.py --jobs 2 --threads 1 "
+        "--out benchmarks/results/compare.json --md docs/results.md",
+        "```",
+        "",
+        f"digits and MNIST-5k (28x28), Dir 0.1 and 1.0, seeds 0-2, {FULL['rounds']} rounds "
+        f"(`--rounds 100` for HtFLlib's length): {n} algorithms x 2 datasets x 2 alphas x 3 "
+        f"seeds = {runs} runs. It resumes where it stopped (`--table-only` rewrites this page "
+        "from the results file). The algorithms that average whole models (`fedavg`, `ccvr`) "
+        "need one architecture: `--family homo_mlp --algorithms fedavg ccvr local` runs them on "
+        "a homogeneous fleet.",
+    ]
+
+
+def _describe(r: dict[str, Any]) -> str:
+    return (
+        f"personal={r['acc_personal']:.3f} global={r['acc_global']:.3f} "
+        f"down/up={r['down_per_client'] / 1e3:.1f}/{r['up_per_client'] / 1e3:.1f} kB "
+        f"s/round={r['s_per_round']:.1f} wall={r['wall_s']:.0f}s"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the missing runs, then print the page and write it to ``--doc``."""
+    args = parse_args(argv)
+    runs, failures = load_results(args.out)
+    names = args.algorithms or registered()
+    unknown = sorted(set(names) - set(registered()))
+    if unknown:
+        sys.exit(f"unknown algorithms {unknown}; registered: {registered()}")
+    specs = [
+        run_spec(args, alg, data, alpha, seed)
+        for data in args.data
+        for alpha in args.alphas
+        for seed in args.seeds
+        for alg in names
+    ]
+    if not args.table_only:
+        execute_one = functools.partial(
+            execute, threads=args.threads, deadline=args.deadline, wait=args.wait_agents
+        )
+        runs, failures = run_grid(
+            args.out,
+            specs,
+            execute_one,
+            describe=_describe,
+            jobs=args.jobs,
+            code=args.code or code_label(dirty=True),
+        )
+    # the page states one setting: only this invocation's runs (a results file may hold more)
+    planned = {spec_key(s) for s in specs}
+    text = page(
+        args,
+        [r for r in runs if spec_key(r["spec"]) in planned],
+        [f for f in failures if spec_key(f["spec"]) in planned],
+    )
+    print(text)
+    if failures:
+        print(failure_line(args.out, failures))
+    write_markdown(args.md, text)
+
+
+if __name__ == "__main__":
+    main()
