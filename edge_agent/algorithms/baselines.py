@@ -6,13 +6,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, register_edge_algorithm
-from edge_agent.algorithms.weights import WeightExchangeEdge
+from edge_agent.algorithms.base import (
+    EdgeAlgorithm,
+    EdgeContext,
+    PhaseResult,
+    SharedModule,
+    register_edge_algorithm,
+)
+from edge_agent.algorithms.lg_fedavg import fresh_copy
+from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
 from edge_agent.knowledge import class_prototypes, prototype_scores, prototype_table
+from edge_agent.seeding import derived_seed
+from edge_agent.trainer import TensorData, TrainStats, evaluate
 from models.checkpoint import HeadSpec
 from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
 from protocol.arrays import Encoding
 from protocol.errors import ValidationError
+from protocol.messages import Task
 from protocol.payloads import Payload, PrototypeSet
 
 __all__ = ["FedAvgEdge", "FedProtoEdge", "LocalEdge"]
@@ -42,6 +52,7 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
         dim = ctx.model.num_features
         self.table = torch.zeros(ctx.num_classes, dim, device=ctx.device)
         self.valid = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)
+        self._received: dict[str, float] = {}
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Global prototypes of (some) classes; absent classes stay masked."""
@@ -61,6 +72,43 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
         table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
         self.table = torch.where(valid.unsqueeze(1), table, self.table)
         self.valid |= valid
+
+    def train_phase(self, task: Task) -> PhaseResult:
+        """The base phase, plus ``acc_local_received``: HtFLlib's evaluation order (before local
+        training, with the global prototypes just received, built from the same models' uploads)."""
+        self._received = {}
+        result = super().train_phase(task)
+        result.metrics.update(self._received)
+        return result
+
+    def local_train(self, data: TensorData, epochs: int | None = None) -> TrainStats:
+        """Evaluate the previous round's model with the fresh prototypes, then train.
+
+        The agent's own evaluation comes after training, when the prototypes are one round
+        older than the model (issue 20 §2); this one is the accuracy HtFLlib reports.
+        """
+        if self.predicts_by_prototype() and len(self.ctx.test):
+            fresh = evaluate(self.ctx.model, self.ctx.test, self.scores)
+            self._received = {"acc_local_received": fresh.accuracy}
+        return super().local_train(data, epochs)
+
+    def predicts_by_prototype(self) -> bool:
+        """Whether ``scores`` uses the prototypes now: configured so and any are known."""
+        return self.cfg is not None and self.cfg.predict == "prototype" and bool(self.valid.any())
+
+    def shared_modules(self) -> dict[str, SharedModule]:
+        """``shared_init``: the model from one seed per architecture (HtFLlib's start), then
+        (``head``) the head from one seed per head shape, alike across architectures."""
+        mode = self.config.shared_init
+        if mode == "none":
+            return {}
+        shared = {"model": self.shared_model(SHARED_MODEL_SEED)}
+        if mode == "head":
+            head = self.ctx.model.get_classifier()
+            shapes = ";".join(f"{k}:{list(v.shape)}" for k, v in head.state_dict().items())
+            seed = derived_seed(SHARED_MODEL_SEED, f"fedproto-head|{shapes}")
+            shared["head"] = SharedModule(head, lambda: fresh_copy(head), seed)
+        return shared
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
         """CE plus the prototype distance for samples whose class has a global prototype."""
@@ -83,14 +131,14 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
 
     def scores(self, x: Tensor) -> Tensor:
         """Head logits, or distances to global prototypes when ``predict = prototype``."""
-        if self.cfg is not None and self.cfg.predict == "prototype" and bool(self.valid.any()):
+        if self.predicts_by_prototype():
             return prototype_scores(self.ctx.model.forward_features(x), self.table, self.valid)
         out: Tensor = self.ctx.model(x)
         return out
 
     def head_spec(self) -> HeadSpec:
         """The prototype head when the run predicts by prototype, else plain logits."""
-        if self.cfg is not None and self.cfg.predict == "prototype" and bool(self.valid.any()):
+        if self.predicts_by_prototype():
             return HeadSpec(type="prototype", prototypes=self.table.cpu(), valid=self.valid.cpu())
         return HeadSpec(type="logits", prototypes=None, valid=None)
 

@@ -55,6 +55,7 @@ class FedProtoConfig(AveragingConfig):
     feature_dim: int = 0
     # the agents' common start (issue 20 §2). "architecture": agents of one architecture start
     # from the same weights (HtFLlib seeds every client's model alike), so their class means
-    # agree from round 1; "head": besides, every agent's head starts identical, so the classes
-    # pull features the same way in every architecture; "none": each agent its own start
-    shared_init: Literal["none", "architecture", "head"] = "architecture"
+    # agree from round 1; "head" (default): besides, every agent's head starts identical, so
+    # each class pulls features the same way in every architecture and the global prototypes
+    # are separated from the first rounds; "none": each agent its own start (before issue 20)
+    shared_init: Literal["none", "architecture", "head"] = "head"

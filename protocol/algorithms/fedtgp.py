@@ -30,6 +30,8 @@ class FedTGPConfig(FedProtoConfig):
     batch_size: int = 10
     proto_weight: float = 0.1  # lambda
     predict: Literal["head", "prototype"] = "prototype"
+    # FedProto's common start (issue 20 §2) is off until FedTGP is measured with it
+    shared_init: Literal["none", "architecture", "head"] = "none"
     server_epochs: int = 100  # S: epochs over the round's uploaded prototypes
     server_lr: float = 0.01  # SGD, fresh each round
     server_batch_size: int = 10

@@ -1,0 +1,124 @@
+"""FedProto edge half (issue 20 §2): the agents' common start and the accuracy in HtFLlib's
+evaluation order."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import coordinator.strategies.baselines  # noqa: F401  (registers both halves)
+from edge_agent.algorithms import EdgeContext, create_edge_algorithm
+from edge_agent.algorithms.baselines import FedProtoEdge
+from edge_agent.knowledge import class_prototypes
+from edge_agent.trainer import TensorData, evaluate
+from models import create_model
+from protocol.algorithms.baselines import FedProtoConfig
+from protocol.messages import Task
+from protocol.payloads import PrototypeSet
+
+C, D = 3, 4
+
+
+def make_edge(seed: int = 0, arch: str = "mlp_s") -> FedProtoEdge:
+    torch.manual_seed(0)
+    y = torch.tensor([0, 1, 2]).repeat(6)
+    x = torch.rand(len(y), 1, 8, 8) + y.view(-1, 1, 1, 1) * 0.3
+    build = functools.partial(
+        create_model, arch, num_classes=C, in_chans=1, feature_dim=D, input_size=8
+    )
+    torch.manual_seed(seed)  # each agent its own initialisation, as the factory gives
+    net = build()
+    ctx = EdgeContext(
+        model=net,
+        train=TensorData(x, y),
+        test=TensorData(x[:9], y[:9]),
+        num_classes=C,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+        model_builder=build,
+    )
+    edge = create_edge_algorithm("fedproto", ctx)
+    assert isinstance(edge, FedProtoEdge)
+    return edge
+
+
+def task(payloads: dict, predict: str = "prototype", shared_init: str = "architecture") -> Task:
+    cfg = FedProtoConfig(
+        local_epochs=1,
+        batch_size=4,
+        lr=0.5,
+        predict=predict,  # type: ignore[arg-type]
+        shared_init=shared_init,  # type: ignore[arg-type]
+    )
+    return Task(
+        task_id="t",
+        run_id="r",
+        round=2,
+        phase="train",
+        deadline=0.0,
+        algorithm="fedproto",
+        config=cfg.to_dict(),
+        payloads=payloads,
+    )
+
+
+def test_received_accuracy_is_the_old_model_with_the_fresh_prototypes() -> None:
+    edge = make_edge()
+    ref = make_edge()  # the same model, evaluated by hand with the same prototypes
+    ref.cfg = FedProtoConfig(predict="prototype")
+    ref.shared_init()
+    protos = class_prototypes(ref.ctx.model, ref.ctx.train, C)
+    ref.receive({"protos": protos})
+    want = evaluate(ref.ctx.model, ref.ctx.test, ref.scores).accuracy
+    result = edge.handle(task({"protos": protos}))
+    assert result.metrics["acc_local_received"] == want
+    after = evaluate(edge.ctx.model, edge.ctx.test, edge.scores).accuracy
+    assert not torch.equal(edge.ctx.model.head.weight, ref.ctx.model.head.weight)  # it trained
+    assert 0.0 <= after <= 1.0
+
+
+def test_no_received_accuracy_without_prototypes_or_with_head_prediction() -> None:
+    edge = make_edge()
+    assert "acc_local_received" not in edge.handle(task({})).metrics  # round 1: none yet
+    protos = PrototypeSet(np.arange(C), np.ones((C, D), np.float32), np.full(C, 6))
+    assert "acc_local_received" not in edge.handle(task({"protos": protos}, "head")).metrics
+
+
+def _state(edge: FedProtoEdge) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in edge.ctx.model.state_dict().items()}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], prefix: str = "") -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a if k.startswith(prefix))
+
+
+@pytest.mark.parametrize("mode", ["architecture", "head"])
+def test_agents_of_one_architecture_start_alike(mode: str) -> None:
+    a, b = make_edge(seed=1), make_edge(seed=2)
+    assert not _same(_state(a), _state(b))  # the factory's per-agent start differs
+    for edge in (a, b):
+        edge.cfg = FedProtoConfig(shared_init=mode)  # type: ignore[arg-type]
+        edge.shared_init()
+    assert _same(_state(a), _state(b))
+
+
+def test_head_mode_gives_every_architecture_one_head() -> None:
+    mlp, cnn = make_edge(seed=1), make_edge(seed=2, arch="cnn_t1")
+    for mode, alike in (("architecture", False), ("head", True)):
+        for edge in (mlp, cnn):
+            edge.cfg = FedProtoConfig(shared_init=mode)  # type: ignore[arg-type]
+            edge.shared_init()
+        same = _same(_state(mlp), _state(cnn), "head.")
+        assert same is alike, mode
+
+
+def test_none_keeps_each_agents_own_start() -> None:
+    a, b = make_edge(seed=1), make_edge(seed=2)
+    before = _state(a)
+    a.handle(task({}, shared_init="none"))
+    b.handle(task({}, shared_init="none"))
+    assert not _same(_state(a), _state(b))
+    assert not _same(before, _state(a))  # it trained, from its own start
