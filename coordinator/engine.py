@@ -44,6 +44,7 @@ from protocol.messages import (
     Task,
 )
 from protocol.topics import Topics
+from protocol.wire import reuse_encodings
 
 StateName = Literal["starting", "running", "finished", "offline"]
 
@@ -73,10 +74,30 @@ class OpenStep:
     step: Step
     outcome: StepOutcome = field(default_factory=StepOutcome)
     tasks: dict[str, Task] = field(default_factory=dict)  # device -> task sent this attempt
+    # devices with a task in flight that have neither replied nor failed, kept up to date by
+    # the three methods below: the wait loop tests it every pass, and recomputing it from the
+    # three dicts cost 1.3-1.9 ms a pass at 10,000 agents (issue 21)
+    outstanding: set[str] = field(default_factory=set)
+
+    def sent(self, device: str, task: Task) -> None:
+        """A task went out to ``device``."""
+        self.tasks[device] = task
+        if device not in self.outcome.replies and device not in self.outcome.failed:
+            self.outstanding.add(device)
+
+    def replied(self, device: str, reply: Reply) -> None:
+        """``device``'s reply was accepted."""
+        self.outcome.replies[device] = reply
+        self.outstanding.discard(device)
+
+    def fail(self, device: str, reason: str) -> None:
+        """``device`` will not deliver a valid reply this attempt."""
+        self.outcome.failed[device] = reason
+        self.outstanding.discard(device)
 
     def waiting_for(self) -> set[str]:
         """Devices with a task in flight that have neither replied nor failed."""
-        return set(self.tasks) - set(self.outcome.replies) - set(self.outcome.failed)
+        return set(self.outstanding)
 
 
 @dataclass
@@ -327,11 +348,12 @@ class Coordinator:
             except ValidationError as exc:  # cannot pass twice differently; never aggregate it
                 self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
                 continue
-            open_step.outcome.replies[device_id] = body
+            open_step.replied(device_id, body)
         deadline = time.time() + self.cfg.deadline_s
-        for device_id in rec.participants:
-            if device_id not in open_step.outcome.replies:
-                self._send_task(open_step, device_id, deadline)
+        with reuse_encodings():  # the knowledge shared by all tasks is encoded once
+            for device_id in rec.participants:
+                if device_id not in open_step.outcome.replies:
+                    self._send_task(open_step, device_id, deadline)
         self.endpoint.send(
             self.topics.round,
             RoundDescriptor(
@@ -351,11 +373,11 @@ class Coordinator:
         return open_step
 
     def _wait_for_replies(self, open_step: OpenStep, end: float) -> None:
-        while open_step.waiting_for():
+        while open_step.outstanding:
             remaining = end - time.time()
             if remaining <= 0:
-                for d in open_step.waiting_for():
-                    open_step.outcome.failed[d] = "deadline"
+                for d in sorted(open_step.outstanding):
+                    open_step.fail(d, "deadline")
                 return
             self._pump(min(remaining, 0.5))
 
@@ -371,7 +393,7 @@ class Coordinator:
             config=self.strategy.config.to_dict(),
             payloads=self.strategy.configure(step, agent),
         )
-        open_step.tasks[device_id] = task
+        open_step.sent(device_id, task)
         self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
 
     def _pump(self, timeout: float) -> None:
@@ -428,7 +450,7 @@ class Coordinator:
             self._on_reply(env, body)
         elif isinstance(body, ErrorReply):
             if self._task_of(device, body.task_id) is not None and self._open_step is not None:
-                self._open_step.outcome.failed[device] = f"{body.code}: {body.reason}"
+                self._open_step.fail(device, f"{body.code}: {body.reason}")
             self.log.warning("agent %s reported %s: %s", device, body.code, body.reason)
         elif isinstance(body, Progress):
             self.log.debug(
@@ -465,7 +487,7 @@ class Coordinator:
         self.refused.pop(reg.device_id, None)
         self.agents[reg.device_id] = agent
         self.online.add(reg.device_id)
-        self.store.upsert_agent(reg.device_id, encode(env), online=True)
+        self.store.upsert_agent(reg.device_id, env.wire or encode(env), online=True)
         if not known:
             self.log.info(
                 "agent %s registered: %s, %d params, %d samples",
@@ -556,11 +578,13 @@ class Coordinator:
             self._check_reply(open_step.step, self.agents[device], reply)
         except ValidationError as exc:
             self._reject("invalid_reply", f"{device}: {exc}")
-            open_step.outcome.failed[device] = str(exc)
+            open_step.fail(device, str(exc))
             self._refuse_reply(ack_topic, env, reply, str(exc))
             return
-        self.store.add_update(open_step.rec.idx, device, env.msg_id, reply.task_id, encode(env))
-        open_step.outcome.replies[device] = reply
+        # the frame as received (already validated): encoding it again cost 5-10 % per reply
+        blob = env.wire or encode(env)
+        self.store.add_update(open_step.rec.idx, device, env.msg_id, reply.task_id, blob)
+        open_step.replied(device, reply)
         self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))  # after the commit
 
     def _check_reply(self, step: Step, agent: AgentInfo, reply: Reply) -> None:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import types
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar, Union
 
 import numpy as np
@@ -21,7 +24,7 @@ import numpy as np
 from protocol.arrays import Encoding, decode_array, encode_array
 from protocol.errors import ValidationError
 
-__all__ = ["WireModel", "from_wire", "to_wire"]
+__all__ = ["WireModel", "from_wire", "reuse_encodings", "to_wire"]
 
 T = TypeVar("T", bound="WireModel")
 
@@ -63,6 +66,37 @@ def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
         hints = typing.get_type_hints(cls)
         found = _HINTS[cls] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
     return found
+
+
+_LOCAL = threading.local()
+
+
+@contextmanager
+def reuse_encodings() -> Iterator[None]:
+    """Within this block (on this thread), a nested model met again, the *same object*, is
+    encoded once and its wire map reused: the coordinator puts one global-knowledge payload
+    into every agent's task of a round, and re-walking its arrays per agent cost 13-19 % of
+    the coordinator's time at 1000 agents (issue 21). Keyed by identity and holding the object,
+    so an equal but new object is encoded anew; the block must not mutate arrays in place.
+    """
+    outer = getattr(_LOCAL, "cache", None)
+    _LOCAL.cache = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _LOCAL.cache = outer
+
+
+def _nested_to_wire(model: WireModel) -> dict[str, Any]:
+    cache: dict[int, tuple[WireModel, dict[str, Any]]] | None = getattr(_LOCAL, "cache", None)
+    if cache is None:
+        return model.to_wire()
+    hit = cache.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    body = model.to_wire()
+    cache[id(model)] = (model, body)
+    return body
 
 
 def _encode_model(model: WireModel) -> dict[str, Any]:
@@ -114,7 +148,7 @@ def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
     if tp is np.ndarray or origin is np.ndarray:
         return encode_array(value, encoding, path)
     if isinstance(value, WireModel):
-        body = value.to_wire()
+        body = _nested_to_wire(value)
         if _is_union(tp):  # tagged: the receiver needs to know which member it is
             return {"t": type(value).KIND, **body}
         return body
