@@ -280,17 +280,22 @@ def tables(runs: list[dict[str, Any]]) -> str:
         out += [
             f"### Dir({alpha:g}), {rounds} rounds{f', {tag}' if tag else ''}",
             "",
-            "Personalised accuracy, % (mean ± sd over seeds): final = the `final` step; "
-            "last = the last round as reported after training; best = the best round.",
+            "Personalised accuracy, % (mean ± sd over seeds): final = the `final` step (the "
+            "last model with the prototypes of its own round); last = the last round as "
+            "reported after training; best = the best round; best, HtFLlib order = the best "
+            "of each model evaluated with the prototypes built from it (`acc_local_received`, "
+            "HtFLlib's 'Best accuracy').",
             "",
-            "| method | seeds | final | last round | best round |",
-            "|---|---|---|---|---|",
+            "| method | seeds | final | last round | best round | best, HtFLlib order |",
+            "|---|---|---|---|---|---|",
         ]
         for m in (m for m in METHODS if m in by):
             rs = list(by[m].values())
+            rec = [r.get("best_received") for r in rs]
             out.append(
                 f"| {m} | {len(rs)} | {_ms([r['acc'] for r in rs])} | "
-                f"{_ms([r['last_round'] for r in rs])} | {_ms([r['best'] for r in rs])} |"
+                f"{_ms([r['last_round'] for r in rs])} | {_ms([r['best'] for r in rs])} | "
+                f"{_ms([x for x in rec if x is not None])} |"
             )
         rows = []
         for a, b in PAIRS:

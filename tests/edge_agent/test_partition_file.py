@@ -170,3 +170,49 @@ def test_pickled_arrays_are_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="cannot read"):
         load_partition_file(path)
+
+
+# ----- the command lines ------------------------------------------------------------------------
+def test_coordinator_partition_writes_our_seeded_split(tmp_path: Path) -> None:
+    from coordinator.cli import main
+    from edge_agent.data import load_dataset, make_partition_spec
+
+    out = tmp_path / "split.npz"
+    args = ["partition", "--data", "digits", "--clients", "4", "--alpha", "0.3", "--seed", "1"]
+    assert main([*args, "--global-test-size", "100", "--out", str(out)]) == 0
+    ds = load_dataset("digits")
+    spec = make_partition_spec("dirichlet:0.3", num_clients=4, seed=1, global_test_size=100)
+    want = make_federated_split(ds, spec)
+    got = split_from_file(ds, load_partition_file(out, num_clients=4))
+    for k in range(4):
+        np.testing.assert_array_equal(got.client_train_indices[k], want.client_train_indices[k])
+        np.testing.assert_array_equal(got.client_test_indices[k], want.client_test_indices[k])
+    np.testing.assert_array_equal(got.global_test_indices, want.global_test_indices)
+
+
+def _agent_options(*extra: str) -> object:
+    from edge_agent.cli import _options, build_parser
+
+    args = build_parser().parse_args(["--broker", "localhost", *extra])
+    return _options(args, "dev", "fedproto", ())
+
+
+def test_edge_agent_takes_its_client_from_the_file(tmp_path: Path) -> None:
+    path = save_partition_file(tmp_path / "s.npz", make_federated_split(_dataset(), _spec()))
+    opts = _agent_options("--partition-file", str(path), "--client", "3", "--clients", "5")
+    assert opts.partition_file == path and opts.client_index == 3  # type: ignore[attr-defined]
+    assert opts.partition is None  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="holds 5 clients"):
+        _agent_options("--partition-file", str(path), "--client", "1", "--clients", "4")
+    with pytest.raises(ConfigError, match=r"--client 5: .* holds clients 0\.\.4"):
+        _agent_options("--partition-file", str(path), "--client", "5")
+
+
+def test_edge_agent_split_knobs(tmp_path: Path) -> None:
+    opts = _agent_options(
+        "--partition", "dirichlet:0.1", "--clients", "20", "--test-fraction", "0.25",
+        "--min-size", "40", "--partition-seed", "1", "--eval-every", "5",
+    )  # fmt: skip
+    spec = opts.partition  # type: ignore[attr-defined]
+    assert (spec.num_clients, spec.test_fraction, spec.min_size, spec.seed) == (20, 0.25, 40, 1)
+    assert opts.eval_every == 5  # type: ignore[attr-defined]
