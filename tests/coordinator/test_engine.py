@@ -553,3 +553,63 @@ def test_each_task_and_reply_crosses_the_broker_once_in_a_plain_run(
     assert result.metrics[0]["bytes_progress"] > 0
     for a in agents:
         a.close()
+
+
+def test_open_step_counts_outstanding_devices_as_tasks_replies_and_failures_come() -> None:
+    # Issue 21: the wait loop tests a maintained set instead of set differences each pass.
+    from coordinator.engine import OpenStep
+    from coordinator.store import StepRecord
+    from coordinator.strategies import Step
+
+    rec = StepRecord(0, 1, "train", ["a", "b", "c"], "open", 0)
+    step = OpenStep(rec, Step(round=1, phase="train"))
+    task = Task(task_id="t", run_id="r", round=1, phase="train", deadline=0.0, algorithm="fedproto")
+    reply = Reply(task_id="t", round=1, phase="train", num_samples=1)
+    step.replied("c", reply)  # a resumed step's stored reply: no task is sent for it
+    for device in ("a", "b", "c"):
+        step.sent(device, task)
+    assert step.waiting_for() == {"a", "b"}
+    step.replied("a", reply)
+    step.sent("a", task)  # a task resent on re-registration does not make it outstanding again
+    assert step.waiting_for() == {"b"}
+    step.fail("b", "deadline")
+    assert step.waiting_for() == set() and not step.outstanding
+    assert step.outcome.failed == {"b": "deadline"} and set(step.outcome.replies) == {"a", "c"}
+
+
+def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatch) -> None:
+    # Issue 21: the coordinator stores the frame it received instead of encoding it again.
+    import coordinator.engine as engine
+
+    encoded: list[str] = []
+
+    def spy_encode(env: Envelope) -> bytes:
+        encoded.append(env.kind)
+        return encode(env)
+
+    monkeypatch.setattr(engine, "encode", spy_encode)
+    cfg = run_config(tmp_path, rounds=1)
+    broker = MemoryBroker()
+    topics = Topics(cfg.federation)
+    sent: set[bytes] = set()
+    spy = MemoryTransport(broker, "spy")
+    spy.connect()
+    spy.subscribe(f"{topics.base}/dev/+/up/reply", lambda _t, data: sent.add(data))
+    agents = start_agents(cfg, broker)
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    stored: list[bytes] = []
+    original = coord.store.add_update
+
+    def record(step, device_id, msg_id, task_id, envelope):
+        stored.append(envelope)
+        return original(step, device_id, msg_id, task_id, envelope)
+
+    coord.store.add_update = record  # type: ignore[method-assign]
+    coord.run()
+    assert stored and set(stored) <= sent
+    assert "reply" not in encoded and "register" not in encoded
+    for a in agents:
+        a.close()
