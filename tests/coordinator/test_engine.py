@@ -579,7 +579,7 @@ def test_open_step_counts_outstanding_devices_as_tasks_replies_and_failures_come
 
 def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatch) -> None:
     # Issue 21: the coordinator stores the frame it received instead of encoding it again.
-    import coordinator.engine as engine
+    from coordinator import engine
 
     encoded: list[str] = []
 
