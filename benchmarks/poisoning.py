@@ -16,7 +16,8 @@ Attacks (``ATTACKS``, one per payload):
 
 Options: ``mean`` (the default), ``median``, ``trimmed_mean`` (trim_fraction 0.1: one value
 dropped at each end of 10), ``clip`` (mean with clip_norm 2: deviations from the coordinate-wise
-median beyond twice the median deviation norm are scaled down).
+median beyond twice the median deviation norm are scaled down); tighter ``trimmed_mean_0.2``
+(two values per end) and ``clip_1`` (clip_norm 1).
 
 Reported: the honest agents' (``agent0`` .. ``agent8``) mean accuracy after the ``final`` step on
 their own test splits (``acc_local``) and on the global test set (``acc_global``), in runs with
@@ -24,7 +25,11 @@ all 10 agents honest ("clean") and with ``agent9`` poisoning ("attacked").
 
 Usage::
 
-    python benchmarks/poisoning.py --seeds 0 1 --rounds 5 \\
+    python benchmarks/poisoning.py --seeds 0 1 2 --rounds 8 --epochs 5 \\
+        --options mean median trimmed_mean clip \\
+        --out benchmarks/results/poisoning.json --md benchmarks/results/poisoning.md
+    python benchmarks/poisoning.py --seeds 0 1 2 --rounds 8 --epochs 5 --algorithms fedavg \\
+        --options trimmed_mean_0.2 clip_1 \\
         --out benchmarks/results/poisoning.json --md benchmarks/results/poisoning.md
     python benchmarks/poisoning.py --out benchmarks/results/poisoning.json --table-only
 
@@ -61,6 +66,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "median": {"aggregation": "median"},
     "trimmed_mean": {"aggregation": "trimmed_mean", "trim_fraction": 0.1},
     "clip": {"clip_norm": 2.0},
+    # tighter settings, run for FedAvg only (the attacked runs above still lose 8-15 points)
+    "trimmed_mean_0.2": {"aggregation": "trimmed_mean", "trim_fraction": 0.2},
+    "clip_1": {"clip_norm": 1.0},
 }
 ALGORITHMS = ("fedavg", "fedproto")
 SCALE = 10.0  # the sign-flipped update's factor
@@ -135,7 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line; defaults keep the grid small (a shared 2-core machine)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
-    ap.add_argument("--options", nargs="+", default=list(OPTIONS), choices=sorted(OPTIONS))
+    ap.add_argument("--options", nargs="+", default=list(OPTIONS)[:4], choices=sorted(OPTIONS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
