@@ -140,18 +140,10 @@ def execute(spec: dict[str, Any], threads: int, deadline: float, wait: float) ->
     """Run one simulation and reduce its step records to the table's figures."""
     from models.families import family_models
 
-    run = SimRun(
-        algorithm=spec["algorithm"],
-        hyper=spec["hyper"],
-        seed=spec["seed"],
-        rounds=spec["rounds"],
-        clients=spec["clients"],
+    run = SimRun.from_spec(
+        spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        data=spec["data"],
-        partition=f"dirichlet:{spec['alpha']}",
-        feature_dim=spec["feature_dim"],
         image_size=DATA[spec["data"]],
-        global_test=spec["global_test"],
         deadline_s=deadline,
         wait_agents_s=wait,
         run_id="compare",
@@ -182,6 +174,8 @@ def summarize(steps: list[dict[str, Any]], test_sizes: list[int]) -> dict[str, A
         "s_per_round": statistics.fmean(float(s["duration_s"]) for s in train),
         "rounds_done": len(train),
         "steps_failed": sum(1 for s in steps if s.get("status") == "failed"),
+        # agent tasks that failed while the step still met its quorum
+        "tasks_failed": sum(len(s.get("failed") or {}) for s in steps),
         "per_round": [
             {
                 "round": s["round"],
@@ -224,8 +218,8 @@ def setting_table(runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> li
     best_p, best_g = _best(by_alg, "acc_personal"), _best(by_alg, "acc_global")
     lines = [
         "| algorithm | seeds | personalised % | global % | down kB/client/round | "
-        "up kB/client/round | run MB | s/round |",
-        "|---|---|---|---|---|---|---|---|",
+        "up kB/client/round | run MB | s/round | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for alg, rs in by_alg.items():
         pers = _acc([r["acc_personal"] for r in rs])
@@ -236,12 +230,12 @@ def setting_table(runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> li
             f"{_kb([r['down_per_client'] for r in rs])} | "
             f"{_kb([r['up_per_client'] for r in rs])} | "
             f"{statistics.fmean(r['bytes_run'] for r in rs) / 1e6:,.2f} | "
-            f"{statistics.fmean(r['s_per_round'] for r in rs):.1f} |"
+            f"{statistics.fmean(r['s_per_round'] for r in rs):.1f} | {_notes(rs)} |"
         )
     for alg, fs in group_by(fails, _alg).items():
         if alg not in by_alg:
             lines.append(
-                f"| `{alg}` | 0 | failed ([below](#failures)): {_cause(fs[0])} | | | | | |"
+                f"| `{alg}` | 0 | failed ([below](#failures)): {_cause(fs[0])} | | | | | | |"
             )
     verdict = (
         f"Best on both metrics: `{best_p}`."
@@ -249,6 +243,18 @@ def setting_table(runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> li
         else f"No algorithm is best on both: personalised `{best_p}`, global `{best_g}`."
     )
     return [*lines, "", verdict]
+
+
+def _notes(rs: list[dict[str, Any]]) -> str:
+    """What a row's accuracy hides: agent tasks that failed, agents missing at the end."""
+    notes = []
+    tasks = sum(r.get("tasks_failed", 0) for r in rs)
+    if tasks:
+        notes.append(f"{tasks} agent tasks failed")
+    short = [r for r in rs if r["final_agents"] < r["spec"]["clients"]]
+    if short:
+        notes.append(f"final step: {min(r['final_agents'] for r in short)} agents")
+    return "; ".join(notes)
 
 
 def _alg(r: dict[str, Any]) -> str:

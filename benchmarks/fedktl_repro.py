@@ -54,17 +54,13 @@ from harness import (
     add_grid_args,
     ci95,
     ci_cell,
-    code_label,
-    failure_line,
     final_step,
-    load_results,
+    grid_main,
     mean_of,
     mean_sd,
-    run_grid,
     simulate_run,
     step_bytes,
     train_steps,
-    write_markdown,
 )
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
@@ -170,18 +166,10 @@ def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, An
     """Run one simulation and reduce its step records to a summary."""
     from models.families import family_models
 
-    run = SimRun(
-        algorithm=spec["algorithm"],
-        hyper=spec["hyper"],
-        seed=spec["seed"],
-        rounds=spec["rounds"],
-        clients=spec["clients"],
+    run = SimRun.from_spec(
+        spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        data=spec["data"],
-        partition=f"dirichlet:{spec['alpha']}",
-        feature_dim=spec["feature_dim"],
         image_size=DATA[spec["data"]],
-        global_test=spec["global_test"],
         deadline_s=deadline,
         run_id="fedktl-repro",
     )
@@ -367,23 +355,14 @@ def _describe(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid one at a time, then print (and write) the tables."""
     args = parse_args(argv)
-    runs, failures = load_results(args.out)
-    if not args.table_only:
-        specs = [
-            run_spec(args, m, alpha, seed)
-            for alpha in args.alphas
-            for seed in args.seeds
-            for m in args.methods
-        ]
-        execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
-        runs, failures = run_grid(
-            args.out, specs, execute_one, describe=_describe, code=args.code or code_label()
-        )
-    text = tables(runs)
-    print(text)
-    if failures:
-        print(failure_line(args.out, failures))
-    write_markdown(args.md, text)
+    specs = [
+        run_spec(args, m, alpha, seed)
+        for alpha in args.alphas
+        for seed in args.seeds
+        for m in args.methods
+    ]
+    execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
+    grid_main(args, specs, execute_one, describe=_describe, tables=tables)
 
 
 if __name__ == "__main__":

@@ -62,19 +62,15 @@ from harness import (
     SimRun,
     add_grid_args,
     by_seed,
-    code_label,
-    failure_line,
     final_step,
-    load_results,
+    grid_main,
     mean_cell,
     mean_of,
     mean_sd,
     paired_diffs,
-    run_grid,
     simulate_run,
     step_bytes,
     train_steps,
-    write_markdown,
 )
 
 # the in-process transport's agents and the coordinator log per step (and FedType warns about
@@ -225,19 +221,11 @@ def param_counts(names: list[str], data: str) -> dict[str, int]:
 def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
     models = fleet_models(spec)
-    run = SimRun(
-        algorithm=spec["algorithm"],
-        hyper=spec["hyper"],
-        seed=spec["seed"],
-        rounds=spec["rounds"],
-        clients=spec["clients"],
+    run = SimRun.from_spec(
+        spec,
         models=tuple(models),
-        data=spec["data"],
-        partition=f"dirichlet:{spec['alpha']}",
         feature_dim=None,
         image_size=DATA[spec["data"]],
-        global_test=spec["global_test"],
-        fraction=spec["fraction"],
         deadline_s=deadline,
         max_retries=1,
         run_id="fedtype-repro",
@@ -528,28 +516,14 @@ def _describe(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid, then print (and optionally write) the tables."""
     args = parse_args(argv)
-    runs, failures = load_results(args.out)
-    if not args.table_only:
-        specs = [
-            run_spec(args, m, alpha, seed)
-            for alpha in args.alphas
-            for seed in args.seeds
-            for m in args.methods
-        ]
-        execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
-        runs, failures = run_grid(
-            args.out,
-            specs,
-            execute_one,
-            describe=_describe,
-            jobs=args.jobs,
-            code=args.code or code_label(dirty=True),
-        )
-    text = tables(runs)
-    print(text)
-    if failures:
-        print(failure_line(args.out, failures))
-    write_markdown(args.md, text)
+    specs = [
+        run_spec(args, m, alpha, seed)
+        for alpha in args.alphas
+        for seed in args.seeds
+        for m in args.methods
+    ]
+    execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
+    grid_main(args, specs, execute_one, describe=_describe, tables=tables, dirty=True)
 
 
 if __name__ == "__main__":

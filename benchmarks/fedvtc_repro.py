@@ -50,14 +50,10 @@ from harness import (
     SimRun,
     add_grid_args,
     by_seed,
-    code_label,
-    failure_line,
-    load_results,
+    grid_main,
     mean_of,
     mean_sd,
-    run_grid,
     simulate_run,
-    write_markdown,
 )
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
@@ -249,18 +245,12 @@ def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
     from models.families import family_models
 
-    run = SimRun(
-        algorithm=spec["algorithm"],
-        hyper=spec["hyper"],
-        seed=spec["seed"],
-        rounds=spec["rounds"],
-        clients=spec["clients"],
+    run = SimRun.from_spec(
+        spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
         data="mnist5k",
-        partition=f"dirichlet:{spec['alpha']}",
         feature_dim=980,
         image_size=28,
-        global_test=spec["global_test"],
         deadline_s=7200.0,
         run_id="repro",
     )
@@ -490,25 +480,16 @@ def _describe(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid, then print (and optionally write) the tables."""
     args = parse_args(argv)
-    runs, failures = load_results(args.out)
-    if not args.table_only:
-        f16 = args.f16_seeds
-        specs = [
-            run_spec(args, m, alpha, seed)
-            for alpha in args.alphas
-            for seed in args.seeds
-            for m in args.methods
-            if not (m.endswith("_f16") and f16 is not None and seed not in f16)
-        ]
-        execute_one = functools.partial(execute, threads=args.threads)
-        runs, failures = run_grid(
-            args.out, specs, execute_one, describe=_describe, jobs=args.jobs, code=code_label()
-        )
-    text = tables(runs)
-    print(text)
-    if failures:
-        print(failure_line(args.out, failures))
-    write_markdown(args.md, text)
+    f16 = args.f16_seeds
+    specs = [
+        run_spec(args, m, alpha, seed)
+        for alpha in args.alphas
+        for seed in args.seeds
+        for m in args.methods
+        if not (m.endswith("_f16") and f16 is not None and seed not in f16)
+    ]
+    execute_one = functools.partial(execute, threads=args.threads)
+    grid_main(args, specs, execute_one, describe=_describe, tables=tables)
 
 
 if __name__ == "__main__":

@@ -43,17 +43,13 @@ from harness import (
     SimRun,
     add_grid_args,
     by_seed,
-    code_label,
-    failure_line,
     final_step,
-    load_results,
+    grid_main,
     mean_of,
     mean_sd,
     paired_diffs,
-    run_grid,
     simulate_run,
     train_steps,
-    write_markdown,
 )
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
@@ -281,19 +277,10 @@ def execute(
 def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
     from models.families import family_models
 
-    run = SimRun(
-        algorithm=spec["algorithm"],
-        hyper=spec["hyper"],
-        seed=spec["seed"],
-        rounds=spec["rounds"],
-        clients=spec["clients"],
+    run = SimRun.from_spec(
+        spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        data=spec["data"],
-        partition=f"dirichlet:{spec['alpha']}",
-        feature_dim=spec["feature_dim"],
         image_size=DATA[spec["data"]][0],
-        global_test=spec["global_test"],
-        fraction=spec["fraction"],
         deadline_s=deadline,
         max_retries=1,
         run_id="felo-repro",
@@ -487,33 +474,19 @@ def _describe(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs of the grid, then print (and optionally write) the tables."""
     args = parse_args(argv)
-    runs, failures = load_results(args.out)
-    if not args.table_only:
-        specs = [
-            run_spec(args, m, alpha, seed)
-            for alpha in args.alphas
-            for seed in args.seeds
-            for m in args.methods
-        ]
-        execute_one = functools.partial(
-            execute,
-            threads=args.threads,
-            deadline=args.deadline,
-            workaround=args.cvae_singleton_workaround,
-        )
-        runs, failures = run_grid(
-            args.out,
-            specs,
-            execute_one,
-            describe=_describe,
-            jobs=args.jobs,
-            code=args.code or code_label(dirty=True),
-        )
-    text = tables(runs)
-    print(text)
-    if failures:
-        print(failure_line(args.out, failures))
-    write_markdown(args.md, text)
+    specs = [
+        run_spec(args, m, alpha, seed)
+        for alpha in args.alphas
+        for seed in args.seeds
+        for m in args.methods
+    ]
+    execute_one = functools.partial(
+        execute,
+        threads=args.threads,
+        deadline=args.deadline,
+        workaround=args.cvae_singleton_workaround,
+    )
+    grid_main(args, specs, execute_one, describe=_describe, tables=tables, dirty=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ __all__ = [
     "client_test_sizes",
     "code_label",
     "final_step",
+    "grid_main",
     "group_by",
     "guarded",
     "load_results",
@@ -140,6 +141,27 @@ class SimRun:
     wait_agents_s: float | None = None  # None: the run config's default
     num_classes: int = 10
     run_id: str = "bench"
+
+    @classmethod
+    def from_spec(cls, spec: Record, **fields: Any) -> SimRun:
+        """The run a grid spec describes: the keys every script's specs share (``algorithm``,
+        ``hyper``, ``seed``, ``rounds``, ``clients``, ``alpha`` as a Dirichlet partition, and
+        ``data``, ``feature_dim``, ``global_test``, ``fraction`` where the spec has them),
+        then ``fields`` (``models`` at least)."""
+        values: dict[str, Any] = {
+            "algorithm": spec["algorithm"],
+            "hyper": spec["hyper"],
+            "seed": spec["seed"],
+            "rounds": spec["rounds"],
+            "clients": spec["clients"],
+            "partition": f"dirichlet:{spec['alpha']}",
+        }
+        for key in ("data", "feature_dim", "fraction"):
+            if key in spec:
+                values[key] = spec[key]
+        if "global_test" in spec:
+            values["global_test"] = spec["global_test"]
+        return cls(**{**values, **fields})
 
     def config_values(self, run_dir: Path) -> dict[str, Any]:
         """The keyword values for :func:`coordinator.config.load_config`."""
@@ -324,6 +346,31 @@ def run_grid(
             for fut in as_completed(futures):
                 record(fut.result())
     return runs, failures
+
+
+def grid_main(
+    args: argparse.Namespace,
+    specs: list[Record],
+    execute: Callable[[Record], Record],
+    *,
+    describe: Callable[[Record], str],
+    tables: Callable[[list[Record]], str],
+    dirty: bool = False,
+) -> None:
+    """A grid script's main: unless ``--table-only``, run what ``--out`` lacks
+    (:func:`run_grid`, ``--jobs`` processes when the script has the option, else in this
+    process; labelled ``--code`` or :func:`code_label`); then print ``tables(runs)``, the
+    failures, and write the tables to ``--md``."""
+    runs, failures = load_results(args.out)
+    if not args.table_only:
+        code = getattr(args, "code", None) or code_label(dirty=dirty)
+        jobs = getattr(args, "jobs", 0)
+        runs, failures = run_grid(args.out, specs, execute, describe=describe, jobs=jobs, code=code)
+    text = tables(runs)
+    print(text)
+    if failures:
+        print(failure_line(args.out, failures))
+    write_markdown(args.md, text)
 
 
 def failure_line(out: Path, failures: list[Record]) -> str:
