@@ -294,7 +294,7 @@ def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) ->
         opts = _options(args, device_id, algorithm, classes)
         agent = build_agent(opts, transport, signing=args.signing)
         if args.algorithm is None or not classes:
-            state = _coordinator_state(args, device_id, transport, stop)
+            state = _coordinator_state(args, transport, stop)
             if state is None:  # stopped while waiting
                 return 0
             adopted = _adopt(args, state)
@@ -325,9 +325,7 @@ def _adopt(args: argparse.Namespace, state: Any) -> tuple[str, tuple[str, ...]]:
     return algorithm, tuple(state.classes)
 
 
-def _coordinator_state(
-    args: argparse.Namespace, device_id: str, transport: Any, stop: threading.Event
-) -> Any:
+def _coordinator_state(args: argparse.Namespace, transport: Any, stop: threading.Event) -> Any:
     """The retained state of the federation's current run (``None`` if stopped first).
 
     Waits for a coordinator that is starting or running (not one that finished or vanished):
@@ -336,39 +334,71 @@ def _coordinator_state(
     """
     import queue
 
-    from edge_agent.factory import UNSIGNED_KINDS
-    from protocol.codec import Envelope
-    from protocol.endpoint import Endpoint
+    from protocol.errors import ProtocolError
     from protocol.messages import CoordinatorState
     from protocol.topics import Topics
 
     states: queue.Queue[CoordinatorState] = queue.Queue()
-    options = {} if args.signing is None else args.signing.endpoint_options(UNSIGNED_KINDS)
-    # its own endpoint and replay cache: the agent's endpoint receives the same retained state
-    endpoint = Endpoint(transport, sender=device_id, federation=args.federation, **options)
+    # its own replay cache: the agent's endpoint receives the same retained state again
+    verifier = None if args.signing is None else args.signing.verifier()
+    done = threading.Event()  # the transport has no unsubscribe: stop looking instead
     log = logging.getLogger("edgefl.agent")
 
-    def on_state(env: Envelope, _topic: str) -> None:
-        if not isinstance(env.body, CoordinatorState):
+    def on_state(_topic: str, data: bytes) -> None:
+        if done.is_set() or not data:
             return
-        if endpoint.trusted(env):
-            states.put(env.body)
-        elif env.body.state != "offline":
-            log.warning(
-                "ignored an unsigned coordinator state %r: signatures are required", env.body.state
-            )
+        try:
+            state = _trusted_state(data, verifier)
+        except ProtocolError as exc:
+            log.warning("ignored a coordinator state: %s", exc)
+            return
+        if state is not None:
+            states.put(state)
 
-    endpoint.subscribe(Topics(args.federation).coord_state, on_state)
+    transport.subscribe(Topics(args.federation).coord_state, on_state)
     transport.connect(retry_for=args.connect_retry)
     log.info("waiting for a coordinator of federation %s to join its run", args.federation)
-    while not stop.is_set():
-        try:
-            state = states.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if state.state in ("starting", "running"):
-            return state
-    return None
+    try:
+        while not stop.is_set():
+            try:
+                state = states.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if state.state in ("starting", "running"):
+                return state
+        return None
+    finally:
+        done.set()
+
+
+def _trusted_state(data: bytes, verifier: Any) -> Any:
+    """The :class:`CoordinatorState` in a frame, if it may be acted on (``None``: a hint only).
+
+    With a verifier (signing on) the state must be signed by the coordinator; an unsigned one
+    is its last will or a forgery. Without one, signed frames cannot be opened.
+
+    Raises:
+        ProtocolError: undecodable, badly signed, stale or replayed.
+    """
+    from protocol.codec import decode_frame_map, envelope_from_map
+    from protocol.errors import SignatureError
+    from protocol.messages import CoordinatorState
+
+    obj = decode_frame_map(data)
+    if "sm" in obj:
+        if verifier is None:
+            raise SignatureError("it is signed, and signing is off (--no-signing or no key)")
+        body = verifier.open(obj).body
+    else:
+        body = envelope_from_map(obj).body
+        if verifier is not None and isinstance(body, CoordinatorState):
+            if body.state != "offline":
+                logging.getLogger("edgefl.agent").warning(
+                    "ignored an unsigned coordinator state %r: signatures are required",
+                    body.state,
+                )
+            return None
+    return body if isinstance(body, CoordinatorState) else None
 
 
 def _options(

@@ -409,14 +409,18 @@ class SigningKeys:
         Each call makes a new :class:`~protocol.signing.Verifier` (its own replay cache): two
         endpoints sharing one would refuse each other's copy of a retained message as a replay.
         """
-        from protocol.signing import Verifier
-
         return {
             "signer": self.signer,
-            "verifier": Verifier(dict(self.verify_keys)),
+            "verifier": self.verifier(),
             "require_signatures": True,
             "unsigned_kinds": unsigned_kinds,
         }
+
+    def verifier(self) -> Any:
+        """A new :class:`~protocol.signing.Verifier` of the peers' keys (its own replay cache)."""
+        from protocol.signing import Verifier
+
+        return Verifier(dict(self.verify_keys))
 
 
 def load_signing(creds: Credentials, key_id: str, *, enabled: bool = True) -> SigningKeys | None:
