@@ -1,13 +1,22 @@
 """The endpoint tells handlers which envelopes were verified (``Envelope.verified``, ``trusted``).
 
 With signatures required, the last wills (``unsigned_kinds``) still arrive, but flagged as not
-verified, so that a handler can treat them as presence hints only (``WIRE.md`` §7).
+verified, so that a handler can treat them as presence hints only (``WIRE.md`` §7). And
+``load_signing``: signing is on whenever keys are known, ``--no-signing`` turns it off.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+
 from protocol.codec import Envelope, encode
+from protocol.credentials import Credentials, load_signing
 from protocol.endpoint import Endpoint
+from protocol.errors import ConfigError
 from protocol.messages import Ack, Status
 from protocol.signing import HmacSigner, Verifier
 from protocol.topics import Topics
@@ -69,3 +78,54 @@ def test_only_exempt_kinds_pass_unsigned() -> None:
     rogue.publish(T.up("dev1", "ack"), encode(Envelope(body=Ack(ref_id="r"), sender="dev1")))
     # Assert
     assert [e.kind for e in got] == ["status"] and coord.rejected == {"SignatureError": 1}
+
+
+# -- load_signing: on with keys, --no-signing, half a key set -----------------------------------
+
+
+def _keys(tmp_path: Path) -> Credentials:
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    own, peer = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "verify").mkdir()
+    (tmp_path / "signing.key").write_bytes(
+        own.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    (tmp_path / "verify" / "coordinator.pub").write_bytes(
+        peer.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    sources = {"signing_key": "kit /k", "verify_keys": "kit /k"}
+    return Credentials(
+        signing_key=tmp_path / "signing.key", verify_keys=tmp_path / "verify", sources=sources
+    )
+
+
+def test_signing_is_on_whenever_keys_are_known(tmp_path: Path) -> None:
+    keys = load_signing(_keys(tmp_path), "dev1")
+    assert keys is not None and keys.signer.key_id == "dev1"
+    options = keys.endpoint_options(frozenset({"coord_state"}))
+    assert options["require_signatures"] and options["unsigned_kinds"] == {"coord_state"}
+    assert list(keys.verify_keys) == ["coordinator"]
+    assert load_signing(Credentials(), "dev1") is None  # no keys: unsigned, as before
+
+
+def test_no_signing_turns_it_off_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="edgefl.credentials"):
+        assert load_signing(_keys(tmp_path), "dev1", enabled=False) is None
+    assert "--no-signing: frames are neither signed nor verified" in caplog.text
+
+
+def test_half_a_key_set_is_a_config_error(tmp_path: Path) -> None:
+    creds = dataclasses.replace(_keys(tmp_path), verify_keys=None)
+    with pytest.raises(ConfigError, match="signing_key from kit /k but no verify_keys"):
+        load_signing(creds, "dev1")
