@@ -516,6 +516,8 @@ class Coordinator:
                 f"it has {reg.num_classes} classes; this run has {self.cfg.num_classes}",
             )
         self._admit_class_names(agent)
+        if type(self.strategy).admit is Strategy.admit:
+            return  # admits everyone: the fleet list cost O(N) a registration, O(N^2) a fleet
         fleet = [
             a
             for d, a in sorted(self.agents.items())
