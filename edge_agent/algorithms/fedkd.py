@@ -8,6 +8,9 @@ maps the mentee's features onto the mentor's (never sent). The summed loss is
 ``w = 1 / (L_t^t + L_t^s)`` taken as a weight (no gradient) and each KL's teacher detached; the
 one hidden term sends each part the gradient of its own loss (mentor: ``h_t``; mentee and
 ``W_h``: ``W_h h_s``), so each group's optimiser steps on its own objective.
+
+The mentee travels SVD-compressed both ways (``protocol.lowrank``): a received one is checked
+and multiplied out before it is loaded; the upload keeps ``svd_energy(round)`` of each matrix.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edge_agent.algorithms.base import EdgeContext, register_edge_algorithm
+from edge_agent.algorithms.base import EdgeContext, PhaseResult, register_edge_algorithm
 from edge_agent.algorithms.fml import SharedModelEdge, mutual_kl
 from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup
 from protocol.algorithms.fedkd import FedKDConfig
+from protocol.lowrank import compress, restore
+from protocol.messages import Task
+from protocol.payloads import Payload, TensorMap
 
 __all__ = ["FedKDEdge", "adaptive_kd_loss"]
 
@@ -54,6 +60,27 @@ class FedKDEdge(SharedModelEdge[FedKDConfig]):
         super().__init__(ctx)
         self.w_h: nn.Linear | None = None
         self._restored_wh: dict[str, Tensor] | None = None
+        self._round = 1  # of the task being handled: the upload's compression energy
+
+    def handle(self, task: Task) -> PhaseResult:
+        """Remember the round (its energy), then the phase."""
+        self._round = task.round
+        return super().handle(task)
+
+    def receive(self, payloads: dict[str, Payload]) -> None:
+        """The global mentee, its factors checked and multiplied out."""
+        w = payloads.get("weights")
+        if isinstance(w, TensorMap):
+            payloads = {**payloads, "weights": restore(w, "payloads.weights")}
+        super().receive(payloads)
+
+    def reply_payloads(self) -> dict[str, Payload]:
+        """The mentee, compressed at this round's energy when the run asks for it."""
+        payloads = super().reply_payloads()
+        w = payloads.get("weights")
+        if self.config.svd and isinstance(w, TensorMap):
+            payloads = {**payloads, "weights": compress(w, self.config.svd_energy(self._round))}
+        return payloads
 
     def hidden_map(self) -> nn.Linear:
         """``W_h`` (built on first use, seeded per device, restored from a checkpoint)."""

@@ -12,13 +12,17 @@ so both models distil strongly where their predictions are already right and wea
 are wrong; ``h`` are the models' features and ``W_h`` a local linear map between them.
 
 Training defaults are HtFLlib's (``clientkd``): plain SGD at lr 0.01 for all three parts,
-batch 10, one local epoch, gradient norms clipped at 10. The paper's SVD compression of the
-exchanged mentee (energy 0.95 -> 0.98) is not built (docs/baselines.md says what it needs).
+batch 10, one local epoch, gradient norms clipped at 10. The exchanged mentee travels
+SVD-compressed both ways (the paper's §3.3, ``protocol.lowrank``): at training round t the
+factors keep ``svd_energy(t)`` of each matrix's squared norm, ramping linearly from
+``svd_energy_start`` (0.95) to ``svd_energy_end`` (0.98) over the run's rounds, as in the paper
+and HtFLlib.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from protocol.algorithms.base import register_config
 from protocol.algorithms.fml import SharedModelConfig
@@ -34,3 +38,20 @@ class FedKDConfig(SharedModelConfig):
 
     hidden_loss: bool = True  # the MSE(h_t, W_h h_s) term (the paper's hidden-state loss)
     wh_lr: float = 0.0  # W_h's learning rate; 0: same as lr (HtFLlib)
+    svd: bool = True  # SVD-compress the mentee on the wire, both ways
+    svd_energy_start: float = 0.95  # T_start: share of the squared norm kept in round 1
+    svd_energy_end: float = 0.98  # T_end: kept from round svd_rounds + 1 on
+    svd_rounds: int = 0  # rounds of the ramp; 0 = the run's rounds (the coordinator fills it)
+
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        **SharedModelConfig.LIMITS,
+        "svd_energy_start": (1e-3, 1.0),
+        "svd_energy_end": (1e-3, 1.0),
+        "svd_rounds": (0, 1_000_000),
+    }
+
+    def svd_energy(self, round_: int) -> float:
+        """The energy kept in training round ``round_`` (1-based): linear from start to end."""
+        span = max(self.svd_rounds, 1)
+        frac = min(max(round_ - 1, 0) / span, 1.0)
+        return self.svd_energy_start + frac * (self.svd_energy_end - self.svd_energy_start)

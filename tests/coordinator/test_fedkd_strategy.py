@@ -12,7 +12,8 @@ from coordinator.config import load_config
 from coordinator.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.fedkd import FedKDConfig
-from protocol.errors import AdmissionError
+from protocol.errors import AdmissionError, ValidationError
+from protocol.lowrank import compress, restore
 from protocol.messages import Capabilities, InputSpec, Register, Reply
 from protocol.payloads import TensorMap
 
@@ -46,6 +47,55 @@ def test_mentees_average_by_sample_count_and_one_input_is_required() -> None:
     sent = s.configure(Step(2, "train"), a)["weights"]
     assert isinstance(sent, TensorMap)
     np.testing.assert_allclose(sent.tensors["w"], [0.5] * 3)  # 20 / 40
+
+
+def mentee_reply(w: np.ndarray, n: int, energy: float = 0.999) -> Reply:
+    weights = compress(
+        TensorMap({"fc.weight": w, "fc.bias": np.zeros(w.shape[0], np.float32)}), energy
+    )
+    return Reply(task_id="t", round=1, phase="train", num_samples=n, payloads={"weights": weights})
+
+
+def test_compressed_mentees_are_checked_restored_averaged_and_sent_compressed() -> None:
+    # Prepare: two rank-2 40x30 mentees, uploaded as factors; the ramp spans the run's 4 rounds
+    rng = np.random.default_rng(0)
+    basis_l, basis_r = rng.normal(size=(40, 2)), rng.normal(size=(2, 30))
+    w1 = (basis_l @ basis_r).astype(np.float32)
+    w2 = (basis_l @ (2 * basis_r)).astype(np.float32)
+    s = create_strategy("fedkd", FedKDConfig(), num_classes=3)
+    s.plan(4)
+    assert s.config.svd_rounds == 4 and s.config.svd_energy(1) == pytest.approx(0.95)
+    a, b = agent("a", "mlp_s"), agent("b", "cnn_t1")
+    r1, r2 = mentee_reply(w1, 30), mentee_reply(w2, 10)
+    assert "fc.weight#u" in r1.payloads["weights"].tensors  # type: ignore[union-attr]
+    # Execute
+    for ag, r in ((a, r1), (b, r2)):
+        s.validate(Step(1, "train"), ag, r)
+    s.aggregate(Step(1, "train"), [(a, r1), (b, r2)])
+    sent = s.configure(Step(2, "train"), a)["weights"]
+    # Assert: the global mentee is the weighted mean of the whole tensors; it goes out as factors
+    assert isinstance(sent, TensorMap) and "fc.weight#s" in sent.tensors
+    assert sent.tensors["fc.weight#s"].size == 2
+    np.testing.assert_allclose(
+        restore(sent).tensors["fc.weight"], 0.75 * w1 + 0.25 * w2, rtol=1e-3, atol=1e-3
+    )
+    assert s.configure(Step(2, "train"), b)["weights"] is sent  # compressed once per round
+
+
+def test_a_mentee_with_inconsistent_factors_is_refused_before_aggregation() -> None:
+    s = create_strategy("fedkd", FedKDConfig(), num_classes=3)
+    good = mentee_reply(np.ones((40, 30), np.float32), 10)
+    bad_tensors = dict(good.payloads["weights"].tensors)  # type: ignore[union-attr]
+    bad_tensors["fc.weight#shape"] = np.array([40, 31])
+    bad = Reply(
+        task_id="t",
+        round=1,
+        phase="train",
+        num_samples=10,
+        payloads={"weights": TensorMap(bad_tensors)},
+    )
+    with pytest.raises(ValidationError, match=r"fc\.weight#v"):
+        s.validate(Step(1, "train"), agent("a", "mlp_s"), bad)
 
 
 def test_fedkd_runs_end_to_end(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from edge_agent.algorithms.fedkd import FedKDEdge, adaptive_kd_loss
 from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fedkd import FedKDConfig
+from protocol.lowrank import compress, is_compressed
 from protocol.messages import Task
 from protocol.payloads import TensorMap
 
@@ -66,7 +67,7 @@ def make_edge(seed: int = 0) -> FedKDEdge:
     return FedKDEdge(ctx)
 
 
-def task(**cfg: object) -> Task:
+def task(payloads: dict[str, TensorMap] | None = None, **cfg: object) -> Task:
     return Task(
         task_id="t",
         run_id="r",
@@ -75,7 +76,7 @@ def task(**cfg: object) -> Task:
         deadline=0.0,
         algorithm="fedkd",
         config=FedKDConfig(batch_size=8).replace(**cfg).to_dict(),
-        payloads={},
+        payloads=payloads or {},
     )
 
 
@@ -103,3 +104,28 @@ def test_without_the_hidden_loss_there_is_no_w_h_group() -> None:
     edge = make_edge()
     edge.cfg = FedKDConfig(hidden_loss=False)
     assert [g.name for g in edge.param_groups()] == ["private", "shared"]
+
+
+def test_the_mentee_travels_compressed_both_ways() -> None:
+    # Prepare: a global mentee whose large matrices are rank 1, sent as factors
+    edge = make_edge()
+    edge.cfg = FedKDConfig()
+    net = edge.shared_net()
+    glob = {k: v.clone() for k, v in net.state_dict().items()}
+    for k, v in glob.items():
+        if v.dim() == 2 and min(v.shape) > 4:
+            glob[k] = torch.outer(
+                torch.linspace(-1, 1, v.shape[0]), torch.linspace(0, 1, v.shape[1])
+            )
+    packed = compress(TensorMap({k: v.numpy() for k, v in glob.items()}), 0.95)
+    assert is_compressed(packed)
+    # Execute: receive it, then one round at a tiny lr (the mentee stays nearly rank 1)
+    edge.receive({"weights": packed})
+    for k, v in glob.items():
+        torch.testing.assert_close(net.state_dict()[k].float(), v.float(), atol=1e-5, rtol=1e-4)
+    up = edge.handle(task({"weights": packed}, lr=1e-6)).payloads["weights"]
+    whole = make_edge().handle(task({"weights": packed}, lr=1e-6, svd=False)).payloads["weights"]
+    # Assert: the upload is factorised and smaller; without svd it is the state dict
+    assert isinstance(up, TensorMap) and isinstance(whole, TensorMap)
+    assert is_compressed(up) and up.num_bytes < whole.num_bytes / 2
+    assert sorted(whole.tensors) == sorted(net.state_dict())
