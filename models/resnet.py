@@ -13,8 +13,9 @@ ImageNet stem, as FedKTL's HtFE models use it on 32×32 inputs.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from torch import nn
-from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from models._classifier import Classifier
 from models._registry import ModelArgs, register_model
@@ -45,14 +46,19 @@ def use_small_stem(args: ModelArgs, small_stem: bool | None) -> bool:
 
 def _create_resnet(
     args: ModelArgs,
-    block: type[BasicBlock | Bottleneck],
+    block_name: Literal["BasicBlock", "Bottleneck"],
     layers: tuple[int, ...],
     small_stem: bool | None,
     zero_init_residual: bool,
 ) -> Classifier:
+    # imported here, not at module level: torchvision costs ~1 s and ~100 MiB at start-up,
+    # which devices building other families should not pay (issue 21)
+    from torchvision.models import resnet as tv_resnet
+
+    block = getattr(tv_resnet, block_name)
     # torchvision's ResNet always has four stages; shallower variants drop the tail stages.
     padded = list(layers) + [1] * (4 - len(layers))
-    net = ResNet(block, padded, zero_init_residual=zero_init_residual)
+    net = tv_resnet.ResNet(block, padded, zero_init_residual=zero_init_residual)
     for name in _STAGE_NAMES[len(layers) :]:
         setattr(net, name, nn.Identity())
     if use_small_stem(args, small_stem):
@@ -71,7 +77,7 @@ def resnet4(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-4, BasicBlock [1], 64-d features."""
-    return _create_resnet(args, BasicBlock, (1,), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (1,), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -79,7 +85,7 @@ def resnet6(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-6, BasicBlock [1, 1], 128-d features."""
-    return _create_resnet(args, BasicBlock, (1, 1), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (1, 1), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -87,7 +93,7 @@ def resnet8(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-8, BasicBlock [1, 1, 1], 256-d features."""
-    return _create_resnet(args, BasicBlock, (1, 1, 1), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (1, 1, 1), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -95,7 +101,7 @@ def resnet10(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-10, BasicBlock [1, 1, 1, 1], 512-d features."""
-    return _create_resnet(args, BasicBlock, (1, 1, 1, 1), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (1, 1, 1, 1), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -103,7 +109,7 @@ def resnet14(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-14, BasicBlock [1, 2, 2, 1], 512-d features."""
-    return _create_resnet(args, BasicBlock, (1, 2, 2, 1), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (1, 2, 2, 1), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -111,7 +117,7 @@ def resnet18(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-18, BasicBlock [2, 2, 2, 2], 512-d features."""
-    return _create_resnet(args, BasicBlock, (2, 2, 2, 2), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (2, 2, 2, 2), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -119,7 +125,7 @@ def resnet22(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-22, BasicBlock [2, 3, 3, 2], 512-d features."""
-    return _create_resnet(args, BasicBlock, (2, 3, 3, 2), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (2, 3, 3, 2), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -127,7 +133,7 @@ def resnet26(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-26, BasicBlock [3, 3, 3, 3], 512-d features."""
-    return _create_resnet(args, BasicBlock, (3, 3, 3, 3), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (3, 3, 3, 3), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -135,7 +141,7 @@ def resnet34(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-34, BasicBlock [3, 4, 6, 3], 512-d features."""
-    return _create_resnet(args, BasicBlock, (3, 4, 6, 3), small_stem, zero_init_residual)
+    return _create_resnet(args, "BasicBlock", (3, 4, 6, 3), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -143,7 +149,7 @@ def resnet50(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-50, Bottleneck [3, 4, 6, 3], 2048-d features."""
-    return _create_resnet(args, Bottleneck, (3, 4, 6, 3), small_stem, zero_init_residual)
+    return _create_resnet(args, "Bottleneck", (3, 4, 6, 3), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -151,7 +157,7 @@ def resnet101(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-101, Bottleneck [3, 4, 23, 3], 2048-d features."""
-    return _create_resnet(args, Bottleneck, (3, 4, 23, 3), small_stem, zero_init_residual)
+    return _create_resnet(args, "Bottleneck", (3, 4, 23, 3), small_stem, zero_init_residual)
 
 
 @register_model(family="resnet", input_size=32, min_input_size=8)
@@ -159,4 +165,4 @@ def resnet152(
     args: ModelArgs, *, small_stem: bool | None = None, zero_init_residual: bool = False
 ) -> Classifier:
     """ResNet-152, Bottleneck [3, 8, 36, 3], 2048-d features."""
-    return _create_resnet(args, Bottleneck, (3, 8, 36, 3), small_stem, zero_init_residual)
+    return _create_resnet(args, "Bottleneck", (3, 8, 36, 3), small_stem, zero_init_residual)

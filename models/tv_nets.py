@@ -10,15 +10,23 @@ so 32×32 images do not reach the last stage as 1×1 maps.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
-from torchvision import models as tvm
-from torchvision.models.googlenet import BasicConv2d
 
 from models._classifier import Classifier
 from models._registry import ModelArgs, register_model
 from models.resnet import use_small_stem
 
 __all__ = ["efficientnet_b0", "googlenet", "mobilenet_v2", "mobilenet_v3_small", "shufflenet_v2"]
+
+
+def _tvm() -> Any:
+    """torchvision's model zoo, imported when a network is built: importing torchvision costs
+    ~1 s and ~100 MiB, which a device running a small CNN should not pay (issue 21)."""
+    from torchvision import models
+
+    return models
 
 
 def _rebuild_conv(conv: nn.Conv2d, in_chans: int, small: bool) -> nn.Conv2d:
@@ -41,7 +49,9 @@ def _rebuild_conv(conv: nn.Conv2d, in_chans: int, small: bool) -> nn.Conv2d:
 @register_model(family="googlenet", input_size=32, min_input_size=8)
 def googlenet(args: ModelArgs, *, small_stem: bool | None = None) -> Classifier:
     """GoogLeNet (Inception v1) without auxiliary classifiers, 1024-d features."""
-    net = tvm.googlenet(weights=None, aux_logits=False, init_weights=True)
+    from torchvision.models.googlenet import BasicConv2d
+
+    net = _tvm().googlenet(weights=None, aux_logits=False, init_weights=True)
     small = use_small_stem(args, small_stem)
     if small:
         net.conv1 = BasicConv2d(args.in_chans, 64, kernel_size=3, stride=1, padding=1)
@@ -58,7 +68,7 @@ def mobilenet_v2(
     args: ModelArgs, *, small_stem: bool | None = None, width_mult: float = 1.0
 ) -> Classifier:
     """MobileNetV2, 1280-d features."""
-    net = tvm.mobilenet_v2(weights=None, width_mult=width_mult)
+    net = _tvm().mobilenet_v2(weights=None, width_mult=width_mult)
     stem = net.features[0][0]
     net.features[0][0] = _rebuild_conv(stem, args.in_chans, use_small_stem(args, small_stem))
     net.classifier = nn.Identity()  # type: ignore[assignment]
@@ -68,7 +78,7 @@ def mobilenet_v2(
 @register_model(family="mobilenet", input_size=32, min_input_size=8)
 def mobilenet_v3_small(args: ModelArgs, *, small_stem: bool | None = None) -> Classifier:
     """MobileNetV3-Small, features after its 1024-unit pre-classifier layer."""
-    net = tvm.mobilenet_v3_small(weights=None)
+    net = _tvm().mobilenet_v3_small(weights=None)
     stem = net.features[0][0]
     net.features[0][0] = _rebuild_conv(stem, args.in_chans, use_small_stem(args, small_stem))
     # Keep Linear(576, 1024) + Hardswish (part of the representation), drop dropout and fc.
@@ -80,7 +90,7 @@ def mobilenet_v3_small(args: ModelArgs, *, small_stem: bool | None = None) -> Cl
 @register_model(family="shufflenet", input_size=32, min_input_size=8)
 def shufflenet_v2(args: ModelArgs, *, small_stem: bool | None = None) -> Classifier:
     """ShuffleNetV2 x1.0, 1024-d features."""
-    net = tvm.shufflenet_v2_x1_0(weights=None)
+    net = _tvm().shufflenet_v2_x1_0(weights=None)
     small = use_small_stem(args, small_stem)
     net.conv1[0] = _rebuild_conv(net.conv1[0], args.in_chans, small)
     if small:
@@ -92,7 +102,7 @@ def shufflenet_v2(args: ModelArgs, *, small_stem: bool | None = None) -> Classif
 @register_model(family="efficientnet", input_size=32, min_input_size=8)
 def efficientnet_b0(args: ModelArgs, *, small_stem: bool | None = None) -> Classifier:
     """EfficientNet-B0, 1280-d features."""
-    net = tvm.efficientnet_b0(weights=None)
+    net = _tvm().efficientnet_b0(weights=None)
     stem = net.features[0][0]
     net.features[0][0] = _rebuild_conv(stem, args.in_chans, use_small_stem(args, small_stem))
     net.classifier = nn.Identity()  # type: ignore[assignment]
