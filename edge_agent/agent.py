@@ -212,7 +212,10 @@ class EdgeAgent:
             if not body.accepted:
                 self.log.warning("coordinator refused %s: %s", body.ref_id, body.reason)
         elif isinstance(body, CoordinatorState):
-            self.on_coordinator_state(body, trusted=self.endpoint.trusted(env))
+            if self.endpoint.trusted(env) or body.state == "offline":
+                self.on_coordinator_state(body)
+            else:
+                self._ignore_unsigned_state(body)
         elif isinstance(body, ErrorReply) and body.code == REFUSED:
             self.on_refused(body)
         else:
@@ -226,27 +229,30 @@ class EdgeAgent:
         self.endpoint.send(self.topics.status(self.settings.device_id), status, retain=True)
         self.finished.set()
 
-    def on_coordinator_state(self, state: CoordinatorState, *, trusted: bool = True) -> None:
+    def _ignore_unsigned_state(self, state: CoordinatorState) -> None:
+        """An unverified state other than ``offline``, with signatures required: the
+        coordinator's last will says only ``offline``, so this is a forgery. Counted, logged,
+        never acted on (a forged ``finished`` would end the agent, a forged ``starting`` make
+        it register with a run that does not exist)."""
+        self.endpoint.rejected["unsigned_coord_state"] += 1
+        self.log.warning(
+            "ignored an unsigned coordinator state %r of run %s: signatures are required",
+            state.state,
+            state.run_id,
+        )
+
+    def on_coordinator_state(self, state: CoordinatorState) -> None:
         """Re-register when a coordinator (re)starts; stop when our run is finished.
 
         In daemon mode (``exit_when_finished=False``) the agent archives the finished run's
         state and stays registered, so it takes part in the next run of its federation.
 
-        ``trusted``: the state's signature verified, or this agent does not require signatures
-        (:meth:`Endpoint.trusted`). An untrusted state is the coordinator's last will or a
-        forgery: it may say the coordinator went ``offline`` (a hint), nothing else. A stale
-        signed state never gets here (the endpoint refuses it), and a signed ``finished`` of
-        another run (an old one replayed) is ignored below: only the end of a run this agent
-        joined ends it.
+        With signatures required, :meth:`dispatch` passes only verified states here, and the
+        unsigned ``offline`` will (a hint: the coordinator may not know us when it is back). A
+        stale signed state never arrives (the endpoint refuses it), and a signed ``finished``
+        of another run (an old one replayed) is ignored below: only the end of a run this
+        agent joined ends it.
         """
-        if not trusted and state.state != "offline":
-            self.endpoint.rejected["unsigned_coord_state"] += 1
-            self.log.warning(
-                "ignored an unsigned coordinator state %r of run %s: signatures are required",
-                state.state,
-                state.run_id,
-            )
-            return
         if state.state in ("starting", "running"):
             self.joined.add(state.run_id)
             # `starting`: a coordinator (re)started and may not know us. `running` of the run
