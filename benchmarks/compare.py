@@ -359,8 +359,9 @@ def cost_estimate(
         f"Cost, extrapolated from this page's wall times (all algorithms, one round, one "
         f"setting: {one:.0f} s, run start-up included): digits {digits_h:.1f} h, MNIST-5k "
         f"about {MNIST_FACTOR:g}x that ({MNIST_FACTOR * digits_h:.0f} h; the ratio measured on "
-        f"the Felo grids), in all about {(1 + MNIST_FACTOR) * digits_h:.0f} h of one core at "
-        f"the load this page ran under; each run of an algorithm that fails to start here "
+        f"the Felo grids), in all about {(1 + MNIST_FACTOR) * digits_h:.0f} run-hours (the sum "
+        f"of the runs' wall times at the load this page ran under; `--jobs 2` halves the wall "
+        f"time where two cores are free); each run of an algorithm that fails to start here "
         f"({', '.join(sorted({_alg(f) for f in fails})) or 'none'}) waits "
         f"{args.wait_agents:.0f} s (`--wait-agents`) before it is recorded as failed.",
     ]
@@ -390,8 +391,10 @@ SETTINGS_TEXT = [
     "coordinator's transport counters per training round 2.. divided by the round's "
     "participants, without progress messages (round 1 carries the set-up); run MB = every "
     "step of the run, set-up and final steps included. s/round = the coordinator's mean "
-    "training-step time on a 2-core VM shared with other jobs: an indication, not a "
-    "benchmark. Bold = the best mean in the column.",
+    "training-step time on the machine that ran the page, shared with other jobs: "
+    "an indication that moves by an order of magnitude with the load, not a benchmark. "
+    "Bold = the best mean in the column; notes = agent tasks that failed inside steps that "
+    "still met their quorum, agents missing from the final step.",
     "",
 ]
 
