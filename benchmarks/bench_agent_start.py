@@ -136,11 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=120.0)
-    ap.add_argument("--digits", action="store_true", help="also cnn4 on the digits dataset")
+    ap.add_argument("--digits", action="store_true", help="also mlp_s on the digits dataset")
     args = ap.parse_args(argv)
     runs = [(m, "synthetic") for m in args.models]
     if args.digits:
-        runs.append(("cnn4", "digits"))
+        runs.append(("mlp_s", "digits"))
     print(f"load before: {os.getloadavg()}")
     rows = []
     with MosquittoBroker() as broker, tempfile.TemporaryDirectory() as tmp_dir:
