@@ -12,6 +12,7 @@ import logging
 import math
 import queue
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,6 +260,15 @@ class Coordinator:
         for idx in range(first, len(self.plan)):
             self.run_step(idx, self.plan[idx])
 
+    def _refusals(self) -> str:
+        """Why agents were refused (for a quorum error: the cause is otherwise only in the
+        agents' logs), e.g. FedAvg refusing a second architecture."""
+        if not self.refused:
+            return ""
+        reasons = Counter(self.refused.values()).most_common(3)
+        listed = "; ".join(f"{n} x {reason}" for reason, n in reasons)
+        return f"; {len(self.refused)} refused at registration: {listed}"
+
     def wait_for_agents(self, count: int, timeout: float) -> None:
         """Process messages until ``count`` agents are registered and online."""
         end = time.monotonic() + timeout
@@ -273,7 +283,7 @@ class Coordinator:
             if time.monotonic() > end:
                 raise QuorumError(
                     f"only {len(self._online_agents())} of {count} required agents "
-                    f"registered within {timeout:.0f} s"
+                    f"registered within {timeout:.0f} s{self._refusals()}"
                 )
             self._pump(min(0.5, max(0.0, end - time.monotonic())))
         self.log.info(

@@ -613,3 +613,21 @@ def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatc
     assert "reply" not in encoded and "register" not in encoded
     for a in agents:
         a.close()
+
+
+def test_a_quorum_error_while_waiting_names_why_agents_were_refused(tmp_path: Path) -> None:
+    # Prepare: a fedproto run; the only device that registers runs fedavg and is refused
+    cfg = run_config(tmp_path, rounds=1)
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    topics = Topics(cfg.federation)
+    rogue = MemoryTransport(broker, "rogue")
+    rogue.connect()
+    register = dataclasses.replace(named_register("other", []), algorithm="fedavg")
+    rogue.publish(topics.up("other", "register"), encode(Envelope(body=register, sender="other")))
+    # Execute / Assert: the error says what the agent's log says
+    with pytest.raises(QuorumError, match=r"1 refused at registration: 1 x it runs fedavg"):
+        coord.wait_for_agents(1, 1.0)
