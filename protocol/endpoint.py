@@ -110,7 +110,8 @@ class Endpoint:
         require_signatures: Reject unsigned frames.
         unsigned_kinds: Kinds still accepted unsigned when signatures are required, such as
             ``{"status"}`` for the last will, which the broker publishes long after it was made
-            (a signed will would be stale; treat status as a hint, not as evidence).
+            (a signed will would be stale; treat status as a hint, not as evidence). They
+            arrive with ``Envelope.verified`` false: see :meth:`trusted`.
         on_duplicate: Called (on the transport thread) with each dropped duplicate, e.g. so
             the coordinator can acknowledge again a reply whose first ack was lost.
         clock: Monotonic clock for chunk timeouts (tests inject a fake one).
