@@ -97,6 +97,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--tag", default="", help="label kept in the spec (e.g. the code version)")
+    ap.add_argument(
+        "--probe",
+        default=None,
+        choices=["none", "architecture", "head"],
+        help="instead of the grid: the global prototypes' geometry per round with this "
+        "shared_init (first alpha, seed 0, --rounds rounds)",
+    )
     return ap.parse_args(argv)
 
 
@@ -233,6 +240,69 @@ def summarize(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
     }
 
 
+# ----- prototype geometry -----------------------------------------------------------------------
+def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict[str, float]]:
+    """Per round, the global prototypes' geometry: mean norm, smallest and mean distance between
+    two classes, and the mean distance of the clients' prototypes to their class's global one
+    (the aggregation is wrapped in this process only; the run is ``fedproto`` seed 0)."""
+    import numpy as np
+    import torch
+
+    from coordinator.config import load_config
+    from coordinator.simulate import FleetSpec, simulate
+    from coordinator.strategies.baselines import FedProtoStrategy
+    from models.families import family_models
+
+    torch.set_num_threads(args.threads)
+    rows: list[dict[str, float]] = []
+    original = FedProtoStrategy.aggregate
+
+    def aggregate(self: FedProtoStrategy, step: Any, replies: list[Any]) -> dict[str, float]:
+        out = original(self, step, replies)
+        assert self.protos is not None
+        table = dict(zip(self.protos.class_ids.tolist(), self.protos.vectors, strict=True))
+        p = np.stack(list(table.values()))
+        gaps = np.linalg.norm(p[:, None] - p[None], axis=2)[~np.eye(len(p), dtype=bool)]
+        sets = [r.payloads["protos"] for _, r in replies]
+        spread = [
+            float(np.linalg.norm(v - table[c]))
+            for u in sets
+            for c, v in zip(u.class_ids.tolist(), u.vectors, strict=True)
+        ]
+        rows.append(
+            {
+                "round": step.round,
+                "norm": float(np.linalg.norm(p, axis=1).mean()),
+                "min_gap": float(gaps.min()),
+                "mean_gap": float(gaps.mean()),
+                "client_spread": float(np.mean(spread)),
+            }
+        )
+        print(rows[-1], flush=True)
+        return out
+
+    FedProtoStrategy.aggregate = aggregate  # type: ignore[method-assign]
+    run_dir = Path(tempfile.mkdtemp(prefix="fedproto-probe-"))
+    try:
+        cfg = load_config(
+            None, [], algorithm="fedproto", rounds=args.rounds, run_dir=str(run_dir),
+            min_agents=args.clients, seed=0, run_id="fedproto-probe",
+        ).replace(hyper={**_SGD, **_PROTO, "shared_init": shared_init})  # fmt: skip
+        fleet = FleetSpec(
+            num_agents=args.clients,
+            models=tuple(family_models(args.family, args.clients)),
+            data=args.data,
+            feature_dim=args.feature_dim,
+            partition_file=str(ensure_split(args, alpha)),
+            global_test_size=0,
+        )
+        simulate(cfg, fleet)
+    finally:
+        FedProtoStrategy.aggregate = original  # type: ignore[method-assign]
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return rows
+
+
 # ----- results and tables ---------------------------------------------------------------------
 def load(path: Path) -> list[dict[str, Any]]:
     """Runs already in ``path``."""
@@ -320,6 +390,9 @@ def tables(runs: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs, then print (and optionally write) the tables."""
     args = parse_args(argv)
+    if args.probe is not None:
+        probe(args, args.alphas[0], args.probe)
+        return
     runs = load(args.out)
     if not args.table_only:
         for alpha in args.alphas:
