@@ -23,6 +23,8 @@ Figures per N (median over the steps after the first):
 * ``turnaround``: last reply written -> last task of the next step received (ingest of the
   tail, aggregation, persistence, N task sends);
 * ``first task``: last reply written -> first task of the next step received;
+* ``close``: last ack received -> last task of the next step received: the coordinator's
+  overhead between steps once every reply is in (aggregation, persistence, N task sends);
 * ``msgs/s``: coordinator messages of one step (N tasks out, N replies in, N acks out) per
   second of that step (its first task received -> its last ack received);
 * ``registration``: first registration written -> the coordinator has them all online;
@@ -294,7 +296,9 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
     rss0: int,
 ) -> dict[str, Any]:
     steps = sorted(times["reply"])
-    turnaround, first_task, msgs_per_s, coord, broker, ratio, reply_bytes = ([] for _ in range(7))
+    turnaround, first_task, msgs_per_s, coord, broker, ratio, reply_bytes, close = (
+        [] for _ in range(8)
+    )
     for s in steps[1:]:  # the first step pays for warm-up (and has no raw burst before it)
         sent, written = times["reply"][s][0], times["reply"][s][1]
         ack = times["ack"].get(s)
@@ -313,6 +317,7 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
         if nxt is not None:
             turnaround.append(nxt[1] - written)
             first_task.append(nxt[0] - written)
+            close.append(nxt[1] - ack[1])
     med = statistics.median
     registration = None if online_at is None else online_at - times["registration_start"]
     return {
@@ -328,6 +333,7 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
         "ratios": [round(r, 3) for r in ratio],
         "turnaround_ms": 1e3 * med(turnaround) if turnaround else None,
         "first_task_ms": 1e3 * med(first_task) if first_task else None,
+        "close_ms": 1e3 * med(close) if close else None,
         "msgs_per_s": med(msgs_per_s) if msgs_per_s else None,
         "round_s": [m["duration_s"] for m in result.metrics if m["phase"] == "train"],
         "peak_rss_mb": rss / 1024,
@@ -366,16 +372,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"N={n}: {r}", flush=True)
     print(
         "\n| agents | reply B | coord replies/s | broker replies/s | ratio | turnaround | "
-        "first next task | msgs/s | registration | peak RSS (MB) | load 1-min before/after |"
+        "first next task | close | msgs/s | registration | peak RSS (MB) | "
+        "load 1-min before/after |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['agents']} | {_fmt(r['reply_bytes'], '.0f')} | "
             f"{_fmt(r['coord_replies_per_s'], ',.0f')} | "
             f"{_fmt(r['broker_replies_per_s'], ',.0f')} | "
             f"{_fmt(r['ratio'], '.3f')} | {_fmt(r['turnaround_ms'], '.0f')} ms | "
-            f"{_fmt(r['first_task_ms'], '.0f')} ms | {_fmt(r['msgs_per_s'], ',.0f')} | "
+            f"{_fmt(r['first_task_ms'], '.0f')} ms | {_fmt(r['close_ms'], '.0f')} ms | "
+            f"{_fmt(r['msgs_per_s'], ',.0f')} | "
             f"{_fmt(r['registration_s'], '.2f')} s | {r['peak_rss_mb']:.0f} | "
             f"{r['load_before'][0]} / {r['load_after'][0]} |"
         )
