@@ -360,10 +360,11 @@ class Coordinator:
                 continue
             open_step.replied(device_id, body)
         deadline = time.time() + self.cfg.deadline_s
+        config = self.strategy.config.to_dict()  # the same for every task of the step
         with reuse_encodings():  # the knowledge shared by all tasks is encoded once
             for device_id in rec.participants:
                 if device_id not in open_step.outcome.replies:
-                    self._send_task(open_step, device_id, deadline)
+                    self._send_task(open_step, device_id, deadline, config)
         self.endpoint.send(
             self.topics.round,
             RoundDescriptor(
@@ -391,7 +392,9 @@ class Coordinator:
                 return
             self._pump(min(remaining, 0.5))
 
-    def _send_task(self, open_step: OpenStep, device_id: str, deadline: float) -> None:
+    def _send_task(
+        self, open_step: OpenStep, device_id: str, deadline: float, config: dict[str, Any]
+    ) -> None:
         rec, step, agent = open_step.rec, open_step.step, self.agents[device_id]
         task = Task(
             task_id=f"{self.cfg.run_id}.{rec.idx}.{rec.attempt}.{device_id}",
@@ -400,7 +403,7 @@ class Coordinator:
             phase=step.phase,
             deadline=deadline,
             algorithm=self.strategy.name,
-            config=self.strategy.config.to_dict(),
+            config=config,
             payloads=self.strategy.configure(step, agent),
         )
         open_step.sent(device_id, task)
