@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,9 @@ class FleetSpec:
 
     num_agents: int
     models: tuple[str, ...]
+    # the rest by keyword only: a field added in the middle silently shifted positional
+    # callers (a global test size of 200 became an image size of 200)
+    _: KW_ONLY
     data: str = "digits"
     partition: str = "dirichlet:0.5"
     feature_dim: int | None = 64

@@ -75,7 +75,7 @@ def test_fml_runs_end_to_end(tmp_path: Path) -> None:
         deadline_s=120.0,
         run_id="test-fml",
     )
-    fleet = FleetSpec(3, ("cnn_t1", "mlp_s", "cnn_t2"), "digits", "dirichlet:0.5", 32, None, 200)
+    fleet = FleetSpec(3, ("cnn_t1", "mlp_s", "cnn_t2"), feature_dim=32, global_test_size=200)
     result = simulate(cfg, fleet)
     assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
     for m in result.metrics:
