@@ -74,6 +74,7 @@ PAIRS = (
     ("fedproto_relu", "local_relu"),
     ("fedproto_relu", "local"),
     ("fedproto_head", "local"),
+    ("fedproto_d512", "local_d512"),
 )
 
 
