@@ -78,3 +78,31 @@ class InProcessAgent:
             self.thread.join(timeout=30)
         if self.transport is not None:
             self.transport.close()
+
+
+def fedavg_agent_args(index: int, state_dir: Path, clients: int = 2) -> list[str]:
+    """``edge-agent`` arguments of a small fedavg device (digits, iid shard ``index``), for the
+    runs of the shipped commands (TLS, signing)."""
+    return [
+        "--algorithm",
+        "fedavg",
+        "--model",
+        "mlp_s",
+        "--feature-dim",
+        "16",
+        "--data",
+        "digits",
+        "--partition",
+        "iid",
+        "--clients",
+        str(clients),
+        "--client-index",
+        str(index),
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--state-dir",
+        str(state_dir),
+        "--no-export",
+    ]

@@ -32,7 +32,7 @@ from protocol.signing import HmacSigner, Verifier
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
 from tests.conftest import TLS_FEDERATION, ProvisionedMosquitto
-from tests.helpers_runtime import run_config
+from tests.helpers_runtime import fedavg_agent_args, run_config
 
 BIN = Path(sys.executable).parent
 T = Topics(TLS_FEDERATION)
@@ -112,32 +112,6 @@ def test_an_unsigned_status_can_only_mark_an_agent_offline(
 
 
 # -- whole runs with the shipped commands ------------------------------------------------------
-
-
-def _agent_args(i: int, state: Path) -> list[str]:
-    return [
-        "--algorithm",
-        "fedavg",
-        "--model",
-        "mlp_s",
-        "--feature-dim",
-        "16",
-        "--data",
-        "digits",
-        "--partition",
-        "iid",
-        "--clients",
-        "2",
-        "--client-index",
-        str(i),
-        "--threads",
-        "1",
-        "--device",
-        "cpu",
-        "--state-dir",
-        str(state),
-        "--no-export",
-    ]
 
 
 def _serve_args(run_dir: Path) -> list[str]:
@@ -256,7 +230,7 @@ def test_signed_run_over_mtls_refuses_a_device_kit_holders_forgeries(
         fleet.start("coord", serve + _serve_args(run_dir), env)
         for i in range(2):
             argv = [str(BIN / "edge-agent"), "--kit", str(b.kit(f"agent{i}"))]
-            fleet.start(f"a{i}", argv + _agent_args(i, tmp_path / f"agent{i}"), env)
+            fleet.start(f"a{i}", argv + fedavg_agent_args(i, tmp_path / f"agent{i}"), env)
         assert wait_for(lambda: watch.seen("running"), 180), fleet.logs()
         # Execute: (a) an unsigned reply as agent0; (b) agent0's key signing a reply that
         # claims agent1, on agent0's topic (the signature check) and on agent1's (the ACL);
@@ -328,7 +302,7 @@ def test_without_acl_a_forged_retained_finished_stops_nobody(
         forge(_finished())
         for i in range(2):
             argv = [str(BIN / "edge-agent"), "--broker", broker, "--id", f"agent{i}"]
-            argv += ["--federation", TLS_FEDERATION, *_agent_args(i, tmp_path / f"agent{i}")]
+            argv += ["--federation", TLS_FEDERATION, *fedavg_agent_args(i, tmp_path / f"agent{i}")]
             fleet.start(f"a{i}", argv, _keys_env(fleet_keys / "devices" / f"agent{i}"))
         assert wait_for(lambda: watch.seen("running"), 180), fleet.logs()
         forge(_finished())

@@ -18,6 +18,7 @@ import pytest
 
 from protocol.credentials import ENV
 from tests.conftest import ProvisionedMosquitto
+from tests.helpers_runtime import fedavg_agent_args
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -26,32 +27,7 @@ SECRET = "do-not-store-this-password"
 
 
 def agent_cmd(kit: Path, i: int, state: Path) -> list[str]:
-    return [
-        str(BIN / "edge-agent"),
-        "--kit",
-        str(kit),
-        "--algorithm",
-        "fedavg",
-        "--model",
-        "mlp_s",
-        "--feature-dim",
-        "16",
-        "--data",
-        "digits",
-        "--partition",
-        "iid",
-        "--clients",
-        "2",
-        "--client-index",
-        str(i),
-        "--threads",
-        "1",
-        "--device",
-        "cpu",
-        "--state-dir",
-        str(state),
-        "--no-export",
-    ]
+    return [str(BIN / "edge-agent"), "--kit", str(kit), *fedavg_agent_args(i, state)]
 
 
 def test_fedavg_over_mtls_with_kits_stores_no_secret(
