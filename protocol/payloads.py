@@ -164,22 +164,37 @@ class ClassStats(WireModel):
 
 @dataclass(frozen=True, slots=True)
 class ImageVectorPairs(WireModel):
-    """Generator-made images (uint8, N x C x H x W) with their latent vectors (FedKTL)."""
+    """Generator-made images (uint8, N x C x H x W) with their latent vectors (FedKTL).
+
+    ``class_ids[i]`` (optional) is the class image ``i`` and latent ``i`` belong to; the payload
+    checks they are unique and non-negative, the receiver that knows the class count checks
+    the upper bound. ``round`` is the round whose server phase made the pairs: it can lag the
+    task's round by more than one (a round without uploads keeps the previous pairs).
+    """
 
     KIND: ClassVar[str] = "ivpairs"
     ENCODING_FIELD: ClassVar[str | None] = "encoding"
 
     images: npt.NDArray[np.uint8]
     vectors: F32
+    class_ids: I32 | None = None
+    round: int = 0
     encoding: Encoding = "raw"
 
     def __post_init__(self) -> None:
         _check_encoding(self.encoding, ("raw", "f16"))
         _set(self, "images", as_array(self.images, "|u1", "images"))
         _set(self, "vectors", as_array(self.vectors, "<f4", "vectors"))
+        n = self.images.shape[0] if self.images.ndim == 4 else -1
         check_shape(self.images, (None, None, None, None), "images")
-        check_shape(self.vectors, (self.images.shape[0], None), "vectors")
+        check_shape(self.vectors, (n, None), "vectors")
         check_finite(self.vectors, "vectors")
+        if self.class_ids is not None:
+            _set(self, "class_ids", as_array(self.class_ids, "<i4", "class_ids"))
+            check_shape(self.class_ids, (n,), "class_ids")
+            check_class_ids(self.class_ids, "class_ids")
+        if type(self.round) is not int or self.round < 0:  # bool is an int: refuse it too
+            raise ValidationError("round", "a non-negative int", self.round)
 
 
 @dataclass(frozen=True, slots=True)

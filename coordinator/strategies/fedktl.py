@@ -123,7 +123,6 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
         if step.phase == "train" and self._latents() is not None:
             spec = agent.register.input_spec
             out["pairs"] = self._pairs_for(spec.channels, spec.height, spec.width)
-            out["pairs_meta"] = self._pairs_meta()
         return out
 
     def _latents(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -168,13 +167,14 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
                 images = matched_noise(images, np.random.default_rng(draw))
             elif self.config.control == "derangement":
                 vectors = vectors[deranged_rows(latents[0], self._cycle)]
-            self._pairs[key] = ImageVectorPairs(images, vectors, self.config.pair_encoding)
+            self._pairs[key] = ImageVectorPairs(
+                images,
+                vectors,
+                class_ids=latents[0],  # the classes, also under the derangement control
+                round=self.pairs_round,
+                encoding=self.config.pair_encoding,
+            )
         return self._pairs[key]
-
-    def _pairs_meta(self) -> TensorMap:
-        latents = self._latents()
-        assert latents is not None
-        return TensorMap({"classes": latents[0], "round": np.array([self.pairs_round])})
 
     # ----- what each agent sends ------------------------------------------------------------
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:

@@ -34,6 +34,7 @@ from protocol.arrays import Encoding
 from protocol.errors import ConfigError, ValidationError
 from protocol.messages import Task
 from protocol.payloads import ImageVectorPairs, Payload, PrototypeSet, TensorMap
+from protocol.validate import check_class_ids
 
 __all__ = ["FedKTLEdge", "extractor_output", "unit_prototypes"]
 
@@ -95,7 +96,7 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
             self._take_setup(setup)
         self._check_setup()
         self._reset_proj()
-        self._take_pairs(payloads.get("pairs"), payloads.get("pairs_meta"))
+        self._take_pairs(payloads.get("pairs"))
 
     def _take_setup(self, setup: Payload) -> None:
         if not isinstance(setup, TensorMap) or set(setup.tensors) != set(SETUP_KEYS):
@@ -147,7 +148,7 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
             self.proj.weight.copy_(weight)
             self.proj.bias.copy_(bias)
 
-    def _take_pairs(self, pairs: Payload | None, meta: Payload | None) -> None:
+    def _take_pairs(self, pairs: Payload | None) -> None:
         self.images = self.latents = None
         self._order = []
         if pairs is None:
@@ -163,23 +164,19 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
             )
         if pairs.vectors.shape[1] != h:
             raise ValidationError("payloads.pairs.vectors", f"[{n}, {h}]", pairs.vectors.shape)
-        self._check_meta(meta, n)
+        self._check_classes(pairs)
         dev = self.ctx.device
         self.images = torch.as_tensor(pairs.images, device=dev).float() / 255.0
         self.latents = torch.as_tensor(pairs.vectors, device=dev)
 
-    def _check_meta(self, meta: Payload | None, n: int) -> None:
-        if not isinstance(meta, TensorMap) or "classes" not in meta.tensors:
-            raise ValidationError("payloads.pairs_meta", "tensors with 'classes'", meta)
-        ids = meta.tensors["classes"].tolist()
-        if (
-            len(ids) != n
-            or len(set(ids)) != n
-            or not all(0 <= c < self.ctx.num_classes for c in ids)
-        ):
+    def _check_classes(self, pairs: ImageVectorPairs) -> None:
+        """Every pair names its class, one of this agent's (the payload checked the rest)."""
+        ids, c = pairs.class_ids, self.ctx.num_classes
+        if ids is None:
             raise ValidationError(
-                "payloads.pairs_meta.classes", f"{n} distinct ids < {self.ctx.num_classes}", ids
+                "payloads.pairs.class_ids", f"{len(pairs.images)} class ids", None
             )
+        check_class_ids(ids, "payloads.pairs.class_ids", c)
 
     def train_phase(self, task: Task) -> PhaseResult:
         """One participation; reports how many pairs drove ``L^M`` (0 in round 1)."""

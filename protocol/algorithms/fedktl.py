@@ -11,8 +11,8 @@ What travels between the halves:
   the fixed projection ``proj.weight`` [H, K'], ``proj.bias`` [H]; its digest
   (:func:`setup_digest`) travels in every task's config as ``setup_sha256``;
 * round start: ``pairs`` = :class:`ImageVectorPairs` (uint8 images at the agent's own input
-  spec, float32 latents) and ``pairs_meta`` = :class:`TensorMap` with ``classes`` [C'] and
-  ``round`` [1] (the spec's ``pairs.classes`` / ``pairs_round``);
+  spec, float32 latents, ``class_ids`` [C'] and ``round``: the spec's ``pairs.classes`` and
+  ``pairs_round``);
 * reply: ``protos`` = :class:`PrototypeSet` of unit-norm K-dim class prototypes.
 """
 

@@ -177,6 +177,8 @@ def _ivpairs(encoding: Encoding) -> ImageVectorPairs:
     return ImageVectorPairs(
         images=r.integers(0, 256, (2, 1, 2, 3), dtype=np.uint8),
         vectors=r.standard_normal((2, 3)).astype(np.float32),
+        class_ids=np.array([4, 1], np.int32),
+        round=2,
         encoding=encoding,
     )
 

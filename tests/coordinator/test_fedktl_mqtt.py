@@ -144,15 +144,14 @@ def check_tasks(wire: Wire, r: int, seen: list[int]) -> None:
         return
     latents = []
     for device, task in tasks.items():
-        assert set(task.payloads) == {"pairs", "pairs_meta"}
-        pairs, meta = task.payloads["pairs"], task.payloads["pairs_meta"]
-        assert isinstance(pairs, ImageVectorPairs) and isinstance(meta, TensorMap)
+        assert set(task.payloads) == {"pairs"}
+        pairs = task.payloads["pairs"]
+        assert isinstance(pairs, ImageVectorPairs)
         assert pairs.images.dtype == np.uint8 and pairs.vectors.dtype == np.float32
         assert pairs.images.shape == (len(seen), *SPECS[device])
         assert pairs.vectors.shape == (len(seen), H)
-        assert meta.tensors["classes"].tolist() == seen and meta.tensors["round"].tolist() == [
-            r - 1
-        ]
+        assert pairs.class_ids is not None and pairs.class_ids.dtype == np.int32
+        assert pairs.class_ids.tolist() == seen and pairs.round == r - 1
         assert len({im.tobytes() for im in pairs.images}) == len(seen)  # one image per class
         latents.append(pairs.vectors)
     for other in latents[1:]:

@@ -104,9 +104,8 @@ def test_round_one_carries_no_pairs_then_each_agent_gets_its_own_resolution() ->
     assert pa.images.shape == (3, 1, 8, 8) and pb.images.shape == (3, 3, 12, 12)
     assert pa.images.dtype == np.uint8 and pa.vectors.dtype == np.float32
     np.testing.assert_array_equal(pa.vectors, pb.vectors)
-    meta = to_b["pairs_meta"]
-    assert isinstance(meta, TensorMap)
-    assert meta.tensors["classes"].tolist() == [0, 1, 2] and meta.tensors["round"].tolist() == [1]
+    assert set(to_b) == {"pairs"}  # the classes and round travel inside the pairs
+    assert pb.class_ids is not None and pb.class_ids.tolist() == [0, 1, 2] and pb.round == 1
     assert metrics["ktl_steps"] == 3 and metrics["ktl_classes"] == 3
     assert np.isfinite([metrics["ktl_mmd"], metrics["ktl_mse"], metrics["ktl_kernel_xy"]]).all()
     assert metrics["ktl_centroid_dist_min"] > 0

@@ -55,12 +55,14 @@ SETUP = make_setup(C, C, KP, H, seed=7)
 DIGEST = setup_digest(SETUP)
 
 
+IDS = np.arange(2)
+
+
 def pairs(n: int = 3) -> dict[str, Payload]:
     g = np.random.default_rng(0)
     images = g.integers(0, 256, (n, 1, 8, 8), dtype=np.uint8)
     latents = g.standard_normal((n, H)).astype(np.float32)
-    meta = TensorMap({"classes": np.arange(n), "round": np.array([1])})
-    return {"pairs": ImageVectorPairs(images, latents), "pairs_meta": meta}
+    return {"pairs": ImageVectorPairs(images, latents, class_ids=np.arange(n), round=1)}
 
 
 def task(payloads: dict[str, Payload] | None = None, **cfg: object) -> Task:
@@ -173,14 +175,15 @@ def test_model_with_the_wrong_feature_size_gets_a_precise_error() -> None:
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        (ImageVectorPairs(np.zeros((2, 1, 12, 12), np.uint8), np.zeros((2, H))), "images"),
-        (ImageVectorPairs(np.zeros((2, 1, 8, 8), np.uint8), np.zeros((2, 3))), "vectors"),
+        (ImageVectorPairs(np.zeros((2, 1, 12, 12), np.uint8), np.zeros((2, H)), IDS), "images"),
+        (ImageVectorPairs(np.zeros((2, 1, 8, 8), np.uint8), np.zeros((2, 3)), IDS), "vectors"),
+        (ImageVectorPairs(np.zeros((2, 1, 8, 8), np.uint8), np.zeros((2, H))), "class_ids"),
+        (ImageVectorPairs(np.zeros((2, 1, 8, 8), np.uint8), np.zeros((2, H)), [1, C]), "class_ids"),
     ],
 )
 def test_pairs_that_do_not_fit_the_agent_are_refused(payload: ImageVectorPairs, field: str) -> None:
-    meta = TensorMap({"classes": np.arange(2), "round": np.array([1])})
     with pytest.raises(ValidationError, match=f"payloads.pairs.{field}"):
-        make_edge().handle(task({"setup": TensorMap(SETUP), "pairs": payload, "pairs_meta": meta}))
+        make_edge().handle(task({"setup": TensorMap(SETUP), "pairs": payload}))
 
 
 def test_set_up_survives_a_restart_and_the_export_head_is_the_etf(tmp_path: Path) -> None:

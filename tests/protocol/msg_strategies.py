@@ -102,9 +102,12 @@ def class_stats(draw: st.DrawFn) -> ClassStats:
 def image_vector_pairs(draw: st.DrawFn) -> ImageVectorPairs:
     n = draw(rows)
     images = draw(hnp.arrays(np.uint8, (n, draw(st.integers(1, 3)), draw(dims), draw(dims))))
+    ids = draw(st.none() | st.permutations(range(n + 2)).map(lambda p: np.array(p[:n], np.int32)))
     return ImageVectorPairs(
         images=images,
         vectors=draw(f32((n, draw(dims)))),
+        class_ids=ids,
+        round=draw(st.integers(0, 2**31)),
         encoding=draw(st.sampled_from(["raw", "f16"])),
     )
 
