@@ -8,9 +8,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from coordinator.strategies import AgentInfo
 from protocol.broker import free_port
+from protocol.messages import Capabilities, InputSpec, Register
 
-__all__ = ["Inbox", "free_port", "unique_id", "wait_for"]
+__all__ = ["Inbox", "fake_agent", "free_port", "unique_id", "wait_for"]
 
 _counter = itertools.count()
 
@@ -52,3 +54,25 @@ class Inbox:
     def wait(self, count: int = 1, timeout: float = 10.0) -> bool:
         """Wait until at least ``count`` items arrived."""
         return wait_for(lambda: len(self) >= count, timeout)
+
+
+def fake_agent(
+    device_id: str,
+    algorithm: str,
+    counts: dict[int, int],
+    *,
+    num_classes: int = 4,
+    arch: str = "cnn_t1",
+) -> AgentInfo:
+    """A registered agent for strategy unit tests: 1x8x8 input, ``counts`` samples per class."""
+    reg = Register(
+        device_id=device_id,
+        arch=arch,
+        num_params=10,
+        capabilities=Capabilities(device="cpu"),
+        input_spec=InputSpec(1, 8, 8),
+        num_classes=num_classes,
+        class_counts={str(c): n for c, n in counts.items()},
+        algorithm=algorithm,
+    )
+    return AgentInfo(device_id, reg)

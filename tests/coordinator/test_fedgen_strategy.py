@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import fake_agent
 from torch import Tensor, nn
 
 import coordinator.strategies.fedgen
@@ -19,24 +20,14 @@ from coordinator.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.errors import ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import TensorMap
 
 C, D = 2, 3
 
 
 def agent(device_id: str, counts: dict[int, int]) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="cnn_t1",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=C,
-        class_counts={str(c): n for c, n in counts.items()},
-        algorithm="fedgen",
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, "fedgen", counts, num_classes=C)
 
 
 def head(w: float, b: list[float], d: int = D) -> TensorMap:

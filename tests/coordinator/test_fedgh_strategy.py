@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 import coordinator.strategies.fedgh
 import edge_agent.algorithms.fedgh  # noqa: F401  (registers both halves)
@@ -15,24 +16,14 @@ from coordinator.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from protocol.algorithms.fedgh import FedGHConfig
 from protocol.errors import AggregationError, ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import PrototypeSet, TensorMap
 
 C = 2
 
 
 def agent(device_id: str, classes: list[int]) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="cnn_t1",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=C,
-        class_counts={str(c): 5 for c in classes},
-        algorithm="fedgh",
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, "fedgh", dict.fromkeys(classes, 5), num_classes=C)
 
 
 def protos(ids: list[int], vecs: list[list[float]]) -> PrototypeSet:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import fake_agent
 from torch import Tensor, nn
 
 import coordinator.strategies.fedtgp
@@ -20,24 +21,14 @@ from coordinator.strategies.fedtgp import adaptive_margin
 from coordinator.tgp_server import acl_loss
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.errors import ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import PrototypeSet
 
 C = 4
 
 
 def agent(device_id: str, classes: list[int]) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="cnn_t1",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=C,
-        class_counts={str(c): 5 for c in classes},
-        algorithm="fedtgp",
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, "fedtgp", dict.fromkeys(classes, 5), num_classes=C)
 
 
 def protos(ids: list[int], vecs: list[list[float]]) -> PrototypeSet:

@@ -3,6 +3,7 @@ one poisoning upload, and their plumbing into the strategies through ``Averaging
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 from coordinator.aggregation import (
     MEAN,
@@ -18,7 +19,7 @@ from coordinator.strategies.baselines import mean_prototypes
 from coordinator.strategies.felo import robust_means
 from protocol.algorithms import config_type
 from protocol.errors import AggregationError, ConfigError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import FeatureLogitSet, PrototypeSet, TensorMap
 from protocol.validate import MAX_ABS_FEATURE
 
@@ -177,17 +178,7 @@ def test_one_poisoner_moves_the_clipped_mean_by_at_most_its_share_of_the_bound()
 
 # ----- config and strategies -----------------------------------------------------------------
 def agent(device_id: str, classes: dict[int, int], algorithm: str) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="cnn_t1",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=4,
-        class_counts={str(c): n for c, n in classes.items()},
-        algorithm=algorithm,
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, algorithm, classes)
 
 
 def reply(payloads: dict, n: int = 10) -> Reply:

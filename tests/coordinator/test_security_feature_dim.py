@@ -5,28 +5,19 @@ the honest replies of that round refused. Without one, Felo's round 1 is pinned 
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms import config_type
 from protocol.errors import ConfigError, ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import FeatureLogitSet, PrototypeSet
 
 ROUND1 = Step(1, "train")
 
 
 def agent(device_id: str, algorithm: str) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="cnn_t1",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=4,
-        class_counts={"0": 5, "1": 5},
-        algorithm=algorithm,
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, algorithm, {0: 5, 1: 5})
 
 
 def protos(dim: int) -> Reply:

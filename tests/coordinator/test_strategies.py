@@ -2,28 +2,19 @@
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 from coordinator.aggregation import weighted_mean
 from coordinator.strategies import STRATEGIES, AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms import config_type
 from protocol.errors import AggregationError, ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import PrototypeSet, TensorMap
 
 
 def agent(device_id: str, classes: dict[int, int], algorithm: str = "fedproto") -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="cnn_t1",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=4,
-        class_counts={str(c): n for c, n in classes.items()},
-        algorithm=algorithm,
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, algorithm, classes)
 
 
 def protos(ids: list[int], vecs: list[list[float]], sd: list[float] | None = None) -> PrototypeSet:
