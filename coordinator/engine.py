@@ -613,6 +613,7 @@ class Coordinator:
         if specs is not None:
             check_payloads(specs, reply.payloads, step.phase)
         self.strategy.check_values(reply)  # magnitude bounds for every algorithm
+        self.strategy.check_num_samples(step, agent, reply)  # weights of sample-weighted means
         self.strategy.validate(step, agent, reply)
 
     def _refuse_reply(self, ack_topic: str, env: Envelope, reply: Reply, reason: str) -> None:

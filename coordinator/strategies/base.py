@@ -132,6 +132,10 @@ class Strategy(Generic[C]):
     max_abs_feature: ClassVar[float] = MAX_ABS_FEATURE
     #: Largest |value| accepted in model tensors (``TensorMap`` payloads) of a reply.
     max_abs_weight: ClassVar[float] = MAX_ABS_WEIGHT
+    #: Phases whose replies count at most the agent's registered training samples. Every
+    #: edge ``train`` phase reports ``len(train)`` or fewer (FedType: |D_i| without its
+    #: calibration split); FedVTC's ``final`` counts synthetic samples, so it is not bounded.
+    bounded_sample_phases: ClassVar[frozenset[str]] = frozenset({"train"})
 
     def __init__(self, config: C, *, num_classes: int, seed: int = 0) -> None:
         self.config = config
@@ -271,6 +275,18 @@ class Strategy(Generic[C]):
             bound = self.max_abs_weight if isinstance(payload, TensorMap) else self.max_abs_feature
             for field, arr in float_arrays(payload, f"reply.payloads.{key}"):
                 check_max_abs(arr, bound, field)
+
+    def check_num_samples(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Refuse a ``bounded_sample_phases`` reply counting more samples than its agent
+        registered: ``num_samples`` weighs sample-weighted means (:meth:`average`), so an
+        unbounded claim would hand one reply nearly all of a round's weight."""
+        registered = agent.num_samples
+        if step.phase in self.bounded_sample_phases and reply.num_samples > registered:
+            raise ValidationError(
+                "reply.num_samples",
+                f"<= {registered} registered training samples",
+                reply.num_samples,
+            )
 
     def expected_dim(
         self, step: Step, key: str, current: PrototypeSet | None, declared: int = 0

@@ -7,14 +7,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import fake_agent
 
 from coordinator.engine import QuorumError
 from coordinator.runner import coordinator_will, make_coordinator
-from coordinator.strategies import AgentInfo, ServerContext
+from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.baselines import FedProtoStrategy
 from edge_agent.agent import EdgeAgent
+from edge_agent.algorithms.base import PhaseResult
+from protocol.algorithms import config_type
 from protocol.codec import Envelope, decode, encode
-from protocol.errors import AdmissionError, AggregationError, ConfigError
+from protocol.errors import AdmissionError, AggregationError, ConfigError, ValidationError
 from protocol.messages import (
     REFUSED,
     Ack,
@@ -28,7 +31,7 @@ from protocol.messages import (
 )
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
-from tests.helpers_runtime import InProcessAgent, run_config
+from tests.helpers_runtime import FLEET, InProcessAgent, run_config
 
 
 def start_agents(cfg, broker, n=3):
@@ -631,3 +634,58 @@ def test_a_quorum_error_while_waiting_names_why_agents_were_refused(tmp_path: Pa
     # Execute / Assert: the error says what the agent's log says
     with pytest.raises(QuorumError, match=r"1 refused at registration: 1 x it runs fedavg"):
         coord.wait_for_agents(1, 1.0)
+
+
+def test_a_reply_claiming_more_samples_than_registered_is_refused_and_the_rest_aggregated(
+    tmp_path: Path, caplog
+) -> None:
+    # Issue 19: num_samples weighs FedAvg's mean; a claim of 10^9 took nearly all the weight.
+    # Prepare: agent0 trains honestly but reports 10^9 samples in its train reply
+    cfg = run_config(tmp_path, "fedavg", rounds=1, min_agents=2, max_retries=0)
+    broker = MemoryBroker()
+    fleet = dataclasses.replace(FLEET, models=("mlp_s",))  # FedAvg: one architecture
+    agents = [InProcessAgent(cfg, broker, i, fleet).start() for i in range(3)]
+    forger = agents[0].agent
+    assert forger is not None
+    honest_handle = forger.algorithm.handle
+
+    def forged_handle(task: Task) -> PhaseResult:
+        result = honest_handle(task)
+        if task.phase == "train":
+            result.num_samples = 10**9
+        return result
+
+    forger.algorithm.handle = forged_handle  # type: ignore[method-assign]
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    # Execute
+    result = coord.run()
+    # Assert
+    registered = coord.agents["agent0"].num_samples
+    assert 0 < registered < 10**9
+    train = result.metrics[0]
+    assert train["phase"] == "train" and sorted(train["agents"]) == ["agent1", "agent2"]
+    assert result.rejected["invalid_reply"] == 1
+    assert (
+        f"reply.num_samples: expected <= {registered} registered training samples, got 1000000000"
+    ) in caplog.text
+    assert result.metrics[-1]["phase"] == "final"  # the final phase reports no bound
+    for a in agents:
+        a.close()
+
+
+def test_num_samples_is_bounded_by_the_registration_in_train_steps_only() -> None:
+    # Prepare: 5 + 3 registered samples; FedVTC's final phase counts synthetic samples
+    strategy = create_strategy("fedproto", config_type("fedproto")(), num_classes=4)
+    agent = fake_agent("a", "fedproto", {0: 5, 1: 3})
+
+    def claim(n: int, phase: str = "train") -> Reply:
+        return Reply(task_id="t", round=1, phase=phase, num_samples=n)
+
+    # Execute / Assert
+    strategy.check_num_samples(Step(1, "train"), agent, claim(8))  # exactly the registration
+    with pytest.raises(ValidationError, match=r"reply.num_samples: expected <= 8 registered"):
+        strategy.check_num_samples(Step(1, "train"), agent, claim(9))
+    strategy.check_num_samples(Step(2, "final", "all"), agent, claim(10**9, "final"))
