@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from coordinator import pki
 from protocol.credentials import Kit, write_kit
 from protocol.errors import ConfigError, ValidationError
-from protocol.topics import PREFIX, validate_id
+from protocol.topics import COORDINATOR_ID, PREFIX, validate_id
 
 __all__ = [
     "COORDINATOR_ID",
@@ -55,7 +55,6 @@ __all__ = [
     "summary",
 ]
 
-COORDINATOR_ID = "coordinator"  # the coordinator's sender id and certificate CN
 STATE_FILE = "fleet.json"
 
 

@@ -17,7 +17,7 @@ from coordinator.strategies import create_strategy
 from protocol.codec import Envelope, encode
 from protocol.endpoint import Endpoint
 from protocol.messages import CoordinatorState, Status
-from protocol.topics import Topics
+from protocol.topics import COORDINATOR_ID, Topics
 from protocol.transport import Transport, Will
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ __all__ = [
     "run_coordinator",
 ]
 
-SENDER = "coordinator"
+SENDER = COORDINATOR_ID
 # what the coordinator accepts unsigned when it requires signatures: the agents' last wills,
 # which the broker publishes long after they were made; the engine takes them as presence only
 UNSIGNED_KINDS = frozenset({Status.KIND})

@@ -44,7 +44,7 @@ from protocol.messages import (
     Status,
     Task,
 )
-from protocol.topics import Topics
+from protocol.topics import COORDINATOR_ID, Topics
 
 __all__ = ["AgentSettings", "EdgeAgent"]
 
@@ -212,7 +212,9 @@ class EdgeAgent:
             if not body.accepted:
                 self.log.warning("coordinator refused %s: %s", body.ref_id, body.reason)
         elif isinstance(body, CoordinatorState):
-            if self.endpoint.trusted(env) or body.state == "offline":
+            if env.sender != COORDINATOR_ID:
+                self._ignore_foreign_state(env.sender, body)
+            elif self.endpoint.trusted(env) or body.state == "offline":
                 self.on_coordinator_state(body)
             else:
                 self._ignore_unsigned_state(body)
@@ -228,6 +230,19 @@ class EdgeAgent:
         status = Status(state="done", detail=f"refused: {error.reason}"[:1000])
         self.endpoint.send(self.topics.status(self.settings.device_id), status, retain=True)
         self.finished.set()
+
+    def _ignore_foreign_state(self, sender: str, state: CoordinatorState) -> None:
+        """A state from another sender than the coordinator: the verify directory holds the
+        devices' keys too, so a device could sign a ``finished`` that verifies. Counted,
+        logged, never acted on, signed or not."""
+        self.endpoint.rejected["foreign_coord_state"] += 1
+        self.log.warning(
+            "ignored a coordinator state %r of run %s sent by %r, not %r",
+            state.state,
+            state.run_id,
+            sender,
+            COORDINATOR_ID,
+        )
 
     def _ignore_unsigned_state(self, state: CoordinatorState) -> None:
         """An unverified state other than ``offline``, with signatures required: the

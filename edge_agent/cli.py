@@ -375,30 +375,37 @@ def _trusted_state(data: bytes, verifier: Any) -> Any:
     """The :class:`CoordinatorState` in a frame, if it may be acted on (``None``: a hint only).
 
     With a verifier (signing on) the state must be signed by the coordinator; an unsigned one
-    is its last will or a forgery. Without one, signed frames cannot be opened.
+    is its last will or a forgery. Without one, signed frames cannot be opened. Either way its
+    sender must be the coordinator (``COORDINATOR_ID``): a device's key verifies too.
 
     Raises:
         ProtocolError: undecodable, badly signed, stale or replayed.
     """
     from protocol.codec import decode_frame_map, envelope_from_map
-    from protocol.errors import SignatureError
+    from protocol.errors import SignatureError, ValidationError
     from protocol.messages import CoordinatorState
+    from protocol.topics import COORDINATOR_ID
 
     obj = decode_frame_map(data)
-    if "sm" in obj:
+    signed = "sm" in obj
+    if signed:
         if verifier is None:
             raise SignatureError("it is signed, and signing is off (--no-signing or no key)")
-        body = verifier.open(obj).body
+        env = verifier.open(obj)
     else:
-        body = envelope_from_map(obj).body
-        if verifier is not None and isinstance(body, CoordinatorState):
-            if body.state != "offline":
-                logging.getLogger("edgefl.agent").warning(
-                    "ignored an unsigned coordinator state %r: signatures are required",
-                    body.state,
-                )
-            return None
-    return body if isinstance(body, CoordinatorState) else None
+        env = envelope_from_map(obj)
+    body = env.body
+    if not isinstance(body, CoordinatorState):
+        return None
+    if env.sender != COORDINATOR_ID:
+        raise ValidationError("coord_state sender", repr(COORDINATOR_ID), env.sender)
+    if not signed and verifier is not None:
+        if body.state != "offline":
+            logging.getLogger("edgefl.agent").warning(
+                "ignored an unsigned coordinator state %r: signatures are required", body.state
+            )
+        return None
+    return body
 
 
 def _options(

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 
 from protocol.errors import ValidationError
 
-__all__ = ["Topics", "matches", "validate_id"]
+__all__ = ["COORDINATOR_ID", "Topics", "matches", "validate_id"]
 
 PREFIX = "edgefl/v1"
+#: The sender id of every coordinator frame and its certificate CN: agents act on a
+#: ``coord_state`` only from this sender (a device's own key verifies its own frames too).
+COORDINATOR_ID = "coordinator"
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 

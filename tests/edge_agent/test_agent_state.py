@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from coordinator.simulate import agent_options
 from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
 from protocol.codec import Envelope, encode
 from protocol.credentials import SigningKeys
 from protocol.endpoint import Endpoint
+from protocol.errors import ValidationError
 from protocol.messages import CoordinatorState, Register
 from protocol.signing import HmacSigner
 from protocol.topics import Topics
@@ -24,6 +27,8 @@ from tests.helpers_runtime import FLEET, run_config
 
 T = Topics()
 COORD = HmacSigner("coordinator", b"coordinator-secret-key")
+# another device of the fleet: its key sits in the same verify directory as the coordinator's
+PEER = HmacSigner("agent9", b"device-9-secret-key")
 
 
 class Fleet:
@@ -34,7 +39,10 @@ class Fleet:
         opts = agent_options(run_config(tmp_path), FLEET, 0)
         self.device = opts.device_id
         device_signer = HmacSigner(self.device, b"device-0-secret-key")
-        keys = SigningKeys(device_signer, {"coordinator": COORD.verify_key()})
+        self.keys = SigningKeys(
+            device_signer, {"coordinator": COORD.verify_key(), "agent9": PEER.verify_key()}
+        )
+        keys = self.keys
         transport = MemoryTransport(self.broker, self.device)
         self.agent: EdgeAgent = build_agent(opts, transport, signing=keys)
         coord_t = MemoryTransport(self.broker, "coordinator")
@@ -42,6 +50,7 @@ class Fleet:
         self.coord = Endpoint(coord_t, sender="coordinator", signer=COORD)
         self.rogue = MemoryTransport(self.broker, "rogue")
         self.rogue.connect()
+        self.peer = Endpoint(self.rogue, sender="agent9", signer=PEER)
         self.registers: list[Register] = []
         coord_t.subscribe(f"{T.base}/dev/+/up/register", lambda t, d: self.registers.append(d))
         transport.connect()
@@ -56,6 +65,11 @@ class Fleet:
     def signed(self, state: CoordinatorState, ts: float | None = None) -> None:
         env = Envelope(body=state, sender="coordinator", ts=time.time() if ts is None else ts)
         self.coord.send_envelope(T.coord_state, env, retain=True)
+        self.pump()
+
+    def signed_by_peer(self, state: CoordinatorState) -> None:
+        env = Envelope(body=state, sender="agent9", ts=time.time())
+        self.peer.send_envelope(T.coord_state, env, retain=True)
         self.pump()
 
     def unsigned(self, state: CoordinatorState) -> None:
@@ -135,3 +149,40 @@ def test_a_replayed_signed_finished_of_an_earlier_run_is_ignored(tmp_path: Path)
     # Assert: neither ends r2
     assert not fleet.agent.finished.is_set()
     assert fleet.agent.endpoint.rejected["SignatureError"] == 1
+
+
+def test_a_state_signed_by_another_device_is_ignored_and_counted(tmp_path: Path) -> None:
+    # Prepare: agent9's key verifies (it is in the verify directory), but agent9 is no
+    # coordinator: holding a device kit must not end or redirect the fleet
+    fleet = Fleet(tmp_path)
+    fleet.signed(state("running", round_=1))
+    registered = len(fleet.registers)
+    # Execute: a signed end of the joined run and a signed (re)start of another run
+    fleet.signed_by_peer(state("finished"))
+    fleet.signed_by_peer(state("starting", "r2"))
+    # Assert: the agent goes on, did not register with r2, counted both; signatures were fine
+    assert not fleet.agent.finished.is_set()
+    assert len(fleet.registers) == registered and "r2" not in fleet.agent.joined
+    assert fleet.agent.endpoint.rejected["foreign_coord_state"] == 2
+    assert fleet.agent.endpoint.rejected["SignatureError"] == 0
+    # the coordinator itself still ends it
+    fleet.signed(state("finished"))
+    assert fleet.agent.finished.is_set()
+
+
+def test_waiting_to_join_trusts_only_the_coordinators_states(tmp_path: Path) -> None:
+    # Prepare: the frames an agent waiting to join reads off the retained coord_state topic
+    from edge_agent.cli import _trusted_state
+
+    verifier = SigningKeys(PEER, {"coordinator": COORD.verify_key(), "agent9": PEER.verify_key()})
+    frames: list[bytes] = []
+    sink = MemoryTransport(MemoryBroker(), "sink")
+    sink.connect()
+    sink.subscribe(T.coord_state, lambda t, d: frames.append(d))
+    for sender, signer in (("coordinator", COORD), ("agent9", PEER)):
+        env = Envelope(body=state("starting", "r2"), sender=sender, ts=time.time())
+        Endpoint(sink, sender=sender, signer=signer).send_envelope(T.coord_state, env)
+    # Execute / Assert: the coordinator's is adopted, the peer's refused naming the sender
+    assert _trusted_state(frames[0], verifier.verifier()).run_id == "r2"
+    with pytest.raises(ValidationError, match="coord_state sender: expected 'coordinator'"):
+        _trusted_state(frames[1], verifier.verifier())
