@@ -641,7 +641,7 @@ def test_a_reply_claiming_more_samples_than_registered_is_refused_and_the_rest_a
 ) -> None:
     # Issue 19: num_samples weighs FedAvg's mean; a claim of 10^9 took nearly all the weight.
     # Prepare: agent0 trains honestly but reports 10^9 samples in its train reply
-    cfg = run_config(tmp_path, "fedavg", rounds=1, min_agents=2, max_retries=0)
+    cfg = run_config(tmp_path, "fedavg", rounds=1, min_agents=3, max_retries=0)  # all selected
     broker = MemoryBroker()
     fleet = dataclasses.replace(FLEET, models=("mlp_s",))  # FedAvg: one architecture
     agents = [InProcessAgent(cfg, broker, i, fleet).start() for i in range(3)]
