@@ -63,14 +63,16 @@ def fake_agent(
     *,
     num_classes: int = 4,
     arch: str = "cnn_t1",
+    num_params: int = 10,
+    input_spec: tuple[int, int, int] = (1, 8, 8),
 ) -> AgentInfo:
-    """A registered agent for strategy unit tests: 1x8x8 input, ``counts`` samples per class."""
+    """A registered agent for strategy unit tests, ``counts`` samples per class."""
     reg = Register(
         device_id=device_id,
         arch=arch,
-        num_params=10,
+        num_params=num_params,
         capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
+        input_spec=InputSpec(*input_spec),
         num_classes=num_classes,
         class_counts={str(c): n for c, n in counts.items()},
         algorithm=algorithm,

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import fake_agent
 
 import coordinator.strategies.ccvr
 import edge_agent.algorithms.ccvr  # noqa: F401  (registers both halves)
@@ -18,24 +19,14 @@ from coordinator.strategies import AgentInfo, ServerContext, Step, create_strate
 from coordinator.strategies.ccvr import global_class_stats
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.errors import ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import ClassStats, TensorMap
 
 C, D = 3, 2
 
 
 def agent(device_id: str, counts: dict[int, int]) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="mlp_s",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=C,
-        class_counts={str(c): n for c, n in counts.items()},
-        algorithm="ccvr",
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, "ccvr", counts, num_classes=C, arch="mlp_s")
 
 
 def stats_of(features: dict[int, np.ndarray]) -> ClassStats:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 import coordinator.strategies.fd  # noqa: F401  (registers the server half)
 import edge_agent.algorithms.fd  # noqa: F401  (registers the edge half)
@@ -13,24 +14,14 @@ from coordinator.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.fd import FDConfig
 from protocol.errors import ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import PrototypeSet
 
 C = 3
 
 
 def agent(device_id: str, classes: dict[int, int], arch: str = "mlp_s") -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch=arch,
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=C,
-        class_counts={str(c): n for c, n in classes.items()},
-        algorithm="fd",
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, "fd", classes, num_classes=C, arch=arch)
 
 
 def logits(rows: dict[int, list[float]], counts: list[int] | None = None) -> PrototypeSet:

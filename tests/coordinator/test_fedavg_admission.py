@@ -1,25 +1,17 @@
 """FedAvg refuses, at registration, an agent whose model cannot be averaged with the fleet's."""
 
 import pytest
+from helpers import fake_agent
 
 from coordinator.strategies import AgentInfo, create_strategy
 from protocol.algorithms import config_type
 from protocol.errors import AdmissionError
-from protocol.messages import Capabilities, InputSpec, Register
 
 
 def agent(device_id: str, arch: str, params: int = 100, size: int = 8) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch=arch,
-        num_params=params,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, size, size),
-        num_classes=4,
-        class_counts={"0": 5},
-        algorithm="fedavg",
+    return fake_agent(
+        device_id, "fedavg", {0: 5}, arch=arch, num_params=params, input_spec=(1, size, size)
     )
-    return AgentInfo(device_id, reg)
 
 
 def test_fedavg_admits_one_architecture_and_names_the_mismatch() -> None:

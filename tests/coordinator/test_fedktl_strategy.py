@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import fake_agent
 from torch import Tensor, nn
 
 import coordinator.strategies.fedktl
@@ -19,7 +20,7 @@ from coordinator.strategies.fedktl import FedKTLStrategy
 from models.generators import GeneratorError
 from protocol.algorithms.fedktl import FedKTLConfig, setup_digest
 from protocol.errors import AdmissionError, ConfigError, ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import ImageVectorPairs, PrototypeSet, TensorMap
 
 _ = coordinator.strategies.fedktl
@@ -28,17 +29,8 @@ CPPN = {"generator": "cppn", "cppn_w_dim": 8, "cppn_resolution": 16, "server_epo
 
 
 def agent(device_id: str, classes: list[int], spec: tuple[int, int, int] = (1, 8, 8)) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch="mlp_s",
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(*spec),
-        num_classes=C,
-        class_counts={str(c): 5 for c in classes},
-        algorithm="fedktl",
-    )
-    return AgentInfo(device_id, reg)
+    counts = dict.fromkeys(classes, 5)
+    return fake_agent(device_id, "fedktl", counts, num_classes=C, arch="mlp_s", input_spec=spec)
 
 
 A = agent("a", [0, 1])

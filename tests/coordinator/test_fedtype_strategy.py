@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 import edge_agent.algorithms.fedtype  # registers the edge half before agents are built
 from coordinator.config import load_config
@@ -18,7 +19,7 @@ from coordinator.strategies import AgentInfo, Step, baselines, create_strategy
 from coordinator.strategies.fedtype import FedTypeStrategy
 from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.errors import AdmissionError, ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import TensorMap
 
 assert edge_agent.algorithms.fedtype
@@ -26,17 +27,16 @@ C = 3
 
 
 def agent(device_id: str, arch: str, size: int = 8) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch=arch,
-        num_params=10 if arch == "mlp_s" else 99,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, size, size),
+    params = 10 if arch == "mlp_s" else 99
+    return fake_agent(
+        device_id,
+        "fedtype",
+        {0: 5},
         num_classes=C,
-        class_counts={"0": 5},
-        algorithm="fedtype",
+        arch=arch,
+        num_params=params,
+        input_spec=(1, size, size),
     )
-    return AgentInfo(device_id, reg)
 
 
 def proxy(value: float, shape: tuple[int, ...] = (2,), steps: int = 3) -> TensorMap:

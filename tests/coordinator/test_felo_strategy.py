@@ -2,30 +2,21 @@
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from coordinator.strategies.base import ServerContext
 from coordinator.strategies.felo import group_key
 from protocol.algorithms import config_type
 from protocol.errors import ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import FeatureLogitSet, TensorMap
 
 C, D = 3, 4
 
 
 def agent(device_id: str, arch: str, classes: dict[int, int], algorithm: str = "felo") -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch=arch,
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=C,
-        class_counts={str(c): n for c, n in classes.items()},
-        algorithm=algorithm,
-    )
-    return AgentInfo(device_id, reg)
+    return fake_agent(device_id, algorithm, classes, num_classes=C, arch=arch)
 
 
 def knowledge(ids: list[int], value: float, counts: list[int] | None = None) -> FeatureLogitSet:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 import coordinator.strategies.fml  # noqa: F401  (registers the server half)
 import edge_agent.algorithms.fml  # noqa: F401  (registers the edge half)
@@ -13,24 +14,17 @@ from coordinator.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.fml import FMLConfig
 from protocol.errors import AdmissionError, ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import TensorMap
 
 C = 3
 
 
 def agent(device_id: str, arch: str, size: int = 8, algorithm: str = "fml") -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch=arch,
-        num_params=10,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, size, size),
-        num_classes=C,
-        class_counts={"0": 5, "1": 5},
-        algorithm=algorithm,
+    counts = {0: 5, 1: 5}
+    return fake_agent(
+        device_id, algorithm, counts, num_classes=C, arch=arch, input_spec=(1, size, size)
     )
-    return AgentInfo(device_id, reg)
 
 
 def meme(value: float, shape: tuple[int, ...] = (2, 2)) -> TensorMap:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fake_agent
 
 import coordinator.strategies.lg_fedavg  # noqa: F401  (registers the server half)
 import edge_agent.algorithms.lg_fedavg  # noqa: F401  (registers the edge half)
@@ -13,24 +14,23 @@ from coordinator.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
 from protocol.errors import ValidationError
-from protocol.messages import Capabilities, InputSpec, Register, Reply
+from protocol.messages import Reply
 from protocol.payloads import TensorMap
 
 C = 3
 
 
 def agent(device_id: str, arch: str, size: int = 8) -> AgentInfo:
-    reg = Register(
-        device_id=device_id,
-        arch=arch,
-        num_params=100 if arch == "mlp_s" else 7,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, size, size),
+    params = 100 if arch == "mlp_s" else 7
+    return fake_agent(
+        device_id,
+        "lg_fedavg",
+        {0: 5, 1: 5},
         num_classes=C,
-        class_counts={"0": 5, "1": 5},
-        algorithm="lg_fedavg",
+        arch=arch,
+        num_params=params,
+        input_spec=(1, size, size),
     )
-    return AgentInfo(device_id, reg)
 
 
 def head(value: float, dim: int = 2) -> TensorMap:
