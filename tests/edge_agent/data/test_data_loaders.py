@@ -346,3 +346,26 @@ def test_load_images_takes_every_source_and_unlabelled_npz(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match=r"missing \['x', 'y'\]"):
         np.savez(tmp_path / "odd.npz", images=np.zeros((2, 4, 4)))
         load_images(str(tmp_path / "odd.npz"))
+
+
+def test_digits_is_read_from_the_file_without_importing_scikit_learn() -> None:
+    # Prepare: a fresh read (the arrays are cached per process)
+    loaders._digits_arrays.cache_clear()
+    for name in [m for m in sys.modules if m == "sklearn" or m.startswith("sklearn.")]:
+        del sys.modules[name]
+    # Execute
+    ds = load_dataset("digits")
+    # Assert: the same data as scikit-learn's own loader, and scikit-learn never imported
+    assert "sklearn" not in sys.modules
+    assert ds.x.shape == (1797, 1, 8, 8) and ds.class_counts().sum() == 1797
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    np.testing.assert_array_equal(ds.x, (x.reshape(-1, 1, 8, 8) / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(ds.y, y)
+
+
+def test_digits_without_scikit_learn_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"sklearn package.*pip install 'edgefl\[data\]'"):
+        loaders.package_file("sklearn", loaders.DIGITS_FILE, "digits")
