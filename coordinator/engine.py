@@ -529,6 +529,13 @@ class Coordinator:
                 f"it has {reg.num_classes} classes; this run has {self.cfg.num_classes}",
             )
         self._admit_class_names(agent)
+        declared = self.strategy.declared_feature_dim()
+        if declared and reg.feature_dim and reg.feature_dim != declared:
+            # the run declares its prototypes' size: refuse now, not at the first reply
+            raise AdmissionError(
+                agent.device_id,
+                f"its features have {reg.feature_dim} dimensions; this run's have {declared}",
+            )
         if type(self.strategy).admit is Strategy.admit:
             return  # admits everyone: the fleet list cost O(N) a registration, O(N^2) a fleet
         fleet = [

@@ -179,6 +179,9 @@ class EdgeAgent:
             agent_version=VERSION,
             class_names=_wire_class_names(self.settings.class_names, ctx.num_classes),
             session=self._session,
+            feature_dim=int(getattr(ctx.model, "num_features", 0))
+            if self.algorithm.discloses_model
+            else 0,
         )
         self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
 

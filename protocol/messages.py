@@ -113,11 +113,15 @@ class Register(WireModel):
     # register with the session the coordinator already knows is a repeat, not a restart, so
     # the task in flight is still queued for it and is not sent again (empty: unknown)
     session: str = ""
+    # the model's feature vector size (prototypes, features), so a run that declares one can
+    # refuse a device at registration instead of at its first reply (0: not disclosed)
+    feature_dim: int = 0
 
     def __post_init__(self) -> None:
         _name(self.device_id, "device_id")
         _name(self.arch, "arch")
         _non_negative(self.num_params, "num_params")
+        _non_negative(self.feature_dim, "feature_dim")
         if not 1 <= self.num_classes <= 100_000:
             raise ValidationError("num_classes", "an int in 1..100000", self.num_classes)
         for k, v in self.class_counts.items():

@@ -162,6 +162,11 @@ class Strategy(Generic[C]):
         return sorted(random.Random(f"{self.seed}:{step_index}").sample(ids, k))
 
     # ----- hooks ----------------------------------------------------------------------------
+    def declared_feature_dim(self) -> int:
+        """The size of the agents' feature vectors this run declares (0: none). An agent that
+        registers another size is refused at registration (issue 19)."""
+        return 0
+
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
         """Refuse an agent that cannot join the already-admitted ``fleet``.
 

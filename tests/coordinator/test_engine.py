@@ -689,3 +689,25 @@ def test_num_samples_is_bounded_by_the_registration_in_train_steps_only() -> Non
     with pytest.raises(ValidationError, match=r"reply.num_samples: expected <= 8 registered"):
         strategy.check_num_samples(Step(1, "train"), agent, claim(9))
     strategy.check_num_samples(Step(2, "final", "all"), agent, claim(10**9, "final"))
+
+
+def test_a_declared_feature_dim_refuses_another_at_registration(tmp_path: Path) -> None:
+    # Prepare: a fedproto run declaring 16-dimensional prototypes
+    base = run_config(tmp_path, rounds=1)
+    cfg = dataclasses.replace(base, hyper={**base.hyper, "feature_dim": 16})
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    topics = Topics(cfg.federation)
+    rogue = MemoryTransport(broker, "rogue")
+    rogue.connect()
+    # Execute: 32 (refused), 16 (admitted) and 0 (undisclosed: admitted, checked per reply)
+    for device, dim in (("wide", 32), ("fits", 16), ("quiet", 0)):
+        reg = dataclasses.replace(named_register(device, []), feature_dim=dim)
+        rogue.publish(topics.up(device, "register"), encode(Envelope(body=reg, sender=device)))
+    coord.wait_for_agents(2, 10.0)
+    # Assert
+    assert coord.refused == {"wide": "its features have 32 dimensions; this run's have 16"}
+    assert {"fits", "quiet"} <= set(coord.agents)
