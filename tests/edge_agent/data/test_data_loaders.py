@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -349,17 +350,19 @@ def test_load_images_takes_every_source_and_unlabelled_npz(tmp_path: Path) -> No
 
 
 def test_digits_is_read_from_the_file_without_importing_scikit_learn() -> None:
-    # Prepare: a fresh read (the arrays are cached per process)
-    loaders._digits_arrays.cache_clear()
-    for name in [m for m in sys.modules if m == "sklearn" or m.startswith("sklearn.")]:
-        del sys.modules[name]
-    # Execute
-    ds = load_dataset("digits")
-    # Assert: the same data as scikit-learn's own loader, and scikit-learn never imported
-    assert "sklearn" not in sys.modules
-    assert ds.x.shape == (1797, 1, 8, 8) and ds.class_counts().sum() == 1797
+    # Execute: a fresh interpreter loads digits (modules imported here must not leak in)
+    code = (
+        "import sys; from edge_agent.data.loaders import load_dataset; "
+        "ds = load_dataset('digits'); "
+        "print(ds.x.shape, int(ds.class_counts().sum()), 'sklearn' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # Assert: all 1797 images, and scikit-learn never imported
+    assert out.stdout.split() == ["(1797,", "1,", "8,", "8)", "1797", "False"]
+    # ... and the same data as scikit-learn's own loader
     from sklearn.datasets import load_digits
 
+    ds = load_dataset("digits")
     x, y = load_digits(return_X_y=True)
     np.testing.assert_array_equal(ds.x, (x.reshape(-1, 1, 8, 8) / 16.0).astype(np.float32))
     np.testing.assert_array_equal(ds.y, y)
