@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import fake_agent
 
-from coordinator.engine import QuorumError
+from coordinator.config import RunConfig
+from coordinator.engine import Coordinator, QuorumError
 from coordinator.runner import coordinator_will, make_coordinator
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.baselines import FedProtoStrategy
@@ -34,6 +35,22 @@ from protocol.transport import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, InProcessAgent, run_config
 
 
+def start_coordinator(cfg: RunConfig, broker: MemoryBroker) -> Coordinator:
+    """A coordinator on the in-memory broker, connected and started (not yet running)."""
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    return coord
+
+
+def connected(broker: MemoryBroker, client_id: str) -> MemoryTransport:
+    """A connected raw client (a rogue device, a listener)."""
+    transport = MemoryTransport(broker, client_id)
+    transport.connect()
+    return transport
+
+
 def start_agents(cfg, broker, n=3):
     return [InProcessAgent(cfg, broker, i).start() for i in range(n)]
 
@@ -43,13 +60,9 @@ def test_garbage_and_wrong_messages_are_rejected_while_the_run_goes_on(tmp_path:
     cfg = run_config(tmp_path, rounds=2)
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     topics = Topics(cfg.federation)
-    rogue = MemoryTransport(broker, "rogue")
-    rogue.connect()
+    rogue = connected(broker, "rogue")
     # Execute: garbage bytes, a truncated frame, a wrongly typed message, a spoofed sender
     rogue.publish(topics.up("agent0", "reply"), b"\x00\xffnot msgpack")
     good = encode(
@@ -77,14 +90,10 @@ def test_a_reply_arriving_while_no_step_is_open_is_deferred_not_refused(tmp_path
     cfg = run_config(tmp_path, rounds=1)
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     topics = Topics(cfg.federation)
     acks: list[Ack] = []
-    rogue = MemoryTransport(broker, "rogue")
-    rogue.connect()
+    rogue = connected(broker, "rogue")
     rogue.subscribe(
         topics.down("agent0", "ack"), lambda _topic, data: acks.append(decode(data).body)
     )
@@ -261,15 +270,11 @@ def test_a_refused_agent_is_told_why_stops_and_is_never_selected(
     cfg = run_config(tmp_path, rounds=2, min_agents=2)
     broker = MemoryBroker()
     agents = start_agents(cfg, broker, n=2)
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     coord.wait_for_agents(2, 60)
     topics = Topics(cfg.federation)
     heard: list[ErrorReply] = []
-    rogue = MemoryTransport(broker, "rogue")
-    rogue.connect()
+    rogue = connected(broker, "rogue")
     rogue.subscribe(topics.down("rogue", "error"), lambda _t, data: heard.append(decode(data).body))
     register = Register(
         device_id="rogue",
@@ -425,10 +430,7 @@ def test_an_agent_naming_its_classes_otherwise_is_refused_at_the_first_differenc
     agents = start_agents(cfg, broker, n=2)
     backwards = InProcessAgent(cfg, broker, 2)
     backwards.opts = dataclasses.replace(backwards.opts, classes=DIGIT_NAMES[::-1])
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     topics = Topics(cfg.federation)
     mute = MemoryTransport(broker, "mute")
     mute.connect()
@@ -474,10 +476,7 @@ def test_an_agent_holding_3_of_10_named_classes_is_admitted_and_aggregated(
     skewed = InProcessAgent(cfg, broker, 2)
     skewed.opts = dataclasses.replace(skewed.opts, data=str(folder), partition=None)
     agents.append(skewed.start())
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     # Execute
     result = coord.run()
     # Assert
@@ -540,10 +539,7 @@ def test_each_task_and_reply_crosses_the_broker_once_in_a_plain_run(
     spy.subscribe(f"{topics.base}/dev/+/down/task", count)
     spy.subscribe(f"{topics.base}/dev/+/up/reply", count)
     agents = start_agents(cfg, broker)
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     # Execute
     result = coord.run()
     # Assert
@@ -599,10 +595,7 @@ def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatc
     spy.connect()
     spy.subscribe(f"{topics.base}/dev/+/up/reply", lambda _t, data: sent.add(data))
     agents = start_agents(cfg, broker)
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     stored: list[bytes] = []
     original = coord.store.add_update
 
@@ -622,13 +615,9 @@ def test_a_quorum_error_while_waiting_names_why_agents_were_refused(tmp_path: Pa
     # Prepare: a fedproto run; the only device that registers runs fedavg and is refused
     cfg = run_config(tmp_path, rounds=1)
     broker = MemoryBroker()
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     topics = Topics(cfg.federation)
-    rogue = MemoryTransport(broker, "rogue")
-    rogue.connect()
+    rogue = connected(broker, "rogue")
     register = dataclasses.replace(named_register("other", []), algorithm="fedavg")
     rogue.publish(topics.up("other", "register"), encode(Envelope(body=register, sender="other")))
     # Execute / Assert: the error says what the agent's log says
@@ -656,10 +645,7 @@ def test_a_reply_claiming_more_samples_than_registered_is_refused_and_the_rest_a
         return result
 
     forger.algorithm.handle = forged_handle  # type: ignore[method-assign]
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     # Execute
     result = coord.run()
     # Assert
@@ -696,13 +682,9 @@ def test_a_declared_feature_dim_refuses_another_at_registration(tmp_path: Path) 
     base = run_config(tmp_path, rounds=1)
     cfg = dataclasses.replace(base, hyper={**base.hyper, "feature_dim": 16})
     broker = MemoryBroker()
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker)
     topics = Topics(cfg.federation)
-    rogue = MemoryTransport(broker, "rogue")
-    rogue.connect()
+    rogue = connected(broker, "rogue")
     # Execute: 32 (refused), 16 (admitted) and 0 (undisclosed: admitted, checked per reply)
     for device, dim in (("wide", 32), ("fits", 16), ("quiet", 0)):
         reg = dataclasses.replace(named_register(device, []), feature_dim=dim)
