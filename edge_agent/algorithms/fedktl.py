@@ -179,9 +179,13 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
         check_class_ids(ids, "payloads.pairs.class_ids", c)
 
     def train_phase(self, task: Task) -> PhaseResult:
-        """One participation; reports how many pairs drove ``L^M`` (0 in round 1)."""
+        """One participation; reports how many pairs drove ``L^M`` (0 in round 1) and how many
+        rounds old they are."""
+        age = _pairs_age(task)
         result = super().train_phase(task)
         result.metrics["ktl_pairs"] = float(0 if self.latents is None else len(self.latents))
+        if age is not None:
+            result.metrics["ktl_pairs_age"] = float(age)
         return result
 
     # ----- the loop's hooks -----------------------------------------------------------------
@@ -259,3 +263,14 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
         }
         if set(held) == set(SETUP_KEYS):
             self._hold(held, "checkpoint.extra")
+
+
+def _pairs_age(task: Task) -> int | None:
+    """Rounds between the server phase that made the task's pairs and this task. Pairs are made
+    from earlier uploads, so a round at or after the task's own is a replay or a forgery."""
+    pairs = task.payloads.get("pairs")
+    if not isinstance(pairs, ImageVectorPairs):
+        return None  # absent (round 1), or the wrong kind: receive() says which
+    if pairs.round >= task.round:
+        raise ValidationError("payloads.pairs.round", f"< the task's round {task.round}", pairs.round)
+    return task.round - pairs.round

@@ -4,6 +4,8 @@ cosine head equal to the agent's scores."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +152,23 @@ def test_h_prime_trains_in_its_own_group_and_is_reloaded_every_round() -> None:
     protos = result.payloads["protos"]
     assert protos.class_ids.tolist() == [0, 1, 3]
     np.testing.assert_allclose(np.linalg.norm(protos.vectors, axis=1), 1.0, rtol=1e-5)
+
+
+def test_a_participation_reports_how_old_its_pairs_are_and_refuses_pairs_not_from_the_past() -> (
+    None
+):
+    # Prepare: pairs made in round 1, the task is round 2; then the same pairs in a round-1 task
+    edge = make_edge()
+    current = task({"setup": TensorMap(SETUP), **pairs(3)}, local_epochs=0)
+    replayed = dataclasses.replace(task(pairs(3), local_epochs=0), round=1)
+
+    # Execute
+    result = edge.handle(current)
+
+    # Assert
+    assert result.metrics["ktl_pairs_age"] == 1.0
+    with pytest.raises(ValidationError, match=r"payloads\.pairs\.round: expected < the task's round 1"):
+        edge.handle(replayed)
 
 
 def test_set_up_digest_mismatch_and_a_missing_set_up_are_errors() -> None:
