@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.config import RunConfig
     from coordinator.engine import RunResult
     from coordinator.lifecycle import RunInfo
+    from protocol.broker import EmbeddedBroker
     from protocol.credentials import Credentials
 
 __all__ = ["build_parser", "main"]
@@ -170,7 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         default=None,
         help="embedded broker interface (default 127.0.0.1; 0.0.0.0 exposes an unauthenticated "
-        "broker: prefer an external Mosquitto with TLS for other machines)",
+        "broker unless --broker-dir gives it the fleet's mutual TLS and ACL)",
+    )
+    serve.add_argument(
+        "--broker-dir",
+        type=Path,
+        default=None,
+        help="run the embedded broker with the provisioned OUT/broker directory (mutual TLS, "
+        "the fleet's ACL and CRL) and connect to it with --kit OUT/coordinator",
     )
     serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
     _credential_options(serve)
@@ -314,7 +322,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg, creds, args.no_signing)
+        result = _serve_run(cfg, creds, args.no_signing, _fleet_broker(args))
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
@@ -380,35 +388,67 @@ def _kit_run_keys(args: argparse.Namespace, creds: Credentials) -> dict[str, obj
     return out
 
 
-def _serve_run(cfg: RunConfig, creds: Credentials, no_signing: bool = False) -> RunResult:
-    from coordinator.runner import SENDER, mqtt_transport, run_coordinator
+def _fleet_broker(args: argparse.Namespace) -> EmbeddedBroker | None:
+    """``--broker-dir``: the embedded broker on a provisioned broker directory, listening where
+    its ``mosquitto.conf`` says unless ``--listen`` / ``--port`` say otherwise."""
+    if args.broker_dir is None:
+        return None
+    from protocol.broker import BrokerFiles, EmbeddedBroker
+
+    files = BrokerFiles.open(args.broker_dir)
+    port, host = files.listener()
+    host = args.listen if args.listen is not None else host
+    return EmbeddedBroker(host=host, port=args.port or port, fleet=files)
+
+
+def _serve_run(
+    cfg: RunConfig,
+    creds: Credentials,
+    no_signing: bool = False,
+    fleet_broker: EmbeddedBroker | None = None,
+) -> RunResult:
+    """The run over ``cfg.broker``; over the embedded broker when there is none; over the
+    embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``."""
+    from coordinator.runner import SENDER
+    from protocol.broker import EmbeddedBroker
     from protocol.credentials import load_signing
     from protocol.errors import ConfigError
     from protocol.mqtt import parse_broker
 
     # on whenever the kit (or --credentials, EDGEFL_*) has signing keys
     signing = load_signing(creds, SENDER, enabled=not no_signing)
+    if fleet_broker is not None:
+        if creds.kit is None or not cfg.broker:
+            raise ConfigError(
+                "--broker-dir runs the fleet's broker here and needs the coordinator's kit "
+                "(--kit OUT/coordinator) to connect to it"
+            )
+        with fleet_broker:
+            return _run_over(cfg, *parse_broker(cfg.broker), creds, signing)
     if cfg.broker:
-        host, port = parse_broker(cfg.broker)
-        transport = mqtt_transport(cfg, host, port, **creds.transport_options())
-        try:
-            return run_coordinator(cfg, transport, signing=signing)
-        finally:
-            transport.close()  # a clean disconnect: the retained state stays "finished"
-    from protocol.broker import EmbeddedBroker
-
+        return _run_over(cfg, *parse_broker(cfg.broker), creds, signing)
     if creds.tls or creds.password:
         raise ConfigError(
             f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
-            "has no TLS or passwords; give --broker or a kit (`coordinator provision`)"
+            "authenticates only a provisioned fleet; give --broker, a kit, or --broker-dir "
+            "OUT/broker with the coordinator's kit"
         )
     with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
-        transport = mqtt_transport(cfg, "127.0.0.1", broker.port)
-        try:
-            return run_coordinator(cfg, transport, signing=signing)
-        finally:
-            transport.close()
+        return _run_over(cfg, "127.0.0.1", broker.port, None, signing)
+
+
+def _run_over(
+    cfg: RunConfig, host: str, port: int, creds: Credentials | None, signing: Any
+) -> RunResult:
+    from coordinator.runner import mqtt_transport, run_coordinator
+
+    options = creds.transport_options() if creds is not None else {}
+    transport = mqtt_transport(cfg, host, port, **options)
+    try:
+        return run_coordinator(cfg, transport, signing=signing)
+    finally:
+        transport.close()  # a clean disconnect: the retained state stays "finished"
 
 
 # The demo's defaults, sized to finish in about a minute and a half on 2 CPU cores;

@@ -6,9 +6,12 @@ background thread: zero set-up, good for demos and small federations (~2k QoS 1 
 generated config file: the fast, real broker used by the integration tests and benchmarks.
 Both are context managers exposing ``host`` and ``port``; ``port=0`` picks a free port.
 
-Neither authenticates clients: both listen on ``127.0.0.1`` unless given another ``host``, and
-the embedded broker warns when it listens on a non-loopback interface (issue 19; a fleet on a
-network needs Mosquitto with TLS and per-device ACLs, see ``docs/security.md``).
+Both listen on ``127.0.0.1`` unless given another ``host``. Given a broker directory of
+``coordinator provision`` (:class:`BrokerFiles`), the embedded broker enforces that fleet's
+rules as the generated Mosquitto config does: mutual TLS with the fleet's CA and CRL, the
+certificate's CN as username, and the ``acl`` file (:mod:`protocol.broker_plugins`). Without
+one it authenticates nobody and warns when it listens on a non-loopback interface (issue 19,
+``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,6 +34,7 @@ from typing import Any
 from protocol.errors import ConfigError, EdgeFLError
 
 __all__ = [
+    "BrokerFiles",
     "EmbeddedBroker",
     "MosquittoBroker",
     "free_port",
@@ -74,6 +79,40 @@ def _wait_listening(
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerFiles:
+    """The broker directory ``coordinator provision`` writes (``OUT/broker``)."""
+
+    directory: Path
+
+    NAMES = ("ca.crt", "server.crt", "server.key", "crl.pem", "acl", "mosquitto.conf")
+
+    @classmethod
+    def open(cls, directory: str | Path) -> BrokerFiles:
+        """Check that every file is there; a missing one is a :class:`ConfigError` naming it."""
+        d = Path(directory)
+        missing = [name for name in cls.NAMES if not (d / name).is_file()]
+        if missing:
+            raise ConfigError(
+                f"broker directory {d}: missing {', '.join(missing)}; expected the OUT/broker "
+                "directory of `coordinator provision`"
+            )
+        return cls(d)
+
+    def path(self, name: str) -> str:
+        """One of :attr:`NAMES` as a string path."""
+        return str(self.directory / name)
+
+    def listener(self) -> tuple[int, str]:
+        """Port and interface of the ``listener`` line in ``mosquitto.conf`` (all interfaces,
+        ``0.0.0.0``, when it names none, as Mosquitto reads it)."""
+        for line in (self.directory / "mosquitto.conf").read_text().splitlines():
+            words = line.split()
+            if len(words) in (2, 3) and words[0] == "listener" and words[1].isdigit():
+                return int(words[1]), words[2] if len(words) == 3 else "0.0.0.0"
+        raise ConfigError(f"{self.directory / 'mosquitto.conf'}: no `listener PORT [HOST]` line")
+
+
 class EmbeddedBroker:
     """amqtt running in a background thread with its own event loop.
 
@@ -83,6 +122,7 @@ class EmbeddedBroker:
             where anyone on the network can read and steer the fleet, and is logged as a
             warning.
         port: TCP port; ``0`` picks a free one (read it back from :attr:`port`).
+        fleet: A provisioned broker directory: mutual TLS, CN as username, the fleet's ACL.
         start_timeout: Seconds to wait for the listener.
     """
 
@@ -91,10 +131,12 @@ class EmbeddedBroker:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
+        fleet: BrokerFiles | None = None,
         start_timeout: float = 10.0,
         logger: logging.Logger | None = None,
     ) -> None:
         self.host = host
+        self.fleet = fleet
         self.port = port
         self._requested_port = port
         self.start_timeout = start_timeout
@@ -116,7 +158,7 @@ class EmbeddedBroker:
         """
         if self._broker is not None:
             return self
-        broker_cls = _import_amqtt()
+        broker_cls = _import_amqtt(crlfile=self.fleet.path("crl.pem") if self.fleet else None)
         for level_name in _QUIET_LOGGERS:  # amqtt logs every connection at INFO
             logging.getLogger(level_name).setLevel(logging.WARNING)
         attempts = 3 if self._requested_port == 0 else 1
@@ -128,8 +170,11 @@ class EmbeddedBroker:
             except EdgeFLError:
                 if attempt == attempts - 1:
                     raise  # a free port taken between probe and bind: try another one
-        self.log.info("embedded MQTT broker (amqtt) listening on %s:%d", self.host, self.port)
-        if not is_loopback(self.host):
+        mode = f"mutual TLS, ACL of {self.fleet.directory}" if self.fleet else "no authentication"
+        self.log.info(
+            "embedded MQTT broker (amqtt) listening on %s:%d (%s)", self.host, self.port, mode
+        )
+        if self.fleet is None and not is_loopback(self.host):
             self.log.warning(
                 "embedded MQTT broker listens on %s:%d without authentication: anyone who can "
                 "reach it can read and steer the fleet; use Mosquitto with TLS and per-device "
@@ -145,12 +190,7 @@ class EmbeddedBroker:
             target=loop.run_forever, name="edgefl-embedded-broker", daemon=True
         )
         thread.start()
-        config = {
-            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{port}"}},
-            "plugins": {
-                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
-            },
-        }
+        config = self._config(port)
 
         async def boot() -> Any:
             broker = broker_cls(config)  # binds to the running loop: build it on that loop
@@ -167,6 +207,30 @@ class EmbeddedBroker:
                 f"embedded MQTT broker could not listen on {self.host}:{port}: {exc}"
             ) from exc
         self._loop, self._thread, self.port = loop, thread, port
+
+    def _config(self, port: int) -> dict[str, Any]:
+        listener: dict[str, Any] = {"type": "tcp", "bind": f"{self.host}:{port}"}
+        if self.fleet is None:
+            plugins: dict[str, Any] = {
+                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
+            }
+            return {"listeners": {"default": listener}, "plugins": plugins}
+        files = self.fleet
+        listener.update(
+            ssl=True,
+            cafile=files.path("ca.crt"),
+            certfile=files.path("server.crt"),
+            keyfile=files.path("server.key"),
+        )
+        acl = {"acl_file": files.path("acl")}
+        plugins = {
+            "protocol.broker_plugins.CertificateIdentityAuth": {
+                **acl,
+                "crl_file": files.path("crl.pem"),
+            },
+            "protocol.broker_plugins.FleetAclTopics": acl,
+        }
+        return {"listeners": {"default": listener}, "plugins": plugins}
 
     def stop(self) -> None:
         """Shut the broker down and end its thread. Idempotent."""
@@ -195,7 +259,9 @@ class EmbeddedBroker:
         self.stop()
 
 
-def _import_amqtt() -> Any:
+def _import_amqtt(*, crlfile: str | None = None) -> Any:
+    """amqtt's broker class; with ``crlfile``, one whose TLS listener requires a client
+    certificate of the listener's CA that this CRL does not revoke."""
     try:
         from amqtt.broker import Broker
     except ImportError as exc:
@@ -203,7 +269,21 @@ def _import_amqtt() -> Any:
             "the embedded MQTT broker needs amqtt: pip install edgefl[broker] "
             "(or point --broker at a running broker such as mosquitto)"
         ) from exc
-    return Broker
+    if crlfile is None:
+        return Broker
+    from protocol.broker_plugins import mutual_tls_context
+
+    crl: str = crlfile  # the narrowed type, for the closure below
+
+    class MutualTLSBroker(Broker):  # type: ignore[misc]  # amqtt ships no type information
+        """amqtt whose TLS listener demands a client certificate and checks the CRL."""
+
+        @staticmethod
+        def _create_ssl_context(listener: Any) -> Any:
+            ca, cert, key = (str(listener[k]) for k in ("cafile", "certfile", "keyfile"))
+            return mutual_tls_context(ca, cert, key, crl)
+
+    return MutualTLSBroker
 
 
 def mosquitto_executable() -> str | None:

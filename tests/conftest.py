@@ -4,13 +4,15 @@
 and yields a :class:`protocol.broker.MosquittoBroker` (``.host``, ``.port``, ``.stop()``,
 ``.start()`` to restart on the same port). ``embedded_broker`` does the same with the
 in-process amqtt broker. ``mosquitto_tls`` runs mosquitto with what ``coordinator provision``
-wrote (mutual TLS, per-device ACL) for the devices in :data:`TLS_DEVICES`. Without mosquitto
+wrote (mutual TLS, per-device ACL) for the devices in :data:`TLS_DEVICES`; ``fleet_broker``
+runs the same fleet on mosquitto and on the embedded broker in turn. Without mosquitto
 the tests skip, except in CI (``CI`` set), where a missing broker is a failure: CI installs
 it, so a skip there would hide a broken set-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -21,7 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from protocol.broker import EmbeddedBroker, MosquittoBroker, free_port, mosquitto_executable
+from protocol.broker import (
+    BrokerFiles,
+    EmbeddedBroker,
+    MosquittoBroker,
+    free_port,
+    mosquitto_executable,
+)
 
 
 def _missing(reason: str) -> None:
@@ -62,6 +70,8 @@ class ProvisionedMosquitto(MosquittoBroker):
     """mosquitto with the provisioned ``broker/mosquitto.conf``, read again at every start
     (so that a restart after ``provision revoke`` loads the new CRL)."""
 
+    flavour = "mosquitto"
+
     def __init__(self, root: Path, port: int) -> None:
         super().__init__(port=port)
         self.root = root
@@ -81,6 +91,28 @@ class ProvisionedMosquitto(MosquittoBroker):
         return self.root / name if name == "coordinator" else self.root / "devices" / name
 
 
+class ProvisionedEmbedded(EmbeddedBroker):
+    """The embedded amqtt broker on the provisioned ``broker/`` directory, with the same
+    test-facing methods as :class:`ProvisionedMosquitto`."""
+
+    flavour = "embedded"
+
+    def __init__(self, root: Path, port: int) -> None:
+        super().__init__(port=port, fleet=BrokerFiles.open(root / "broker"))
+        self.root = root
+
+    def reload(self) -> None:
+        """Nothing to signal: the broker reads the CRL again when the file changes."""
+
+    kit = ProvisionedMosquitto.kit
+
+    def cleanup(self) -> None:
+        self.stop()
+
+
+ProvisionedBroker = ProvisionedMosquitto | ProvisionedEmbedded
+
+
 def _system_user(name: str) -> bool:
     try:
         pwd.getpwnam(name)
@@ -89,11 +121,10 @@ def _system_user(name: str) -> bool:
     return True
 
 
-@pytest.fixture
-def mosquitto_tls() -> Iterator[ProvisionedMosquitto]:
-    """A fleet provisioned by ``coordinator provision`` and its mTLS mosquitto on a free port."""
-    if mosquitto_executable() is None:
-        _missing("mosquitto is not installed (apt-get install mosquitto)")
+@contextlib.contextmanager
+def provisioned_fleet(*, broker_user: str = "") -> Iterator[Path]:
+    """A fleet provisioned by ``coordinator provision`` for :data:`TLS_DEVICES` whose broker
+    listens on a free loopback port (``ProvisionSpec.port``); deleted afterwards."""
     pytest.importorskip("cryptography")
     from coordinator.provision import ProvisionSpec, provision
 
@@ -101,20 +132,44 @@ def mosquitto_tls() -> Iterator[ProvisionedMosquitto]:
     # must still reach broker/; it also gets the server key, as `--broker-user` does in production
     root = Path(tempfile.mkdtemp(prefix="edgefl-fleet-"))
     root.chmod(0o755)
-    port = free_port()
     spec = ProvisionSpec(
         federation=TLS_FEDERATION,
         devices=TLS_DEVICES,
         hostnames=("127.0.0.1", "localhost"),
-        port=port,
+        port=free_port(),
         listen="127.0.0.1",
-        broker_user="mosquitto" if os.geteuid() == 0 and _system_user("mosquitto") else "",
+        broker_user=broker_user,
     )
-    provision(root, spec)
-    broker = ProvisionedMosquitto(root, port)
     try:
-        broker.start()
-        yield broker
+        provision(root, spec)
+        yield root
     finally:
-        broker.cleanup()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _provisioned(flavour: str) -> Iterator[ProvisionedBroker]:
+    """A provisioned fleet and its mutual-TLS broker, running."""
+    if flavour == "mosquitto" and mosquitto_executable() is None:
+        _missing("mosquitto is not installed (apt-get install mosquitto)")
+    mosquitto_user = flavour == "mosquitto" and os.geteuid() == 0 and _system_user("mosquitto")
+    with provisioned_fleet(broker_user="mosquitto" if mosquitto_user else "") as root:
+        port = BrokerFiles.open(root / "broker").listener()[0]
+        cls = ProvisionedMosquitto if flavour == "mosquitto" else ProvisionedEmbedded
+        broker = cls(root, port)
+        try:
+            broker.start()
+            yield broker
+        finally:
+            broker.cleanup()
+
+
+@pytest.fixture
+def mosquitto_tls() -> Iterator[ProvisionedBroker]:
+    """The provisioned fleet on Mosquitto (the production broker)."""
+    yield from _provisioned("mosquitto")
+
+
+@pytest.fixture(params=["mosquitto", "embedded"])
+def fleet_broker(request: pytest.FixtureRequest) -> Iterator[ProvisionedBroker]:
+    """The provisioned fleet on each broker the toolkit runs: both must enforce its rules."""
+    yield from _provisioned(request.param)

@@ -1,7 +1,10 @@
-"""Small builders shared by runtime tests: in-process agents over the in-memory transport."""
+"""Small builders shared by runtime tests: in-process agents over the in-memory transport, and
+the shipped commands as processes (:class:`Fleet`)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,7 @@ from coordinator.config import RunConfig, load_config
 from coordinator.simulate import FleetSpec, agent_options, agent_will
 from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
+from protocol.credentials import ENV
 from protocol.transport import MemoryBroker, MemoryTransport
 
 FLEET = FleetSpec(
@@ -106,3 +110,37 @@ def fedavg_agent_args(index: int, state_dir: Path, clients: int = 2) -> list[str
         str(state_dir),
         "--no-export",
     ]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any ``EDGEFL_*`` credential variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
+    env.update(extra)
+    return env
+
+
+class Fleet:
+    """Processes of the shipped commands (``coordinator serve``, ``edge-agent``), each logging
+    to ``tmp_path/NAME.log``; :meth:`wait` kills what is still running after 240 s."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        with (self.tmp / f"{name}.log").open("wb") as log:
+            self.procs[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait(self) -> dict[str, int]:
+        try:
+            return {name: p.wait(timeout=240) for name, p in self.procs.items()}
+        finally:
+            for p in self.procs.values():
+                if p.poll() is None:
+                    p.kill()
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.log(n)}" for n in self.procs)

@@ -272,5 +272,7 @@ def _pairs_age(task: Task) -> int | None:
     if not isinstance(pairs, ImageVectorPairs):
         return None  # absent (round 1), or the wrong kind: receive() says which
     if pairs.round >= task.round:
-        raise ValidationError("payloads.pairs.round", f"< the task's round {task.round}", pairs.round)
+        raise ValidationError(
+            "payloads.pairs.round", f"< the task's round {task.round}", pairs.round
+        )
     return task.round - pairs.round

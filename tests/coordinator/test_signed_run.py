@@ -9,8 +9,6 @@ without ACL, where only the signatures stop a forged retained ``finished``.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +30,7 @@ from protocol.signing import HmacSigner, Verifier
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
 from tests.conftest import TLS_FEDERATION, ProvisionedMosquitto
-from tests.helpers_runtime import fedavg_agent_args, run_config
+from tests.helpers_runtime import Fleet, clean_env, fedavg_agent_args, run_config
 
 BIN = Path(sys.executable).parent
 T = Topics(TLS_FEDERATION)
@@ -130,38 +128,6 @@ def _serve_args(run_dir: Path) -> list[str]:
     ]
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
-    env.update(extra)
-    return env
-
-
-class Fleet:
-    """``coordinator serve`` and two ``edge-agent`` processes, logs in ``tmp_path``."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        with (self.tmp / f"{name}.log").open("wb") as log:
-            self.procs[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def wait(self) -> dict[str, int]:
-        try:
-            return {name: p.wait(timeout=240) for name, p in self.procs.items()}
-        finally:
-            for p in self.procs.values():
-                if p.poll() is None:
-                    p.kill()
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n}\n{self.log(n)}" for n in self.procs)
-
-
 class StateWatch:
     """The coordinator states a client sees on the federation's retained topic."""
 
@@ -224,7 +190,7 @@ def test_signed_run_over_mtls_refuses_a_device_kit_holders_forgeries(
     watch = StateWatch(intruder)
     intruder.connect()
     signer_a = load_signer(kit_a / "signing.key", "agent0")
-    env = _clean_env()
+    env = clean_env()
     try:
         serve = [str(BIN / "coordinator"), "serve", "--kit", str(b.kit("coordinator"))]
         fleet.start("coord", serve + _serve_args(run_dir), env)
@@ -270,7 +236,7 @@ def fleet_keys() -> Iterator[Path]:
 
 
 def _keys_env(kit: Path) -> dict[str, str]:
-    return _clean_env(
+    return clean_env(
         **{ENV["signing_key"]: str(kit / "signing.key"), ENV["verify_keys"]: str(kit / "verify")}
     )
 

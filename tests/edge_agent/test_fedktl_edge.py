@@ -5,7 +5,6 @@ cosine head equal to the agent's scores."""
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +166,8 @@ def test_a_participation_reports_how_old_its_pairs_are_and_refuses_pairs_not_fro
 
     # Assert
     assert result.metrics["ktl_pairs_age"] == 1.0
-    with pytest.raises(ValidationError, match=r"payloads\.pairs\.round: expected < the task's round 1"):
+    refusal = r"payloads\.pairs\.round: expected < the task's round 1"
+    with pytest.raises(ValidationError, match=refusal):
         edge.handle(replayed)
 
 
