@@ -11,13 +11,15 @@ Attacks (``ATTACKS``, one per payload):
 
 * ``fedavg``: a sign-flipped, scaled update: ``g - 10 (w - g)`` with ``g`` the global model of
   its task (round 1, before any global model: ``-10 w``), clipped to the weight bound.
-* ``fedproto``: every prototype sign-flipped and scaled to the feature bound:
-  ``-p * 9990 / max|p|``.
+* ``fedproto``, ``fedtgp``, ``fedgh``: every prototype sign-flipped and scaled to the feature
+  bound: ``-p * 9990 / max|p|``.
 
 Options: ``mean`` (the default), ``median``, ``trimmed_mean`` (trim_fraction 0.1: one value
 dropped at each end of 10), ``clip`` (mean with clip_norm 2: deviations from the coordinate-wise
 median beyond twice the median deviation norm are scaled down); tighter ``trimmed_mean_0.2``
-(two values per end) and ``clip_1`` (clip_norm 1).
+(two values per end) and ``clip_1`` (clip_norm 1); ``screen`` (``upload_screen`` 3: what FedTGP's
+and FedGH's servers train on leaves out a class's outlier uploads) and ``median_screen``
+(FedTGP: both). An option an algorithm's config does not take is skipped.
 
 Reported: the honest agents' (``agent0`` .. ``agent8``) mean accuracy after the ``final`` step on
 their own test splits (``acc_local``) and on the global test set (``acc_global``), in runs with
@@ -30,6 +32,9 @@ Usage::
         --out benchmarks/results/poisoning.json --md benchmarks/results/poisoning.md
     python benchmarks/poisoning.py --seeds 0 1 2 --rounds 8 --epochs 5 --algorithms fedavg \\
         --options trimmed_mean_0.2 clip_1 \\
+        --out benchmarks/results/poisoning.json --md benchmarks/results/poisoning.md
+    python benchmarks/poisoning.py --seeds 0 1 2 --rounds 8 --epochs 5 \\
+        --algorithms fedtgp fedgh --options mean median screen median_screen \\
         --out benchmarks/results/poisoning.json --md benchmarks/results/poisoning.md
     python benchmarks/poisoning.py --out benchmarks/results/poisoning.json --table-only
 
@@ -69,8 +74,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
     # tighter settings, run for FedAvg only (the attacked runs above still lose 8-15 points)
     "trimmed_mean_0.2": {"aggregation": "trimmed_mean", "trim_fraction": 0.2},
     "clip_1": {"clip_norm": 1.0},
+    # servers that train on the individual uploads (FedTGP's generator, FedGH's head): outlier
+    # uploads of a class left out of the server's training, 3 median distances from its median
+    "screen": {"upload_screen": 3.0},
+    "median_screen": {"aggregation": "median", "upload_screen": 3.0},
 }
-ALGORITHMS = ("fedavg", "fedproto")
+ALGORITHMS = ("fedavg", "fedproto", "fedtgp", "fedgh")
 SCALE = 10.0  # the sign-flipped update's factor
 Attack = Callable[[dict[str, Payload], dict[str, Payload]], dict[str, Payload]]
 
@@ -101,7 +110,25 @@ def flip_prototypes(payloads: dict[str, Payload], task: dict[str, Payload]) -> d
     return {**payloads, "protos": bad}
 
 
-ATTACKS: dict[str, Attack] = {"fedavg": flip_weights, "fedproto": flip_prototypes}
+ATTACKS: dict[str, Attack] = {
+    "fedavg": flip_weights,
+    "fedproto": flip_prototypes,
+    "fedtgp": flip_prototypes,
+    "fedgh": flip_prototypes,
+}
+
+
+def applies(algorithm: str, option: str) -> bool:
+    """Whether the algorithm's config takes the option's keys (FedGH averages nothing, so it
+    takes no ``aggregation``; only the servers that train on uploads take ``upload_screen``)."""
+    from protocol.algorithms import config_type
+    from protocol.errors import ConfigError
+
+    try:
+        config_type(algorithm).from_dict(OPTIONS[option])
+    except ConfigError:
+        return False
+    return True
 
 
 class PoisonTransport(MemoryTransport):
@@ -292,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         have = [r["spec"] for r in done["runs"]]
         for seed in args.seeds:
             for algorithm in args.algorithms:
-                for option in args.options:
+                for option in (o for o in args.options if applies(algorithm, o)):
                     for attacked in (False, True):
                         spec = run_spec(args, algorithm, option, attacked, seed)
                         if spec in have:

@@ -9,8 +9,10 @@ Robust variants (issue 19, ``docs/security.md`` "Robust aggregation") replace th
 run's config asks for one (:class:`RobustRule`, from ``AveragingConfig``): the coordinate-wise
 median, the coordinate-wise trimmed mean, and an optional norm bound applied before either. They
 take the same tensor maps (:func:`aggregate_maps`) or one vector per upload (:func:`reduce_rows`,
-:func:`reduce_by_class` for per-class prototypes, logits and features). The plain mean stays
-:func:`weighted_mean` itself, so a run without the option computes exactly what it did before.
+:func:`reduce_by_class` for per-class prototypes, logits and features). Servers that train on
+the individual uploads instead of averaging them can leave outliers out (:func:`screen_by_class`).
+The plain mean stays :func:`weighted_mean` itself, so a run without the option computes exactly
+what it did before.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "aggregate_maps",
     "reduce_by_class",
     "reduce_rows",
+    "screen_by_class",
     "weighted_mean",
 ]
 
@@ -193,6 +196,34 @@ def reduce_by_class(
         rows = ids == c
         out[j] = reduce_rows(x[rows], rule, w[rows])
     return classes, out
+
+
+SCREEN_MIN_ROWS = 3  # fewer uploads of a class have no majority to judge an outlier by
+
+
+def screen_by_class(
+    class_ids: npt.ArrayLike, values: npt.ArrayLike, factor: float
+) -> npt.NDArray[np.bool_]:
+    """Which rows to keep when a server trains on individual uploads (issue 19).
+
+    Per class held by at least :data:`SCREEN_MIN_ROWS` rows: the distance of each row to the
+    class's coordinate-wise median, and a row farther than ``factor`` times the median of those
+    distances is dropped. Centre and scale are medians, so with an honest majority in a class a
+    minority can move neither far; an upload that stays within ``factor`` typical deviations
+    is kept, and bounded by them. Classes with fewer rows, and ``factor = 0``, keep every row.
+    """
+    ids = np.asarray(class_ids, dtype=np.int64)
+    keep = np.ones(ids.size, dtype=bool)
+    if factor <= 0 or not ids.size:
+        return keep
+    x = np.asarray(values, dtype=np.float64)
+    for c in np.unique(ids).tolist():
+        rows = np.flatnonzero(ids == c)
+        if rows.size < SCREEN_MIN_ROWS:
+            continue
+        dist = np.linalg.norm(x[rows] - np.median(x[rows], axis=0), axis=1)
+        keep[rows] = dist <= factor * float(np.median(dist))
+    return keep
 
 
 def aggregate_maps(

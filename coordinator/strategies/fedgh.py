@@ -19,7 +19,7 @@ from coordinator.strategies.base import (
     Strategy,
     register_strategy,
 )
-from coordinator.strategies.fedtgp import prototype_pairs
+from coordinator.strategies.fedtgp import prototype_pairs, screen_metrics
 from protocol.algorithms.fedgh import FedGHConfig
 from protocol.errors import AggregationError
 from protocol.messages import Reply
@@ -54,9 +54,10 @@ class FedGHStrategy(Strategy[FedGHConfig]):
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Keep the round's (prototype, class) pairs for :meth:`server_train`."""
         sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
-        vectors, labels = prototype_pairs(sets)
+        vectors, labels, screened = prototype_pairs(sets, self.config.upload_screen)
         self._pending = (vectors, labels) if labels.size else None
-        return {"uploaded_prototypes": float(labels.size)}
+        out = {"uploaded_prototypes": float(labels.size + screened)}
+        return out | screen_metrics(self.config.upload_screen, screened)
 
     def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Continue training the global head on the round's prototypes (fresh SGD)."""

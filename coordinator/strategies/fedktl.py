@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coordinator.strategies.base import AgentInfo, ServerContext, Step, Strategy, register_strategy
+from coordinator.strategies.fedtgp import prototype_pairs, screen_metrics
 from protocol.algorithms.fedktl import SETUP_KEYS, FedKTLConfig, setup_digest
 from protocol.errors import AdmissionError, ConfigError, ValidationError
 from protocol.messages import Reply
@@ -193,13 +194,18 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
     # ----- the round's server work ----------------------------------------------------------
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Collect the round's prototypes; every replier has proved it holds the set-up."""
-        self._uploads = []
+        sets = []
         for agent, reply in replies:
             self.holders.setdefault(agent.device_id, step.round)
             protos = reply.payloads.get("protos")
-            if isinstance(protos, PrototypeSet) and protos.class_ids.size:
-                self._uploads.append((protos.vectors, protos.class_ids))
-        return {"ktl_agents_with_setup": float(len(self.holders))}
+            if isinstance(protos, PrototypeSet):
+                sets.append(protos)
+        screen = self.config.upload_screen
+        vectors, labels, screened = prototype_pairs(sets, screen)
+        self._uploads = [(vectors, labels)] if labels.size else []
+        return {"ktl_agents_with_setup": float(len(self.holders))} | screen_metrics(
+            screen, screened
+        )
 
     def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Align F and the centroids on this round's prototypes; the pairs follow from them."""

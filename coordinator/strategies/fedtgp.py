@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from coordinator.aggregation import screen_by_class
 from coordinator.strategies.base import AgentInfo, ServerContext, Step, register_strategy
 from coordinator.strategies.baselines import FedProtoStrategy, mean_prototypes
 from protocol.algorithms.fedtgp import FedTGPConfig
@@ -19,20 +20,24 @@ from protocol.errors import AggregationError
 from protocol.messages import Reply
 from protocol.payloads import Payload, PrototypeSet, TensorMap
 
-__all__ = ["FedTGPStrategy", "adaptive_margin", "prototype_pairs"]
+__all__ = ["FedTGPStrategy", "adaptive_margin", "prototype_pairs", "screen_metrics"]
 
 
 def prototype_pairs(
-    sets: list[PrototypeSet],
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    """Every uploaded (client prototype, class) pair as training data: ``[N, D]``, ``[N]``."""
+    sets: list[PrototypeSet], screen: float = 0.0
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int]:
+    """Every uploaded (client prototype, class) pair as server training data: ``[N, D]``,
+    ``[N]``, and how many pairs ``screen`` (the config's ``upload_screen``, 0 = off) left out
+    as outliers of their class (:func:`coordinator.aggregation.screen_by_class`)."""
     held = [s for s in sets if s.class_ids.size]
     if not held:
-        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64), 0
     if len({s.dim for s in held}) > 1:
         raise AggregationError(f"prototype dimensions differ: {sorted({s.dim for s in held})}")
     vectors = np.concatenate([s.vectors for s in held])
-    return vectors, np.concatenate([s.class_ids for s in held]).astype(np.int64)
+    labels = np.concatenate([s.class_ids for s in held]).astype(np.int64)
+    keep = screen_by_class(labels, vectors, screen)
+    return vectors[keep], labels[keep], int((~keep).sum())
 
 
 def adaptive_margin(means: PrototypeSet, threshold: float) -> float:
@@ -67,17 +72,18 @@ class FedTGPStrategy(FedProtoStrategy):
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Keep every (client prototype, class) pair of the round and the adaptive margin."""
         sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
-        # checks dimensions agree; the margin comes from these class centres (the generator
-        # still trains on every pair, which the robust rule does not filter)
+        # checks dimensions agree; the margin comes from these class centres (robust under
+        # `aggregation`); the generator trains on the pairs `upload_screen` keeps
         means = mean_prototypes(None, sets, self.num_classes, rule=self.robust)
         if means is None:
             self._pending = None
             return {"uploaded_prototypes": 0.0}
-        vectors, labels = prototype_pairs(sets)
+        vectors, labels, screened = prototype_pairs(sets, self.config.upload_screen)
         margin = adaptive_margin(means, self.config.margin_threshold)
         self._pending = (vectors, labels, margin)
         self._counts.update(_counts(means))
-        return {"uploaded_prototypes": float(len(labels)), "margin": margin}
+        out = {"uploaded_prototypes": float(len(labels) + screened), "margin": margin}
+        return out | screen_metrics(self.config.upload_screen, screened)
 
     def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Train the TGP on the round's prototypes; its outputs for every class uploaded so far
@@ -120,3 +126,8 @@ class FedTGPStrategy(FedProtoStrategy):
         self.tgp = tgp if isinstance(tgp, TensorMap) else None
         self._counts = {} if self.protos is None else _counts(self.protos)
         self._pending = None
+
+
+def screen_metrics(screen: float, count: int) -> dict[str, float]:
+    """The round's ``screened_uploads`` metric, when screening is on."""
+    return {"screened_uploads": float(count)} if screen > 0 else {}

@@ -27,6 +27,7 @@ __all__ = [
     "AlgorithmConfig",
     "AveragingConfig",
     "PayloadSpec",
+    "ScreeningConfig",
     "TrainConfig",
     "check_payloads",
     "config_type",
@@ -215,6 +216,27 @@ class AveragingConfig(TrainConfig):
             raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction!r}")
         if not 0 <= self.clip_norm <= 1e6:
             raise ValueError(f"clip_norm must be in [0, 1e+06] (0 = off), got {self.clip_norm!r}")
+
+
+@dataclass(frozen=True)
+class ScreeningConfig(TrainConfig):
+    """Settings of every algorithm whose server trains on individual uploads (FedKTL's F,
+    FedTGP's generator, FedGH's head): which uploads it trains on (issue 19).
+
+    The coordinator alone reads this; it travels in the task config like every field.
+    """
+
+    # 0 = off (train on every accepted upload, the papers' rule); else, per class held by at
+    # least 3 uploads, an upload farther from the class's coordinate-wise median than
+    # upload_screen x the median of those distances is left out of the round's server training
+    upload_screen: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.upload_screen == 0 or 1 <= self.upload_screen <= 1e6):
+            raise ValueError(
+                f"upload_screen must be 0 (off) or in [1, 1e+06], got {self.upload_screen!r}"
+            )
 
 
 CONFIG_TYPES: dict[str, type[AlgorithmConfig]] = {}

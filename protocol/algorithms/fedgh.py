@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import PayloadSpec, ScreeningConfig, register_config
 from protocol.payloads import PrototypeSet
 
 __all__ = ["FedGHConfig"]
@@ -20,7 +20,7 @@ __all__ = ["FedGHConfig"]
 
 @register_config("fedgh")
 @dataclass(frozen=True)
-class FedGHConfig(TrainConfig):
+class FedGHConfig(ScreeningConfig):
     """FedGH: prototypes up; a server-trained global head down, loaded into every classifier."""
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {

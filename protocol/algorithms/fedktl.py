@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import PayloadSpec, ScreeningConfig, register_config
 from protocol.payloads import PrototypeSet
 
 __all__ = ["SETUP_KEYS", "FedKTLConfig", "setup_digest"]
@@ -47,7 +47,7 @@ def setup_digest(tensors: Mapping[str, Any]) -> str:
 
 @register_config("fedktl")
 @dataclass(frozen=True)
-class FedKTLConfig(TrainConfig):
+class FedKTLConfig(ScreeningConfig):
     """Both halves of FedKTL; the ``server_*``, ``generator*`` and MMD settings stay on the
     coordinator but travel in the task config like every other field."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import register_config
+from protocol.algorithms.base import ScreeningConfig, register_config
 from protocol.algorithms.baselines import FedProtoConfig
 
 __all__ = ["FedTGPConfig"]
@@ -23,7 +23,7 @@ __all__ = ["FedTGPConfig"]
 
 @register_config("fedtgp")
 @dataclass(frozen=True)
-class FedTGPConfig(FedProtoConfig):
+class FedTGPConfig(FedProtoConfig, ScreeningConfig):
     """FedTGP: FedProto's edge; the server trains global prototypes with an adaptive margin."""
 
     momentum: float = 0.0  # HtFLlib clients: plain SGD, lr 0.01, batch 10

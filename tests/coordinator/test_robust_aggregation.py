@@ -11,6 +11,7 @@ from coordinator.aggregation import (
     aggregate_maps,
     reduce_by_class,
     reduce_rows,
+    screen_by_class,
     weighted_mean,
 )
 from coordinator.knowledge import KnowledgeTable
@@ -316,3 +317,55 @@ def test_felo_knowledge_means_under_a_robust_rule() -> None:
     s.table = table
     knowledge = s.server_knowledge()
     assert knowledge is not None and knowledge.features[0, 0] == 2.5
+
+
+# ----- screening what a server trains on (FedKTL, FedTGP, FedGH) --------------------------------
+def test_screening_drops_the_far_outlier_of_a_class_and_judges_no_class_without_a_majority() -> (
+    None
+):
+    ids = [0, 0, 0, 0, 1, 1]
+    # class 0: median (1.1, 0); distances 0.1, 0.1, 0.3, 48.9; their median 0.2, bound 0.6
+    vecs = [[1.0, 0.0], [1.2, 0.0], [0.8, 0.0], [50.0, 0.0], [1.0, 1.0], [100.0, 100.0]]
+    assert screen_by_class(ids, vecs, 3.0).tolist() == [True, True, True, False, True, True]
+    assert screen_by_class(ids, vecs, 1.0).tolist() == [True, True, False, False, True, True]
+    assert screen_by_class(ids, vecs, 0.0).all()  # off
+
+
+def unit(x: float, y: float) -> list[float]:
+    n = float(np.hypot(x, y))
+    return [x / n, y / n]
+
+
+@pytest.mark.parametrize("name", ["fedktl", "fedtgp", "fedgh"])
+def test_servers_that_train_on_uploads_leave_out_what_upload_screen_screens(name: str) -> None:
+    # Prepare: three honest agents agree on class 0; the poisoner's prototype points away
+    honest = [protoset([0], [unit(1.0, 0.1 * i)]) for i in range(3)]
+    sets = [*honest, protoset([0], [unit(-1.0, -0.2)])]
+    replies = [(agent(f"a{i}", {0: 5}, name), reply({"protos": p})) for i, p in enumerate(sets)]
+    hyper = {"feature_dim": 2} if name == "fedktl" else {}
+    plain = strategy(name, **hyper)
+    screened = strategy(name, upload_screen=3.0, **hyper)
+    # Execute
+    plain_metrics = plain.aggregate(Step(1, "train"), replies)
+    metrics = screened.aggregate(Step(1, "train"), replies)
+    # Assert: without the option nothing is reported or dropped; with it, the poisoner alone
+    assert "screened_uploads" not in plain_metrics
+    assert metrics["screened_uploads"] == 1.0
+    kept = training_vectors(screened)
+    assert len(kept) == 3 and all(v[0] > 0.9 for v in kept)
+    assert len(training_vectors(plain)) == 4
+
+
+def training_vectors(s: object) -> list[list[float]]:
+    """The vectors a strategy's next ``server_train`` would train on."""
+    if hasattr(s, "_uploads"):  # FedKTL
+        return [v.tolist() for vectors, _ in s._uploads for v in vectors]
+    pending = s._pending  # type: ignore[attr-defined]  # FedTGP, FedGH
+    return [v.tolist() for v in pending[0]]
+
+
+def test_upload_screen_is_checked() -> None:
+    with pytest.raises(ConfigError, match="upload_screen"):
+        config_type("fedgh").from_dict({"upload_screen": 0.5})
+    with pytest.raises(ConfigError, match="unknown key"):
+        config_type("fedproto").from_dict({"upload_screen": 3.0})  # averages; trains on nothing
