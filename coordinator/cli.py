@@ -89,6 +89,37 @@ def _split_options(p: argparse.ArgumentParser, global_test_default: int) -> None
     )
 
 
+def _ray_options(p: argparse.ArgumentParser) -> None:
+    """``simulate --backend ray``: the agents in Ray actors over MQTT (issue 21)."""
+    p.add_argument(
+        "--backend",
+        choices=("inprocess", "ray"),
+        default="inprocess",
+        help="inprocess: threads of this process; ray: Ray actors over MQTT (edgefl[ray])",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join (ray.init address, e.g. auto); default: a local instance",
+    )
+    p.add_argument(
+        "--agents-per-actor",
+        type=int,
+        default=None,
+        metavar="K",
+        help="agents (threads) in each Ray actor (default: the fewest that fit the cluster)",
+    )
+    p.add_argument("--actor-cpus", type=float, default=None, help="Ray CPUs per actor (1)")
+    p.add_argument("--actor-gpus", type=float, default=None, help="Ray GPUs per actor (0)")
+    p.add_argument(
+        "--broker",
+        default=None,
+        metavar="HOST[:PORT]",
+        help="MQTT broker every Ray node reaches (default: Mosquitto or the embedded broker "
+        "started on 127.0.0.1, enough for a local instance)",
+    )
+
+
 def _partition_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``coordinator partition``: our seeded split written as a partition file."""
     part = sub.add_parser(
@@ -194,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--feature-dim", type=int, default=None, help="feature size (digits 64, mnist5k 980)"
     )
     _split_options(demo, global_test_default=360)
-    sim = sub.add_parser("simulate", help="many agents in one process (in-memory transport)")
+    sim = sub.add_parser(
+        "simulate", help="many agents in one process (in-memory transport) or in Ray actors"
+    )
     _run_options(sim)
     sim.add_argument("--agents", type=int, default=10, help="simulated devices")
     sim.add_argument("--family", default="tiny", help="model family assigned round-robin")
@@ -213,8 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--export", action="store_true", help="export ONNX bundles at the end")
     _split_options(sim, global_test_default=360)
     sim.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads of the process (0 = default)"
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads of the process, of each actor with --backend ray (0 = default)",
     )
+    sim.add_argument(
+        "--device", default="cpu", help="where the agents train: cpu, cuda[:N] or auto"
+    )
+    _ray_options(sim)
     _partition_parser(sub)
     status = sub.add_parser("status", help="a run's state, round and agents (default: latest)")
     _state_options(status)
@@ -524,6 +564,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from coordinator.simulate import FleetSpec, simulate
     from models.families import family_models
 
+    ray = _ray_spec(args)  # misplaced Ray flags fail before anything starts
     cfg = _config(
         args,
         unused=("broker", "embedded_port", "embedded_host", "min_agents"),
@@ -543,6 +584,7 @@ def _simulate(args: argparse.Namespace) -> int:
         feature_act=None if args.feature_act == "none" else args.feature_act,
         image_size=args.image_size,
         export=args.export,
+        device=args.device,
         **_split_fields(args),
     )
     from coordinator.demo import summarize
@@ -552,9 +594,33 @@ def _simulate(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
 
-    result = simulate(cfg, fleet)
+    result = simulate(cfg, fleet, backend=args.backend, ray=ray)
     print(summarize(result, Path(cfg.run_dir), cfg))
     return 0
+
+
+_RAY_FLAGS = ("ray_address", "agents_per_actor", "actor_cpus", "actor_gpus", "broker")
+
+
+def _ray_spec(args: argparse.Namespace) -> Any:
+    """The :class:`~coordinator.simulate_ray.RayOptions` of ``--backend ray`` (else None)."""
+    from protocol.errors import ConfigError
+
+    given = [f"--{k.replace('_', '-')}" for k in _RAY_FLAGS if getattr(args, k) is not None]
+    if args.backend != "ray":
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --backend ray")
+        return None
+    from coordinator.simulate_ray import RayOptions
+
+    return RayOptions(
+        address=args.ray_address,
+        agents_per_actor=args.agents_per_actor,
+        actor_cpus=1.0 if args.actor_cpus is None else args.actor_cpus,
+        actor_gpus=0.0 if args.actor_gpus is None else args.actor_gpus,
+        broker=args.broker,
+        threads=args.threads,
+    )
 
 
 def _split_fields(args: argparse.Namespace) -> dict[str, Any]:

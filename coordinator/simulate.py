@@ -1,27 +1,36 @@
 """Many agents in one process, same code paths as a real fleet (``coordinator simulate``).
 
 Agents run in threads over the in-memory transport by default, or over a real broker when one
-is given. Each agent computes its own shard from the shared partition spec, exactly as separate
-``edge-agent`` processes do.
+is given; ``backend="ray"`` spreads them over Ray actors (``coordinator.simulate_ray``). Each
+agent computes its own shard from the shared partition spec, exactly as separate ``edge-agent``
+processes do.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from coordinator.config import RunConfig
 from coordinator.engine import RunResult
 from coordinator.runner import coordinator_will, run_coordinator
 from protocol.codec import Envelope, encode
+from protocol.errors import ConfigError
 from protocol.messages import Status
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport, Transport, Will
 
-__all__ = ["FleetSpec", "simulate"]
+if TYPE_CHECKING:
+    from coordinator.simulate_ray import RayOptions
+
+__all__ = ["AgentThreads", "FleetSpec", "TransportFactory", "simulate"]
+
+# (client_id, will) -> an unconnected transport
+TransportFactory = Callable[[str, Will], Transport]
 
 
 @dataclass(frozen=True)
@@ -95,51 +104,89 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
     )
 
 
+class AgentThreads:
+    """Simulated agents of this process, each in its own thread over its own transport.
+
+    The in-process backend and each Ray actor (``coordinator.simulate_ray``) run their agents
+    through this one class, so both build, start and stop them the same way.
+    """
+
+    def __init__(self, cfg: RunConfig, fleet: FleetSpec, make: TransportFactory) -> None:
+        self.cfg, self.fleet, self.make = cfg, fleet, make
+        self.stop = threading.Event()
+        self.running: list[tuple[Any, Transport, threading.Thread]] = []
+
+    def start(self, index: int) -> None:
+        """Build simulated device ``index``, connect it and run it in a thread."""
+        from edge_agent.factory import build_agent
+
+        opts = agent_options(self.cfg, self.fleet, index)
+        transport = self.make(opts.device_id, agent_will(self.cfg.federation, opts.device_id))
+        agent = build_agent(opts, transport)
+        transport.connect()
+        agent.start()
+        t = threading.Thread(target=agent.run, args=(self.stop,), name=opts.device_id, daemon=True)
+        t.start()
+        self.running.append((agent, transport, t))
+
+    def wait(self) -> list[str]:
+        """Block until every agent's run ends; the ids of those that saw the run finish."""
+        for _, _, t in self.running:
+            t.join()
+        return [a.settings.device_id for a, _, _ in self.running if a.finished.is_set()]
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the agents and disconnect them."""
+        self.stop.set()
+        for _, _, t in self.running:
+            t.join(timeout=timeout)
+        for _, transport, _ in self.running:
+            transport.close()
+
+
 def simulate(
     cfg: RunConfig,
     fleet: FleetSpec,
     *,
-    transport_factory: Any = None,
+    transport_factory: TransportFactory | None = None,
     logger: logging.Logger | None = None,
+    backend: Literal["inprocess", "ray"] = "inprocess",
+    ray: RayOptions | None = None,
 ) -> RunResult:
-    """Run ``cfg`` with ``fleet.num_agents`` in-process agents; returns the coordinator's result.
+    """Run ``cfg`` with ``fleet.num_agents`` simulated agents; returns the coordinator's result.
 
-    ``transport_factory(client_id, will) -> Transport`` selects a real broker; by default all
-    parties share one :class:`MemoryBroker`.
+    ``backend="inprocess"`` runs the agents in threads of this process; by default all parties
+    share one :class:`MemoryBroker`, ``transport_factory(client_id, will) -> Transport`` selects
+    a real broker. ``backend="ray"`` runs them in Ray actors over MQTT, set up by ``ray``
+    (:class:`~coordinator.simulate_ray.RayOptions`).
     """
-    from edge_agent.factory import build_agent
-
     if fleet.partition_file is not None:  # a count mismatch fails before any agent starts
         from edge_agent.data import load_partition_file
 
         load_partition_file(fleet.partition_file, num_clients=fleet.num_agents)
+    if backend == "ray":
+        from coordinator.simulate_ray import RayOptions, simulate_ray
+
+        if transport_factory is not None:
+            raise ConfigError("transport_factory: the Ray backend connects its actors over MQTT")
+        return simulate_ray(cfg, fleet, ray or RayOptions(), logger=logger)
+    if backend != "inprocess":
+        raise ConfigError(f"backend: expected 'inprocess' or 'ray', got {backend!r}")
     broker = MemoryBroker()
 
     def make(client_id: str, will: Will) -> Transport:
         if transport_factory is not None:
-            return transport_factory(client_id, will)  # type: ignore[no-any-return]
+            return transport_factory(client_id, will)
         return MemoryTransport(broker, client_id, will=will)
 
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
-    agents = []
-    for i in range(fleet.num_agents):
-        opts = agent_options(cfg, fleet, i)
-        transport = make(opts.device_id, agent_will(cfg.federation, opts.device_id))
-        agent = build_agent(opts, transport)
-        transport.connect()
-        agent.start()
-        agents.append((agent, transport))
-        t = threading.Thread(target=agent.run, args=(stop,), name=opts.device_id, daemon=True)
-        t.start()
-        threads.append(t)
-    coord_transport = make("coordinator", coordinator_will(cfg))
+    agents = AgentThreads(cfg, fleet, make)
+    coord_transport: Transport | None = None
     try:
+        for i in range(fleet.num_agents):
+            agents.start(i)
+        coord_transport = make("coordinator", coordinator_will(cfg))
         return run_coordinator(cfg, coord_transport, logger)
     finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
-        for _, transport in agents:
-            transport.close()
-        coord_transport.close()
+        agents.close()
+        if coord_transport is not None:
+            coord_transport.close()
