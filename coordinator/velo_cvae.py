@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from coordinator.aggregation import screen_by_class
 from coordinator.knowledge import KnowledgeTable
 from coordinator.strategies.base import ServerContext
 from models import CVAE
@@ -81,16 +82,19 @@ def _build(
 def train_and_sample(
     state: TensorMap | None, table: KnowledgeTable, cfg: VeloConfig, ctx: ServerContext
 ) -> tuple[TensorMap, PrototypeSet, dict[str, float]]:
-    """Continue training the persistent CVAE (fresh Adam) on the table's features, then draw
-    ``z ~ N(0, I)`` once per class present in the table."""
+    """Continue training the persistent CVAE (fresh Adam) on the table's features (less the
+    outliers ``upload_screen`` screens), then draw ``z ~ N(0, I)`` once per class present in
+    the table."""
     dim = table.feature_dim
     if dim is None:
         raise ValueError("no features to train the CVAE on")
     gen = ctx.torch_generator()
     device = torch.device(ctx.device)
     cvae = _build(cfg, dim, table.num_classes, state, gen)
-    feats = torch.as_tensor(table.features, dtype=torch.float32)
-    labels = torch.as_tensor(table.cls, dtype=torch.long)
+    # the table's entries are individual uploads: upload_screen leaves a class's outliers out
+    keep = screen_by_class(table.cls, table.features, cfg.upload_screen)
+    feats = torch.as_tensor(table.features[keep], dtype=torch.float32)
+    labels = torch.as_tensor(table.cls[keep], dtype=torch.long)
     stats = fit(
         cvae,
         (feats, labels),
@@ -111,4 +115,6 @@ def train_and_sample(
     metrics = {f"cvae_{k}": v for k, v in stats.terms.items()}
     metrics["cvae_steps"] = float(stats.steps)
     metrics["cvae_s"] = stats.seconds
+    if cfg.upload_screen > 0:
+        metrics["screened_uploads"] = float((~keep).sum())
     return weights, synthetic, metrics

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
+from protocol.algorithms.base import AveragingConfig, PayloadSpec, ScreeningConfig, register_config
 from protocol.payloads import FeatureLogitSet, TensorMap
 
 __all__ = ["FedHeConfig", "FeloConfig", "VeloConfig"]
@@ -89,7 +89,7 @@ class FedHeConfig(_FeatureLogitConfig):
 
 @register_config("velo")
 @dataclass(frozen=True)
-class VeloConfig(_FeatureLogitConfig):
+class VeloConfig(_FeatureLogitConfig, ScreeningConfig):
     """Velo: Felo with server features sampled from a conditional VAE (§5.2)."""
 
     cvae_interval: int = 1  # train every this many rounds after warm-up (Table 4)

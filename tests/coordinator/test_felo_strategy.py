@@ -196,3 +196,22 @@ def test_velo_trains_when_the_store_leaves_a_single_sample_batch() -> None:
     )
     metrics = s.server_train(Step(1, "train"), ctx(0))
     assert metrics["cvae_steps"] == 2 and s.synthetic is not None
+
+
+def test_velo_trains_its_cvae_without_the_entries_upload_screen_screens() -> None:
+    # Prepare: three agents agree on class 0 (features near 1), a fourth uploads 1e4
+    uploads = [(agent(f"a{i}", "mlp_s", {0: 10}), 1.0 + 0.1 * i) for i in range(3)]
+    uploads.append((agent("evil", "mlp_s", {0: 10}), 1e4))
+    replies = [(a, reply({"knowledge": knowledge([0], v)})) for a, v in uploads]
+    sizes = {"cvae_z_dim": 3, "cvae_embed_dim": 2, "cvae_hidden": 8, "cvae_epochs": 1}
+    screened = strategy("velo", upload_screen=3.0, same_arch_avg=False, **sizes)
+    plain = strategy("velo", same_arch_avg=False, **sizes)
+    for s in (screened, plain):
+        s.aggregate(Step(1, "train"), replies)
+    # Execute
+    metrics = screened.server_train(Step(1, "train"), ctx(0))
+    plain_metrics = plain.server_train(Step(1, "train"), ctx(0))
+    # Assert: one entry left out (batch 50 > 4 entries: one step either way), none without it
+    assert metrics["screened_uploads"] == 1.0
+    assert "screened_uploads" not in plain_metrics
+    assert metrics["cvae_loss"] < plain_metrics["cvae_loss"] / 1000  # the 1e4 entry dominates
