@@ -37,7 +37,9 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +56,7 @@ __all__ = [
     "ENV",
     "KIT_FILE",
     "Credentials",
+    "KeyDirectory",
     "Kit",
     "SigningKeys",
     "add_arguments",
@@ -364,6 +367,66 @@ def load_verify_keys(directory: Path) -> dict[str, Any]:
     }
 
 
+class KeyDirectory(Mapping[str, Any]):
+    """The peers' public keys in a directory of ``ID.pub`` files, read again when the directory
+    changes, so that a device added or revoked (``coordinator provision add|revoke``) is
+    verified or refused while the run goes on, without a restart.
+
+    The directory's modification time is checked at most every ``interval`` seconds (a stat,
+    not a read). A reload that fails (a key file being written) keeps the previous keys and is
+    tried again at the next check. Keys are only ever added or deleted as whole files by
+    provisioning, which changes the directory's time; a key replaced in place is not noticed.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stamp = self._mtime()
+        self._keys = load_verify_keys(directory)  # at start, a bad directory is an error
+        self._checked = clock()
+
+    def _mtime(self) -> int | None:
+        try:
+            return self.directory.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def _current(self) -> dict[str, Any]:
+        if self._clock() - self._checked < self.interval:
+            return self._keys
+        with self._lock:
+            self._checked = self._clock()
+            stamp = self._mtime()  # before reading: a change during the read is seen next time
+            if stamp == self._stamp:
+                return self._keys
+            try:
+                keys = load_verify_keys(self.directory)
+            except ConfigError as exc:
+                log.error("verify keys: keeping the previous %d keys: %s", len(self._keys), exc)
+                return self._keys
+            added, gone = sorted(keys.keys() - self._keys), sorted(self._keys.keys() - keys)
+            log.info("verify keys of %s changed: added %s, removed %s", self.directory, added, gone)
+            self._keys, self._stamp = keys, stamp
+            return keys
+
+    def __getitem__(self, key_id: str) -> Any:
+        return self._current()[key_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+
 def _pem_key(path: Path, private: bool) -> bytes:
     try:
         from cryptography.hazmat.primitives import serialization
@@ -420,7 +483,7 @@ class SigningKeys:
         """A new :class:`~protocol.signing.Verifier` of the peers' keys (its own replay cache)."""
         from protocol.signing import Verifier
 
-        return Verifier(dict(self.verify_keys))
+        return Verifier(self.verify_keys)  # a KeyDirectory keeps following its directory
 
 
 def load_signing(creds: Credentials, key_id: str, *, enabled: bool = True) -> SigningKeys | None:
@@ -452,7 +515,7 @@ def load_signing(creds: Credentials, key_id: str, *, enabled: bool = True) -> Si
             f"{given} from {creds.sources[given]} but no {missing}: set {ENV[missing]} or "
             f"[signing] {file_key}, or run with --no-signing"
         )
-    keys = load_verify_keys(peers)
+    keys = KeyDirectory(peers)
     if not keys:
         raise ConfigError(f"verify keys: {peers} holds no ID.pub file; nobody could be verified")
     source = creds.sources.get("signing_key", "")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.provision import ProvisionSpec, provision
-from protocol.credentials import ENV, load_credentials, load_signer, read_kit
+from protocol.credentials import ENV, KeyDirectory, load_credentials, load_signer, read_kit
 from protocol.errors import ConfigError
 
 
@@ -131,3 +131,47 @@ def test_a_password_file_others_can_read_is_warned_about(
     with caplog.at_level(logging.WARNING, logger="edgefl.credentials"):
         load_credentials(credentials_file=loose, env={})
     assert "readable by other users (mode 644): chmod 600 it" in caplog.text
+
+
+def test_the_verify_keys_follow_their_directory_while_the_run_goes_on(tmp_path: Path) -> None:
+    """A device added (`provision add`) is verified and a revoked one refused without a
+    restart; a key file caught half-written keeps the previous keys."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from coordinator import pki
+    from protocol.codec import Envelope, encode
+    from protocol.messages import Status
+    from protocol.signing import SignatureError, Verifier
+
+    # Prepare: a directory with one device key, a verifier that checks it on every lookup
+    keys = tmp_path / "verify"
+    keys.mkdir()
+    signers = {}
+    for device in ("dev-a", "dev-b"):
+        private = ed25519.Ed25519PrivateKey.generate()
+        (tmp_path / f"{device}.key").write_bytes(pki.pem_private(private))
+        signers[device] = load_signer(tmp_path / f"{device}.key", device)
+        (tmp_path / f"{device}.pub").write_bytes(pki.pem_public(private.public_key()))
+    (keys / "dev-a.pub").write_bytes((tmp_path / "dev-a.pub").read_bytes())
+    directory = KeyDirectory(keys, interval=0.0)
+    verifier = Verifier(directory)
+
+    def frame(device: str) -> bytes:
+        env = Envelope(body=Status(state="online"), sender=device, federation="lab")
+        return signers[device].sign(encode(env))
+
+    assert verifier.verify(frame("dev-a")).sender == "dev-a"
+    with pytest.raises(SignatureError):
+        verifier.verify(frame("dev-b"))
+    # Execute + Assert: dev-b provisioned, then dev-a revoked
+    (keys / "dev-b.pub").write_bytes((tmp_path / "dev-b.pub").read_bytes())
+    assert verifier.verify(frame("dev-b")).sender == "dev-b"
+    (keys / "dev-a.pub").unlink()
+    with pytest.raises(SignatureError):
+        verifier.verify(frame("dev-a"))
+    # a file being written (not yet a key) keeps the keys held; the failed reload is tried
+    # again at the next check, which finds it complete
+    (keys / "dev-c.pub").write_bytes(b"-----BEGIN PUBLIC")
+    assert sorted(directory) == ["dev-b"]
+    (keys / "dev-c.pub").write_bytes((tmp_path / "dev-a.pub").read_bytes())
+    assert sorted(directory) == ["dev-b", "dev-c"]
