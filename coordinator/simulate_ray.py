@@ -217,7 +217,7 @@ def _run(
     """Start the actors, coordinate the run from here, then let the actors go."""
     from coordinator.runner import mqtt_transport, run_coordinator
 
-    # an absolute run directory: the actors' working directory is not the driver's
+    # an absolute run directory: on another node the driver's working directory means nothing
     cfg_data = {**cfg.to_dict(), "run_dir": str(Path(cfg.run_dir).resolve())}
     fleet_data = dataclasses.asdict(fleet)
     host_cls = ray.remote(AgentHost).options(
