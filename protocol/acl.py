@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 from protocol.errors import ConfigError
+from protocol.topics import matches
 
-__all__ = ["Acl", "AclRule", "covers", "matches"]
+__all__ = ["Acl", "AclRule", "covers"]
 
 Access = Literal["read", "write"]
 _ACCESS: dict[str, frozenset[str]] = {
@@ -25,17 +26,6 @@ _ACCESS: dict[str, frozenset[str]] = {
     "write": frozenset({"write"}),
     "readwrite": frozenset({"read", "write"}),
 }
-
-
-def matches(topic_filter: str, topic: str) -> bool:
-    """Whether a concrete ``topic`` (no wildcards) matches ``topic_filter`` (MQTT 3.1.1 §4.7)."""
-    want, got = topic_filter.split("/"), topic.split("/")
-    for i, level in enumerate(want):
-        if level == "#":
-            return True
-        if i >= len(got) or (level != "+" and level != got[i]):
-            return False
-    return len(want) == len(got)
 
 
 def covers(allowed: str, requested: str) -> bool:

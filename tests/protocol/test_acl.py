@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from coordinator.provision import acl_text
-from protocol.acl import Acl, covers, matches
+from protocol.acl import Acl, covers
 from protocol.errors import ConfigError
-from protocol.topics import Topics
+from protocol.topics import Topics, matches
 
 BASE = Topics("f").base
 
