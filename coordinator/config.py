@@ -71,6 +71,10 @@ class RunConfig:
     # where server_train runs: "auto" = cuda when torch sees a GPU, else cpu (resolved only
     # when a strategy asks, so runs without server training never import torch)
     server_device: str = "auto"
+    # knowledge that is the same object in the tasks of a step goes once on bcast/knowledge
+    # (WIRE.md §5), each task carrying its digest: per-round egress independent of the fleet
+    broadcast: bool = True
+    broadcast_min_bytes: int = 1024  # smaller shared payloads stay in the tasks (0: none do)
     hyper: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,6 +91,10 @@ class RunConfig:
             raise ConfigError(
                 f"run.state_heartbeat_s: expected a value in (0, {MAX_HEARTBEAT_S:g}] seconds "
                 f"(half the {DEFAULT_WINDOW:g} s signature window), got {self.state_heartbeat_s}"
+            )
+        if self.broadcast_min_bytes < 0:
+            raise ConfigError(
+                f"run.broadcast_min_bytes: expected an int >= 0, got {self.broadcast_min_bytes}"
             )
         if not _SERVER_DEVICE.fullmatch(self.server_device):
             raise ConfigError(
@@ -152,6 +160,10 @@ RUN_KEY_HELP: dict[str, str] = {
     "embedded_port": "port of the embedded broker",
     "embedded_host": "embedded broker interface; 127.0.0.1 keeps it local (no authentication)",
     "server_device": "where server-side training runs: auto, cpu, cuda or cuda:N",
+    "broadcast": "send knowledge shared by a step's tasks once on the broadcast topic "
+    "(false: inside every task)",
+    "broadcast_min_bytes": "shared payloads smaller than this (encoded) stay inside the tasks; "
+    "0 broadcasts every shared payload",
 }
 
 

@@ -8,6 +8,7 @@ transport thread are queued; this thread alone touches the store and the strateg
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import queue
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import msgpack
 
 from coordinator.config import RunConfig
 from coordinator.metrics import append_record, step_record
@@ -29,14 +32,18 @@ from protocol.errors import (
     AdmissionError,
     AggregationError,
     EdgeFLError,
+    LimitError,
     ProtocolError,
     ValidationError,
 )
 from protocol.messages import (
     REFUSED,
+    UNKNOWN_KNOWLEDGE,
     Ack,
     CoordinatorState,
     ErrorReply,
+    Fetch,
+    Knowledge,
     Progress,
     Register,
     Reply,
@@ -44,6 +51,7 @@ from protocol.messages import (
     Status,
     Task,
 )
+from protocol.payloads import Payload
 from protocol.topics import Topics
 from protocol.wire import reuse_encodings
 
@@ -146,6 +154,10 @@ class Coordinator:
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._refused_replies: dict[str, str] = {}  # msg_id -> reason, so a resend counts once
+        # the open step's shared knowledge (None: its tasks carry all their payloads), kept to
+        # answer a `fetch`; rebuilt by a resumed step (configure is deterministic)
+        self._knowledge: Knowledge | None = None
+        self._knowledge_sent = False  # some knowledge went out retained: clear it at the end
         self._restore()
 
     # ----- start-up -------------------------------------------------------------------------
@@ -239,6 +251,7 @@ class Coordinator:
             raise
         self.store.set_meta("outcome", "finished")
         self._publish_state("finished", self.cfg.rounds)
+        self._clear_knowledge()
         return RunResult(self.cfg.run_id, len(self.plan), self.store.metrics(), dict(self.rejected))
 
     def interrupted(self) -> None:
@@ -361,10 +374,18 @@ class Coordinator:
             open_step.replied(device_id, body)
         deadline = time.time() + self.cfg.deadline_s
         config = self.strategy.config.to_dict()  # the same for every task of the step
-        with reuse_encodings():  # the knowledge shared by all tasks is encoded once
-            for device_id in rec.participants:
-                if device_id not in open_step.outcome.replies:
-                    self._send_task(open_step, device_id, deadline, config)
+        tasks = {
+            d: self._task(open_step, d, deadline, config)
+            for d in rec.participants
+            if d not in open_step.outcome.replies
+        }
+        with reuse_encodings():  # what several tasks still share is encoded once
+            tasks, self._knowledge = self._split_shared(step, tasks)
+            if self._knowledge is not None:  # before the tasks that name it
+                self._publish_knowledge(self._knowledge)
+            for device_id, task in tasks.items():
+                open_step.sent(device_id, task)
+                self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
         self.endpoint.send(
             self.topics.round,
             RoundDescriptor(
@@ -392,11 +413,11 @@ class Coordinator:
                 return
             self._pump(min(remaining, 0.5))
 
-    def _send_task(
+    def _task(
         self, open_step: OpenStep, device_id: str, deadline: float, config: dict[str, Any]
-    ) -> None:
+    ) -> Task:
         rec, step, agent = open_step.rec, open_step.step, self.agents[device_id]
-        task = Task(
+        return Task(
             task_id=f"{self.cfg.run_id}.{rec.idx}.{rec.attempt}.{device_id}",
             run_id=self.cfg.run_id,
             round=step.round,
@@ -406,8 +427,75 @@ class Coordinator:
             config=config,
             payloads=self.strategy.configure(step, agent),
         )
-        open_step.sent(device_id, task)
-        self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
+
+    def _split_shared(
+        self, step: Step, tasks: dict[str, Task]
+    ) -> tuple[dict[str, Task], Knowledge | None]:
+        """Move the payloads the tasks share into the step's knowledge (``WIRE.md`` §5).
+
+        Shared means the *same object* under one name in every task that has the name, in two
+        tasks at least (strategies hand every agent the one object of their global knowledge),
+        and at least ``run.broadcast_min_bytes`` encoded. A task takes ``shared`` only if it
+        has every shared name: the agent merges the whole knowledge, and the algorithm must
+        see exactly the map ``configure`` returned.
+        """
+        names = _shared_names([t.payloads for t in tasks.values()]) if self.cfg.broadcast else []
+        names = [n for n in names if self._big_enough(tasks, n)]
+        if not names:
+            return tasks, None
+        first = next(t for t in tasks.values() if names[0] in t.payloads)
+        knowledge = Knowledge.of(step.round, {n: first.payloads[n] for n in names})
+        out = {}
+        for device_id, task in tasks.items():
+            if all(n in task.payloads for n in names):
+                rest = {k: v for k, v in task.payloads.items() if k not in knowledge.payloads}
+                out[device_id] = dataclasses.replace(task, payloads=rest, shared=knowledge.digest)
+            else:
+                out[device_id] = task
+        return out, knowledge
+
+    def _big_enough(self, tasks: dict[str, Task], name: str) -> bool:
+        if self.cfg.broadcast_min_bytes == 0:
+            return True
+        payload = next(t.payloads[name] for t in tasks.values() if name in t.payloads)
+        wire = {"t": payload.KIND, **payload.to_wire()}
+        return len(msgpack.packb(wire, use_bin_type=True)) >= self.cfg.broadcast_min_bytes
+
+    def _publish_knowledge(self, knowledge: Knowledge) -> None:
+        """Retained on ``bcast/knowledge`` so that an agent subscribing later gets it too.
+
+        Bulk data is never retained (``WIRE.md`` §2): knowledge too large for one frame goes
+        out in chunks to the agents subscribed now, the retained one is cleared (it would name
+        an older digest), and the others fetch it.
+        """
+        topic = self.topics.bcast(Knowledge.KIND)
+        self._knowledge_sent = True
+        try:
+            self.endpoint.send(topic, knowledge, round=knowledge.round, retain=True)
+        except LimitError:
+            self.endpoint.transport.publish(topic, b"", qos=1, retain=True)
+            self.endpoint.send(topic, knowledge, round=knowledge.round)
+
+    def _clear_knowledge(self) -> None:
+        """The run is over: its last knowledge must not stay retained for the next run."""
+        if self._knowledge_sent:
+            with contextlib.suppress(EdgeFLError):
+                self.endpoint.transport.publish(
+                    self.topics.bcast(Knowledge.KIND), b"", qos=1, retain=True
+                )
+
+    def _on_fetch(self, device: str, fetch: Fetch) -> None:
+        """An agent missed the step's knowledge (joined late, lost its session): send it."""
+        knowledge = self._knowledge
+        task = self._task_of(device)
+        if knowledge is not None and task is not None and task.shared == fetch.digest:
+            topic = self.topics.down(device, Knowledge.KIND)
+            self.endpoint.send(topic, knowledge, round=knowledge.round)
+            return
+        reason = f"no task of {device} in the open step names knowledge {fetch.digest.hex()}"
+        self._reject("unknown_knowledge", reason)
+        body = ErrorReply(code=UNKNOWN_KNOWLEDGE, reason=reason, ref_id=fetch.digest.hex())
+        self.endpoint.send(self.topics.down(device, "error"), body)
 
     def _pump(self, timeout: float) -> None:
         """Handle what arrived (waiting up to ``timeout`` for the first message).
@@ -461,6 +549,8 @@ class Coordinator:
                 self.online.discard(device)
         elif isinstance(body, Reply):
             self._on_reply(env, body)
+        elif isinstance(body, Fetch):
+            self._on_fetch(device, body)
         elif isinstance(body, ErrorReply):
             if self._task_of(device, body.task_id) is not None and self._open_step is not None:
                 self._open_step.fail(device, f"{body.code}: {body.reason}")
@@ -719,6 +809,19 @@ class Coordinator:
         )
         record["bytes_progress"] = sum(progress.values())
         return record
+
+
+def _shared_names(maps: list[dict[str, Payload]]) -> list[str]:
+    """Names whose value is one object in every map that has it, and in two maps at least."""
+    first: dict[str, Payload] = {}
+    count: Counter[str] = Counter()
+    differ: set[str] = set()
+    for payloads in maps:
+        for name, value in payloads.items():
+            if first.setdefault(name, value) is not value:
+                differ.add(name)
+            count[name] += 1
+    return [n for n in first if n not in differ and count[n] >= 2]
 
 
 def _is_will(body: object) -> bool:

@@ -7,9 +7,13 @@ See ``WIRE.md`` for the normative description of each message.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
+
+import msgpack
 
 from protocol.errors import ValidationError
 from protocol.payloads import Payload
@@ -18,13 +22,16 @@ from protocol.wire import WireModel
 __all__ = [
     "MESSAGE_TYPES",
     "REFUSED",
+    "UNKNOWN_KNOWLEDGE",
     "Ack",
     "Capabilities",
     "Chunk",
     "ChunkRequest",
     "CoordinatorState",
     "ErrorReply",
+    "Fetch",
     "InputSpec",
+    "Knowledge",
     "Message",
     "Progress",
     "Register",
@@ -32,6 +39,7 @@ __all__ = [
     "RoundDescriptor",
     "Status",
     "Task",
+    "payloads_digest",
 ]
 
 Scalar = bool | int | float | str
@@ -193,12 +201,17 @@ class Task(WireModel):
     algorithm: str
     config: dict[str, Scalar] = field(default_factory=dict)
     payloads: dict[str, Payload] = field(default_factory=dict)
+    # the digest of the round's `knowledge` whose payloads complete this task's (empty: none);
+    # the agent runs the task with both maps merged (WIRE.md §5, broadcast)
+    shared: bytes = b""
 
     def __post_init__(self) -> None:
         _name(self.task_id, "task_id")
         _name(self.phase, "phase")
         _non_negative(self.round, "round")
         _non_negative(self.deadline, "deadline")
+        if self.shared and len(self.shared) != 32:
+            raise ValidationError("shared", "empty or 32 bytes (SHA-256)", len(self.shared))
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +234,9 @@ class Reply(WireModel):
 
 #: ``ErrorReply.code`` of the coordinator's answer to a registration it does not admit.
 REFUSED = "refused"
+#: ``ErrorReply.code`` of the coordinator's answer to a ``fetch`` it cannot serve
+#: (``ref_id``: the digest asked for, in hex).
+UNKNOWN_KNOWLEDGE = "unknown_knowledge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +311,61 @@ class ChunkRequest(WireModel):
             raise ValidationError("digest", "32 bytes (SHA-256)", len(self.digest))
 
 
+def payloads_digest(payloads: Mapping[str, Payload]) -> bytes:
+    """SHA-256 of a payload map's canonical encoding (``WIRE.md`` §5, ``knowledge``).
+
+    The bytes hashed are the msgpack map of the tagged payloads (§6) with its names in sorted
+    order: encoding is canonical and every lossy array encoding idempotent, so a receiver that
+    decodes the map and hashes it again gets the sender's digest.
+    """
+    wire = {
+        name: {"t": payloads[name].KIND, **payloads[name].to_wire()} for name in sorted(payloads)
+    }
+    return hashlib.sha256(msgpack.packb(wire, use_bin_type=True)).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Knowledge(WireModel):
+    """Coordinator -> every agent: the payloads all tasks of a step share, sent once.
+
+    Retained on ``bcast/knowledge``; sent on ``dev/{id}/down/knowledge`` to an agent that
+    fetched it. ``digest`` names it (:func:`payloads_digest` of ``payloads``); a task refers
+    to it by ``Task.shared``. Checked on construction, so a decoded one is never mislabelled.
+    """
+
+    KIND: ClassVar[str] = "knowledge"
+    round: int
+    digest: bytes
+    payloads: dict[str, Payload] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _non_negative(self.round, "round")
+        if len(self.digest) != 32:
+            raise ValidationError("digest", "32 bytes (SHA-256)", len(self.digest))
+        actual = payloads_digest(self.payloads)
+        if actual != self.digest:
+            raise ValidationError(
+                "digest", f"SHA-256 of the payloads {actual.hex()}", self.digest.hex()
+            )
+
+    @classmethod
+    def of(cls, round: int, payloads: dict[str, Payload]) -> Knowledge:
+        """The knowledge of ``payloads``, its digest computed."""
+        return cls(round=round, digest=payloads_digest(payloads), payloads=payloads)
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(WireModel):
+    """Agent -> coordinator: send me the knowledge ``digest`` (a task of mine refers to it)."""
+
+    KIND: ClassVar[str] = "fetch"
+    digest: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.digest) != 32:
+            raise ValidationError("digest", "32 bytes (SHA-256)", len(self.digest))
+
+
 Message = (
     Register
     | Status
@@ -307,6 +378,8 @@ Message = (
     | Progress
     | Chunk
     | ChunkRequest
+    | Knowledge
+    | Fetch
 )
 MESSAGE_TYPES: dict[str, type[Any]] = {
     t.KIND: t
@@ -322,5 +395,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
         Progress,
         Chunk,
         ChunkRequest,
+        Knowledge,
+        Fetch,
     )
 }

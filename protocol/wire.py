@@ -123,7 +123,7 @@ def _omittable(cls: type) -> dict[str, Any]:
         found = {}
         for f in dataclasses.fields(cls):
             if f.default is not dataclasses.MISSING:
-                if f.default is None or isinstance(f.default, (bool, int, float, str)):
+                if f.default is None or isinstance(f.default, (bool, int, float, str, bytes)):
                     found[f.name] = f.default
             elif f.default_factory is not dataclasses.MISSING:
                 made = f.default_factory()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import hashlib
 import json
 import sys
@@ -37,7 +38,9 @@ from protocol.messages import (
     ChunkRequest,
     CoordinatorState,
     ErrorReply,
+    Fetch,
     InputSpec,
+    Knowledge,
     Message,
     Progress,
     Register,
@@ -45,6 +48,7 @@ from protocol.messages import (
     RoundDescriptor,
     Status,
     Task,
+    payloads_digest,
 )
 from protocol.payloads import (
     ClassStats,
@@ -294,6 +298,22 @@ def _messages() -> dict[str, tuple[Message, str]]:
         "chunk_req": (
             ChunkRequest(digest=hashlib.sha256(b"edgefl").digest(), missing=[1, 4]),
             "request for missing chunks",
+        ),
+        "knowledge": (
+            Knowledge.of(3, {"global_protos": _protos("raw")}),
+            "a step's shared knowledge (bcast/knowledge, retained)",
+        ),
+        "task_shared": (
+            dataclasses.replace(
+                _task("global_protos", _protos("raw")),
+                payloads={},
+                shared=payloads_digest({"global_protos": _protos("raw")}),
+            ),
+            "task whose payloads are the knowledge it names",
+        ),
+        "fetch": (
+            Fetch(digest=payloads_digest({"global_protos": _protos("raw")})),
+            "a device asks for the knowledge its task names",
         ),
     }
 

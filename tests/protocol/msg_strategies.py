@@ -16,7 +16,9 @@ from protocol.messages import (
     ChunkRequest,
     CoordinatorState,
     ErrorReply,
+    Fetch,
     InputSpec,
+    Knowledge,
     Progress,
     Register,
     Reply,
@@ -169,7 +171,12 @@ def _task(draw: st.DrawFn) -> Task:
         algorithm=draw(names),
         config=draw(st.dictionaries(ids, scalars, max_size=4)),
         payloads=draw(payload_maps),
+        shared=draw(st.sampled_from([b""]) | st.binary(min_size=32, max_size=32)),
     )
+
+
+def _knowledge(draw: st.DrawFn) -> Knowledge:
+    return Knowledge.of(draw(small_ints), draw(payload_maps))
 
 
 def _reply(draw: st.DrawFn) -> Reply:
@@ -244,6 +251,8 @@ BUILDERS: dict[str, st.SearchStrategy[Any]] = {
     "chunk_req": st.builds(
         ChunkRequest, digest=digests, missing=st.lists(st.integers(0, 2**31), max_size=8)
     ),
+    "knowledge": st.composite(_knowledge)(),
+    "fetch": st.builds(Fetch, digest=digests),
 }
 
 

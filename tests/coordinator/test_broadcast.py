@@ -1,0 +1,193 @@
+"""Issue 21, broadcast: the engine moves the payloads a step's tasks share into one
+``knowledge`` message, sent once on ``bcast/knowledge``, and answers ``fetch``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from coordinator.engine import Coordinator
+from coordinator.runner import coordinator_will, make_coordinator
+from coordinator.strategies import Step
+from protocol.codec import Envelope, decode
+from protocol.messages import (
+    UNKNOWN_KNOWLEDGE,
+    ErrorReply,
+    Fetch,
+    Knowledge,
+    Task,
+    payloads_digest,
+)
+from protocol.payloads import PrototypeSet
+from protocol.topics import Topics
+from protocol.transport import MemoryBroker, MemoryTransport
+from tests.helpers_runtime import run_config
+
+STEP = Step(round=2, phase="train")
+
+
+def protos(dim: int = 64, value: float = 1.0) -> PrototypeSet:
+    """Ten classes of ``dim``-sized prototypes: 10 * dim * 4 bytes of vectors."""
+    return PrototypeSet(
+        np.arange(10, dtype=np.int32),
+        np.full((10, dim), value, np.float32),
+        np.ones(10, np.int32),
+    )
+
+
+def coordinator(tmp_path: Path, broker: MemoryBroker | None = None, **run: Any) -> Coordinator:
+    cfg = run_config(tmp_path, **run)
+    transport = MemoryTransport(broker or MemoryBroker(), "coordinator", will=coordinator_will(cfg))
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    return coord
+
+
+def task(device: str, payloads: dict[str, Any]) -> Task:
+    return Task(
+        task_id=f"t.{device}",
+        run_id="t",
+        round=STEP.round,
+        phase=STEP.phase,
+        deadline=1e9,
+        algorithm="fedproto",
+        payloads=payloads,
+    )
+
+
+def test_the_digest_hashes_the_sorted_tagged_payload_map() -> None:
+    # Prepare
+    import hashlib
+
+    import msgpack
+
+    a, b = protos(4, 1.0), protos(4, 2.0)
+    wire = {
+        "a": {"t": "protos", **a.to_wire()},
+        "b": {"t": "protos", **b.to_wire()},
+    }
+    # Execute
+    digest = payloads_digest({"b": b, "a": a})
+    # Assert: insertion order does not matter; the bytes are the documented ones
+    assert digest == hashlib.sha256(msgpack.packb(wire, use_bin_type=True)).digest()
+    assert digest == payloads_digest({"a": a, "b": b}) != payloads_digest({"a": b, "b": a})
+
+
+def test_a_knowledge_whose_digest_differs_is_refused_naming_the_field() -> None:
+    from protocol.errors import ValidationError
+
+    good = Knowledge.of(1, {"protos": protos(4)})
+    with pytest.raises(ValidationError, match="digest"):
+        Knowledge(round=1, digest=bytes(32), payloads=good.payloads)
+    with pytest.raises(ValidationError, match="32 bytes"):
+        Task(
+            task_id="x", run_id="r", round=1, phase="train", deadline=1, algorithm="a", shared=b"1"
+        )
+
+
+def test_one_object_in_every_task_goes_into_the_knowledge(tmp_path: Path) -> None:
+    # Prepare
+    coord = coordinator(tmp_path)
+    shared, mine = protos(), {d: protos(value=i) for i, d in enumerate("abc")}
+    tasks = {d: task(d, {"protos": shared, "own": mine[d]}) for d in "abc"}
+    # Execute
+    out, knowledge = coord._split_shared(STEP, tasks)
+    # Assert
+    assert knowledge is not None and list(knowledge.payloads) == ["protos"]
+    assert knowledge.payloads["protos"] is shared and knowledge.round == STEP.round
+    assert knowledge.digest == payloads_digest({"protos": shared})
+    for d in "abc":
+        assert out[d].shared == knowledge.digest
+        assert out[d].payloads == {"own": mine[d]}
+
+
+def test_equal_but_distinct_objects_stay_inline(tmp_path: Path) -> None:
+    coord = coordinator(tmp_path)
+    tasks = {d: task(d, {"protos": protos()}) for d in "abc"}  # equal values, new objects
+    out, knowledge = coord._split_shared(STEP, tasks)
+    assert knowledge is None and out == tasks
+
+
+def test_a_payload_in_one_task_only_stays_inline(tmp_path: Path) -> None:
+    coord = coordinator(tmp_path)
+    shared = protos()
+    tasks = {"a": task("a", {"protos": shared}), "b": task("b", {})}
+    out, knowledge = coord._split_shared(STEP, tasks)
+    assert knowledge is None and out == tasks
+
+
+def test_a_task_lacking_a_shared_name_keeps_its_payloads_inline(tmp_path: Path) -> None:
+    # the agent merges the whole knowledge: a task without the name must not get it
+    coord = coordinator(tmp_path)
+    shared = protos()
+    tasks = {d: task(d, {"protos": shared}) for d in "ab"} | {"c": task("c", {})}
+    out, knowledge = coord._split_shared(STEP, tasks)
+    assert knowledge is not None
+    assert out["a"].shared == out["b"].shared == knowledge.digest and out["a"].payloads == {}
+    assert out["c"] == tasks["c"] and out["c"].shared == b""
+
+
+def test_a_shared_payload_below_the_threshold_stays_inline(tmp_path: Path) -> None:
+    # 10 x 4 float32 prototypes encode to ~250 bytes, 10 x 64 to ~2.7 KB
+    coord = coordinator(tmp_path, broadcast_min_bytes=1024)
+    small, big = protos(4), protos(64)
+    tasks = {d: task(d, {"small": small, "big": big}) for d in "abc"}
+    out, knowledge = coord._split_shared(STEP, tasks)
+    assert knowledge is not None and list(knowledge.payloads) == ["big"]
+    assert all(t.payloads == {"small": small} for t in out.values())
+    # 0: everything shared goes
+    coord0 = coordinator(tmp_path / "zero", broadcast_min_bytes=0)
+    _, k0 = coord0._split_shared(STEP, tasks)
+    assert k0 is not None and sorted(k0.payloads) == ["big", "small"]
+
+
+def test_broadcast_off_keeps_every_payload_in_the_tasks(tmp_path: Path) -> None:
+    coord = coordinator(tmp_path, broadcast=False)
+    shared = protos()
+    tasks = {d: task(d, {"protos": shared}) for d in "abc"}
+    out, knowledge = coord._split_shared(STEP, tasks)
+    assert knowledge is None and out == tasks
+
+
+def test_broadcast_min_bytes_must_not_be_negative(tmp_path: Path) -> None:
+    from protocol.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="broadcast_min_bytes"):
+        run_config(tmp_path, broadcast_min_bytes=-1)
+
+
+def test_a_fetch_gets_the_open_steps_knowledge_or_an_error_naming_the_digest(
+    tmp_path: Path,
+) -> None:
+    # Prepare: an open step whose task for device "a" names the knowledge
+    from coordinator.engine import OpenStep
+    from coordinator.store import StepRecord
+
+    broker = MemoryBroker()
+    coord = coordinator(tmp_path, broker)
+    topics = Topics(coord.cfg.federation)
+    knowledge = Knowledge.of(STEP.round, {"protos": protos()})
+    open_step = OpenStep(StepRecord(0, STEP.round, STEP.phase, ["a"], "open", 0), STEP)
+    open_step.sent("a", dataclasses.replace(task("a", {}), shared=knowledge.digest))
+    coord._open_step, coord._knowledge = open_step, knowledge
+    got: list[tuple[str, Envelope]] = []
+    spy = MemoryTransport(broker, "spy")
+    spy.connect()
+    spy.subscribe(f"{topics.base}/dev/+/down/#", lambda t, d: got.append((t, decode(d))))
+    # Execute
+    coord._on_fetch("a", Fetch(digest=knowledge.digest))
+    coord._on_fetch("a", Fetch(digest=bytes(32)))
+    coord._on_fetch("b", Fetch(digest=knowledge.digest))  # no task of b
+    # Assert
+    assert got[0][0] == topics.down("a", "knowledge")
+    assert isinstance(got[0][1].body, Knowledge) and got[0][1].body.digest == knowledge.digest
+    for (topic, env), device in zip(got[1:], "ab", strict=True):
+        assert topic == topics.down(device, "error") and isinstance(env.body, ErrorReply)
+        assert env.body.code == UNKNOWN_KNOWLEDGE and env.body.ref_id in env.body.reason
+    assert got[1][1].body.ref_id == bytes(32).hex()
+    assert coord.rejected["unknown_knowledge"] == 2
