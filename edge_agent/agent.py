@@ -25,19 +25,23 @@ import torch
 
 from edge_agent.algorithms import EdgeAlgorithm
 from edge_agent.progress import TerminalProgress
+from edge_agent.shared import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
 from edge_agent.state import AgentState
 from edge_agent.trainer import evaluate
 from models.checkpoint import Checkpoint, ModelSpec, load_checkpoint, save_checkpoint
 from protocol.codec import Envelope
 from protocol.endpoint import Endpoint
-from protocol.errors import EdgeFLError
+from protocol.errors import EdgeFLError, ValidationError
 from protocol.messages import (
     REFUSED,
+    UNKNOWN_KNOWLEDGE,
     Ack,
     Capabilities,
     CoordinatorState,
     ErrorReply,
+    Fetch,
     InputSpec,
+    Knowledge,
     Progress,
     Register,
     Reply,
@@ -100,6 +104,10 @@ class EdgeAgent:
         # earlier run must not stop an agent that arrives for the next one)
         self.joined: set[str] = set()
         self._current: Task | None = None
+        # the round's shared payloads (WIRE.md §5, knowledge) and the tasks waiting for theirs
+        self.knowledge = KnowledgeCache()
+        self.fetch_policy = FetchPolicy()
+        self._waiting: dict[str, Waiting] = {}  # task id -> its wait
         self._session = secrets.token_hex(8)  # see Register.session
         # run id of the live coordinator our registration reached (_CONNECTED: the one, if
         # any, that was live when we connected); a repeat of its state needs no new register
@@ -130,6 +138,7 @@ class EdgeAgent:
         me = self.settings.device_id
         self.endpoint.subscribe(f"{self.topics.base}/dev/{me}/down/#", self._enqueue)
         self.endpoint.subscribe(self.topics.coord_state, self._enqueue)
+        self.endpoint.subscribe(self.topics.bcast(Knowledge.KIND), self._enqueue)
         self.endpoint.transport.add_connect_listener(self._on_connect)
         if self.endpoint.transport.connected:
             self._on_connect(session_present=False)
@@ -194,6 +203,7 @@ class EdgeAgent:
         stop = stop or threading.Event()
         last_activity = time.monotonic()
         while not stop.is_set() and not self.finished.is_set():
+            self._fetch_due()
             try:
                 env = self.inbox.get(timeout=0.2)
             except queue.Empty:
@@ -221,10 +231,81 @@ class EdgeAgent:
                 self.on_coordinator_state(body)
             else:
                 self._ignore_unsigned_state(body)
+        elif isinstance(body, Knowledge):
+            self.on_knowledge(body, env)
         elif isinstance(body, ErrorReply) and body.code == REFUSED:
             self.on_refused(body)
+        elif isinstance(body, ErrorReply) and body.code == UNKNOWN_KNOWLEDGE:
+            self._on_unknown_knowledge(body, env)
         else:
             self.log.debug("ignoring %s from %s", env.kind, env.sender)
+
+    # ----- broadcast knowledge (WIRE.md §5) -------------------------------------------------
+    def on_knowledge(self, knowledge: Knowledge, env: Envelope) -> None:
+        """Hold the coordinator's knowledge (its digest was checked when it was decoded) and
+        run the tasks that waited for it."""
+        if env.sender != COORDINATOR_ID or not self.endpoint.trusted(env):
+            # a device's key verifies its own frames too: only the coordinator's counts
+            why = "foreign" if env.sender != COORDINATOR_ID else "unsigned"
+            self.endpoint.rejected[f"{why}_knowledge"] += 1
+            self.log.warning("ignored %s knowledge from %r", why, env.sender)
+            return
+        self.knowledge.put(knowledge)
+        for task_id, waiting in list(self._waiting.items()):
+            if waiting.task.shared == knowledge.digest:
+                del self._waiting[task_id]
+                self.log.info("knowledge %s arrived", knowledge.digest.hex()[:16])
+                self.on_task(waiting.task, env)
+
+    def _park(self, task: Task) -> None:
+        """The task's knowledge is not here (a late join, a lost session): ask for it."""
+        if task.task_id in self._waiting:  # the task again: its fetches are under way
+            return
+        waiting = Waiting.park(task, self.fetch_policy)
+        self._waiting[task.task_id] = waiting
+        self.log.info("task %s waits for knowledge %s", task.task_id, task.shared.hex()[:16])
+        self._fetch(waiting)
+
+    def _fetch(self, waiting: Waiting) -> None:
+        waiting.tries += 1
+        waiting.next_at = time.monotonic() + self.fetch_policy.wait(waiting.tries)
+        topic = self.topics.up(self.settings.device_id, Fetch.KIND)
+        try:
+            env = self.endpoint.send(
+                topic, Fetch(digest=waiting.task.shared), round=waiting.task.round
+            )
+        except EdgeFLError as exc:  # a broker gone for now: the next try goes again
+            self.log.warning("fetch of %s failed: %s", waiting.task.shared.hex()[:16], exc)
+            return
+        waiting.fetch_ids.add(env.msg_id)
+
+    def _fetch_due(self) -> None:
+        """Fetch again what is still missing; fail a task whose knowledge never came."""
+        now = time.monotonic()
+        for task_id, waiting in list(self._waiting.items()):
+            out_of_tries = waiting.tries >= self.fetch_policy.attempts and now >= waiting.next_at
+            if now >= waiting.give_up_at or out_of_tries:
+                del self._waiting[task_id]
+                self._fail_waiting(waiting, f"not received after {waiting.tries} fetches")
+            elif now >= waiting.next_at:
+                self._fetch(waiting)
+
+    def _on_unknown_knowledge(self, error: ErrorReply, env: Envelope) -> None:
+        """The coordinator cannot serve our fetch (its step moved on): fail the task now."""
+        if env.sender != COORDINATOR_ID or not self.endpoint.trusted(env):
+            self.log.warning("ignored an unknown_knowledge error from %r", env.sender)
+            return
+        for task_id, waiting in list(self._waiting.items()):
+            if waiting.task.shared.hex() == error.ref_id:
+                del self._waiting[task_id]
+                self._fail_waiting(waiting, f"the coordinator answered: {error.reason}")
+
+    def _fail_waiting(self, waiting: Waiting, why: str) -> None:
+        task = waiting.task
+        exc = KnowledgeError(
+            f"task {task.task_id} needs knowledge {task.shared.hex()} (round {task.round}): {why}"
+        )
+        self._fail(task, self.topics.up(self.settings.device_id, "reply"), exc)
 
     def on_refused(self, error: ErrorReply) -> None:
         """The coordinator will not admit us: say why and stop instead of waiting forever."""
@@ -332,6 +413,20 @@ class EdgeAgent:
             if not resent:  # acknowledged (or refused) already: training twice would be wrong
                 self.log.warning("task %s repeated after its reply was acknowledged", task.task_id)
             return
+        if task.shared:
+            known = self.knowledge.get(task.shared)
+            if known is None:
+                self._park(task)
+                return
+            try:
+                task = merge(task, known)
+            except ValidationError as exc:
+                self._fail(task, reply_topic, exc)
+                return
+        self._run_task(task, reply_topic)
+
+    def _run_task(self, task: Task, reply_topic: str) -> None:
+        """Train or evaluate as ``task`` says, checkpoint, and reply (durably)."""
         self._current = task
         self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)
         try:

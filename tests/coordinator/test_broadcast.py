@@ -191,3 +191,77 @@ def test_a_fetch_gets_the_open_steps_knowledge_or_an_error_naming_the_digest(
         assert env.body.code == UNKNOWN_KNOWLEDGE and env.body.ref_id in env.body.reason
     assert got[1][1].body.ref_id == bytes(32).hex()
     assert coord.rejected["unknown_knowledge"] == 2
+
+
+def test_knowledge_too_large_for_one_frame_is_chunked_and_not_retained(tmp_path: Path) -> None:
+    # Prepare: a retained small knowledge, then one that needs chunks (bulk data is never
+    # retained, WIRE.md §2): the retained one must go, not stay to name an older digest
+    from protocol.chunking import ChunkPolicy
+
+    broker = MemoryBroker()
+    coord = coordinator(tmp_path, broker)
+    coord.endpoint.chunking = ChunkPolicy(threshold=4096)
+    topic = Topics(coord.cfg.federation).bcast("knowledge")
+    coord._publish_knowledge(Knowledge.of(1, {"protos": protos(4)}))
+    assert decode(broker._retained[topic]).kind == "knowledge"
+    got: list[Envelope] = []
+    spy = MemoryTransport(broker, "spy")
+    spy.connect()
+    spy.subscribe(topic, lambda t, d: got.append(decode(d)) if d else None)
+    got.clear()  # the retained one delivered on subscribing
+    # Execute
+    coord._publish_knowledge(Knowledge.of(2, {"protos": protos(256)}))  # ~10 KB
+    # Assert
+    assert topic not in broker._retained
+    assert len(got) >= 3 and all(env.kind == "chunk" for env in got)
+    assert coord.endpoint.traffic.chunks[("tx", "knowledge")] == len(got)
+
+
+class CrashOnceError(RuntimeError):
+    pass
+
+
+def test_a_resumed_step_republishes_the_same_knowledge(tmp_path: Path, monkeypatch) -> None:
+    # Prepare: the coordinator dies right after dispatching round 2 (its knowledge published);
+    # a new one resumes the step from the store: configure is deterministic from durable
+    # state, so the knowledge it rebuilds has the same digest and the agents' tasks still fit
+    from tests.helpers_runtime import InProcessAgent
+
+    cfg = run_config(tmp_path, rounds=2, broadcast_min_bytes=0)
+    broker = MemoryBroker()
+    topic = Topics(cfg.federation).bcast("knowledge")
+    published: list[Knowledge] = []
+    spy = MemoryTransport(broker, "spy")
+    spy.connect()
+    spy.subscribe(topic, lambda t, d: published.append(decode(d).body) if d else None)
+    agents = [InProcessAgent(cfg, broker, i).start() for i in range(3)]
+    original = Coordinator._wait_for_replies
+    crashed: list[int] = []
+
+    def wait(self: Coordinator, open_step: Any, end: float) -> None:
+        if open_step.step.round == 2 and not crashed:
+            crashed.append(1)
+            raise CrashOnceError
+        original(self, open_step, end)
+
+    monkeypatch.setattr(Coordinator, "_wait_for_replies", wait)
+    t1 = MemoryTransport(broker, "coordinator")
+    first = make_coordinator(cfg, t1)
+    t1.connect()
+    first.start()
+    with pytest.raises(CrashOnceError):
+        first.run()
+    t1.kill()
+    first.store.close()
+    # Execute
+    t2 = MemoryTransport(broker, "coordinator")
+    second = make_coordinator(cfg, t2)
+    t2.connect()
+    second.start()
+    result = second.run()
+    # Assert
+    round2 = [k.digest for k in published if k.round == 2]
+    assert len(round2) == 2 and round2[0] == round2[1]
+    assert [sorted(m["agents"]) for m in result.metrics] == [["agent0", "agent1", "agent2"]] * 3
+    for a in agents:
+        a.close()
