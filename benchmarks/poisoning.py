@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from protocol.codec import decode, encode
-from protocol.messages import Reply, Task
+from protocol.messages import Knowledge, Reply, Task
 from protocol.payloads import Payload, PrototypeSet, TensorMap
 from protocol.transport import Handler, MemoryBroker, MemoryTransport, Transport, Will
 from protocol.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT
@@ -138,6 +138,8 @@ class PoisonTransport(MemoryTransport):
         super().__init__(broker, client_id, will=will)
         self.attack = attack
         self.tasks: dict[str, dict[str, Payload]] = {}  # task id -> payloads sent down
+        # payloads a step's tasks share arrive once on bcast/knowledge (issue 21), by digest
+        self.knowledge: dict[bytes, dict[str, Payload]] = {}
         self.poisoned = 0
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
@@ -148,8 +150,11 @@ class PoisonTransport(MemoryTransport):
                 env = decode(data)
             except Exception:  # chunks and anything else: the agent's endpoint decides
                 env = None
+            if env is not None and isinstance(env.body, Knowledge):
+                self.knowledge[env.body.digest] = dict(env.body.payloads)
             if env is not None and isinstance(env.body, Task):
-                self.tasks[env.body.task_id] = dict(env.body.payloads)
+                shared = self.knowledge.get(env.body.shared, {})
+                self.tasks[env.body.task_id] = {**shared, **env.body.payloads}
             handler(topic, data)
 
         super().subscribe(topic_filter, spy, qos)
