@@ -61,7 +61,10 @@ def test_the_embedded_broker_listens_on_loopback_unless_told_otherwise() -> None
         for n in ast.walk(ast.parse(inspect.getsource(cli)))
         if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "EmbeddedBroker"
     ]
+    # an unauthenticated broker listens on embedded_host; one given the provisioned fleet
+    # (mutual TLS, ACL) listens where the fleet's mosquitto.conf says
     assert calls and all(
         any(k.arg == "host" and "embedded_host" in ast.unparse(k.value) for k in c.keywords)
+        or any(k.arg == "fleet" for k in c.keywords)
         for c in calls
     )

@@ -67,7 +67,7 @@ def test_serve_refuses_a_device_kit_and_tls_without_a_broker(
     assert "needs the coordinator's kit" in capsys.readouterr().err
     monkeypatch.setenv(ENV["ca"], str(fleet / "ca" / "ca.crt"))
     assert coordinator_main(run) == 2
-    assert "the embedded broker has no TLS" in capsys.readouterr().err
+    assert "the embedded broker authenticates only a provisioned fleet" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # a refused start leaves nothing behind
     kit = ["--kit", str(fleet / "coordinator"), "--set", "run.federation=other"]
     assert coordinator_main([*run, *kit]) == 2
