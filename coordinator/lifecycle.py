@@ -43,6 +43,10 @@ OPERATIONAL_KEYS = frozenset(
         "min_agents",
         "server_device",
         "run_dir",
+        # how the same knowledge reaches the agents (once on bcast/knowledge or in every task)
+        "broadcast",
+        "broadcast_min_bytes",
+        "state_heartbeat_s",
     }
 )
 
