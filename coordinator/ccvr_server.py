@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from coordinator.tgp_server import load_state, state_of
 from models.fit import fit, seeded_init
+from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.arrays import Encoding
 from protocol.payloads import TensorMap
@@ -55,7 +55,7 @@ def fit_head(
     if state is None:
         seeded_init(head, gen)
     else:
-        load_state(head, state)
+        load_tensormap(head, state, "ccvr head state")
     stats = fit(
         head,
         (torch.as_tensor(features), torch.as_tensor(labels, dtype=torch.long)),
@@ -67,7 +67,7 @@ def fit_head(
         optimizer="sgd",
         device=ctx.device,
     )
-    out = state_of(head)
+    out = module_to_tensormap(head)
     metrics = {f"head_{k}": v for k, v in stats.terms.items()}
     metrics["head_steps"] = float(stats.steps)
     return TensorMap(out.tensors, encoding=encoding), metrics

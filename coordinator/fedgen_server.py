@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from coordinator.tgp_server import load_state, state_of
 from models.feature_gen import feature_generator
 from models.fit import LossFn, fit, seeded_init
+from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.payloads import TensorMap
 
@@ -77,9 +77,9 @@ def train_generator(
     if state is None:
         seeded_init(net, gen)
     else:
-        load_state(net, state)
+        load_tensormap(net, state, "fedgen generator state")
     if cfg.server_steps == 0:
-        return state_of(net), {}
+        return module_to_tensormap(net), {}
     prior = torch.as_tensor(label_counts, dtype=torch.float64)
     n = cfg.server_steps * cfg.server_batch_size
     labels = torch.multinomial(prior, n, replacement=True, generator=gen)
@@ -94,7 +94,7 @@ def train_generator(
         optimizer="adam",
         device=dev,
     )
-    out = state_of(net)
+    out = module_to_tensormap(net)
     metrics = {f"generator_{k}": v for k, v in stats.terms.items()}
     metrics["generator_steps"] = float(stats.steps)
     return TensorMap(out.tensors, encoding=cfg.generator_encoding), metrics

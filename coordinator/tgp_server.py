@@ -18,14 +18,13 @@ from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
 from models.fit import LossFn, fit, seeded_init
+from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.payloads import TensorMap
 
 __all__ = [
     "TrainablePrototypes",
     "acl_loss",
-    "load_state",
-    "state_of",
     "train_prototypes",
 ]
 
@@ -42,22 +41,6 @@ class TrainablePrototypes(nn.Module):
     def forward(self, class_ids: Tensor) -> Tensor:
         """``[K]`` ids -> ``[K, dim]`` prototypes."""
         return self.fc(self.middle(self.embedding(class_ids)))  # type: ignore[no-any-return]
-
-
-def state_of(module: nn.Module) -> TensorMap:
-    """The module's state dict on the wire (CPU, float32; integer buffers exact)."""
-    return TensorMap({k: v.detach().cpu().numpy() for k, v in module.state_dict().items()})
-
-
-def load_state(module: nn.Module, state: TensorMap) -> None:
-    """Load a :func:`state_of` map saved by the same code (names and shapes as built)."""
-    own = module.state_dict()
-    module.load_state_dict(
-        {
-            k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
-            for k, v in state.tensors.items()
-        }
-    )
 
 
 def acl_loss(num_classes: int, margin: float) -> LossFn:
@@ -99,7 +82,7 @@ def train_prototypes(
     if state is None:
         seeded_init(tgp, gen)
     else:
-        load_state(tgp, state)
+        load_tensormap(tgp, state, "fedtgp state")
     stats = fit(
         tgp,
         (torch.as_tensor(vectors), torch.as_tensor(labels, dtype=torch.long)),
@@ -116,4 +99,4 @@ def train_prototypes(
         protos = tgp(torch.arange(num_classes, device=ctx.device)).cpu().numpy()
     metrics = {f"tgp_{k}": v for k, v in stats.terms.items()}
     metrics["tgp_steps"] = float(stats.steps)
-    return state_of(tgp), protos.astype(np.float32), metrics
+    return module_to_tensormap(tgp), protos.astype(np.float32), metrics

@@ -20,6 +20,7 @@ from coordinator.knowledge import KnowledgeTable
 from coordinator.strategies.base import ServerContext
 from models import CVAE
 from models.fit import fit, seeded_init
+from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.felo import VeloConfig
 from protocol.payloads import PrototypeSet, TensorMap
 
@@ -67,13 +68,7 @@ def _build(
         hidden=cfg.cvae_hidden,
     )
     if state is not None:
-        own = cvae.state_dict()
-        cvae.load_state_dict(
-            {
-                k: torch.as_tensor(v).to(own[k].dtype).reshape(own[k].shape)
-                for k, v in state.tensors.items()
-            }
-        )
+        load_tensormap(cvae, state, "velo cvae state")
     else:
         seeded_init(cvae, gen)
     return cvae
@@ -110,7 +105,7 @@ def train_and_sample(
     with torch.no_grad():
         z = torch.randn(classes.numel(), cfg.cvae_z_dim, generator=gen).to(device)
         samples = cvae.decode(z, classes.to(device)).cpu().numpy()
-    weights = TensorMap({k: v.detach().cpu().numpy() for k, v in cvae.state_dict().items()})
+    weights = module_to_tensormap(cvae)
     synthetic = PrototypeSet(classes.numpy(), samples, np.ones(classes.numel(), np.int32))
     metrics = {f"cvae_{k}": v for k, v in stats.terms.items()}
     metrics["cvae_steps"] = float(stats.steps)

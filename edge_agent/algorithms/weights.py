@@ -1,16 +1,16 @@
-"""Weights on the wire: a module's state dict as a ``TensorMap`` and back, and the edge half of
-any algorithm that averages one module's weights (FedAvg: the model; LG-FedAvg: the head;
-FedType: the proxy).
+"""Weights on the wire (``models.tensormap``: a module's state dict as a ``TensorMap`` and
+back), and the edge half of any algorithm that averages one module's weights (FedAvg: the model;
+LG-FedAvg: the head; FedType: the proxy).
 """
 
 from __future__ import annotations
 
 from typing import TypeVar
 
-import torch
 from torch import nn
 
 from edge_agent.algorithms.base import EdgeAlgorithm, SharedModule
+from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms import TrainConfig
 from protocol.arrays import Encoding
 from protocol.errors import ValidationError
@@ -22,34 +22,6 @@ C = TypeVar("C", bound=TrainConfig)
 # FedAvg-style configs carry no seed: every agent derives the model's initial weights from this
 # constant and its architecture (see EdgeAlgorithm.shared_model)
 SHARED_MODEL_SEED = 0x5EED
-
-
-def module_to_tensormap(module: nn.Module, encoding: Encoding = "raw") -> TensorMap:
-    """The full state dict (BatchNorm buffers and ``num_batches_tracked`` included), on CPU."""
-    tensors = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-    return TensorMap(tensors, encoding=encoding)
-
-
-def load_tensormap(module: nn.Module, tensors: TensorMap, where: str) -> None:
-    """Load ``tensors`` into ``module`` after checking names and shapes (``where`` names the
-    payload in errors); dtypes follow the module's, e.g. int64 for ``num_batches_tracked``."""
-    own = module.state_dict()
-    names = set(tensors.tensors)
-    if names != set(own):
-        missing, unknown = sorted(set(own) - names), sorted(names - set(own))
-        raise ValidationError(
-            where,
-            f"the {len(own)} tensors of this {type(module).__name__}",
-            f"{len(names)} tensors; missing {missing[:3]}, unknown {unknown[:3]}",
-        )
-    for name, value in tensors.tensors.items():
-        if tuple(value.shape) != tuple(own[name].shape):
-            raise ValidationError(
-                f"{where}.{name}", f"shape {list(own[name].shape)}", list(value.shape)
-            )
-    module.load_state_dict(
-        {k: torch.as_tensor(v).to(own[k].dtype) for k, v in tensors.tensors.items()}
-    )
 
 
 class WeightExchangeEdge(EdgeAlgorithm[C]):

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pytest
 import torch
 from torch import nn
 
 from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.baselines import FedAvgEdge
-from edge_agent.algorithms.weights import load_tensormap, module_to_tensormap
 from edge_agent.data import PartitionSpec
 from edge_agent.factory import AgentOptions, build_agent
 from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import Classifier, create_model
 from protocol.algorithms.baselines import FedAvgConfig
-from protocol.errors import ValidationError
 from protocol.messages import Task
-from protocol.payloads import TensorMap
 from protocol.transport import MemoryBroker, MemoryTransport
 
 
@@ -118,35 +113,3 @@ def test_factory_gives_fedavg_agents_the_same_initial_model(tmp_path: Path) -> N
         alg.handle(fedavg_task())
     # Assert
     assert torch.equal(flat(a.ctx.model), flat(b.ctx.model))
-
-
-def test_tensormap_round_trip_carries_bn_buffers_exactly() -> None:
-    # Prepare: a BN model whose buffers moved
-    src = create_model("cnn_bn3", num_classes=4, in_chans=1, feature_dim=16, input_size=8)
-    src.train()
-    src(torch.rand(6, 1, 8, 8))
-    dst = create_model("cnn_bn3", num_classes=4, in_chans=1, feature_dim=16, input_size=8)
-    # Execute
-    tm = module_to_tensormap(src)
-    load_tensormap(dst, tm, "payloads.weights")
-    # Assert
-    assert any(k.endswith("num_batches_tracked") for k in tm.tensors)
-    for k, v in dst.state_dict().items():
-        assert torch.equal(v, src.state_dict()[k]), k
-    counter = next(k for k in tm.tensors if k.endswith("num_batches_tracked"))
-    assert dst.state_dict()[counter].dtype == torch.int64
-
-
-def test_load_tensormap_names_the_field_on_a_wrong_name_or_shape() -> None:
-    net = create_model("cnn_t1", num_classes=4, in_chans=1, feature_dim=16, input_size=8)
-    good = module_to_tensormap(net).tensors
-    missing = dict(good)
-    name = next(iter(missing))
-    del missing[name]
-    with pytest.raises(ValidationError, match=r"payloads\.weights: .*missing") as err:
-        load_tensormap(net, TensorMap(missing), "payloads.weights")
-    assert name in str(err.value)
-    wrong = {**good, name: np.zeros((1, *good[name].shape), np.float32)}
-    with pytest.raises(ValidationError) as err:
-        load_tensormap(net, TensorMap(wrong), "payloads.weights")
-    assert err.value.field == f"payloads.weights.{name}"
