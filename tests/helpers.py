@@ -7,12 +7,30 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from coordinator.strategies import AgentInfo
 from protocol.broker import free_port
 from protocol.messages import Capabilities, InputSpec, Register
 
-__all__ = ["Inbox", "fake_agent", "free_port", "unique_id", "wait_for"]
+if TYPE_CHECKING:  # torch is imported where an edge test needs it, not by every suite
+    import torch
+
+    from edge_agent.algorithms import EdgeAlgorithm, EdgeContext
+    from edge_agent.trainer import TensorData
+    from models import Classifier
+
+E = TypeVar("E", bound="EdgeAlgorithm[Any]")
+
+__all__ = [
+    "Inbox",
+    "edge_algorithm",
+    "edge_context",
+    "fake_agent",
+    "free_port",
+    "unique_id",
+    "wait_for",
+]
 
 _counter = itertools.count()
 
@@ -78,3 +96,48 @@ def fake_agent(
         algorithm=algorithm,
     )
     return AgentInfo(device_id, reg)
+
+
+def edge_context(
+    model: Classifier,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    num_classes: int,
+    test_size: int | None = None,
+    seed: int = 0,
+    builder: Callable[[], Classifier] | None = None,
+    global_test: TensorData | None = None,
+) -> EdgeContext:
+    """A CPU device holding ``(x, y)`` for an edge algorithm's unit tests.
+
+    The test split is the first ``test_size`` samples (all of them when None); the batch
+    generator is seeded with ``seed``; ``builder`` rebuilds ``model``'s architecture for the
+    algorithms that re-initialise it. The caller builds ``model`` itself, so that it draws
+    from torch's global generator exactly where its test seeded it.
+    """
+    import torch
+
+    from edge_agent.algorithms import EdgeContext
+    from edge_agent.trainer import TensorData
+
+    test = TensorData(x, y) if test_size is None else TensorData(x[:test_size], y[:test_size])
+    return EdgeContext(
+        model=model,
+        train=TensorData(x, y),
+        test=test,
+        num_classes=num_classes,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(seed),
+        global_test=global_test,
+        model_builder=builder,
+    )
+
+
+def edge_algorithm(name: str, kind: type[E], ctx: EdgeContext) -> E:
+    """The edge half registered as ``name`` on ``ctx``, checked to be a ``kind``."""
+    from edge_agent.algorithms import create_edge_algorithm
+
+    edge = create_edge_algorithm(name, ctx)
+    assert isinstance(edge, kind)
+    return edge

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from helpers import edge_algorithm, edge_context
 
 import coordinator.strategies.ccvr  # noqa: F401  (registers both halves)
-from edge_agent.algorithms import EdgeContext, create_edge_algorithm
 from edge_agent.algorithms.ccvr import CCVREdge
 from edge_agent.algorithms.weights import module_to_tensormap
-from edge_agent.trainer import TensorData
 from models import Classifier, create_model
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.messages import Task
@@ -27,17 +26,7 @@ def make_edge() -> CCVREdge:
     torch.manual_seed(0)
     y = torch.tensor([0, 0, 0, 2, 2, 1])  # class 1: a single sample
     x = torch.rand(len(y), 1, 8, 8)
-    ctx = EdgeContext(
-        model=build(),
-        train=TensorData(x, y),
-        test=TensorData(x, y),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(0),
-    )
-    edge = create_edge_algorithm("ccvr", ctx)
-    assert isinstance(edge, CCVREdge)
-    return edge
+    return edge_algorithm("ccvr", CCVREdge, edge_context(build(), x, y, num_classes=C))
 
 
 def test_stats_phase_sends_the_class_statistics_of_the_global_model() -> None:

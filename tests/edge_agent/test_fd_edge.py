@@ -8,11 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import edge_context
 
 import coordinator.strategies.fd  # noqa: F401  (registers the server half)
-from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fd import FDEdge, fd_kd_loss
-from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fd import FDConfig
 from protocol.errors import ValidationError
@@ -42,15 +41,8 @@ def make_edge(seed: int = 0) -> FDEdge:
     y = torch.tensor([0, 2]).repeat_interleave(10)  # the client holds classes 0 and 2
     x = torch.rand(len(y), 1, 8, 8, generator=g)
     torch.manual_seed(seed)
-    ctx = EdgeContext(
-        model=create_model("mlp_s", num_classes=C, in_chans=1, input_size=8),
-        train=TensorData(x, y),
-        test=TensorData(x[:4], y[:4]),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(seed),
-    )
-    return FDEdge(ctx)
+    net = create_model("mlp_s", num_classes=C, in_chans=1, input_size=8)
+    return FDEdge(edge_context(net, x, y, num_classes=C, test_size=4, seed=seed))
 
 
 def task(payloads: dict[str, Payload] | None = None, **cfg: object) -> Task:

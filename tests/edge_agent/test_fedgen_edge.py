@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import edge_algorithm, edge_context
 
 import coordinator.strategies.fedgen  # noqa: F401  (registers both halves)
-from edge_agent.algorithms import EdgeContext, create_edge_algorithm
 from edge_agent.algorithms.fedgen import FedGenEdge, build_generator
 from edge_agent.algorithms.weights import module_to_tensormap
-from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.messages import Task
@@ -28,17 +27,7 @@ def make_edge() -> FedGenEdge:
     y = torch.tensor([0, 1]).repeat(5)
     x = torch.rand(len(y), 1, 8, 8)
     net = create_model("mlp_s", num_classes=C, in_chans=1, feature_dim=D, input_size=8)
-    ctx = EdgeContext(
-        model=net,
-        train=TensorData(x, y),
-        test=TensorData(x, y),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(0),
-    )
-    edge = create_edge_algorithm("fedgen", ctx)
-    assert isinstance(edge, FedGenEdge)
-    return edge
+    return edge_algorithm("fedgen", FedGenEdge, edge_context(net, x, y, num_classes=C))
 
 
 def cfg(**changes: object) -> FedGenConfig:

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import edge_algorithm, edge_context
 
 import coordinator.strategies.fedgh  # noqa: F401  (registers both halves)
-from edge_agent.algorithms import EdgeContext, create_edge_algorithm
 from edge_agent.algorithms.fedgh import FedGHEdge
-from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fedgh import FedGHConfig
 from protocol.errors import ValidationError
@@ -26,17 +25,7 @@ def make_edge() -> FedGHEdge:
     y = torch.tensor([0, 2]).repeat(5)
     x = torch.rand(len(y), 1, 8, 8)
     net = create_model("mlp_s", num_classes=C, in_chans=1, feature_dim=D, input_size=8)
-    ctx = EdgeContext(
-        model=net,
-        train=TensorData(x, y),
-        test=TensorData(x, y),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(0),
-    )
-    edge = create_edge_algorithm("fedgh", ctx)
-    assert isinstance(edge, FedGHEdge)
-    return edge
+    return edge_algorithm("fedgh", FedGHEdge, edge_context(net, x, y, num_classes=C))
 
 
 def task(payloads: dict, phase: str = "train", **cfg: object) -> Task:

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import edge_context
 
 import coordinator.strategies.fedkd  # noqa: F401  (registers the server half)
-from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fedkd import FedKDEdge, adaptive_kd_loss
-from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fedkd import FedKDConfig
 from protocol.lowrank import compress, is_compressed
@@ -56,15 +55,8 @@ def make_edge(seed: int = 0) -> FedKDEdge:
     y = torch.arange(C).repeat(6)
     x = torch.rand(len(y), 1, 8, 8, generator=g)
     torch.manual_seed(seed)
-    ctx = EdgeContext(
-        model=create_model("cnn_t1", num_classes=C, in_chans=1, feature_dim=4, input_size=8),
-        train=TensorData(x, y),
-        test=TensorData(x[:6], y[:6]),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(seed),
-    )
-    return FedKDEdge(ctx)
+    net = create_model("cnn_t1", num_classes=C, in_chans=1, feature_dim=4, input_size=8)
+    return FedKDEdge(edge_context(net, x, y, num_classes=C, test_size=6, seed=seed))
 
 
 def task(payloads: dict[str, TensorMap] | None = None, **cfg: object) -> Task:

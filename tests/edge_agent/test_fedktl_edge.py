@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import edge_context
 
 import coordinator.strategies.fedktl
 import edge_agent.algorithms.fedktl  # noqa: F401  (registers both halves)
 from coordinator.ktl_server import make_setup
-from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fedktl import FedKTLEdge, extractor_output
-from edge_agent.trainer import TensorData
 from models import Classifier, create_model
 from models.checkpoint import Checkpoint, save_checkpoint
 from models.ktl import arcface_logits
@@ -40,15 +39,7 @@ def make_edge(seed: int = 0) -> FedKTLEdge:
     def build() -> Classifier:
         return create_model("cnn_t1", num_classes=C, in_chans=1, feature_dim=C, input_size=8)
 
-    ctx = EdgeContext(
-        model=build(),
-        train=TensorData(x, y),
-        test=TensorData(x[:6], y[:6]),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(seed),
-        model_builder=build,
-    )
+    ctx = edge_context(build(), x, y, num_classes=C, test_size=6, seed=seed, builder=build)
     return FedKTLEdge(ctx)
 
 

@@ -8,12 +8,12 @@ import functools
 import numpy as np
 import pytest
 import torch
+from helpers import edge_algorithm, edge_context
 
 import coordinator.strategies.baselines  # noqa: F401  (registers both halves)
-from edge_agent.algorithms import EdgeContext, create_edge_algorithm
 from edge_agent.algorithms.baselines import FedProtoEdge
 from edge_agent.knowledge import class_prototypes
-from edge_agent.trainer import TensorData, evaluate
+from edge_agent.trainer import evaluate
 from models import create_model
 from protocol.algorithms.baselines import FedProtoConfig
 from protocol.messages import Task
@@ -31,18 +31,8 @@ def make_edge(seed: int = 0, arch: str = "mlp_s") -> FedProtoEdge:
     )
     torch.manual_seed(seed)  # each agent its own initialisation, as the factory gives
     net = build()
-    ctx = EdgeContext(
-        model=net,
-        train=TensorData(x, y),
-        test=TensorData(x[:9], y[:9]),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(0),
-        model_builder=build,
-    )
-    edge = create_edge_algorithm("fedproto", ctx)
-    assert isinstance(edge, FedProtoEdge)
-    return edge
+    ctx = edge_context(net, x, y, num_classes=C, test_size=9, builder=build)
+    return edge_algorithm("fedproto", FedProtoEdge, ctx)
 
 
 def task(payloads: dict, predict: str = "prototype", shared_init: str = "architecture") -> Task:

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import edge_algorithm, edge_context
 
 import coordinator.strategies.fedtgp  # noqa: F401  (registers both halves)
-from edge_agent.algorithms import EdgeContext, create_edge_algorithm
 from edge_agent.algorithms.fedtgp import FedTGPEdge
-from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.messages import Task
@@ -25,17 +24,7 @@ def make_edge() -> FedTGPEdge:
     y = torch.tensor([0, 1, 2]).repeat(4)
     x = torch.rand(len(y), 1, 8, 8)
     net = create_model("mlp_s", num_classes=C, in_chans=1, feature_dim=D, input_size=8)
-    ctx = EdgeContext(
-        model=net,
-        train=TensorData(x, y),
-        test=TensorData(x, y),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(0),
-    )
-    edge = create_edge_algorithm("fedtgp", ctx)
-    assert isinstance(edge, FedTGPEdge)
-    return edge
+    return edge_algorithm("fedtgp", FedTGPEdge, edge_context(net, x, y, num_classes=C))
 
 
 def task(payloads: dict, phase: str = "train") -> Task:

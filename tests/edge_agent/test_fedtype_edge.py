@@ -10,12 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import edge_context
 
 import coordinator.strategies.fedtype
 import edge_agent.algorithms.fedtype as fedtype_edge  # registers
-from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fedtype import FedTypeEdge
-from edge_agent.trainer import TensorData
 from models import Classifier, create_model
 from models.checkpoint import save_checkpoint
 from protocol.algorithms.fedtype import FedTypeConfig
@@ -35,15 +34,7 @@ def make_edge(model: str = "mlp_s", seed: int = 0, n: int = 160) -> FedTypeEdge:
         return create_model(model, num_classes=C, in_chans=1, feature_dim=16, input_size=8)
 
     torch.manual_seed(seed)
-    ctx = EdgeContext(
-        model=build(),
-        train=TensorData(x, y),
-        test=TensorData(x[:40], y[:40]),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(seed),
-        model_builder=build,
-    )
+    ctx = edge_context(build(), x, y, num_classes=C, test_size=40, seed=seed, builder=build)
     return FedTypeEdge(ctx)
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from helpers import edge_context
 
-from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fedvtc import FedVTCEdge
 from edge_agent.trainer import ParamGroup, TensorData, train_epochs
 from models import create_model
@@ -31,15 +31,7 @@ def make_edge(seed: int = 0, model: str = "cnn_bn3") -> FedVTCEdge:
     test = TensorData(torch.rand(len(yt), 1, 8, 8, generator=g), yt)
     torch.manual_seed(seed)  # model and (per-client) generator init, as build_agent does
     net = create_model(model, num_classes=C, in_chans=1, feature_dim=P, input_size=8)
-    ctx = EdgeContext(
-        model=net,
-        train=TensorData(x, y),
-        test=TensorData(x[:4], y[:4]),
-        num_classes=C,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(seed),
-        global_test=test,
-    )
+    ctx = edge_context(net, x, y, num_classes=C, test_size=4, seed=seed, global_test=test)
     return FedVTCEdge(ctx)
 
 
