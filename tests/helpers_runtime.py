@@ -6,10 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from coordinator.config import RunConfig, load_config
+from coordinator.engine import Coordinator
+from coordinator.runner import coordinator_will, make_coordinator
 from coordinator.simulate import FleetSpec, agent_options, agent_will
 from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
@@ -40,6 +45,41 @@ def run_config(
         run_dir=str(tmp_path / "run"),
         **defaults,
     )
+
+
+def start_coordinator(cfg: RunConfig, broker: MemoryBroker, *, will: bool = True) -> Coordinator:
+    """A coordinator on the in-memory broker, connected and started (not yet running); with
+    ``will=False`` its death leaves no "offline" state for the agents to see."""
+    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg) if will else None)
+    coord = make_coordinator(cfg, transport)
+    transport.connect()
+    coord.start()
+    return coord
+
+
+def crash_and_resume(
+    cfg: RunConfig,
+    broker: MemoryBroker,
+    crash: type[BaseException],
+    prepare: Callable[[Coordinator], None] | None = None,
+) -> Coordinator:
+    """Run a coordinator until ``crash`` (raised by the test's patch) kills it, drop its
+    connection without a goodbye and release its store; return its successor on the same run
+    directory, connected and started, not yet running.
+
+    ``prepare`` sees the first coordinator before it connects, to patch that instance alone.
+    """
+    transport = MemoryTransport(broker, "coordinator")
+    first = make_coordinator(cfg, transport)
+    if prepare is not None:
+        prepare(first)
+    transport.connect()
+    first.start()
+    with pytest.raises(crash):
+        first.run()
+    transport.kill()
+    first.store.close()
+    return start_coordinator(cfg, broker, will=False)
 
 
 class InProcessAgent:

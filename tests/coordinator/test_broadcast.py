@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from coordinator.engine import Coordinator
-from coordinator.runner import coordinator_will, make_coordinator
 from coordinator.strategies import Step
 from protocol.codec import Envelope, decode
 from protocol.messages import (
@@ -25,7 +24,7 @@ from protocol.messages import (
 from protocol.payloads import PrototypeSet
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
-from tests.helpers_runtime import run_config
+from tests.helpers_runtime import crash_and_resume, run_config, start_coordinator
 
 STEP = Step(round=2, phase="train")
 
@@ -40,12 +39,7 @@ def protos(dim: int = 64, value: float = 1.0) -> PrototypeSet:
 
 
 def coordinator(tmp_path: Path, broker: MemoryBroker | None = None, **run: Any) -> Coordinator:
-    cfg = run_config(tmp_path, **run)
-    transport = MemoryTransport(broker or MemoryBroker(), "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
-    return coord
+    return start_coordinator(run_config(tmp_path, **run), broker or MemoryBroker())
 
 
 def task(device: str, payloads: dict[str, Any]) -> Task:
@@ -245,20 +239,8 @@ def test_a_resumed_step_republishes_the_same_knowledge(tmp_path: Path, monkeypat
         original(self, open_step, end)
 
     monkeypatch.setattr(Coordinator, "_wait_for_replies", wait)
-    t1 = MemoryTransport(broker, "coordinator")
-    first = make_coordinator(cfg, t1)
-    t1.connect()
-    first.start()
-    with pytest.raises(CrashOnceError):
-        first.run()
-    t1.kill()
-    first.store.close()
     # Execute
-    t2 = MemoryTransport(broker, "coordinator")
-    second = make_coordinator(cfg, t2)
-    t2.connect()
-    second.start()
-    result = second.run()
+    result = crash_and_resume(cfg, broker, CrashOnceError).run()
     # Assert
     round2 = [k.digest for k in published if k.round == 2]
     assert len(round2) == 2 and round2[0] == round2[1]

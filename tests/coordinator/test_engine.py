@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import fake_agent
 
-from coordinator.config import RunConfig
 from coordinator.engine import Coordinator, QuorumError
-from coordinator.runner import coordinator_will, make_coordinator
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.baselines import FedProtoStrategy
 from edge_agent.agent import EdgeAgent
@@ -32,16 +30,13 @@ from protocol.messages import (
 )
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
-from tests.helpers_runtime import FLEET, InProcessAgent, run_config
-
-
-def start_coordinator(cfg: RunConfig, broker: MemoryBroker) -> Coordinator:
-    """A coordinator on the in-memory broker, connected and started (not yet running)."""
-    transport = MemoryTransport(broker, "coordinator", will=coordinator_will(cfg))
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
-    return coord
+from tests.helpers_runtime import (
+    FLEET,
+    InProcessAgent,
+    crash_and_resume,
+    run_config,
+    start_coordinator,
+)
 
 
 def connected(broker: MemoryBroker, client_id: str) -> MemoryTransport:
@@ -127,10 +122,7 @@ def test_missing_quorum_is_an_explicit_error(tmp_path: Path) -> None:
     )
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
-    transport = MemoryTransport(broker, "coordinator")
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker, will=False)
     coord.wait_for_agents(3, 60)
     agents[2].kill()  # vanishes before the first task
     with pytest.raises(QuorumError, match="missed quorum 2 times"):
@@ -162,20 +154,9 @@ def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, m
         return original(self, step, replies)
 
     monkeypatch.setattr(FedProtoStrategy, "aggregate", aggregate)
-    t1 = MemoryTransport(broker, "coordinator")
-    first = make_coordinator(cfg, t1)
-    t1.connect()
-    first.start()
-    with pytest.raises(CrashOnceError):
-        first.run()
-    t1.kill()
-    first.store.close()
     # Execute: a new coordinator on the same run directory
-    t2 = MemoryTransport(broker, "coordinator")
-    second = make_coordinator(cfg, t2)
+    second = crash_and_resume(cfg, broker, CrashOnceError)
     updates_before = [u[1] for u in second.store.updates(1)]
-    t2.connect()
-    second.start()
     result = second.run()
     # Assert: round 2 aggregated once, from the stored updates, with no update counted twice
     assert len(updates_before) == 3
@@ -210,27 +191,19 @@ def test_a_step_whose_aggregation_fails_is_closed_failed_and_never_replayed(
         return original(self, step, replies)
 
     monkeypatch.setattr(FedProtoStrategy, "aggregate", aggregate)
-    t1 = MemoryTransport(broker, "coordinator")
-    first = make_coordinator(cfg, t1)
-    t1.connect()
-    first.start()
     state_after_round_1: list[object] = []
-    original_fail = first.store.fail_step
 
-    def fail_step(step, metrics, reason):
-        original_fail(step, metrics, reason)
-        state_after_round_1.append(first.strategy.protos)
+    def record_restored_state(first: Coordinator) -> None:
+        original_fail = first.store.fail_step
 
-    monkeypatch.setattr(first.store, "fail_step", fail_step)
+        def fail_step(step, metrics, reason):
+            original_fail(step, metrics, reason)
+            state_after_round_1.append(first.strategy.protos)
+
+        monkeypatch.setattr(first.store, "fail_step", fail_step)
+
     # Execute
-    with pytest.raises(CrashOnceError):
-        first.run()
-    t1.kill()
-    first.store.close()
-    t2 = MemoryTransport(broker, "coordinator")
-    second = make_coordinator(cfg, t2)
-    t2.connect()
-    second.start()
+    second = crash_and_resume(cfg, broker, CrashOnceError, record_restored_state)
     result = second.run()
     # Assert: round 2 failed once, its replies quarantined, and the restart went on at round 3
     assert seen == [1, 3]  # round 2 was never aggregated again; "final" has no aggregator
@@ -317,10 +290,7 @@ def test_server_train_gets_the_run_device_and_a_seed_fixed_per_step(
     monkeypatch.setattr(FedProtoStrategy, "server_train", server_train)
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
-    transport = MemoryTransport(broker, "coordinator")
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker, will=False)
     # Execute
     result = coord.run()
     # Assert: one context per step, from (run seed, step index) alone
@@ -347,10 +317,7 @@ def test_a_reply_with_an_undeclared_payload_is_refused_naming_the_key(
     cfg = run_config(tmp_path, rounds=1, max_retries=0)
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
-    transport = MemoryTransport(broker, "coordinator")
-    coord = make_coordinator(cfg, transport)
-    transport.connect()
-    coord.start()
+    coord = start_coordinator(cfg, broker, will=False)
     # Execute
     with pytest.raises(QuorumError):
         coord.run()
@@ -374,26 +341,17 @@ def test_a_deferred_reply_is_accepted_when_it_is_resent(tmp_path: Path) -> None:
     cfg = run_config(tmp_path, rounds=1, deadline_s=20.0, grace_s=0.0, max_retries=0)
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
-    t1 = MemoryTransport(broker, "coordinator")
-    first = make_coordinator(cfg, t1)
 
-    def die_on_the_first_reply(*_: object) -> None:
+    def die_on_the_first_reply(first: Coordinator) -> None:
         # deterministic: dies as the first reply is handled, before it is stored or acked
         # (a health check that looked for a queued reply raced the batch that consumed it)
-        raise CoordinatorDiedError
+        def on_reply(*_: object) -> None:
+            raise CoordinatorDiedError
 
-    first._on_reply = die_on_the_first_reply  # type: ignore[method-assign]
-    t1.connect()
-    first.start()
-    with pytest.raises(CoordinatorDiedError):
-        first.run()
-    t1.kill()
-    first.store.close()
+        first._on_reply = on_reply  # type: ignore[method-assign]
+
     # Execute: a new coordinator on the same run directory
-    t2 = MemoryTransport(broker, "coordinator")
-    second = make_coordinator(cfg, t2)
-    t2.connect()
-    second.start()
+    second = crash_and_resume(cfg, broker, CoordinatorDiedError, die_on_the_first_reply)
     result = second.run()
     # Assert: every agent's reply of round 1 counted, none failed on the deadline
     assert second.deferred >= 1
