@@ -35,6 +35,12 @@ from protocol.transport import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 TOPICS = Topics()
+QUICK = FetchPolicy(attempts=3, first_wait_s=0.2, margin_s=1.0)  # gives up within a second
+
+
+def patient(first_wait_s: float) -> FetchPolicy:
+    """A policy whose attempts outlast any test: only the deadline or an answer ends it."""
+    return FetchPolicy(attempts=100, first_wait_s=first_wait_s, margin_s=1.0)
 
 
 def protos(value: float = 1.0) -> PrototypeSet:
@@ -90,11 +96,11 @@ class Coordinator:
 class Agent:
     """The FLEET's agent 0 with its algorithm replaced by a recorder (no training)."""
 
-    def __init__(self, tmp_path: Path, broker: MemoryBroker) -> None:
+    def __init__(self, tmp_path: Path, broker: MemoryBroker, policy: FetchPolicy) -> None:
         opts = agent_options(run_config(tmp_path), FLEET, 0)
         self.transport = MemoryTransport(broker, opts.device_id)
         self.agent = build_agent(opts, self.transport)
-        self.agent.fetch_policy = FetchPolicy(attempts=3, first_wait_s=0.2, margin_s=1.0)
+        self.agent.fetch_policy = policy
         self.seen: list[dict[str, Any]] = []
 
         def handle(t: Task) -> PhaseResult:
@@ -119,14 +125,23 @@ class Agent:
         self.thread.join(timeout=10)
 
 
+def broadcast_then_task(coord: Coordinator, agent: Agent, own: dict[str, Any]) -> Knowledge:
+    """The engine's order: round 1's knowledge retained on the broadcast topic, then a task for
+    ``agent`` naming it, with ``own`` payloads of its own."""
+    knowledge = Knowledge.of(1, {"protos": protos()})
+    coord.send(TOPICS.bcast("knowledge"), knowledge, retain=True)
+    coord.send(TOPICS.down(agent.id, "task"), task(knowledge, own))
+    return knowledge
+
+
 @pytest.fixture
 def run(tmp_path: Path):
     broker = MemoryBroker()
     coord = Coordinator(broker)
     agents: list[Agent] = []
 
-    def start() -> Agent:
-        agents.append(Agent(tmp_path / f"a{len(agents)}", broker))
+    def start(policy: FetchPolicy = QUICK) -> Agent:
+        agents.append(Agent(tmp_path / f"a{len(agents)}", broker, policy))
         return agents[-1]
 
     yield broker, coord, start
@@ -158,10 +173,8 @@ def test_a_task_runs_on_the_broadcast_knowledge_merged_with_its_own(run) -> None
     # Prepare
     _, coord, start = run
     agent = start()
-    knowledge = Knowledge.of(1, {"protos": protos()})
-    coord.send(TOPICS.bcast("knowledge"), knowledge, retain=True)
     # Execute
-    coord.send(TOPICS.down(agent.id, "task"), task(knowledge, {"own": protos(3.0)}))
+    knowledge = broadcast_then_task(coord, agent, {"own": protos(3.0)})
     coord.next(Reply)
     # Assert: the algorithm saw both, and nothing was fetched
     assert sorted(agent.seen[0]) == ["own", "protos"]
@@ -214,8 +227,7 @@ def test_a_fetch_is_retried_then_the_task_fails_naming_the_digest(run) -> None:
 
 def test_the_task_fails_before_its_deadline_however_many_tries_are_left(run) -> None:
     _, coord, start = run
-    agent = start()
-    agent.agent.fetch_policy = FetchPolicy(attempts=100, first_wait_s=0.1, margin_s=1.0)
+    agent = start(patient(0.1))
     knowledge = Knowledge.of(1, {"protos": protos()})
     deadline = time.time() + 1.5
     coord.send(TOPICS.down(agent.id, "task"), task(knowledge, deadline=deadline))
@@ -225,8 +237,7 @@ def test_the_task_fails_before_its_deadline_however_many_tries_are_left(run) -> 
 
 def test_the_coordinators_unknown_knowledge_fails_the_task_at_once(run) -> None:
     _, coord, start = run
-    agent = start()
-    agent.agent.fetch_policy = FetchPolicy(attempts=100, first_wait_s=10.0, margin_s=1.0)
+    agent = start(patient(10.0))
     knowledge = Knowledge.of(1, {"protos": protos()})
     coord.send(TOPICS.down(agent.id, "task"), task(knowledge))
     coord.next(Fetch)
@@ -239,9 +250,7 @@ def test_the_coordinators_unknown_knowledge_fails_the_task_at_once(run) -> None:
 def test_a_task_whose_own_payload_collides_with_the_knowledge_fails(run) -> None:
     _, coord, start = run
     agent = start()
-    knowledge = Knowledge.of(1, {"protos": protos()})
-    coord.send(TOPICS.bcast("knowledge"), knowledge, retain=True)
-    coord.send(TOPICS.down(agent.id, "task"), task(knowledge, {"protos": protos(2.0)}))
+    broadcast_then_task(coord, agent, {"protos": protos(2.0)})
     error = coord.next(ErrorReply).body
     assert error.code == "ValidationError" and "protos" in error.reason
     assert agent.seen == []
@@ -250,8 +259,7 @@ def test_a_task_whose_own_payload_collides_with_the_knowledge_fails(run) -> None
 def test_knowledge_with_a_wrong_digest_or_from_a_device_is_never_used(run) -> None:
     # Prepare
     _, coord, start = run
-    agent = start()
-    agent.agent.fetch_policy = FetchPolicy(attempts=100, first_wait_s=10.0, margin_s=1.0)
+    agent = start(patient(10.0))
     knowledge = Knowledge.of(1, {"protos": protos()})
     forged = protos(9.0)
     # a frame claiming the digest of `knowledge` for other payloads (built by hand: the
