@@ -345,7 +345,7 @@ def test_a_deferred_reply_is_accepted_when_it_is_resent(tmp_path: Path) -> None:
     def die_on_the_first_reply(first: Coordinator) -> None:
         # deterministic: dies as the first reply is handled, before it is stored or acked
         # (a health check that looked for a queued reply raced the batch that consumed it)
-        def on_reply(*_: object) -> None:
+        def on_reply(env: Envelope, reply: Reply) -> None:
             raise CoordinatorDiedError
 
         first._on_reply = on_reply  # type: ignore[method-assign]
