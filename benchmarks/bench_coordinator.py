@@ -218,7 +218,13 @@ class _OnlineTimer(logging.Handler):
 
 
 def run_one(
-    n: int, rounds: int, dim: int, num_classes: int, store_dir: str | None = None
+    n: int,
+    rounds: int,
+    dim: int,
+    num_classes: int,
+    store_dir: str | None = None,
+    *,
+    broadcast: bool = True,
 ) -> dict[str, Any]:
     """One coordinator run with ``n`` fake agents; returns the figures for that N."""
     from coordinator.config import load_config
@@ -254,6 +260,7 @@ def run_one(
             federation=FEDERATION,
             run_id="bench",
             wait_agents_s=600.0,
+            broadcast=broadcast,  # the global prototypes once on bcast/knowledge, or per task
         )
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         transport = MqttTransport(
@@ -360,12 +367,26 @@ def main(argv: list[str] | None = None) -> None:
         help="where the coordinator's run directory (SQLite store) lives (default: the temp "
         "dir; /dev/shm separates the disk's fsync cost from the CPU's)",
     )
+    ap.add_argument(
+        "--broadcast",
+        choices=("on", "off"),
+        default="on",
+        help="run.broadcast: the step's shared knowledge once on bcast/knowledge (on) or in "
+        "every task (off, the behaviour before issue 21's broadcast)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     rows = []
     for n in args.agents:
         load = os.getloadavg()
-        r = run_one(n, args.rounds, args.dim, args.classes, args.store_dir)
+        r = run_one(
+            n,
+            args.rounds,
+            args.dim,
+            args.classes,
+            args.store_dir,
+            broadcast=args.broadcast == "on",
+        )
         r["load_before"] = [round(x, 2) for x in load]
         r["load_after"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(r)
