@@ -283,6 +283,14 @@ def _import_amqtt(*, crlfile: str | None = None) -> Any:
             ca, cert, key = (str(listener[k]) for k in ("cafile", "certfile", "keyfile"))
             return mutual_tls_context(ca, cert, key, crl)
 
+        async def _initialize_client_session(self, reader: Any, writer: Any, *rest: Any) -> Any:
+            handler, session = await super()._initialize_client_session(reader, writer, *rest)
+            # a resumed persistent session keeps the TLS object of the connection that made it:
+            # authenticating with it would let a device log in with the certificate of whoever
+            # used that client id before
+            session.ssl_object = writer.get_ssl_info()
+            return handler, session
+
     return MutualTLSBroker
 
 

@@ -7,9 +7,10 @@ Mosquitto's ``use_identity_as_username`` and ``acl_file`` do:
 
 * :class:`CertificateIdentityAuth`: a client without a verified certificate, or with one the
   CRL on disk revokes now (:class:`Revocations`), is refused; its username becomes the
-  certificate's CN (whatever the CONNECT packet claimed), and a last will on a topic that user
-  may not publish to is refused at connect (amqtt publishes wills without asking the topic
-  plugins).
+  certificate's CN (whatever the CONNECT packet claimed); a client id first used by another
+  certificate is refused (no device can take over, and cut, another's session); a last will
+  on a topic that user may not publish to is refused at connect (amqtt publishes wills
+  without asking the topic plugins).
 * :class:`FleetAclTopics`: every subscribe, publish and delivery is checked against the
   ``acl`` file (:class:`protocol.acl.Acl`).
 
@@ -105,6 +106,7 @@ class CertificateIdentityAuth(BaseAuthPlugin):  # type: ignore[misc]  # amqtt is
         super().__init__(context)
         self.acl = Acl.read(Path(self.config.acl_file))
         self.revocations = Revocations(Path(self.config.crl_file), self.context.logger)
+        self.owners: dict[str, str] = {}  # client id -> the CN that first used it
 
     async def authenticate(self, *, session: Session) -> bool | None:
         cert = peer_certificate(session)
@@ -115,6 +117,10 @@ class CertificateIdentityAuth(BaseAuthPlugin):  # type: ignore[misc]  # amqtt is
             return False
         if self.revocations.revoked(cert.serial_number):
             log.warning("refused %s: certificate %x is revoked", cn, cert.serial_number)
+            return False
+        owner = self.owners.setdefault(session.client_id, cn)
+        if owner != cn:  # taking over another device's session (and cutting its connection)
+            log.warning("refused %s: client id %r belongs to %s", cn, session.client_id, owner)
             return False
         session.username = cn  # use_identity_as_username: the CONNECT's name counts for nothing
         will = session.will_topic if session.will_flag else None

@@ -145,6 +145,37 @@ def test_a_last_will_as_another_device_is_never_published(fleet_broker: Provisio
         assert [p for _t, p in seen.items] == [b"own status"]
 
 
+def test_a_device_cannot_take_over_another_devices_session(fleet_broker: ProvisionedBroker) -> None:
+    """agent1 connects with the client id of agent0's persistent session: it never receives
+    agent0's tasks (the embedded broker refuses it outright; Mosquitto lets it in and its ACL
+    drops agent0's topics at delivery)."""
+    b = fleet_broker
+    own, stolen = Inbox(), Inbox()
+    with client(b, b.kit("agent0"), "shared-id") as a0:
+        a0.subscribe(f"{T.base}/dev/agent0/down/#", own)
+        a0.connect()
+    with (
+        client(b, b.kit("coordinator"), "coord") as coord,
+        client(b, b.kit("agent1"), "shared-id") as thief,
+    ):
+        coord.connect()
+        refused = False
+        try:
+            thief.subscribe(f"{T.base}/dev/agent0/down/#", stolen)
+            thief.subscribe(f"{T.base}/dev/agent1/down/#", stolen)
+            thief.connect()
+        except ConnectError:
+            refused = True
+        # Execute: a task for agent0, then agent1's own (the fence, when it got in)
+        coord.publish(T.down("agent0", "task"), b"task for agent0")
+        coord.publish(T.down("agent1", "task"), b"task for agent1")
+        if not refused:
+            assert wait_for(lambda: any(p == b"task for agent1" for _t, p in stolen.items), 5)
+    # Assert
+    assert b"task for agent0" not in [p for _t, p in stolen.items]
+    assert refused or b.flavour == "mosquitto"  # the embedded broker refuses the takeover
+
+
 def test_unprovisioned_clients_cannot_connect(fleet_broker: ProvisionedBroker) -> None:
     b = fleet_broker
     ca = str(b.root / "broker" / "ca.crt")
