@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import msgpack
-
 from coordinator.config import RunConfig
 from coordinator.metrics import append_record, step_record
 from coordinator.store import StepRecord, Store
@@ -51,7 +49,7 @@ from protocol.messages import (
     Status,
     Task,
 )
-from protocol.payloads import Payload
+from protocol.payloads import Payload, pack_payloads
 from protocol.topics import Topics
 from protocol.wire import reuse_encodings
 
@@ -463,8 +461,7 @@ class Coordinator:
         if self.cfg.broadcast_min_bytes == 0:
             return True
         payload = next(t.payloads[name] for t in tasks.values() if name in t.payloads)
-        wire = {"t": payload.KIND, **payload.to_wire()}
-        return len(msgpack.packb(wire, use_bin_type=True)) >= self.cfg.broadcast_min_bytes
+        return len(pack_payloads({name: payload})) >= self.cfg.broadcast_min_bytes
 
     def _publish_knowledge(self, knowledge: Knowledge) -> None:
         """Retained on ``bcast/knowledge`` so that an agent subscribing later gets it too.

@@ -20,10 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
 from protocol.errors import EdgeFLError
-from protocol.payloads import PAYLOAD_TYPES, Payload
+from protocol.payloads import Payload, pack_payloads, unpack_payloads
 
 __all__ = [
     "LOCK_FILE",
@@ -110,22 +108,6 @@ CREATE TABLE IF NOT EXISTS global_state (name TEXT PRIMARY KEY, blob BLOB NOT NU
     step INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS metrics (step INTEGER PRIMARY KEY, record TEXT NOT NULL);
 """
-
-
-def pack_payloads(payloads: dict[str, Payload]) -> bytes:
-    """Serialise named payloads with the wire converter (no pickle)."""
-    obj = {k: {"t": type(p).KIND, **p.to_wire()} for k, p in payloads.items()}
-    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
-
-
-def unpack_payloads(blob: bytes) -> dict[str, Payload]:
-    """Inverse of :func:`pack_payloads`."""
-    obj = msgpack.unpackb(blob, raw=False)
-    out: dict[str, Payload] = {}
-    for k, v in obj.items():
-        cls = PAYLOAD_TYPES[v.pop("t")]
-        out[k] = cls.from_wire(v, k)  # type: ignore[assignment]
-    return out
 
 
 @dataclass(frozen=True)

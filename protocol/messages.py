@@ -13,10 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-import msgpack
-
 from protocol.errors import ValidationError
-from protocol.payloads import Payload
+from protocol.payloads import Payload, pack_payloads
 from protocol.wire import WireModel
 
 __all__ = [
@@ -314,14 +312,11 @@ class ChunkRequest(WireModel):
 def payloads_digest(payloads: Mapping[str, Payload]) -> bytes:
     """SHA-256 of a payload map's canonical encoding (``WIRE.md`` §5, ``knowledge``).
 
-    The bytes hashed are the msgpack map of the tagged payloads (§6) with its names in sorted
-    order: encoding is canonical and every lossy array encoding idempotent, so a receiver that
-    decodes the map and hashes it again gets the sender's digest.
+    The bytes hashed are :func:`~protocol.payloads.pack_payloads`' (the msgpack map of the
+    tagged payloads, §6, names sorted): encoding is canonical and every lossy array encoding
+    idempotent, so a receiver that decodes the map and hashes it again gets the sender's digest.
     """
-    wire = {
-        name: {"t": payloads[name].KIND, **payloads[name].to_wire()} for name in sorted(payloads)
-    }
-    return hashlib.sha256(msgpack.packb(wire, use_bin_type=True)).digest()
+    return hashlib.sha256(pack_payloads(payloads)).digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,16 +8,18 @@ float arrays (``raw``, ``f16``, ``i8``, ``u8``); receivers always see float32.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
 from protocol.arrays import ENCODINGS, Encoding
 from protocol.errors import ValidationError
 from protocol.validate import as_array, check_class_ids, check_finite, check_shape
-from protocol.wire import WireModel
+from protocol.wire import WireModel, tagged_wire
 
 __all__ = [
     "PAYLOAD_TYPES",
@@ -27,6 +29,8 @@ __all__ = [
     "Payload",
     "PrototypeSet",
     "TensorMap",
+    "pack_payloads",
+    "unpack_payloads",
 ]
 
 F32 = npt.NDArray[np.float32]
@@ -234,3 +238,21 @@ Payload = Union[PrototypeSet, FeatureLogitSet, ClassStats, ImageVectorPairs, Ten
 PAYLOAD_TYPES: dict[str, type[WireModel]] = {
     t.KIND: t for t in (PrototypeSet, FeatureLogitSet, ClassStats, ImageVectorPairs, TensorMap)
 }
+
+
+def pack_payloads(payloads: Mapping[str, Payload]) -> bytes:
+    """Named payloads as bytes with the wire converter (no pickle): the msgpack map of tagged
+    payloads (§6) with its names sorted, so equal maps give equal bytes (the knowledge digest,
+    ``WIRE.md`` §5, hashes exactly these bytes; the coordinator's store keeps its state so)."""
+    obj = {name: tagged_wire(payloads[name]) for name in sorted(payloads)}
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack_payloads(blob: bytes) -> dict[str, Payload]:
+    """Inverse of :func:`pack_payloads` for trusted bytes (the store's own)."""
+    obj = msgpack.unpackb(blob, raw=False)
+    out: dict[str, Payload] = {}
+    for k, v in obj.items():
+        cls = PAYLOAD_TYPES[v.pop("t")]
+        out[k] = cls.from_wire(v, k)  # type: ignore[assignment]
+    return out

@@ -24,7 +24,7 @@ import numpy as np
 from protocol.arrays import Encoding, decode_array, encode_array
 from protocol.errors import ValidationError
 
-__all__ = ["WireModel", "from_wire", "reuse_encodings", "to_wire"]
+__all__ = ["WireModel", "from_wire", "reuse_encodings", "tagged_wire", "to_wire"]
 
 T = TypeVar("T", bound="WireModel")
 
@@ -99,6 +99,12 @@ def _nested_to_wire(model: WireModel) -> dict[str, Any]:
     return body
 
 
+def tagged_wire(model: WireModel) -> dict[str, Any]:
+    """``model``'s wire map tagged with its kind (``{"t": KIND, ...}``, as a union member is),
+    reusing the map made earlier in the same :func:`reuse_encodings` block."""
+    return {"t": type(model).KIND, **_nested_to_wire(model)}
+
+
 def _encode_model(model: WireModel) -> dict[str, Any]:
     enc_field = type(model).ENCODING_FIELD
     encoding: Encoding = getattr(model, enc_field) if enc_field else "raw"
@@ -148,10 +154,9 @@ def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
     if tp is np.ndarray or origin is np.ndarray:
         return encode_array(value, encoding, path)
     if isinstance(value, WireModel):
-        body = _nested_to_wire(value)
         if _is_union(tp):  # tagged: the receiver needs to know which member it is
-            return {"t": type(value).KIND, **body}
-        return body
+            return tagged_wire(value)
+        return _nested_to_wire(value)
     if origin in (list, tuple):
         (item_tp, *_rest) = _args(tp)
         return [_encode_value(v, item_tp, encoding, f"{path}[]") for v in value]
