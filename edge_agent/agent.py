@@ -244,11 +244,7 @@ class EdgeAgent:
     def on_knowledge(self, knowledge: Knowledge, env: Envelope) -> None:
         """Hold the coordinator's knowledge (its digest was checked when it was decoded) and
         run the tasks that waited for it."""
-        if env.sender != COORDINATOR_ID or not self.endpoint.trusted(env):
-            # a device's key verifies its own frames too: only the coordinator's counts
-            why = "foreign" if env.sender != COORDINATOR_ID else "unsigned"
-            self.endpoint.rejected[f"{why}_knowledge"] += 1
-            self.log.warning("ignored %s knowledge from %r", why, env.sender)
+        if not self._from_coordinator(env, "knowledge"):
             return
         self.knowledge.put(knowledge)
         for task_id, waiting in list(self._waiting.items()):
@@ -256,6 +252,17 @@ class EdgeAgent:
                 del self._waiting[task_id]
                 self.log.info("knowledge %s arrived", knowledge.digest.hex()[:16])
                 self.on_task(waiting.task, env)
+
+    def _from_coordinator(self, env: Envelope, what: str) -> bool:
+        """Whether ``env`` is the coordinator's, verified where signing is on; else counted
+        (``foreign_WHAT``, ``unsigned_WHAT``) and logged. A device's key verifies its own
+        frames too, so the sender must also be the coordinator's id."""
+        if env.sender == COORDINATOR_ID and self.endpoint.trusted(env):
+            return True
+        why = "foreign" if env.sender != COORDINATOR_ID else "unsigned"
+        self.endpoint.rejected[f"{why}_{what}"] += 1
+        self.log.warning("ignored %s %s from %r", why, what, env.sender)
+        return False
 
     def _park(self, task: Task) -> None:
         """The task's knowledge is not here (a late join, a lost session): ask for it."""
@@ -292,8 +299,7 @@ class EdgeAgent:
 
     def _on_unknown_knowledge(self, error: ErrorReply, env: Envelope) -> None:
         """The coordinator cannot serve our fetch (its step moved on): fail the task now."""
-        if env.sender != COORDINATOR_ID or not self.endpoint.trusted(env):
-            self.log.warning("ignored an unknown_knowledge error from %r", env.sender)
+        if not self._from_coordinator(env, UNKNOWN_KNOWLEDGE):
             return
         for task_id, waiting in list(self._waiting.items()):
             if waiting.task.shared.hex() == error.ref_id:
