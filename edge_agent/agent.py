@@ -278,13 +278,9 @@ class EdgeAgent:
         waiting.next_at = time.monotonic() + self.fetch_policy.wait(waiting.tries)
         topic = self.topics.up(self.settings.device_id, Fetch.KIND)
         try:
-            env = self.endpoint.send(
-                topic, Fetch(digest=waiting.task.shared), round=waiting.task.round
-            )
+            self.endpoint.send(topic, Fetch(digest=waiting.task.shared), round=waiting.task.round)
         except EdgeFLError as exc:  # a broker gone for now: the next try goes again
             self.log.warning("fetch of %s failed: %s", waiting.task.shared.hex()[:16], exc)
-            return
-        waiting.fetch_ids.add(env.msg_id)
 
     def _fetch_due(self) -> None:
         """Fetch again what is still missing; fail a task whose knowledge never came."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol.errors import EdgeFLError, ValidationError
 from protocol.messages import Knowledge, Task
@@ -74,7 +74,6 @@ class Waiting:
     give_up_at: float
     tries: int = 0
     next_at: float = 0.0
-    fetch_ids: set[str] = field(default_factory=set)  # message ids of the fetches sent
 
     @classmethod
     def park(cls, task: Task, policy: FetchPolicy) -> Waiting:
