@@ -79,6 +79,10 @@ NEEDS: dict[str, dict[str, Any]] = {
     # the default proxy is the paper's resnet18; the spec §10 CPU proxy (fedtype_repro.py)
     "fedtype": {"hyper": {"proxy_model": "mlp_xs"}},
 }
+# Scheduled first (in this order) so that a pool of runs ends together instead of waiting on one
+# slow run started last: their seconds per round on digits, 20 clients, were 2-10x the others'
+# (FedVTC trains its generator on every client, Velo a CVAE and FedKTL its adapter on the server).
+SLOW_FIRST = ("fedvtc", "velo", "fedtgp", "fedktl", "fedkd", "fedgen", "fedtype")
 QUICK: dict[str, Any] = {"data": ["digits"], "seeds": [0], "rounds": 10}
 FULL: dict[str, Any] = {"data": ["digits", "mnist5k"], "seeds": [0, 1, 2], "rounds": 50}
 
@@ -88,6 +92,16 @@ def registered() -> list[str]:
     from coordinator.strategies import STRATEGIES
 
     return sorted(STRATEGIES)
+
+
+def not_applicable(algorithm: str, family: str) -> str | None:
+    """Why ``algorithm`` cannot run on ``family`` at all (it would only be refused), or None."""
+    from coordinator.strategies import STRATEGIES
+    from models.families import family_members
+
+    if STRATEGIES[algorithm].one_architecture and len(set(family_members(family))) > 1:
+        return "averages whole models, so it needs one architecture (`--family homo_mlp`)"
+    return None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,6 +116,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--family", default="tiny", help="models.families name")
     ap.add_argument("--wait-agents", type=float, default=120.0, help="registration wait (s)")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="where agents and server-side training run (cpu, cuda); recorded with each run, "
+        "not part of its identity: the same spec on another device is the same run",
+    )
     add_grid_args(ap, None, deadline=900.0)
     ap.set_defaults(md=Path("docs/results.md"))  # the results page
     args = ap.parse_args(argv)
@@ -136,8 +156,10 @@ def run_spec(
     }
 
 
-def execute(spec: dict[str, Any], threads: int, deadline: float, wait: float) -> dict[str, Any]:
-    """Run one simulation and reduce its step records to the table's figures."""
+def execute(
+    spec: dict[str, Any], threads: int, deadline: float, wait: float, device: str = "cpu"
+) -> dict[str, Any]:
+    """Run one simulation on ``device`` and reduce its step records to the table's figures."""
     from models.families import family_models
 
     run = SimRun.from_spec(
@@ -147,9 +169,22 @@ def execute(spec: dict[str, Any], threads: int, deadline: float, wait: float) ->
         deadline_s=deadline,
         wait_agents_s=wait,
         run_id="compare",
+        device=device,
     )
     steps, wall = simulate_run(run, threads)
-    return {"spec": spec, "wall_s": wall, **summarize(steps, client_test_sizes(run))}
+    summary = summarize(steps, client_test_sizes(run))
+    return {"spec": spec, "wall_s": wall, "device": device, **summary}
+
+
+def schedule(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``specs`` with MNIST-5k before digits and the slow algorithms first (stable otherwise)."""
+
+    def rank(spec: dict[str, Any]) -> tuple[int, int]:
+        alg = spec["algorithm"]
+        slow = SLOW_FIRST.index(alg) if alg in SLOW_FIRST else len(SLOW_FIRST)
+        return (-list(DATA).index(spec["data"]), slow)
+
+    return sorted(specs, key=rank)
 
 
 def summarize(steps: list[dict[str, Any]], test_sizes: list[int]) -> dict[str, Any]:
@@ -212,8 +247,11 @@ def _best(rows: dict[str, list[dict[str, Any]]], key: str) -> str | None:
     return max(means, key=lambda m: means[m]) if means else None
 
 
-def setting_table(runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> list[str]:
-    """One setting's rows: every algorithm that ran, then every one that only failed."""
+def setting_table(
+    runs: list[dict[str, Any]], fails: list[dict[str, Any]], skipped: dict[str, str]
+) -> list[str]:
+    """One setting's rows: every algorithm that ran, every one that only failed, then every one
+    that does not apply to the fleet (``skipped``: algorithm -> why)."""
     by_alg = group_by(sorted(runs, key=lambda r: r["spec"]["algorithm"]), _alg)
     best_p, best_g = _best(by_alg, "acc_personal"), _best(by_alg, "acc_global")
     lines = [
@@ -237,6 +275,8 @@ def setting_table(runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> li
             lines.append(
                 f"| `{alg}` | 0 | failed ([below](#failures)): {_cause(fs[0])} | | | | | | |"
             )
+    for alg, why in sorted(skipped.items()):
+        lines.append(f"| `{alg}` | – | not run: {why} | | | | | | |")
     verdict = (
         f"Best on both metrics: `{best_p}`."
         if best_p == best_g
@@ -248,6 +288,10 @@ def setting_table(runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> li
 def _notes(rs: list[dict[str, Any]]) -> str:
     """What a row's accuracy hides: agent tasks that failed, agents missing at the end."""
     notes = []
+    devices = sorted({r.get("device", "cpu") for r in rs} - {"cpu"})
+    if devices:
+        on = sum(1 for r in rs if r.get("device", "cpu") != "cpu")
+        notes.append(f"{on} of {len(rs)} runs on {', '.join(devices)}")
     tasks = sum(r.get("tasks_failed", 0) for r in rs)
     if tasks:
         notes.append(f"{tasks} agent tasks failed")
@@ -301,7 +345,12 @@ def _alpha(alpha: float) -> str:
     return str(float(alpha))  # 0.1, 1.0 (as the papers write them)
 
 
-def page(args: argparse.Namespace, runs: list[dict[str, Any]], fails: list[dict[str, Any]]) -> str:
+def page(
+    args: argparse.Namespace,
+    runs: list[dict[str, Any]],
+    fails: list[dict[str, Any]],
+    skipped: dict[str, str] | None = None,
+) -> str:
     """docs/results.md: settings, one table per (data, alpha), failures, how to rerun."""
     label = "quick (smoke) setting" if args.quick else "full grid"
     codes = sorted({str(r.get("code")) for r in runs})
@@ -322,7 +371,8 @@ def page(args: argparse.Namespace, runs: list[dict[str, Any]], fails: list[dict[
     for data, alpha in sorted(settings, key=lambda k: (list(DATA).index(k[0]), k[1])):
         mine = [r for r in runs if (r["spec"]["data"], r["spec"]["alpha"]) == (data, alpha)]
         theirs = [f for f in fails if (f["spec"]["data"], f["spec"]["alpha"]) == (data, alpha)]
-        lines += [f"## {data}, Dir({_alpha(alpha)})", "", *setting_table(mine, theirs), ""]
+        table = setting_table(mine, theirs, skipped or {})
+        lines += [f"## {data}, Dir({_alpha(alpha)})", "", *table, ""]
     lines += failures_section(fails)
     lines += [*rerun_text(), *(cost_estimate(args, runs, fails) if args.quick else [])]
     return "\n".join(lines).rstrip() + "\n"
@@ -436,20 +486,26 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(names) - set(registered()))
     if unknown:
         sys.exit(f"unknown algorithms {unknown}; registered: {registered()}")
+    skipped = {a: why for a in names if (why := not_applicable(a, args.family))}
     specs = [
         run_spec(args, alg, data, alpha, seed)
         for data in args.data
         for alpha in args.alphas
         for seed in args.seeds
         for alg in names
+        if alg not in skipped
     ]
     if not args.table_only:
         execute_one = functools.partial(
-            execute, threads=args.threads, deadline=args.deadline, wait=args.wait_agents
+            execute,
+            threads=args.threads,
+            deadline=args.deadline,
+            wait=args.wait_agents,
+            device=args.device,
         )
         runs, failures = run_grid(
             args.out,
-            specs,
+            schedule(specs),
             execute_one,
             describe=_describe,
             jobs=args.jobs,
@@ -461,6 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         args,
         [r for r in runs if spec_key(r["spec"]) in planned],
         [f for f in failures if spec_key(f["spec"]) in planned],
+        skipped,
     )
     print(text)
     if failures:

@@ -141,6 +141,7 @@ class SimRun:
     wait_agents_s: float | None = None  # None: the run config's default
     num_classes: int = 10
     run_id: str = "bench"
+    device: str = "cpu"  # where the agents and the coordinator's server-side training run
 
     @classmethod
     def from_spec(cls, spec: Record, **fields: Any) -> SimRun:
@@ -175,6 +176,7 @@ class SimRun:
             "deadline_s": self.deadline_s,
             "num_classes": self.num_classes,
             "run_id": self.run_id,
+            "server_device": self.device,
         }
         if self.max_retries is not None:
             values["max_retries"] = self.max_retries
@@ -194,6 +196,7 @@ class SimRun:
             feature_dim=self.feature_dim,
             image_size=self.image_size,
             global_test_size=self.global_test,
+            device=self.device,
         )
 
 

@@ -136,6 +136,9 @@ class Strategy(Generic[C]):
     #: edge ``train`` phase reports ``len(train)`` or fewer (FedType: |D_i| without its
     #: calibration split); FedVTC's ``final`` counts synthetic samples, so it is not bounded.
     bounded_sample_phases: ClassVar[frozenset[str]] = frozenset({"train"})
+    #: The algorithm averages whole models, so its fleet must run one architecture (``admit``
+    #: refuses the others); tools that plan runs read it to leave mixed fleets out.
+    one_architecture: ClassVar[bool] = False
 
     def __init__(self, config: C, *, num_classes: int, seed: int = 0) -> None:
         self.config = config

@@ -23,6 +23,8 @@ class LocalStrategy(Strategy[LocalConfig]):
 class FedAvgStrategy(Strategy[FedAvgConfig]):
     """Sample-weighted average of full weights; requires one architecture across the fleet."""
 
+    one_architecture = True
+
     def __init__(self, config: FedAvgConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.weights: TensorMap | None = None

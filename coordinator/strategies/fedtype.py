@@ -28,6 +28,8 @@ __all__ = ["FedTypeStrategy"]
 class FedTypeStrategy(FedAvgStrategy):
     """One global proxy, averaged by sample count (or uniformly); private models stay home."""
 
+    one_architecture = False  # only the proxy is averaged
+
     def __init__(self, config: FedTypeConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         # round 1 has no global proxy yet: its uploads must agree with the first one validated

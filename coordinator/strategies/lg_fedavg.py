@@ -30,6 +30,8 @@ class SharedModuleStrategy(FedAvgStrategy):
     """FedAvg of one module every agent holds in one shape (LG-FedAvg's head, FML's and FedKD's
     shared model), whatever the rest of each agent's model is."""
 
+    one_architecture = False  # only the shared module must agree
+
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         # before the first aggregation, uploads must agree with the step's first valid one

