@@ -213,8 +213,18 @@ def _origin(tp: Any) -> Any:
     try:
         return _ORIGINS[tp]
     except KeyError:
-        found = _ORIGINS[tp] = typing.get_origin(tp)
-        return found
+        pass
+    found = typing.get_origin(tp)
+    # A PEP 695 alias stands for its value: numpy 2.5 on Python 3.12 declares npt.NDArray as
+    # one (seen on the GPU machine, where every array field then reached msgpack as a raw
+    # ndarray). NDArray[np.float32]'s origin is the alias, the alias's value is an ndarray type.
+    for alias in (found, tp):
+        if type(alias).__name__ == "TypeAliasType":  # typing's or typing_extensions'
+            value = alias.__value__
+            found = typing.get_origin(value) or value
+            break
+    _ORIGINS[tp] = found
+    return found
 
 
 def _args(tp: Any) -> tuple[Any, ...]:
