@@ -37,6 +37,8 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
+import platform
 import statistics
 import sys
 from pathlib import Path
@@ -83,6 +85,18 @@ NEEDS: dict[str, dict[str, Any]] = {
 # slow run started last: their seconds per round on digits, 20 clients, were 2-10x the others'
 # (FedVTC trains its generator on every client, Velo a CVAE and FedKTL its adapter on the server).
 SLOW_FIRST = ("fedvtc", "velo", "fedtgp", "fedktl", "fedkd", "fedgen", "fedtype")
+# One local-training recipe for every row (``--train common``): HtFLlib's (plain SGD, lr 0.01,
+# batch 10, one epoch per round), so that rows differ only in what the algorithms exchange and
+# do with it. ``--train own`` keeps each config's defaults (its paper's: Adam for the Felo
+# family and FedType, five epochs for FedVTC and FedType, momentum 0.9 for local and FedProto).
+COMMON_TRAIN: dict[str, Any] = {
+    "optimizer": "sgd",
+    "lr": 0.01,
+    "momentum": 0.0,
+    "weight_decay": 0.0,
+    "batch_size": 10,
+    "local_epochs": 1,
+}
 QUICK: dict[str, Any] = {"data": ["digits"], "seeds": [0], "rounds": 10}
 FULL: dict[str, Any] = {"data": ["digits", "mnist5k"], "seeds": [0, 1, 2], "rounds": 50}
 
@@ -117,21 +131,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--family", default="tiny", help="models.families name")
     ap.add_argument("--wait-agents", type=float, default=120.0, help="registration wait (s)")
     ap.add_argument(
+        "--train",
+        choices=("common", "own"),
+        default="common",
+        help="common: one local-training recipe for every algorithm (HtFLlib's: SGD lr 0.01, "
+        "batch 10, 1 epoch); own: each algorithm's config defaults",
+    )
+    ap.add_argument(
         "--device",
         default="cpu",
         help="where agents and server-side training run (cpu, cuda); recorded with each run, "
         "not part of its identity: the same spec on another device is the same run",
     )
     add_grid_args(ap, None, deadline=900.0)
-    ap.set_defaults(md=Path("docs/results.md"))  # the results page
+    ap.set_defaults(md=None)
     args = ap.parse_args(argv)
+    if args.md is None:  # the results pages: one recipe for every row, and each row's own
+        args.md = Path("docs/results.md" if args.train == "common" else "docs/results_own.md")
     preset = QUICK if args.quick else FULL
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.out is None:
-        name = "compare_quick.json" if args.quick else "compare.json"
-        args.out = Path("benchmarks/results") / name
+        name = "compare_quick" if args.quick else "compare"
+        args.out = (
+            Path("benchmarks/results") / f"{name}{'_own' if args.train == 'own' else ''}.json"
+        )
     return args
 
 
@@ -152,7 +177,10 @@ def run_spec(
         "clients": args.clients,
         "feature_dim": feature_dim,
         "global_test": GLOBAL_TEST[data],
-        "hyper": dict(needs.get("hyper", {})),
+        "hyper": {
+            **(COMMON_TRAIN if args.train == "common" else {}),
+            **needs.get("hyper", {}),
+        },
     }
 
 
@@ -173,7 +201,8 @@ def execute(
     )
     steps, wall = simulate_run(run, threads)
     summary = summarize(steps, client_test_sizes(run))
-    return {"spec": spec, "wall_s": wall, "device": device, **summary}
+    host = f"{platform.node()} ({os.cpu_count()} CPUs)"
+    return {"spec": spec, "wall_s": wall, "device": device, "host": host, **summary}
 
 
 def schedule(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -248,10 +277,14 @@ def _best(rows: dict[str, list[dict[str, Any]]], key: str) -> str | None:
 
 
 def setting_table(
-    runs: list[dict[str, Any]], fails: list[dict[str, Any]], skipped: dict[str, str]
+    runs: list[dict[str, Any]],
+    fails: list[dict[str, Any]],
+    skipped: dict[str, str],
+    missing: list[str] | None = None,
 ) -> list[str]:
-    """One setting's rows: every algorithm that ran, every one that only failed, then every one
-    that does not apply to the fleet (``skipped``: algorithm -> why)."""
+    """One setting's rows: every algorithm that ran, every one that only failed, every one not
+    run yet (``missing``), then every one that does not apply to the fleet (``skipped``:
+    algorithm -> why)."""
     by_alg = group_by(sorted(runs, key=lambda r: r["spec"]["algorithm"]), _alg)
     best_p, best_g = _best(by_alg, "acc_personal"), _best(by_alg, "acc_global")
     lines = [
@@ -275,6 +308,9 @@ def setting_table(
             lines.append(
                 f"| `{alg}` | 0 | failed ([below](#failures)): {_cause(fs[0])} | | | | | | |"
             )
+    failed = {_alg(f) for f in fails}
+    for alg in sorted(set(missing or []) - set(by_alg) - failed):
+        lines.append(f"| `{alg}` | 0 | not run yet | | | | | | |")
     for alg, why in sorted(skipped.items()):
         lines.append(f"| `{alg}` | – | not run: {why} | | | | | | |")
     verdict = (
@@ -350,28 +386,42 @@ def page(
     runs: list[dict[str, Any]],
     fails: list[dict[str, Any]],
     skipped: dict[str, str] | None = None,
+    planned: list[dict[str, Any]] | None = None,
 ) -> str:
     """docs/results.md: settings, one table per (data, alpha), failures, how to rerun."""
     label = "quick (smoke) setting" if args.quick else "full grid"
     codes = sorted({str(r.get("code")) for r in runs})
+    hosts = sorted({str(r.get("host", "not recorded")) for r in runs})
     lines = [
         "# One table of every algorithm",
         "",
         f"**{label}**: {', '.join(args.data)}; {args.clients} clients, all in every round; "
         f"family `{args.family}`; Dirichlet alpha {', '.join(map(_alpha, args.alphas))}; "
         f"{args.rounds} rounds; seeds {', '.join(map(str, args.seeds))}; "
-        f"{args.threads} torch thread(s) per run, {max(args.jobs, 1)} run(s) at a time; "
-        f"code {', '.join(codes) or '–'}. Produced by `{command(args)}` (results: "
-        f"`{args.out}`).",
+        f"{args.threads} torch thread(s) per run; "
+        f"code {', '.join(codes) or '–'}; ran on {'; '.join(hosts) or '–'}. Produced by "
+        f"`{command(args)}` (results: `{args.out}`, with every command that added runs).",
         "",
         *(QUICK_TEXT if args.quick else []),
+        *(COMMON_TEXT if args.train == "common" else OWN_TEXT),
         *SETTINGS_TEXT,
     ]
-    settings = group_by(runs + fails, lambda r: (r["spec"]["data"], r["spec"]["alpha"]))
+
+    def where(r: dict[str, Any]) -> tuple[str, float]:
+        spec = r.get("spec", r)
+        return (spec["data"], spec["alpha"])
+
+    settings = group_by(runs + fails + (planned or []), where)
+    done = {spec_key(r["spec"]) for r in runs}
     for data, alpha in sorted(settings, key=lambda k: (list(DATA).index(k[0]), k[1])):
-        mine = [r for r in runs if (r["spec"]["data"], r["spec"]["alpha"]) == (data, alpha)]
-        theirs = [f for f in fails if (f["spec"]["data"], f["spec"]["alpha"]) == (data, alpha)]
-        table = setting_table(mine, theirs, skipped or {})
+        mine = [r for r in runs if where(r) == (data, alpha)]
+        theirs = [f for f in fails if where(f) == (data, alpha)]
+        missing = [
+            s["algorithm"]
+            for s in planned or []
+            if where(s) == (data, alpha) and spec_key(s) not in done
+        ]
+        table = setting_table(mine, theirs, skipped or {}, missing)
         lines += [f"## {data}, Dir({_alpha(alpha)})", "", *table, ""]
     lines += failures_section(fails)
     lines += [*rerun_text(), *(cost_estimate(args, runs, fails) if args.quick else [])]
@@ -383,6 +433,9 @@ def command(args: argparse.Namespace) -> str:
     preset = QUICK if args.quick else FULL
     parts = ["python benchmarks/compare.py", "--quick" if args.quick else ""]
     parts += [f"--rounds {args.rounds}" if args.rounds != preset["rounds"] else ""]
+    parts += [f"--data {' '.join(args.data)}" if args.data != preset["data"] else ""]
+    parts += [f"--algorithms {' '.join(args.algorithms)}" if args.algorithms else ""]
+    parts += ["--train own" if args.train == "own" else ""]
     parts += [f"--jobs {args.jobs} --threads {args.threads}"]
     return " ".join(p for p in parts if p)
 
@@ -425,10 +478,24 @@ QUICK_TEXT = [
     "batch 50 for the Felo family) leave most rows near chance at Dir 1.0.",
     "",
 ]
-SETTINGS_TEXT = [
+COMMON_TEXT = [
+    "Every algorithm trains locally with one recipe, HtFLlib's: plain SGD, lr 0.01, batch 10, "
+    "one epoch per round, no weight decay (`--train common`, `COMMON_TRAIN` in "
+    "`benchmarks/compare.py`), so rows differ only in what the algorithms exchange and what "
+    "they do with it; every other setting is the algorithm's own default (its paper's; "
+    "`coordinator config --defaults`, `docs/baselines.md`).",
+    "",
+]
+OWN_TEXT = [
     "Each algorithm runs with its own config's defaults (its paper's; `coordinator config "
     "--defaults`, `docs/baselines.md`), so optimiser, batch size and local epochs differ "
-    "between rows, plus only what it needs to run here: FedKTL's agents have feature "
+    "between rows (Adam for Felo, Velo, FedHe and FedType; five epochs for FedVTC and "
+    "FedType; momentum 0.9 and batch 32 for `local` and FedProto): a row's lead may be its "
+    "recipe's, not its exchange's. `--train common` gives every row one recipe.",
+    "",
+]
+SETTINGS_TEXT = [
+    "Beyond that, only what an algorithm needs to run here: FedKTL's agents have feature "
     "dimension 10 (its ETF head, K = C), FedVTC's 64 on digits and 980 on MNIST (its "
     "generator's latent), FedType's proxy is `mlp_xs` (the default is the paper's ResNet-18); "
     "every other agent has feature dimension 64. Global test set: 360 images (digits), 1000 "
@@ -518,6 +585,7 @@ def main(argv: list[str] | None = None) -> None:
         [r for r in runs if spec_key(r["spec"]) in planned],
         [f for f in failures if spec_key(f["spec"]) in planned],
         skipped,
+        specs,
     )
     print(text)
     if failures:

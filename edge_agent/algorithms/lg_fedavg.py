@@ -22,9 +22,11 @@ __all__ = ["LGFedAvgEdge", "fresh_copy"]
 
 
 def fresh_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with every submodule's parameters re-initialised by its own
-    ``reset_parameters`` (random: the caller seeds)."""
-    fresh = copy.deepcopy(module)
+    """A copy of ``module`` on the CPU with every submodule's parameters re-initialised by its
+    own ``reset_parameters`` (random: the caller seeds the CPU generator). On the CPU because a
+    copy re-initialised on a GPU draws from CUDA's generator: a GPU agent would start from other
+    weights than a CPU agent with the same seed, and the fleet's shared start would not be."""
+    fresh = copy.deepcopy(module).cpu()
     for sub in fresh.modules():
         reset = getattr(sub, "reset_parameters", None)
         if callable(reset):
