@@ -56,6 +56,13 @@ METHODS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "fedproto_headinit": ("fedproto", {**_PROTO, "shared_init": "head"}, {}),
     "fedproto_relu": ("fedproto", _PROTO, {"feature_act": "relu"}),
     "fedproto_head": ("fedproto", {**_PROTO, "predict": "head"}, {}),
+    # prototypes averaged over the features the local epoch computed (HtFLlib's clientproto)
+    "fedproto_tp": ("fedproto", {**_PROTO, "proto_source": "training"}, {}),
+    "fedproto_relu_tp": (
+        "fedproto",
+        {**_PROTO, "proto_source": "training"},
+        {"feature_act": "relu"},
+    ),
     # diagnosis: HtFLlib's feature size (512) and a lambda scaled to our 64
     "local_d512": ("local", {}, {"feature_dim": 512}),
     "fedproto_d512": ("fedproto", _PROTO, {"feature_dim": 512}),
@@ -73,6 +80,9 @@ PAIRS = (
     ("fedproto", "fedproto_noshare"),
     ("fedproto_relu", "local_relu"),
     ("fedproto_relu", "local"),
+    ("fedproto_tp", "local"),
+    ("fedproto_tp", "fedproto"),
+    ("fedproto_relu_tp", "local_relu"),
     ("fedproto_head", "local"),
     ("fedproto_d512", "local_d512"),
 )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -11,7 +10,31 @@ from models import Classifier
 from protocol.arrays import Encoding
 from protocol.payloads import PrototypeSet
 
-__all__ = ["class_prototypes", "prototype_scores", "prototype_table"]
+__all__ = ["ClassMeans", "class_prototypes", "prototype_scores", "prototype_table"]
+
+
+class ClassMeans:
+    """Per-class sums and counts of feature vectors, turned into a :class:`PrototypeSet`."""
+
+    def __init__(self, num_classes: int, dim: int, device: torch.device) -> None:
+        self.sums = torch.zeros(num_classes, dim, device=device)
+        self.counts = torch.zeros(num_classes, dtype=torch.long, device=device)
+
+    def add(self, features: Tensor, y: Tensor) -> None:
+        """Count ``features`` ([B, D], detached) under their labels ``y`` ([B])."""
+        self.sums.index_add_(0, y, features.float())
+        self.counts += torch.bincount(y, minlength=self.counts.shape[0])
+
+    def prototypes(self, encoding: Encoding = "raw") -> PrototypeSet:
+        """The mean feature of every class counted at least once."""
+        present = (self.counts > 0).nonzero().flatten()
+        means = self.sums[present] / self.counts[present].unsqueeze(1).float()
+        return PrototypeSet(
+            class_ids=present.cpu().numpy(),
+            vectors=means.cpu().numpy(),
+            counts=self.counts[present].cpu().numpy(),
+            encoding=encoding,
+        )
 
 
 @torch.no_grad()
@@ -25,30 +48,11 @@ def class_prototypes(
     """Mean feature per class present in ``data`` (eval mode, whole local set)."""
     was_training = model.training
     model.eval()
-    sums: Tensor | None = None
-    counts = torch.zeros(num_classes, dtype=torch.long, device=data.x.device)
+    means = ClassMeans(num_classes, model.num_features, data.x.device)
     for x, y in data.batches(batch_size, None, shuffle=False):
-        f = model.forward_features(x).float()
-        if sums is None:
-            sums = torch.zeros(num_classes, f.shape[1], device=f.device)
-        sums.index_add_(0, y, f)
-        counts += torch.bincount(y, minlength=num_classes)
+        means.add(model.forward_features(x), y)
     model.train(was_training)
-    if sums is None:
-        return PrototypeSet(
-            np.zeros(0, np.int32),
-            np.zeros((0, model.num_features), np.float32),
-            np.zeros(0, np.int32),
-            encoding=encoding,
-        )
-    present = (counts > 0).nonzero().flatten()
-    means = sums[present] / counts[present].unsqueeze(1).float()
-    return PrototypeSet(
-        class_ids=present.cpu().numpy(),
-        vectors=means.cpu().numpy(),
-        counts=counts[present].cpu().numpy(),
-        encoding=encoding,
-    )
+    return means.prototypes(encoding)
 
 
 def prototype_table(

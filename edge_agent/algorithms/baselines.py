@@ -15,7 +15,7 @@ from edge_agent.algorithms.base import (
 )
 from edge_agent.algorithms.lg_fedavg import fresh_copy
 from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
-from edge_agent.knowledge import class_prototypes, prototype_scores, prototype_table
+from edge_agent.knowledge import ClassMeans, class_prototypes, prototype_scores, prototype_table
 from edge_agent.seeding import derived_seed
 from edge_agent.trainer import TensorData, TrainStats, evaluate
 from models.checkpoint import HeadSpec
@@ -53,6 +53,7 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
         self.table = torch.zeros(ctx.num_classes, dim, device=ctx.device)
         self.valid = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)
         self._received: dict[str, float] = {}
+        self._seen: ClassMeans | None = None  # proto_source = training: this round's features
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Global prototypes of (some) classes; absent classes stay masked."""
@@ -90,7 +91,14 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
         if self.predicts_by_prototype() and len(self.ctx.test):
             fresh = evaluate(self.ctx.model, self.ctx.test, self.scores)
             self._received = {"acc_local_received": fresh.accuracy}
+        if self.config.proto_source == "training":
+            self._seen = ClassMeans(self.ctx.num_classes, self.table.shape[1], self.ctx.device)
         return super().local_train(data, epochs)
+
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
+        """``proto_source = training``: count the step's features under their labels."""
+        if self._seen is not None:
+            self._seen.add(features, y)
 
     def predicts_by_prototype(self) -> bool:
         """Whether ``scores`` uses the prototypes now: configured so and any are known."""
@@ -119,15 +127,14 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
         return loss
 
     def reply_payloads(self) -> dict[str, Payload]:
-        """Local prototypes of the classes this device holds."""
-        return {
-            "protos": class_prototypes(
-                self.ctx.model,
-                self.ctx.train,
-                self.ctx.num_classes,
-                encoding=self.config.proto_encoding,
-            )
-        }
+        """Local prototypes of the classes this device holds: of the trained model, or of the
+        features its training computed (``proto_source``)."""
+        encoding = self.config.proto_encoding
+        seen, self._seen = self._seen, None
+        if seen is not None and bool(seen.counts.any()):
+            return {"protos": seen.prototypes(encoding)}
+        model, train = self.ctx.model, self.ctx.train
+        return {"protos": class_prototypes(model, train, self.ctx.num_classes, encoding=encoding)}
 
     def scores(self, x: Tensor) -> Tensor:
         """Head logits, or distances to global prototypes when ``predict = prototype``."""

@@ -59,3 +59,8 @@ class FedProtoConfig(AveragingConfig):
     # each class pulls features the same way in every architecture and the global prototypes
     # are separated from the first rounds; "none": each agent its own start (before issue 20)
     shared_init: Literal["none", "architecture", "head"] = "head"
+    # what the uploaded prototypes average: "model" = the trained model's features over the
+    # local training set (eval mode, after training); "training" = the features the local
+    # epochs computed, batch by batch in train mode as the model moved (FedProto's and
+    # HtFLlib's clients collect them inside the training loop)
+    proto_source: Literal["model", "training"] = "model"

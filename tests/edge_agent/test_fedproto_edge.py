@@ -35,13 +35,19 @@ def make_edge(seed: int = 0, arch: str = "mlp_s") -> FedProtoEdge:
     return edge_algorithm("fedproto", FedProtoEdge, ctx)
 
 
-def task(payloads: dict, predict: str = "prototype", shared_init: str = "architecture") -> Task:
+def task(
+    payloads: dict,
+    predict: str = "prototype",
+    shared_init: str = "architecture",
+    proto_source: str = "model",
+) -> Task:
     cfg = FedProtoConfig(
         local_epochs=1,
         batch_size=4,
         lr=0.5,
         predict=predict,  # type: ignore[arg-type]
         shared_init=shared_init,  # type: ignore[arg-type]
+        proto_source=proto_source,  # type: ignore[arg-type]
     )
     return Task(
         task_id="t",
@@ -112,3 +118,39 @@ def test_none_keeps_each_agents_own_start() -> None:
     b.handle(task({}, shared_init="none"))
     assert not _same(_state(a), _state(b))
     assert not _same(before, _state(a))  # it trained, from its own start
+
+
+class _Recorder:
+    """Keeps every (features, labels) pair the training steps hand to ``after_step``."""
+
+    def __init__(self, edge: FedProtoEdge) -> None:
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        original = edge.after_step
+
+        def record(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, lo: torch.Tensor) -> None:
+            self.seen.append((f.clone(), y.clone()))
+            original(x, y, f, lo)
+
+        edge.after_step = record  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("source", ["model", "training"])
+def test_uploaded_prototypes_come_from_the_trained_model_or_from_training(source: str) -> None:
+    # Prepare: a round with prototypes to pull towards, so the model moves within the epoch
+    edge = make_edge()
+    steps = _Recorder(edge)
+    protos = PrototypeSet(np.arange(C), np.ones((C, D), np.float32), np.full(C, 6))
+    # Execute
+    up = edge.handle(task({"protos": protos}, proto_source=source)).payloads["protos"]
+    # Assert: "training" averages the features the steps computed (HtFLlib's clients); "model"
+    # recomputes them with the trained model in eval mode
+    assert isinstance(up, PrototypeSet)
+    feats = torch.cat([f for f, _ in steps.seen])
+    labels = torch.cat([y for _, y in steps.seen])
+    during = torch.stack([feats[labels == c].mean(0) for c in range(C)]).numpy()
+    after = class_prototypes(edge.ctx.model, edge.ctx.train, C).vectors
+    assert up.class_ids.tolist() == [0, 1, 2]
+    assert up.counts.tolist() == torch.bincount(labels, minlength=C).tolist()
+    want, other = (during, after) if source == "training" else (after, during)
+    np.testing.assert_allclose(up.vectors, want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(up.vectors, other, atol=1e-3)
