@@ -55,3 +55,17 @@ def test_the_page_names_skipped_algorithms_and_runs_on_another_device() -> None:
     text = compare.page(args, [run], [], {"fedavg": "needs one architecture"})
     assert "| `fedavg` | – | not run: needs one architecture |" in text
     assert "1 of 1 runs on cuda" in text
+
+
+def test_common_training_gives_every_row_one_recipe_and_own_leaves_the_defaults() -> None:
+    common = compare.parse_args([])
+    own = compare.parse_args(["--train", "own"])
+    for alg in ("local", "fedhe", "fedtype", "fedvtc"):
+        hyper = compare.run_spec(common, alg, "digits", 1.0, 0)["hyper"]
+        assert {k: hyper[k] for k in compare.COMMON_TRAIN} == compare.COMMON_TRAIN
+        assert compare.run_spec(own, alg, "digits", 1.0, 0)["hyper"] == compare.NEEDS.get(
+            alg, {}
+        ).get("hyper", {})
+    # the two recipes are different runs, kept in different files and pages
+    assert common.out != own.out and common.md != own.md
+    assert compare.run_spec(common, "fedtype", "digits", 1.0, 0)["hyper"]["proxy_model"] == "mlp_xs"
