@@ -447,11 +447,16 @@ class Coordinator:
                 break
             self._pump(min(remaining, wait))
             if self.intake is not None:
-                self.intake.poll(open_step)
+                self._count_refusals(self.intake.poll(open_step))
         if self.intake is not None:  # closed before the deadline's verdict: none slips in
-            self.intake.close(open_step)
+            self._count_refusals(self.intake.close(open_step))
         for d in sorted(open_step.outstanding):
             open_step.fail(d, "deadline")
+
+    def _count_refusals(self, refused: list[tuple[str, str]]) -> None:
+        """Invalid replies an ingest worker refused, counted as the engine counts its own."""
+        for device, reason in refused:
+            self._reject("invalid_reply", f"{device}: {reason}")
 
     def _task(
         self, open_step: OpenStep, device_id: str, deadline: float, config: dict[str, Any]

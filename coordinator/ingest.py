@@ -72,18 +72,22 @@ class WorkerIntake:
             }
         )
 
-    def poll(self, open_step: OpenStep) -> None:
-        """Stop waiting for devices whose reply a worker stored or refused as invalid."""
+    def poll(self, open_step: OpenStep) -> list[tuple[str, str]]:
+        """Stop waiting for devices whose reply a worker stored or refused as invalid; returns
+        the new refusals, (device, reason), for the engine to count as its own."""
         idx = open_step.rec.idx
         for rowid, device in self.store.stored_since(idx, self._cursor):
             self._cursor = rowid
             open_step.stored(device)
+        refused = []
         for device, reason in self.store.refusals(idx, open_step.rec.attempt):
             if device not in self._refusals:
                 self._refusals.add(device)
                 open_step.fail(device, reason)
+                refused.append((device, reason))
+        return refused
 
-    def close(self, open_step: OpenStep) -> None:
+    def close(self, open_step: OpenStep) -> list[tuple[str, str]]:
         """No more replies for ``open_step``; then take note of the last ones stored."""
         self.store.set_intake(None)
-        self.poll(open_step)
+        return self.poll(open_step)
