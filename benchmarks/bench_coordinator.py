@@ -30,9 +30,15 @@ Figures per N (median over the steps after the first):
 * ``registration``: first registration written -> the coordinator has them all online;
 * ``peak RSS``: the coordinator process's maximum resident set (``ru_maxrss``).
 
+With ``--ingest-workers N`` the replies go to N ``coordinator ingest-worker`` processes
+(shared subscription, ``run.ingest_workers``): the coordinator rate is then the workers' (they
+decode, validate, store and ack), and each worker's CPU time, stored replies and time spent
+waiting for the store's write lock are reported.
+
 Usage::
 
     python benchmarks/bench_coordinator.py --agents 1000 --rounds 6
+    python benchmarks/bench_coordinator.py --agents 1000 --rounds 6 --ingest-workers 2
 """
 
 from __future__ import annotations
@@ -205,6 +211,16 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
     acks.close()
 
 
+def worker_main(run_dir: str, port: int, worker: str, out: Any) -> None:
+    """Child process: one ingest worker until the run finishes; reports its figures."""
+    from coordinator.ingest_worker import run_ingest_worker
+
+    logging.basicConfig(level=logging.ERROR)
+    cpu0 = time.process_time()
+    counts = run_ingest_worker(Path(run_dir), "127.0.0.1", port, worker, wait_s=600.0)
+    out.put({"worker": worker, "cpu_s": time.process_time() - cpu0, **counts})
+
+
 class _OnlineTimer(logging.Handler):
     """Notes when the engine logs that every agent it waited for is online."""
 
@@ -225,6 +241,7 @@ def run_one(
     store_dir: str | None = None,
     *,
     broadcast: bool = True,
+    ingest_workers: int = 0,
 ) -> dict[str, Any]:
     """One coordinator run with ``n`` fake agents; returns the figures for that N."""
     from coordinator.config import load_config
@@ -261,7 +278,15 @@ def run_one(
             run_id="bench",
             wait_agents_s=600.0,
             broadcast=broadcast,  # the global prototypes once on bcast/knowledge, or per task
+            ingest_workers=ingest_workers,
         )
+        figures = ctx.Queue()
+        workers = [
+            ctx.Process(target=worker_main, args=(cfg.run_dir, broker.port, f"w{i + 1}", figures))
+            for i in range(ingest_workers)
+        ]
+        for w in workers:
+            w.start()  # they wait for the run's store
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         transport = MqttTransport(
             client_id="coordinator",
@@ -287,8 +312,13 @@ def run_one(
         fleet.join(timeout=30)
         expect.put(0)
         consumer.join(timeout=30)
+        worker_figures = [figures.get(timeout=120) for _ in workers]
+        for w in workers:
+            w.join(timeout=30)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return _figures(n, rounds, times, result, timer.at, wall, cpu, rss, rss0)
+    out_figures = _figures(n, rounds, times, result, timer.at, wall, cpu, rss, rss0)
+    out_figures["ingest_workers"] = sorted(worker_figures, key=lambda f: f["worker"])
+    return out_figures
 
 
 def _figures(  # noqa: PLR0917 - a flat record of one run
@@ -374,10 +404,18 @@ def main(argv: list[str] | None = None) -> None:
         help="run.broadcast: the step's shared knowledge once on bcast/knowledge (on) or in "
         "every task (off, the behaviour before issue 21's broadcast)",
     )
+    ap.add_argument(
+        "--ingest-workers",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="run.ingest_workers: 0 = the coordinator takes the replies; N = N ingest-worker "
+        "processes do (several values: one run each, in turn)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     rows = []
-    for n in args.agents:
+    for n, workers in [(n, w) for n in args.agents for w in args.ingest_workers]:
         load = os.getloadavg()
         r = run_one(
             n,
@@ -386,20 +424,21 @@ def main(argv: list[str] | None = None) -> None:
             args.classes,
             args.store_dir,
             broadcast=args.broadcast == "on",
+            ingest_workers=workers,
         )
         r["load_before"] = [round(x, 2) for x in load]
         r["load_after"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(r)
         print(f"N={n}: {r}", flush=True)
     print(
-        "\n| agents | reply B | coord replies/s | broker replies/s | ratio | turnaround | "
-        "first next task | close | msgs/s | registration | peak RSS (MB) | "
+        "\n| agents | workers | reply B | coord replies/s | broker replies/s | ratio | "
+        "turnaround | first next task | close | msgs/s | registration | peak RSS (MB) | "
         "load 1-min before/after |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['agents']} | {_fmt(r['reply_bytes'], '.0f')} | "
+            f"| {r['agents']} | {len(r['ingest_workers'])} | {_fmt(r['reply_bytes'], '.0f')} | "
             f"{_fmt(r['coord_replies_per_s'], ',.0f')} | "
             f"{_fmt(r['broker_replies_per_s'], ',.0f')} | "
             f"{_fmt(r['ratio'], '.3f')} | {_fmt(r['turnaround_ms'], '.0f')} ms | "

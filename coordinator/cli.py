@@ -188,6 +188,21 @@ def _provision_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         _log_options(p)
 
 
+def _ingest_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ing = sub.add_parser(
+        "ingest-worker",
+        help="take a run's replies off the broker for its coordinator (run.ingest_workers)",
+    )
+    ing.add_argument("--run-dir", required=True, help="the run directory of `coordinator serve`")
+    ing.add_argument("--broker", required=True, help="MQTT broker HOST[:PORT] (a real one)")
+    ing.add_argument("--id", default="w1", help="this worker's id, unique in the run")
+    ing.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for the run and the broker"
+    )
+    _credential_options(ing)
+    _log_options(ing)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``coordinator`` argument parser."""
     p = argparse.ArgumentParser(
@@ -213,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
     _credential_options(serve)
+    _ingest_parser(sub)
     _provision_parser(sub)
     demo = sub.add_parser("demo", help="the whole system on this machine with bundled data")
     _run_options(demo)
@@ -814,8 +830,31 @@ def _config_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ingest_worker(args: argparse.Namespace) -> int:
+    from coordinator.ingest_worker import run_ingest_worker
+    from coordinator.runner import SENDER
+    from protocol.credentials import load_signing
+    from protocol.mqtt import parse_broker
+
+    creds = _serve_credentials(args)
+    signing = load_signing(creds, SENDER, enabled=not args.no_signing)
+    host, port = parse_broker(args.broker)
+    counts = run_ingest_worker(
+        Path(args.run_dir),
+        host,
+        port,
+        args.id,
+        signing=signing,
+        wait_s=args.wait,
+        **creds.transport_options(),
+    )
+    print(f"ingest worker {args.id}: {dict(sorted(counts.items()))}")
+    return 0
+
+
 _COMMANDS = {
     "serve": _serve,
+    "ingest-worker": _ingest_worker,
     "provision": _provision,
     "demo": _demo,
     "simulate": _simulate,

@@ -75,6 +75,9 @@ class RunConfig:
     # (WIRE.md §5), each task carrying its digest: per-round egress independent of the fleet
     broadcast: bool = True
     broadcast_min_bytes: int = 1024  # smaller shared payloads stay in the tasks (0: none do)
+    # 0: this process takes the replies. N: N `coordinator ingest-worker` processes take them
+    # through an MQTT shared subscription and store them; this process leads the rounds
+    ingest_workers: int = 0
     hyper: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -91,6 +94,10 @@ class RunConfig:
             raise ConfigError(
                 f"run.state_heartbeat_s: expected a value in (0, {MAX_HEARTBEAT_S:g}] seconds "
                 f"(half the {DEFAULT_WINDOW:g} s signature window), got {self.state_heartbeat_s}"
+            )
+        if self.ingest_workers < 0:
+            raise ConfigError(
+                f"run.ingest_workers: expected an int >= 0, got {self.ingest_workers}"
             )
         if self.broadcast_min_bytes < 0:
             raise ConfigError(
@@ -164,6 +171,8 @@ RUN_KEY_HELP: dict[str, str] = {
     "(false: inside every task)",
     "broadcast_min_bytes": "shared payloads smaller than this (encoded) stay inside the tasks; "
     "0 broadcasts every shared payload",
+    "ingest_workers": "0: the coordinator takes the replies itself; N: it waits for N "
+    "`coordinator ingest-worker` processes, which take them over a shared subscription",
 }
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.config import RunConfig
+from coordinator.ingest import POLL_S, WorkerIntake
 from coordinator.metrics import append_record, step_record
+from coordinator.replies import ReplyDesk, is_will, registered_agents, screen, task_id
 from coordinator.store import StepRecord, Store
 from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
-from protocol.algorithms.base import check_payloads
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import (
@@ -31,7 +32,6 @@ from protocol.errors import (
     AggregationError,
     EdgeFLError,
     LimitError,
-    ProtocolError,
     ValidationError,
 )
 from protocol.messages import (
@@ -102,6 +102,10 @@ class OpenStep:
         self.outcome.failed[device] = reason
         self.outstanding.discard(device)
 
+    def stored(self, device: str) -> None:
+        """An ingest worker stored ``device``'s reply; it is read from the store at the close."""
+        self.outstanding.discard(device)
+
     def waiting_for(self) -> set[str]:
         """Devices with a task in flight that have neither replied nor failed."""
         return set(self.outstanding)
@@ -151,7 +155,11 @@ class Coordinator:
         self._state: tuple[StateName, int] = ("starting", 0)  # last published coordinator state
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
-        self._refused_replies: dict[str, str] = {}  # msg_id -> reason, so a resend counts once
+        self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
+        # None: replies come to this process (the default); else ingest workers store them
+        self.intake = (
+            WorkerIntake(cfg.ingest_workers, store, self.topics) if cfg.ingest_workers else None
+        )
         # the open step's shared knowledge (None: its tasks carry all their payloads), kept to
         # answer a `fetch`; rebuilt by a resumed step (configure is deterministic)
         self._knowledge: Knowledge | None = None
@@ -160,13 +168,7 @@ class Coordinator:
 
     # ----- start-up -------------------------------------------------------------------------
     def _restore(self) -> None:
-        for device_id, blob in self.store.agents():
-            try:
-                reg = decode(blob).body
-            except ProtocolError:
-                continue
-            if isinstance(reg, Register):
-                self.agents[device_id] = AgentInfo(device_id, reg)
+        self.agents.update(registered_agents(self.store))
         self.strategy.load_state_dict(self.store.global_state())
         if self.store.get_meta("run_id") is None:
             self.store.set_meta("run_id", self.cfg.run_id)
@@ -183,7 +185,10 @@ class Coordinator:
         # (no step open) or whose ack was lost comes again with the same id, and only the
         # engine knows whether to accept it now, acknowledge it again or refuse it.
         self.endpoint.on_duplicate = self._on_duplicate
-        for pattern in (f"{base}/dev/+/up/#", f"{base}/dev/+/status", f"{base}/dev/+/progress"):
+        patterns = [f"{base}/dev/+/up/#", f"{base}/dev/+/status", f"{base}/dev/+/progress"]
+        if self.intake is not None:  # the replies go to the ingest workers
+            patterns = self.intake.subscriptions(base)
+        for pattern in patterns:
             self.endpoint.subscribe(pattern, lambda env, topic: self.inbox.put((env, topic)))
         self.endpoint.transport.add_connect_listener(self._on_connect)
         self._state = ("starting", 0)
@@ -265,6 +270,7 @@ class Coordinator:
     def _run_steps(self, first: int) -> None:
         if first < len(self.plan):
             self.wait_for_agents(self.cfg.min_agents, self.cfg.wait_agents_s)
+            self._wait_for_workers(self.cfg.wait_agents_s)
             self._publish_state("running", self.plan[first].round)
         if first:
             self.log.info("resuming at step %d of %d", first + 1, len(self.plan))
@@ -300,6 +306,21 @@ class Coordinator:
         self.log.info(
             "%d agents online: %s", len(self._online_agents()), ", ".join(self._online_agents())
         )
+
+    def _wait_for_workers(self, timeout: float) -> None:
+        """With ingest workers, wait until ``run.ingest_workers`` of them are online: a reply
+        published while no member holds the shared subscription is dropped by the broker."""
+        if self.intake is None:
+            return
+        end = time.monotonic() + timeout
+        while len(self.intake.online) < self.intake.count:
+            if time.monotonic() > end:
+                raise QuorumError(
+                    f"only {len(self.intake.online)} of {self.intake.count} ingest workers "
+                    f"online within {timeout:.0f} s"
+                )
+            self._pump(min(0.5, max(0.0, end - time.monotonic())))
+        self.log.info("%d ingest workers online", len(self.intake.online))
 
     def _online_agents(self) -> list[str]:
         return sorted(d for d in self.agents if d in self.online and d not in self.refused)
@@ -364,17 +385,7 @@ class Coordinator:
     def collect(self, rec: StepRecord, step: Step) -> OpenStep:
         """Send tasks to participants without a stored update and wait for their replies."""
         open_step = OpenStep(rec, step)
-        for device_id, _msg_id, blob in self.store.updates(rec.idx):  # resumed step
-            body = decode(blob).body
-            agent = self.agents.get(device_id)
-            if not isinstance(body, Reply) or agent is None:
-                continue
-            try:  # validated again, in stored order: rebuilds per-step rules (round 1's dim)
-                self._check_reply(step, agent, body)
-            except ValidationError as exc:  # cannot pass twice differently; never aggregate it
-                self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
-                continue
-            open_step.replied(device_id, body)
+        self._take_stored(open_step)  # a resumed step's
         deadline = time.time() + self.cfg.deadline_s
         config = self.strategy.config.to_dict()  # the same for every task of the step
         tasks = {
@@ -386,6 +397,8 @@ class Coordinator:
             tasks, self._knowledge = self._split_shared(step, tasks)
             if self._knowledge is not None:  # before the tasks that name it
                 self._publish_knowledge(self._knowledge)
+            if self.intake is not None:  # before the tasks: their replies may come at once
+                self.intake.open(open_step)
             for device_id, task in tasks.items():
                 open_step.sent(device_id, task)
                 self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
@@ -405,23 +418,52 @@ class Coordinator:
             self._wait_for_replies(open_step, deadline + self.cfg.grace_s)
         finally:
             self._open_step = None
+        if self.intake is not None:
+            self._take_stored(open_step)  # what the workers stored, read and checked once
         return open_step
 
+    def _take_stored(self, open_step: OpenStep) -> None:
+        """The stored replies of ``open_step``'s step (a resumed step's, or the ingest
+        workers'), validated again in device order: rebuilds per-step rules (round 1's dim)."""
+        step = open_step.step
+        for device_id, _msg_id, blob in self.store.updates(open_step.rec.idx):
+            body = decode(blob).body
+            agent = self.agents.get(device_id)
+            if device_id in open_step.outcome.replies or not isinstance(body, Reply) or not agent:
+                continue
+            try:
+                self._check_reply(step, agent, body)
+            except ValidationError as exc:  # cannot pass twice differently; never aggregate it
+                self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
+                continue
+            open_step.replied(device_id, body)
+
     def _wait_for_replies(self, open_step: OpenStep, end: float) -> None:
+        # with ingest workers, look at the store often: their replies do not pass our inbox
+        wait = 0.5 if self.intake is None else POLL_S
         while open_step.outstanding:
             remaining = end - time.time()
             if remaining <= 0:
-                for d in sorted(open_step.outstanding):
-                    open_step.fail(d, "deadline")
-                return
-            self._pump(min(remaining, 0.5))
+                break
+            self._pump(min(remaining, wait))
+            if self.intake is not None:
+                self._count_refusals(self.intake.poll(open_step))
+        if self.intake is not None:  # closed before the deadline's verdict: none slips in
+            self._count_refusals(self.intake.close(open_step))
+        for d in sorted(open_step.outstanding):
+            open_step.fail(d, "deadline")
+
+    def _count_refusals(self, refused: list[tuple[str, str]]) -> None:
+        """Invalid replies an ingest worker refused, counted as the engine counts its own."""
+        for device, reason in refused:
+            self._reject("invalid_reply", f"{device}: {reason}")
 
     def _task(
         self, open_step: OpenStep, device_id: str, deadline: float, config: dict[str, Any]
     ) -> Task:
         rec, step, agent = open_step.rec, open_step.step, self.agents[device_id]
         return Task(
-            task_id=f"{self.cfg.run_id}.{rec.idx}.{rec.attempt}.{device_id}",
+            task_id=task_id(self.cfg.run_id, rec.idx, rec.attempt, device_id),
             run_id=self.cfg.run_id,
             round=step.round,
             phase=step.phase,
@@ -529,16 +571,15 @@ class Coordinator:
         self._acks.append((topic, ack))  # sent by _pump once the batch is committed
 
     def _handle(self, env: Envelope, topic: str) -> None:
-        device = self.topics.device_from(topic)
-        if device is None or device != env.sender:
-            self._reject("sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}")
+        worker = None if self.intake is None else self.intake.worker_of(topic)
+        if worker is not None:
+            self._on_worker(env, worker)
             return
-        body = env.body
-        if not self.endpoint.trusted(env) and not _is_will(body):
-            # with signatures required only a last will arrives unsigned: it may say that its
-            # device went offline, never that it is online, busy or done (a forger could)
-            self._reject("unsigned", f"unsigned {env.kind} {_describe(body)} from {device}")
+        refused = screen(self.topics, env, topic, self.endpoint.trusted(env))
+        if refused is not None:
+            self._reject(*refused)
             return
+        device, body = env.sender, env.body
         if device in self.agents:  # last seen, for `coordinator status`
             online = body.state in ("online", "busy") if isinstance(body, Status) else None
             self.store.touch_agent(device, online)
@@ -569,6 +610,31 @@ class Coordinator:
             )
         else:
             self._reject("unexpected_kind", f"{env.kind} from {device}")
+
+    def _on_worker(self, env: Envelope, worker: str) -> None:
+        """An ingest worker came or went. One killed mid-step took the replies it held but had
+        not stored: their devices got no ack and keep them in their outboxes, and an agent
+        sent its task again answers with the stored reply (same message id, so never stored
+        twice). The broker does not hand a dead member's messages to the others."""
+        body = env.body
+        if not isinstance(body, Status) or env.sender != self.endpoint.sender:
+            self._reject("unexpected_kind", f"{env.kind} from {env.sender} as worker {worker}")
+            return
+        if not self.endpoint.trusted(env) and not is_will(body):
+            self._reject("unsigned", f"unsigned {body.state!r} of ingest worker {worker}")
+            return
+        assert self.intake is not None  # only called with workers
+        self.log.info("ingest worker %s: %s", worker, body.state)
+        if self.intake.on_status(worker, body) and self._open_step is not None:
+            self._resend_tasks(self._open_step)
+
+    def _resend_tasks(self, open_step: OpenStep) -> None:
+        """Send their task again to the devices the open step still waits for."""
+        waiting = sorted(open_step.outstanding)
+        self.log.warning("ingest workers changed: sending %d open tasks again", len(waiting))
+        for device_id in waiting:
+            task = open_step.tasks[device_id]
+            self.endpoint.send(self.topics.down(device_id, "task"), task, round=task.round)
 
     def _task_of(self, device: str, task_id: str | None = None) -> Task | None:
         """The open step's task for ``device`` (``None`` if none, or if ``task_id`` differs)."""
@@ -664,61 +730,33 @@ class Coordinator:
         self.endpoint.send(self.topics.down(exc.device_id, "error"), body)
 
     def _on_reply(self, env: Envelope, reply: Reply) -> None:
-        device = env.sender
-        ack_topic = self.topics.down(device, "ack")
-        if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
-            self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))
-            return
-        if env.msg_id in self._refused_replies:  # resent before our refusal reached it
-            self._refuse_reply(ack_topic, env, reply, self._refused_replies[env.msg_id])
-            return
-        open_step = self._open_step
-        if open_step is None:
-            # No step is open (start-up, a resume before its step reopens, between steps): the
-            # reply cannot be judged yet. Refusing it would make the agent drop it from its
-            # outbox, and a resumed step would then wait in vain for an update the agent has
-            # already computed. Without an ack the agent keeps it and sends it again when the
-            # step's task reaches it; a reply to a step that is closed for good is refused once
-            # it arrives again while a step is open. The resend passes the endpoint's duplicate
-            # filter through ``_on_duplicate``.
+        device, open_step = env.sender, self._open_step
+        task = self._task_of(device)
+        verdict = self.desk.judge(
+            env,
+            reply,
+            None if open_step is None else open_step.step,
+            None if task is None else task.task_id,
+            self.agents.get(device),
+        )
+        if verdict.reject is not None:
+            self._reject(*verdict.reject)
+        if open_step is not None and verdict.fail is not None:
+            open_step.fail(device, verdict.fail)
+        if verdict.ack is None:  # the resend passes the endpoint's filter via _on_duplicate
             self.deferred += 1
             self.log.info("reply %s from %s deferred: no step is open", reply.task_id, device)
             return
-        if self._task_of(device, reply.task_id) is None:
-            self._reject("late", f"reply {reply.task_id} from {device} matches no open task")
-            self._refuse_reply(ack_topic, env, reply, "late or unknown task")
-            return
-        try:
-            self._check_reply(open_step.step, self.agents[device], reply)
-        except ValidationError as exc:
-            self._reject("invalid_reply", f"{device}: {exc}")
-            open_step.fail(device, str(exc))
-            self._refuse_reply(ack_topic, env, reply, str(exc))
-            return
-        # the frame as received (already validated): encoding it again cost 5-10 % per reply
-        blob = env.wire or encode(env)
-        self.store.add_update(open_step.rec.idx, device, env.msg_id, reply.task_id, blob)
-        open_step.replied(device, reply)
-        self._ack(ack_topic, Ack(ref_id=env.msg_id, task_id=reply.task_id))  # after the commit
+        if verdict.store and open_step is not None:
+            # the frame as received (already validated): encoding it again cost 5-10 % per reply
+            blob = env.wire or encode(env)
+            self.store.add_update(open_step.rec.idx, device, env.msg_id, reply.task_id, blob)
+            open_step.replied(device, reply)
+        self._ack(self.topics.down(device, "ack"), verdict.ack)  # sent after the commit
 
     def _check_reply(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Raise :class:`ValidationError` for a reply that cannot be aggregated."""
-        if reply.phase != step.phase or reply.round != step.round:
-            raise ValidationError(
-                "reply.phase/round", f"{step.phase}/{step.round}", f"{reply.phase}/{reply.round}"
-            )
-        # keys and kinds once, from the algorithm's declaration; shapes are the strategy's
-        specs = type(self.strategy.config).reply_payloads(step.phase)
-        if specs is not None:
-            check_payloads(specs, reply.payloads, step.phase)
-        self.strategy.check_values(reply)  # magnitude bounds for every algorithm
-        self.strategy.check_num_samples(step, agent, reply)  # weights of sample-weighted means
-        self.strategy.validate(step, agent, reply)
-
-    def _refuse_reply(self, ack_topic: str, env: Envelope, reply: Reply, reason: str) -> None:
-        self._refused_replies[env.msg_id] = reason
-        ack = Ack(ref_id=env.msg_id, task_id=reply.task_id, accepted=False, reason=reason)
-        self._ack(ack_topic, ack)
+        self.desk.check(step, agent, reply)
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -824,15 +862,6 @@ def _shared_names(maps: list[dict[str, Payload]]) -> list[str]:
                 differ.add(name)
             count[name] += 1
     return [n for n in first if n not in differ and count[n] >= 2]
-
-
-def _is_will(body: object) -> bool:
-    """An agent's last will: the only thing the engine accepts from an unverified frame."""
-    return isinstance(body, Status) and body.state == "offline"
-
-
-def _describe(body: object) -> str:
-    return repr(body.state) if isinstance(body, Status) else ""
 
 
 def _fmt(value: float | None) -> str:

@@ -47,6 +47,8 @@ OPERATIONAL_KEYS = frozenset(
         "broadcast",
         "broadcast_min_bytes",
         "state_heartbeat_s",
+        # who takes the replies (the engine or ingest workers): the same checks either way
+        "ingest_workers",
     }
 )
 

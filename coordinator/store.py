@@ -107,7 +107,12 @@ CREATE INDEX IF NOT EXISTS quarantine_by_msg ON quarantine (msg_id);
 CREATE TABLE IF NOT EXISTS global_state (name TEXT PRIMARY KEY, blob BLOB NOT NULL,
     step INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS metrics (step INTEGER PRIMARY KEY, record TEXT NOT NULL);
+-- replies an ingest worker refused as invalid, so that the round leader stops waiting for them
+CREATE TABLE IF NOT EXISTS refusals (step INTEGER NOT NULL, attempt INTEGER NOT NULL,
+    device_id TEXT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (step, attempt, device_id));
 """
+INTAKE = "intake"  # meta key: the step whose replies ingest workers may store (null: none)
+BUSY_TIMEOUT_S = 30.0  # ingest workers and the leader take turns at the write lock
 
 
 @dataclass(frozen=True)
@@ -123,14 +128,17 @@ class StepRecord:
 
 
 class Store:
-    """The coordinator's SQLite database (single writer: the engine's thread)."""
+    """The coordinator's SQLite database: written by the engine's thread and, with ingest
+    workers, by their processes too (WAL: one writer at a time, readers never blocked)."""
 
     def __init__(self, path: Path | str, *, lock: bool = False) -> None:
         """Open (creating) the database; ``lock=True`` first takes the run directory's lock."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock = RunDirLock(self.path.parent) if lock else None
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S
+        )
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # an acked update must survive power loss
         self.db.executescript(SCHEMA)
@@ -260,6 +268,54 @@ class Store:
             if self.db.execute(f"SELECT 1 FROM {table} WHERE msg_id=?", (msg_id,)).fetchone():
                 return True
         return False
+
+    def stored_since(self, step: int, after: int) -> list[tuple[int, str]]:
+        """(rowid, device_id) of the updates of ``step`` stored after rowid ``after``."""
+        return list(
+            self.db.execute(
+                "SELECT rowid, device_id FROM updates WHERE step=? AND rowid>? ORDER BY rowid",
+                (step, after),
+            )
+        )
+
+    # ----- the intake of ingest workers -----------------------------------------------------
+    def set_intake(self, intake: dict[str, Any] | None) -> None:
+        """Open (``{"step", "attempt", "round", "phase", "participation"}``) or close the
+        step whose replies workers store. Committed at once: a worker's store is conditional
+        on it (:meth:`add_update_if_open`), so after closing no reply can slip in."""
+        self.set_meta(INTAKE, intake)
+
+    def intake(self) -> dict[str, Any] | None:
+        """The step open to ingest workers, or ``None``."""
+        value = self.get_meta(INTAKE)
+        return value if isinstance(value, dict) else None
+
+    def add_update_if_open(
+        self, intake: dict[str, Any], device_id: str, msg_id: str, task_id: str, envelope: bytes
+    ) -> bool | None:
+        """:meth:`add_update` if ``intake`` is still the open step; ``None`` if it is not.
+
+        Call inside :meth:`transaction`: the write lock orders it against the leader's
+        :meth:`set_intake`, so a reply is stored either before the step closes or not at all.
+        """
+        if self.intake() != intake:
+            return None
+        return self.add_update(intake["step"], device_id, msg_id, task_id, envelope)
+
+    def add_refusal(self, step: int, attempt: int, device_id: str, reason: str) -> None:
+        """Note that a worker refused ``device_id``'s reply of this attempt as invalid."""
+        self.db.execute(
+            "INSERT OR IGNORE INTO refusals VALUES (?, ?, ?, ?)", (step, attempt, device_id, reason)
+        )
+
+    def refusals(self, step: int, attempt: int) -> list[tuple[str, str]]:
+        """(device_id, reason) of the replies refused as invalid in this attempt."""
+        return list(
+            self.db.execute(
+                "SELECT device_id, reason FROM refusals WHERE step=? AND attempt=?",
+                (step, attempt),
+            )
+        )
 
     def clear_updates(self, step: int) -> None:
         """Drop a failed attempt's updates before the step is retried."""

@@ -11,13 +11,16 @@ from dataclasses import dataclass
 
 from protocol.errors import ValidationError
 
-__all__ = ["COORDINATOR_ID", "Topics", "matches", "validate_id"]
+__all__ = ["COORDINATOR_ID", "SHARE", "Topics", "matches", "shared", "validate_id"]
 
 PREFIX = "edgefl/v1"
 #: The sender id of every coordinator frame and its certificate CN: agents act on a
 #: ``coord_state`` only from this sender (a device's own key verifies its own frames too).
 COORDINATOR_ID = "coordinator"
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: MQTT 5 shared-subscription prefix (also honoured for 3.1.1 clients by Mosquitto 2, EMQX and
+#: HiveMQ): ``$share/{group}/{filter}`` delivers each message to one member of the group
+SHARE = "$share"
 
 
 def validate_id(value: str, field: str = "id") -> str:
@@ -76,6 +79,11 @@ class Topics:
         """Training progress and heartbeats, QoS 0."""
         return f"{self.base}/dev/{validate_id(device_id, 'device_id')}/progress"
 
+    def ingest(self, worker: str) -> str:
+        """An ingest worker's presence (``online``, will ``offline``), retained; the round
+        leader resends the open tasks when one goes (``docs/scaling.md``)."""
+        return f"{self.base}/coord/ingest/{validate_id(worker, 'worker')}"
+
     def device_from(self, topic: str) -> str | None:
         """The device id in a ``dev/{id}/...`` topic, else ``None``."""
         parts = topic.split("/")
@@ -85,9 +93,17 @@ class Topics:
         return None
 
 
+def shared(group: str, topic_filter: str) -> str:
+    """``topic_filter`` as a subscription shared by the members of ``group``."""
+    return f"{SHARE}/{validate_id(group, 'group')}/{topic_filter}"
+
+
 def matches(pattern: str, topic: str) -> bool:
-    """MQTT topic-filter matching with ``+`` and ``#``."""
+    """MQTT topic-filter matching with ``+`` and ``#``; a shared filter matches what its
+    inner filter does (messages arrive on their own topic, without the prefix)."""
     p_parts, t_parts = pattern.split("/"), topic.split("/")
+    if p_parts[0] == SHARE and len(p_parts) > 2:
+        p_parts = p_parts[2:]
     for i, p in enumerate(p_parts):
         if p == "#":
             return True

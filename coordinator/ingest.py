@@ -1,0 +1,93 @@
+"""The round leader's side of ingest workers (``run.ingest_workers`` > 0).
+
+The workers (``coordinator/ingest_worker.py``) take the agents' replies through an MQTT shared
+subscription, judge each with the engine's :class:`~coordinator.replies.ReplyDesk`, store it in
+the run's SQLite store and acknowledge it. The leader (the engine) opens and closes steps as
+before; it tells the workers which step is open through the store (:meth:`Store.set_intake`),
+learns what they stored by polling the store, and reads the replies from it when the step
+closes. Design and figures: ``docs/scaling.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from coordinator.store import Store
+from protocol.messages import Status
+from protocol.topics import Topics
+
+if TYPE_CHECKING:
+    from coordinator.engine import OpenStep
+
+__all__ = ["LEADER_UP_KINDS", "POLL_S", "WorkerIntake"]
+
+#: What the leader still takes from the agents itself: everything but ``reply``.
+LEADER_UP_KINDS = ("register", "error", "fetch", "chunk_req")
+#: How often the leader looks for stored replies while a step is open (an indexed query).
+POLL_S = 0.05
+
+
+class WorkerIntake:
+    """Which workers are online, and which replies of the open step they have stored."""
+
+    def __init__(self, count: int, store: Store, topics: Topics) -> None:
+        self.count = count  # workers the run waits for before its first step
+        self.store = store
+        self.online: set[str] = set()
+        self._prefix = topics.ingest("x")[:-1]
+        self._cursor = 0  # rowid of the last update of the open step seen
+        self._refusals: set[str] = set()
+
+    def subscriptions(self, base: str) -> list[str]:
+        """The leader's filters: agents' non-reply messages, presence, and the workers'."""
+        ups = [f"{base}/dev/+/up/{kind}" for kind in LEADER_UP_KINDS]
+        return [*ups, f"{base}/dev/+/status", f"{base}/dev/+/progress", f"{self._prefix}+"]
+
+    def worker_of(self, topic: str) -> str | None:
+        """The worker id of a ``coord/ingest/{worker}`` topic, else ``None``."""
+        return topic[len(self._prefix) :] if topic.startswith(self._prefix) else None
+
+    def on_status(self, worker: str, status: Status) -> bool:
+        """Record a worker's presence; ``True`` when its replies in flight may be lost (it
+        went offline) or none could be taken (the first worker back after none was online)."""
+        was = bool(self.online)
+        if status.state == "online":
+            self.online.add(worker)
+            return not was
+        gone = worker in self.online
+        self.online.discard(worker)
+        return gone
+
+    def open(self, open_step: OpenStep) -> None:
+        """Let the workers store replies of ``open_step`` (before its tasks leave)."""
+        rec, step = open_step.rec, open_step.step
+        self._cursor, self._refusals = 0, set()
+        self.store.set_intake(
+            {
+                "step": rec.idx,
+                "attempt": rec.attempt,
+                "round": step.round,
+                "phase": step.phase,
+                "participation": step.participation,
+            }
+        )
+
+    def poll(self, open_step: OpenStep) -> list[tuple[str, str]]:
+        """Stop waiting for devices whose reply a worker stored or refused as invalid; returns
+        the new refusals, (device, reason), for the engine to count as its own."""
+        idx = open_step.rec.idx
+        for rowid, device in self.store.stored_since(idx, self._cursor):
+            self._cursor = rowid
+            open_step.stored(device)
+        refused = []
+        for device, reason in self.store.refusals(idx, open_step.rec.attempt):
+            if device not in self._refusals:
+                self._refusals.add(device)
+                open_step.fail(device, reason)
+                refused.append((device, reason))
+        return refused
+
+    def close(self, open_step: OpenStep) -> list[tuple[str, str]]:
+        """No more replies for ``open_step``; then take note of the last ones stored."""
+        self.store.set_intake(None)
+        return self.poll(open_step)

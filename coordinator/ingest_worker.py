@@ -1,0 +1,255 @@
+"""``coordinator ingest-worker``: one of N processes that take a run's replies off the broker.
+
+Each worker holds a member of the MQTT shared subscription ``$share/edgefl-ingest/{base}/dev/
++/up/reply`` (the broker hands each reply to one member), judges every reply with the engine's
+own :class:`~coordinator.replies.ReplyDesk` against the step the round leader opened (read from
+the run's store), stores the valid ones as received in that store, commits, and only then
+acknowledges them: the contract of the in-process path, in another process with its own GIL.
+The round leader (``coordinator serve`` with ``run.ingest_workers`` = N) reads them from the
+store when the step closes (``coordinator/ingest.py``; design: ``docs/scaling.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coordinator.config import RunConfig, build_config
+from coordinator.replies import ReplyDesk, registered_agents, screen, task_id
+from coordinator.runner import UNSIGNED_KINDS
+from coordinator.store import Store
+from coordinator.strategies import AgentInfo, Step, create_strategy
+from protocol.codec import Envelope, encode
+from protocol.endpoint import Endpoint
+from protocol.messages import CoordinatorState, Reply, Status
+from protocol.topics import COORDINATOR_ID, Topics, shared
+from protocol.transport import Will
+
+if TYPE_CHECKING:
+    from protocol.credentials import SigningKeys
+
+__all__ = ["GROUP", "IngestWorker", "open_run_store", "run_ingest_worker", "worker_will"]
+
+GROUP = "edgefl-ingest"  # the share group; one per topic filter, so one per federation
+MAX_BATCH = 512  # replies judged and stored per transaction (group commit, as the engine)
+Judged = tuple[Envelope, Reply, Any]
+
+
+def open_run_store(run_dir: Path, wait_s: float) -> tuple[Store, RunConfig]:
+    """The run's store and config, once the round leader has created them (waits ``wait_s``)."""
+    path, end = Path(run_dir) / "state.sqlite", time.monotonic() + wait_s
+    while True:
+        if path.exists():
+            store = Store(path)  # no run-directory lock: the leader holds it
+            stored = store.get_meta("config")
+            if stored is not None:
+                return store, build_config({"run": {}, "hyper": {}}, stored)
+            store.close()
+        if time.monotonic() > end:
+            raise TimeoutError(f"no coordinator run in {run_dir} after {wait_s:.0f} s")
+        time.sleep(0.2)
+
+
+def worker_will(cfg: RunConfig, worker: str) -> Will:
+    """Retained ``offline``: the leader then sends the open tasks again."""
+    body = Status(state="offline")
+    env = Envelope(body=body, sender=COORDINATOR_ID, federation=cfg.federation)
+    return Will(Topics(cfg.federation).ingest(worker), encode(env))
+
+
+class IngestWorker:
+    """Judge, store and acknowledge the replies one shared-subscription member receives."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        store: Store,
+        endpoint: Endpoint,
+        worker: str,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.cfg, self.store, self.endpoint, self.worker = cfg, store, endpoint, worker
+        self.topics = Topics(cfg.federation)
+        self.log = logger or logging.getLogger(f"edgefl.ingest.{worker}")
+        strategy = create_strategy(
+            cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed
+        )
+        self.desk = ReplyDesk(strategy, store)
+        self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()
+        self.done = threading.Event()  # the run finished
+        self.counts: Counter[str] = Counter()  # stored, acked, refused, deferred, rejected.*
+        self.lock_wait_s = 0.0  # time spent waiting for the store's write lock
+        self._intake: dict[str, Any] | None = None
+        self._step: Step | None = None
+        self._participants: set[str] = set()
+        self._agents: dict[str, AgentInfo] = {}
+
+    # ----- wiring ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Subscribe (before the transport connects) and announce on every connect."""
+
+        def take(env: Envelope, topic: str) -> None:
+            self.inbox.put((env, topic))
+
+        self.endpoint.subscribe(shared(GROUP, f"{self.topics.base}/dev/+/up/reply"), take)
+        # a reply resent after its ack was lost is a duplicate for the endpoint: judge it again
+        self.endpoint.on_duplicate = take
+        self.endpoint.subscribe(self.topics.coord_state, self._on_state)
+        self.endpoint.transport.add_connect_listener(lambda _present: self._announce("online"))
+        if self.endpoint.transport.connected:
+            self._announce("online")
+
+    def _announce(self, state: str) -> None:
+        body = Status(state=state)  # type: ignore[arg-type]
+        self.endpoint.send(self.topics.ingest(self.worker), body, retain=True)
+
+    def _on_state(self, env: Envelope, _topic: str) -> None:
+        body = env.body
+        if not isinstance(body, CoordinatorState) or env.sender != COORDINATOR_ID:
+            return
+        if (
+            body.run_id == self.cfg.run_id
+            and body.state == "finished"
+            and self.endpoint.trusted(env)
+        ):
+            self.done.set()
+
+    def stop(self) -> None:
+        """Leave cleanly: the leader learns it (a clean disconnect sends no will)."""
+        self._announce("offline")
+
+    # ----- the loop -------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Take replies until the run finishes or ``stop`` is set."""
+        stop = stop or threading.Event()
+        while not stop.is_set() and not self.done.is_set():
+            try:
+                batch = [self.inbox.get(timeout=0.2)]
+            except queue.Empty:
+                continue
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            self.process(batch)
+
+    def process(self, batch: list[tuple[Envelope, str]]) -> None:
+        """Judge ``batch`` outside the write lock, store it in one transaction, then ack."""
+        self._refresh()
+        judged = [j for env, topic in batch if (j := self._judge(env, topic)) is not None]
+        acks = []
+        t0 = time.perf_counter()
+        with self.store.transaction():
+            self.lock_wait_s += time.perf_counter() - t0
+            for env, reply, verdict in judged:
+                if self._keep(env, reply, verdict):
+                    acks.append((self.topics.down(env.sender, "ack"), verdict.ack))
+        for topic, ack in acks:  # after the commit: an acknowledged update is durable
+            self.endpoint.send(topic, ack)
+        self.counts["acked"] += len(acks)
+
+    def _judge(self, env: Envelope, topic: str) -> Judged | None:
+        refused = screen(self.topics, env, topic, self.endpoint.trusted(env))
+        if refused is None and not isinstance(env.body, Reply):
+            refused = "unexpected_kind", f"{env.kind} from {env.sender} on {topic}"
+        if refused is not None:
+            self._count_reject(*refused)
+            return None
+        assert isinstance(env.body, Reply)  # checked just above (for mypy)
+        device, step = env.sender, self._step
+        task = None
+        if step is not None and self._intake is not None and device in self._participants:
+            task = task_id(self.cfg.run_id, self._intake["step"], self._intake["attempt"], device)
+        verdict = self.desk.judge(env, env.body, step, task, self._agents.get(device))
+        if verdict.reject is not None:
+            self._count_reject(*verdict.reject)
+        return env, env.body, verdict
+
+    def _keep(self, env: Envelope, reply: Reply, verdict: Any) -> bool:
+        """Store what the verdict says (inside the transaction); whether to ack it."""
+        device = env.sender
+        if device in self._agents:  # last seen, for `coordinator status`
+            self.store.touch_agent(device)
+        if verdict.ack is None:
+            self.counts["deferred"] += 1
+            return False
+        intake = self._intake
+        if verdict.store and intake is not None:
+            blob = env.wire or encode(env)
+            stored = self.store.add_update_if_open(intake, device, env.msg_id, reply.task_id, blob)
+            if stored is None:  # the leader closed the step meanwhile: as if none was open
+                self.counts["deferred"] += 1
+                return False
+            self.counts["stored"] += int(stored)
+        if verdict.fail is not None and intake is not None:
+            self.store.add_refusal(intake["step"], intake["attempt"], device, verdict.fail)
+        return True
+
+    def _count_reject(self, counter: str, detail: str) -> None:
+        self.counts[f"rejected.{counter}"] += 1
+        self.log.warning("rejected (%s): %s", counter, detail)
+
+    def _refresh(self) -> None:
+        """Follow the leader: the open step, its participants, the global state, the fleet."""
+        intake = self.store.intake()
+        if intake == self._intake:
+            return
+        previous, self._intake = self._intake, intake
+        if intake is None:
+            self._step = None
+            return
+        rec = self.store.step(intake["step"])
+        self._participants = set(rec.participants) if rec is not None else set()
+        self._step = Step(intake["round"], intake["phase"], intake["participation"])
+        if previous is None or previous.get("step") != intake["step"]:
+            self.desk.strategy.load_state_dict(self.store.global_state())
+        self._agents = registered_agents(self.store)
+
+
+def run_ingest_worker(
+    run_dir: Path,
+    host: str,
+    port: int,
+    worker: str,
+    *,
+    signing: SigningKeys | None = None,
+    stop: threading.Event | None = None,
+    wait_s: float = 60.0,
+    logger: logging.Logger | None = None,
+    **transport_options: Any,
+) -> Counter[str]:
+    """Connect one worker to the broker and take replies until the run finishes."""
+    from protocol.mqtt import MqttTransport
+
+    store, cfg = open_run_store(run_dir, wait_s)
+    try:
+        # a clean session: the broker keeps no queue for a dead member, so the share group's
+        # messages go to the members alive (a kept session would hold its share of them)
+        transport = MqttTransport(
+            host=host,
+            port=port,
+            client_id=f"edgefl-ingest-{cfg.federation}-{worker}",
+            will=worker_will(cfg, worker),
+            clean_session=True,
+            **transport_options,
+        )
+        options = {} if signing is None else signing.endpoint_options(UNSIGNED_KINDS)
+        endpoint = Endpoint(transport, sender=COORDINATOR_ID, federation=cfg.federation, **options)
+        ingest = IngestWorker(cfg, store, endpoint, worker, logger)
+        ingest.start()
+        transport.connect(retry_for=wait_s)
+        try:
+            ingest.run(stop)
+        finally:
+            ingest.stop()
+            transport.close()
+        ingest.counts["lock_wait_ms"] = round(1e3 * ingest.lock_wait_s)  # for the benchmark
+        return ingest.counts
+    finally:
+        store.close()

@@ -1,0 +1,140 @@
+"""What becomes of one reply: the engine's checks, written once for the engine and the ingest
+workers (``coordinator/ingest_worker.py``).
+
+:meth:`ReplyDesk.judge` decides; the caller stores (when the verdict says so), commits, and only
+then sends the verdict's ack: an acknowledged update is durable (``WIRE.md`` §10). The engine
+calls it on its own thread; an ingest worker on its own, against the step that the round leader
+opened in the shared store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.store import Store
+from coordinator.strategies import AgentInfo, Step, Strategy
+from protocol.algorithms.base import check_payloads
+from protocol.codec import Envelope, decode
+from protocol.errors import ProtocolError, ValidationError
+from protocol.messages import Ack, Register, Reply, Status
+from protocol.topics import Topics
+
+__all__ = ["ReplyDesk", "Verdict", "is_will", "registered_agents", "screen", "task_id"]
+
+
+def task_id(run_id: str, idx: int, attempt: int, device_id: str) -> str:
+    """The id of ``device_id``'s task in attempt ``attempt`` of step ``idx``."""
+    return f"{run_id}.{idx}.{attempt}.{device_id}"
+
+
+def registered_agents(store: Store) -> dict[str, AgentInfo]:
+    """Every agent whose registration the store holds (admitted when it was stored)."""
+    agents = {}
+    for device_id, blob in store.agents():
+        try:
+            reg = decode(blob).body
+        except ProtocolError:
+            continue
+        if isinstance(reg, Register):
+            agents[device_id] = AgentInfo(device_id, reg)
+    return agents
+
+
+def screen(topics: Topics, env: Envelope, topic: str, trusted: bool) -> tuple[str, str] | None:
+    """(counter, detail) when a device's message must not be acted on at all: its sender is
+    not the device of its topic, or it is unsigned where signatures are required; else None.
+    ``trusted``: :meth:`Endpoint.trusted` of ``env``."""
+    device = topics.device_from(topic)
+    if device is None or device != env.sender:
+        return "sender_mismatch", f"{env.kind} from {env.sender!r} on topic {topic}"
+    body = env.body
+    if not trusted and not is_will(body):
+        # with signatures required only a last will arrives unsigned: it may say that its
+        # device went offline, never that it is online, busy or done (a forger could)
+        state = repr(body.state) if isinstance(body, Status) else ""
+        return "unsigned", f"unsigned {env.kind} {state} from {device}"
+    return None
+
+
+def is_will(body: object) -> bool:
+    """A last will: the only thing the engine accepts from an unverified frame."""
+    return isinstance(body, Status) and body.state == "offline"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one reply: what to store, count and send."""
+
+    ack: Ack | None  # sent after the commit; None: not now (deferred: no step is open)
+    store: bool = False  # valid for the open step: store it, then ack
+    reject: tuple[str, str] | None = None  # (counter, detail) of a refused reply
+    fail: str | None = None  # why the device fails this attempt (an invalid reply)
+
+
+class ReplyDesk:
+    """Judges replies against the open step: duplicates, refusals, lateness and validity."""
+
+    def __init__(self, strategy: Strategy[Any], store: Store) -> None:
+        self.strategy = strategy
+        self.store = store
+        self.refused: dict[str, str] = {}  # msg_id -> reason, so that a resend counts once
+
+    def judge(
+        self,
+        env: Envelope,
+        reply: Reply,
+        step: Step | None,
+        task: str | None,
+        agent: AgentInfo | None,
+    ) -> Verdict:
+        """``step``: the open step (``None``: none is open); ``task``: the id of the task the
+        open step sent ``env.sender`` (``None``: it has none); ``agent``: its registration."""
+        accepted = Ack(ref_id=env.msg_id, task_id=reply.task_id)
+        if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
+            return Verdict(accepted)
+        if env.msg_id in self.refused:  # resent before our refusal reached it
+            return self._refuse(env, reply, self.refused[env.msg_id])
+        if step is None:
+            # No step is open (start-up, a resume before its step reopens, between steps): the
+            # reply cannot be judged yet. Refusing it would make the agent drop it from its
+            # outbox, and a resumed step would then wait in vain for an update the agent has
+            # already computed. Without an ack the agent keeps it and sends it again when the
+            # step's task reaches it; a reply to a step that is closed for good is refused once
+            # it arrives again while a step is open.
+            return Verdict(None)
+        if task is None or task != reply.task_id or agent is None:
+            detail = f"reply {reply.task_id} from {env.sender} matches no open task"
+            return self._refuse(env, reply, "late or unknown task", ("late", detail))
+        try:
+            self.check(step, agent, reply)
+        except ValidationError as exc:
+            reject = ("invalid_reply", f"{env.sender}: {exc}")
+            return self._refuse(env, reply, str(exc), reject, fail=str(exc))
+        return Verdict(accepted, store=True)
+
+    def check(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Raise :class:`ValidationError` for a reply that cannot be aggregated."""
+        if reply.phase != step.phase or reply.round != step.round:
+            raise ValidationError(
+                "reply.phase/round", f"{step.phase}/{step.round}", f"{reply.phase}/{reply.round}"
+            )
+        # keys and kinds once, from the algorithm's declaration; shapes are the strategy's
+        specs = type(self.strategy.config).reply_payloads(step.phase)
+        if specs is not None:
+            check_payloads(specs, reply.payloads, step.phase)
+        self.strategy.check_values(reply)  # magnitude bounds for every algorithm
+        self.strategy.check_num_samples(step, agent, reply)  # weights of sample-weighted means
+        self.strategy.validate(step, agent, reply)
+
+    def _refuse(
+        self,
+        env: Envelope,
+        reply: Reply,
+        reason: str,
+        reject: tuple[str, str] | None = None,
+        fail: str | None = None,
+    ) -> Verdict:
+        self.refused[env.msg_id] = reason
+        ack = Ack(ref_id=env.msg_id, task_id=reply.task_id, accepted=False, reason=reason)
+        return Verdict(ack, reject=reject, fail=fail)

@@ -1,0 +1,193 @@
+"""An ingest worker (issue 21) judges replies with the engine's own checks: a reply stored once
+however often it comes, a hostile one refused with the engine's error and nothing stored, and
+nothing stored once the leader has closed the step. Over the in-memory transport."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from coordinator.config import RunConfig
+from coordinator.engine import Coordinator
+from coordinator.ingest_worker import IngestWorker
+from coordinator.replies import task_id
+from coordinator.store import StepRecord, Store
+from coordinator.strategies import AgentInfo, Step, create_strategy
+from protocol.codec import Envelope, decode, encode
+from protocol.endpoint import Endpoint
+from protocol.errors import ValidationError
+from protocol.messages import Ack, Capabilities, InputSpec, Register, Reply, Status
+from protocol.payloads import PrototypeSet
+from protocol.topics import COORDINATOR_ID, Topics
+from protocol.transport import MemoryBroker, MemoryTransport
+from tests.helpers_runtime import run_config
+
+DEVICE = "dev1"
+HELD = [1, 4]  # the classes DEVICE registered
+
+
+def register(device: str = DEVICE) -> Register:
+    return Register(
+        device_id=device,
+        arch="mlp_s",
+        num_params=1000,
+        capabilities=Capabilities(device="cpu"),
+        input_spec=InputSpec(1, 8, 8),
+        num_classes=10,
+        class_counts={str(c): 30 for c in HELD},
+        algorithm="fedproto",
+    )
+
+
+def frame(body: Any, sender: str = DEVICE, round_: int = 1) -> Envelope:
+    """An envelope as the worker's endpoint delivers it: decoded, with its wire bytes."""
+    return decode(encode(Envelope(body=body, sender=sender, federation="default", round=round_)))
+
+
+def reply(classes: list[int], *, attempt: int = 0) -> Reply:
+    protos = PrototypeSet(
+        class_ids=np.array(classes, dtype=np.int32),
+        vectors=np.ones((len(classes), 16), dtype=np.float32),
+        counts=np.full(len(classes), 10, dtype=np.int32),
+    )
+    return Reply(
+        task_id=task_id("t", 0, attempt, DEVICE),
+        round=1,
+        phase="train",
+        num_samples=40,
+        payloads={"protos": protos},
+        metrics={"acc_local": 0.5},
+    )
+
+
+class Setup:
+    """A run store with DEVICE registered and step 0 open to workers, and one worker on it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.cfg: RunConfig = run_config(tmp_path, "fedproto", rounds=1, ingest_workers=1)
+        self.store = Store(Path(self.cfg.run_dir) / "state.sqlite")
+        self.store.set_meta("config", self.cfg.to_dict())
+        self.store.upsert_agent(DEVICE, encode(frame(register())), online=True)
+        self.store.open_step(StepRecord(0, 1, "train", [DEVICE], "open", 0))
+        self.intake = {"step": 0, "attempt": 0, "round": 1, "phase": "train"}
+        self.store.set_intake({**self.intake, "participation": "sample"})
+        broker = MemoryBroker()
+        self.acks: list[Ack] = []
+        listener = MemoryTransport(broker, "listener")
+        listener.connect()
+        listener.subscribe(
+            Topics().down(DEVICE, "ack"), lambda _t, data: self.acks.append(decode(data).body)
+        )
+        transport = MemoryTransport(broker, "worker")
+        transport.connect()
+        endpoint = Endpoint(transport, sender=COORDINATOR_ID)
+        self.worker = IngestWorker(self.cfg, self.store, endpoint, "w1")
+        self.worker.start()
+        self.topic = Topics().up(DEVICE, "reply")
+
+    def stored(self) -> list[tuple[str, str, bytes]]:
+        return self.store.updates(0)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Setup:
+    return Setup(tmp_path)
+
+
+def test_a_reply_is_stored_once_however_often_it_arrives(setup: Setup) -> None:
+    # Prepare: the same reply three times (a resend after a lost ack, in one batch and later)
+    env = frame(reply(HELD))
+
+    # Execute
+    setup.worker.process([(env, setup.topic), (env, setup.topic)])
+    setup.worker.process([(env, setup.topic)])
+
+    # Assert: one row, the frame as received; every copy acknowledged as accepted
+    assert setup.stored() == [(DEVICE, env.msg_id, env.wire)]
+    assert [(a.ref_id, a.accepted) for a in setup.acks] == [(env.msg_id, True)] * 3
+    assert setup.worker.counts["stored"] == 1
+
+
+def test_another_reply_of_the_same_device_and_step_is_not_stored_again(setup: Setup) -> None:
+    # Prepare: the agent answered the same task twice (two message ids)
+    first, second = frame(reply(HELD)), frame(reply(HELD))
+
+    # Execute
+    setup.worker.process([(first, setup.topic)])
+    setup.worker.process([(second, setup.topic)])
+
+    # Assert: the unique key (step, device) keeps the first one
+    assert [msg_id for _, msg_id, _ in setup.stored()] == [first.msg_id]
+
+
+def test_a_hostile_reply_is_refused_with_the_engines_error_and_nothing_is_stored(
+    setup: Setup,
+) -> None:
+    # Prepare: prototypes of a class the device never registered
+    hostile = frame(reply([1, 7]))
+    strategy = create_strategy("fedproto", setup.cfg.algorithm_config(), num_classes=10)
+    engine = Coordinator(setup.cfg, setup.worker.endpoint, setup.store, strategy)
+    with pytest.raises(ValidationError) as engine_error:
+        engine._check_reply(Step(1, "train"), AgentInfo(DEVICE, register()), hostile.body)
+
+    # Execute
+    setup.worker.process([(hostile, setup.topic)])
+    valid = frame(reply(HELD))
+    setup.worker.process([(valid, setup.topic)])  # the worker keeps going
+
+    # Assert
+    refused, accepted = setup.acks
+    assert (refused.ref_id, refused.accepted) == (hostile.msg_id, False)
+    assert refused.reason == str(engine_error.value)
+    assert "classes the agent registered" in refused.reason
+    assert setup.store.refusals(0, 0) == [(DEVICE, refused.reason)]  # the leader stops waiting
+    assert (accepted.ref_id, accepted.accepted) == (valid.msg_id, True)
+    assert [msg_id for _, msg_id, _ in setup.stored()] == [valid.msg_id]
+    assert setup.worker.counts["rejected.invalid_reply"] == 1
+
+
+def test_a_reply_on_another_devices_topic_or_of_another_kind_is_dropped(setup: Setup) -> None:
+    # Prepare
+    forged = frame(reply(HELD), sender="dev2")
+    status = frame(Status(state="online"))
+
+    # Execute
+    setup.worker.process([(forged, setup.topic), (status, setup.topic)])
+
+    # Assert: nothing stored, nothing acknowledged
+    assert setup.stored() == [] and setup.acks == []
+    assert setup.worker.counts["rejected.sender_mismatch"] == 1
+    assert setup.worker.counts["rejected.unexpected_kind"] == 1
+
+
+def test_a_reply_to_another_attempt_is_refused_as_late(setup: Setup) -> None:
+    # Execute
+    old = frame(reply(HELD, attempt=1))
+    setup.worker.process([(old, setup.topic)])
+
+    # Assert
+    assert setup.stored() == []
+    assert [(a.accepted, a.reason) for a in setup.acks] == [(False, "late or unknown task")]
+
+
+def test_nothing_is_stored_or_acknowledged_once_the_leader_closed_the_step(
+    setup: Setup,
+) -> None:
+    # Prepare: the worker saw the step open, then the leader closed it
+    setup.worker.process([])
+    setup.store.set_intake(None)
+    env = frame(reply(HELD))
+
+    # Execute: judged against the step it saw; the store refuses it under the write lock
+    judged = setup.worker._judge(env, setup.topic)
+    assert judged is not None and judged[2].store
+    with setup.store.transaction():
+        kept = setup.worker._keep(*judged)
+
+    # Assert: no ack (the agent keeps it in its outbox), no row
+    assert not kept
+    assert setup.stored() == []
+    assert setup.worker.counts["deferred"] == 1
