@@ -7,6 +7,7 @@ checked by onnxruntime (on its CUDA provider where the installed onnxruntime has
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from coordinator.config import load_config
-from coordinator.simulate import FleetSpec, simulate
+from coordinator.simulate import simulate
 from edge_agent.trainer import TensorData, train_epochs
 from models import create_model
 from protocol.algorithms.baselines import LocalConfig
+from tests.helpers_runtime import FLEET, run_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -71,28 +72,8 @@ def test_training_on_cuda_learns_and_autocasts_only_with_mixed_precision(amp: bo
 
 
 def _run(tmp_path: Path, algorithm: str, device: str, *, export: bool = False) -> list[dict]:
-    cfg = load_config(
-        None,
-        ["hyper.local_epochs=1"],
-        algorithm=algorithm,
-        rounds=2,
-        run_dir=str(tmp_path / f"{algorithm}-{device}"),
-        min_agents=3,
-        deadline_s=300.0,
-        run_id=f"cuda-{algorithm}",
-        server_device=device,
-    )
-    fleet = FleetSpec(
-        num_agents=3,
-        models=("cnn_t1", "mlp_s", "cnn_t2"),
-        data="digits",
-        partition="dirichlet:0.5",
-        feature_dim=32,
-        global_test_size=200,
-        device=device,
-        export=export,
-    )
-    return simulate(cfg, fleet).metrics
+    cfg = run_config(tmp_path / device, algorithm, run_id=f"cuda-{algorithm}", server_device=device)
+    return simulate(cfg, dataclasses.replace(FLEET, device=device, export=export)).metrics
 
 
 @pytest.mark.parametrize("algorithm", ["fedproto", "fedtgp"])
@@ -118,7 +99,7 @@ def test_a_gpu_trained_models_onnx_bundle_verifies_on_onnxruntime(tmp_path: Path
     from export.bundle import export_bundle
 
     _run(tmp_path, "fedproto", "cuda", export=True)
-    run_dir = tmp_path / "fedproto-cuda"
+    run_dir = tmp_path / "cuda" / "run"
     manifests = sorted((run_dir / "export").glob("*/manifest.json"))
     assert len(manifests) == 3  # every agent exported and verified its own model at the end
     # again on the GPU provider where this onnxruntime has one (onnxruntime-gpu)
