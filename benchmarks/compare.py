@@ -318,6 +318,9 @@ def setting_table(
         if best_p == best_g
         else f"No algorithm is best on both: personalised `{best_p}`, global `{best_g}`."
     )
+    pending = sorted(set(missing or []) - set(by_alg))
+    if pending:  # a partial table ranks only what ran
+        verdict += f" (Among the {len(by_alg)} run so far; {len(pending)} not run yet.)"
     return [*lines, "", verdict]
 
 
