@@ -19,10 +19,11 @@ from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import ValidationError
-from protocol.messages import Ack, Capabilities, InputSpec, Register, Reply, Status
+from protocol.messages import Ack, Register, Reply, Status
 from protocol.payloads import PrototypeSet
 from protocol.topics import COORDINATOR_ID, Topics
 from protocol.transport import MemoryBroker, MemoryTransport
+from tests.helpers import fake_agent
 from tests.helpers_runtime import run_config
 
 DEVICE = "dev1"
@@ -30,16 +31,10 @@ HELD = [1, 4]  # the classes DEVICE registered
 
 
 def register(device: str = DEVICE) -> Register:
-    return Register(
-        device_id=device,
-        arch="mlp_s",
-        num_params=1000,
-        capabilities=Capabilities(device="cpu"),
-        input_spec=InputSpec(1, 8, 8),
-        num_classes=10,
-        class_counts={str(c): 30 for c in HELD},
-        algorithm="fedproto",
-    )
+    counts = {c: 30 for c in HELD}
+    return fake_agent(
+        device, "fedproto", counts, num_classes=10, arch="mlp_s", num_params=1000
+    ).register
 
 
 def frame(body: Any, sender: str = DEVICE, round_: int = 1) -> Envelope:
