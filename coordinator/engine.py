@@ -22,7 +22,14 @@ from typing import Any, Literal
 from coordinator.config import RunConfig
 from coordinator.ingest import POLL_S, WorkerIntake
 from coordinator.metrics import append_record, step_record
-from coordinator.replies import ReplyDesk, is_will, registered_agents, screen, task_id
+from coordinator.replies import (
+    ReplyDesk,
+    is_will,
+    registered_agents,
+    screen,
+    take_batch,
+    task_id,
+)
 from coordinator.store import StepRecord, Store
 from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
 from protocol.codec import Envelope, decode, encode
@@ -56,8 +63,6 @@ from protocol.wire import reuse_encodings
 StateName = Literal["starting", "running", "finished", "offline"]
 
 __all__ = ["Coordinator", "QuorumError", "RunResult"]
-
-MAX_BATCH = 512  # messages handled per transaction (group commit)
 
 
 class QuorumError(EdgeFLError):
@@ -551,15 +556,9 @@ class Coordinator:
         if self.health_check is not None:
             self.health_check()
         self._heartbeat()
-        try:
-            batch = [self.inbox.get(timeout=timeout)]
-        except queue.Empty:
+        batch = take_batch(self.inbox, timeout)
+        if not batch:
             return
-        while len(batch) < MAX_BATCH:
-            try:
-                batch.append(self.inbox.get_nowait())
-            except queue.Empty:
-                break
         with self.store.transaction():
             for env, topic in batch:
                 self._handle(env, topic)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig, build_config
-from coordinator.replies import ReplyDesk, registered_agents, screen, task_id
+from coordinator.replies import ReplyDesk, registered_agents, screen, take_batch, task_id
 from coordinator.runner import UNSIGNED_KINDS
 from coordinator.store import Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["GROUP", "IngestWorker", "open_run_store", "run_ingest_worker", "worker_will"]
 
 GROUP = "edgefl-ingest"  # the share group; one per topic filter, so one per federation
-MAX_BATCH = 512  # replies judged and stored per transaction (group commit, as the engine)
 Judged = tuple[Envelope, Reply, Any]
 
 
@@ -128,16 +127,9 @@ class IngestWorker:
         """Take replies until the run finishes or ``stop`` is set."""
         stop = stop or threading.Event()
         while not stop.is_set() and not self.done.is_set():
-            try:
-                batch = [self.inbox.get(timeout=0.2)]
-            except queue.Empty:
-                continue
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self.inbox.get_nowait())
-                except queue.Empty:
-                    break
-            self.process(batch)
+            batch = take_batch(self.inbox, 0.2)
+            if batch:
+                self.process(batch)
 
     def process(self, batch: list[tuple[Envelope, str]]) -> None:
         """Judge ``batch`` outside the write lock, store it in one transaction, then ack."""

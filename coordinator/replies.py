@@ -9,8 +9,9 @@ opened in the shared store.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from coordinator.store import Store
 from coordinator.strategies import AgentInfo, Step, Strategy
@@ -20,7 +21,37 @@ from protocol.errors import ProtocolError, ValidationError
 from protocol.messages import Ack, Register, Reply, Status
 from protocol.topics import Topics
 
-__all__ = ["ReplyDesk", "Verdict", "is_will", "registered_agents", "screen", "task_id"]
+__all__ = [
+    "MAX_BATCH",
+    "ReplyDesk",
+    "Verdict",
+    "is_will",
+    "registered_agents",
+    "screen",
+    "take_batch",
+    "task_id",
+]
+
+MAX_BATCH = 512  # messages handled per transaction (group commit: one fsync per batch)
+T = TypeVar("T")
+
+
+def take_batch(inbox: queue.Queue[T], timeout: float, limit: int = MAX_BATCH) -> list[T]:
+    """Up to ``limit`` queued items, waiting up to ``timeout`` for the first (empty: none came).
+
+    The engine and the ingest workers handle a batch in one transaction and acknowledge it
+    after the commit, so a burst of N replies costs one fsync instead of N.
+    """
+    try:
+        batch = [inbox.get(timeout=timeout)]
+    except queue.Empty:
+        return []
+    while len(batch) < limit:
+        try:
+            batch.append(inbox.get_nowait())
+        except queue.Empty:
+            break
+    return batch
 
 
 def task_id(run_id: str, idx: int, attempt: int, device_id: str) -> str:
