@@ -23,33 +23,20 @@ import argparse
 import contextlib
 import socket
 import statistics
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK = 1, 2, 3, 4, 8, 9
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return struct.pack("!H", len(b)) + b
-
-
-def publish_packet(topic: str, payload: bytes, qos: int, pid: int, retain: bool = False) -> bytes:
-    """One encoded PUBLISH packet (QoS 0 or 1)."""
-    body = _str(topic) + (struct.pack("!H", pid) if qos else b"") + payload
-    return bytes([PUBLISH << 4 | qos << 1 | int(retain)]) + _varint(len(body)) + body
+from protocol.mqtt_packets import (
+    CONNACK,
+    PUBLISH,
+    SUBACK,
+    connect_packet,
+    parse_packet,
+    publish_packet,
+    subscribe_packet,
+)
 
 
 class RawMqtt:
@@ -60,8 +47,7 @@ class RawMqtt:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self._buf = bytearray()
-        body = _str("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + _str(client_id)
-        self.sock.sendall(bytes([CONNECT << 4]) + _varint(len(body)) + body)
+        self.sock.sendall(connect_packet(client_id, keepalive=60, clean_session=True))
         kind, _flags, data = self._read_packet()
         if kind != CONNACK or data[1] != 0:
             raise ConnectionError(f"CONNACK expected, got type {kind} {bytes(data)!r}")
@@ -74,8 +60,7 @@ class RawMqtt:
 
     def subscribe(self, topic_filter: str, qos: int = 1) -> None:
         """SUBSCRIBE and wait for the SUBACK."""
-        body = struct.pack("!H", self.next_pid()) + _str(topic_filter) + bytes([qos])
-        self.sock.sendall(bytes([SUBSCRIBE << 4 | 0x2]) + _varint(len(body)) + body)
+        self.sock.sendall(subscribe_packet(self.next_pid(), [(topic_filter, qos)]))
         kind, _flags, data = self._read_packet()
         if kind != SUBACK or data[-1] == 0x80:
             raise ConnectionError(f"SUBACK expected, got type {kind} {bytes(data)!r}")
@@ -84,7 +69,9 @@ class RawMqtt:
         self, items: Iterable[tuple[str, bytes]], qos: int = 1, retain: bool = False
     ) -> int:
         """Send every (topic, payload) in one write; PUBACKs go to :meth:`drain_forever`."""
-        packets = b"".join(publish_packet(t, p, qos, self.next_pid(), retain) for t, p in items)
+        packets = b"".join(
+            publish_packet(t, p, qos, self.next_pid(), retain=retain) for t, p in items
+        )
         self.sock.sendall(packets)
         return len(packets)
 
@@ -98,7 +85,7 @@ class RawMqtt:
 
     def _read_packet(self) -> tuple[int, int, memoryview]:
         while True:
-            found = _parse_one(self._buf)
+            found = parse_packet(self._buf)
             if found is not None:
                 kind, flags, start, end = found
                 data = memoryview(bytes(self._buf[start:end]))
@@ -122,7 +109,7 @@ class RawMqtt:
             acks = bytearray()
             pos, go_on = 0, True
             while True:
-                found = _parse_one(buf, pos)
+                found = parse_packet(buf, pos)
                 if found is None:
                     break
                 kind, flags, start, end = found
@@ -147,26 +134,6 @@ class RawMqtt:
         with contextlib.suppress(OSError):
             self.sock.sendall(b"\xe0\x00")
         self.sock.close()
-
-
-def _parse_one(buf: bytearray, pos: int = 0) -> tuple[int, int, int, int] | None:
-    """(type, flags, body start, body end) of the packet at ``pos``, or None if incomplete."""
-    if len(buf) < pos + 2:
-        return None
-    head = buf[pos]
-    mult, length, i = 1, 0, pos + 1
-    while True:
-        if i >= len(buf):
-            return None
-        byte = buf[i]
-        length += (byte & 0x7F) * mult
-        mult *= 128
-        i += 1
-        if not byte & 0x80:
-            break
-    if len(buf) < i + length:
-        return None
-    return head >> 4, head & 0x0F, i, i + length
 
 
 # ----- the raw consumer process used by bench_coordinator --------------------------------------

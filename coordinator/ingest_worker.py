@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig, build_config
 from coordinator.replies import ReplyDesk, registered_agents, screen, take_batch, task_id
-from coordinator.runner import UNSIGNED_KINDS
+from coordinator.runner import UNSIGNED_KINDS, mqtt_client
 from coordinator.store import Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.codec import Envelope, encode
@@ -217,13 +217,11 @@ def run_ingest_worker(
     **transport_options: Any,
 ) -> Counter[str]:
     """Connect one worker to the broker and take replies until the run finishes."""
-    from protocol.mqtt import MqttTransport
-
     store, cfg = open_run_store(run_dir, wait_s)
     try:
         # a clean session: the broker keeps no queue for a dead member, so the share group's
         # messages go to the members alive (a kept session would hold its share of them)
-        transport = MqttTransport(
+        transport = mqtt_client(cfg)(
             host=host,
             port=port,
             client_id=f"edgefl-ingest-{cfg.federation}-{worker}",

@@ -22,11 +22,14 @@ from protocol.transport import Transport, Will
 
 if TYPE_CHECKING:
     from protocol.credentials import SigningKeys
+    from protocol.lean_mqtt import LeanMqttTransport
+    from protocol.mqtt import MqttTransport
 
 __all__ = [
     "coordinator_client_id",
     "coordinator_will",
     "make_coordinator",
+    "mqtt_client",
     "mqtt_transport",
     "run_coordinator",
 ]
@@ -52,18 +55,27 @@ def coordinator_client_id(cfg: RunConfig) -> str:
 def mqtt_transport(cfg: RunConfig, host: str, port: int, **options: Any) -> Transport:
     """The coordinator's MQTT transport (client id per run, retained ``offline`` will).
 
-    ``options`` go to :class:`~protocol.mqtt.MqttTransport` (``username``, ``password``,
-    ``tls``: ``Credentials.transport_options()``).
+    ``run.mqtt_client`` picks the implementation; ``options`` go to it (``username``,
+    ``password``, ``tls``: ``Credentials.transport_options()``).
     """
-    from protocol.mqtt import MqttTransport
-
-    return MqttTransport(
+    return mqtt_client(cfg)(
         host=host,
         port=port,
         client_id=coordinator_client_id(cfg),
         will=coordinator_will(cfg),
         **options,
     )
+
+
+def mqtt_client(cfg: RunConfig) -> type[MqttTransport | LeanMqttTransport]:
+    """The transport class ``run.mqtt_client`` names (imported only when asked for)."""
+    if cfg.mqtt_client == "paho":
+        from protocol.mqtt import MqttTransport
+
+        return MqttTransport
+    from protocol.lean_mqtt import LeanMqttTransport
+
+    return LeanMqttTransport
 
 
 def coordinator_will(cfg: RunConfig) -> Will:

@@ -20,7 +20,6 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import paho.mqtt.client as paho
@@ -30,7 +29,7 @@ from paho.mqtt.properties import Properties
 
 from protocol.errors import ConfigError, ConnectError, TransportError
 from protocol.topics import matches
-from protocol.transport import Handler, Transport, Will
+from protocol.transport import Handler, TlsOptions, Transport, Will
 
 __all__ = ["DEFAULT_PORT", "MqttTransport", "TlsOptions", "parse_broker"]
 
@@ -72,16 +71,6 @@ def parse_broker(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
             f"broker port: expected an int in 1..65535, got {port_text!r} in {address!r}"
         )
     return host, int(port_text)
-
-
-@dataclass(frozen=True, slots=True)
-class TlsOptions:
-    """TLS settings: CA bundle to verify the broker, optional client certificate and key."""
-
-    ca_certs: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    insecure: bool = False  # skip host name verification (test certificates only)
 
 
 class MqttTransport(Transport):

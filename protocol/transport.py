@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from protocol.errors import TransportError
 from protocol.topics import matches
 
-__all__ = ["Handler", "MemoryBroker", "MemoryTransport", "Transport", "Will"]
+__all__ = ["Handler", "MemoryBroker", "MemoryTransport", "TlsOptions", "Transport", "Will"]
 
 Handler = Callable[[str, bytes], None]
 
@@ -32,6 +32,16 @@ class Will:
     payload: bytes
     retain: bool = True
     qos: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """TLS settings: CA bundle to verify the broker, optional client certificate and key."""
+
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    insecure: bool = False  # skip host name verification (test certificates only)
 
 
 class Transport(ABC):

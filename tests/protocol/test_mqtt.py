@@ -1,4 +1,5 @@
-"""MqttTransport and Endpoint against real brokers: delivery, chunks, sessions, will, restart."""
+"""Both MQTT transports (paho's and the lean socket client) and Endpoint against real brokers:
+delivery, chunks, sessions, will, restart. Every test runs on each transport."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from protocol.broker import EmbeddedBroker, MosquittoBroker
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import ConfigError, ConnectError, TransportError
+from protocol.lean_mqtt import LeanMqttTransport
 from protocol.messages import Ack, Reply, Status
 from protocol.mqtt import MqttTransport, parse_broker
 from protocol.payloads import TensorMap
@@ -21,21 +23,29 @@ from protocol.topics import Topics
 from protocol.transport import Will
 
 T = Topics("fed")
+KINDS = pytest.mark.parametrize("kind", [MqttTransport, LeanMqttTransport], ids=["paho", "lean"])
+AnyMqtt = MqttTransport | LeanMqttTransport
 
 
-@pytest.fixture
-def clients() -> Iterator[list[MqttTransport]]:
+class Made(list[AnyMqtt]):
+    """The transports a test made, and which implementation it makes."""
+
+    def __init__(self, kind: type[AnyMqtt]) -> None:
+        super().__init__()
+        self.kind = kind
+
+
+@pytest.fixture(params=[MqttTransport, LeanMqttTransport], ids=["paho", "lean"])
+def clients(request: pytest.FixtureRequest) -> Iterator[Made]:
     """Collects transports made by a test and closes them afterwards."""
-    made: list[MqttTransport] = []
+    made = Made(request.param)
     yield made
     for t in made:
         t.close()
 
 
-def _client(
-    made: list[MqttTransport], port: int, client_id: str | None = None, **kw: object
-) -> MqttTransport:
-    t = MqttTransport(
+def _client(made: Made, port: int, client_id: str | None = None, **kw: object) -> AnyMqtt:
+    t = made.kind(
         client_id=client_id or unique_id("c"),
         port=port,
         reconnect_min=0.05,
@@ -54,7 +64,7 @@ def _reply(n_floats: int, seed: int = 0) -> Reply:
     )
 
 
-def _exchange(port: int, made: list[MqttTransport], n_floats: int = 1000) -> None:
+def _exchange(port: int, made: Made, n_floats: int = 1000) -> None:
     """Agent sends a reply, coordinator answers with an ack; both counted to the byte."""
     agent_t, coord_t = _client(made, port, "dev1"), _client(made, port, "coord")
     agent_t.connect()
@@ -111,34 +121,32 @@ def test_parse_broker_errors(address: str, match: str) -> None:
         parse_broker(address)
 
 
-def test_unreachable_broker_fails_fast_with_the_address() -> None:
+@KINDS
+def test_unreachable_broker_fails_fast_with_the_address(kind: type[AnyMqtt]) -> None:
     port = free_port()
-    t = MqttTransport(client_id="x", port=port, connect_timeout=5.0)
+    t = kind(client_id="x", port=port, connect_timeout=5.0)
     with pytest.raises(ConnectError, match=f"cannot reach MQTT broker at 127.0.0.1:{port}"):
         t.connect()
     assert not t.connected
 
 
-def test_a_server_that_never_answers_is_a_connect_error() -> None:
+@KINDS
+def test_a_server_that_never_answers_is_a_connect_error(kind: type[AnyMqtt]) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        t = MqttTransport(client_id="x", port=server.getsockname()[1], connect_timeout=0.3)
+        t = kind(client_id="x", port=server.getsockname()[1], connect_timeout=0.3)
         with pytest.raises(ConnectError, match=r"no CONNACK within 0\.3 s"):
             t.connect()
 
 
 @pytest.mark.network
-def test_qos1_exchange_through_mosquitto(
-    mosquitto: MosquittoBroker, clients: list[MqttTransport]
-) -> None:
+def test_qos1_exchange_through_mosquitto(mosquitto: MosquittoBroker, clients: Made) -> None:
     _exchange(mosquitto.port, clients)
 
 
 @pytest.mark.network
-def test_20_mb_payload_travels_in_chunks(
-    mosquitto: MosquittoBroker, clients: list[MqttTransport]
-) -> None:
+def test_20_mb_payload_travels_in_chunks(mosquitto: MosquittoBroker, clients: Made) -> None:
     agent_t, coord_t = _client(clients, mosquitto.port, "dev1"), _client(clients, mosquitto.port)
     agent_t.connect()
     coord_t.connect()
@@ -156,7 +164,7 @@ def test_20_mb_payload_travels_in_chunks(
 
 @pytest.mark.network
 def test_persistent_session_keeps_messages_while_the_client_is_away(
-    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+    mosquitto: MosquittoBroker, clients: Made
 ) -> None:
     # Prepare: the agent's session exists with a subscription, then the agent goes away
     sub_id, topic = unique_id("dev"), T.down("dev9", "task")
@@ -181,7 +189,7 @@ def test_persistent_session_keeps_messages_while_the_client_is_away(
 
 @pytest.mark.network
 def test_reconnect_and_delivery_after_broker_restart(
-    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+    mosquitto: MosquittoBroker, clients: Made
 ) -> None:
     a, b = _client(clients, mosquitto.port), _client(clients, mosquitto.port)
     at_a, at_b = Inbox(), Inbox()
@@ -206,9 +214,7 @@ def test_reconnect_and_delivery_after_broker_restart(
 
 
 @pytest.mark.network
-def test_last_will_on_abrupt_disconnect(
-    mosquitto: MosquittoBroker, clients: list[MqttTransport]
-) -> None:
+def test_last_will_on_abrupt_disconnect(mosquitto: MosquittoBroker, clients: Made) -> None:
     will_env = Envelope(body=Status(state="offline"), sender="dev1", federation="fed")
     agent = _client(clients, mosquitto.port, will=Will(T.status("dev1"), encode(will_env)))
     agent.connect()
@@ -223,7 +229,9 @@ def test_last_will_on_abrupt_disconnect(
 
 
 @pytest.mark.network
-def test_mqtt5_max_packet_size_lowers_the_chunk_size(clients: list[MqttTransport]) -> None:
+def test_mqtt5_max_packet_size_lowers_the_chunk_size(clients: Made) -> None:
+    if clients.kind is not MqttTransport:
+        pytest.skip("MQTT 5 is paho's only (the lean client speaks 3.1.1)")
     with MosquittoBroker(max_packet_size=65_536) as broker:
         agent_t = _client(clients, broker.port, "dev1", protocol="5")
         coord_t = _client(clients, broker.port, protocol="5")
@@ -243,7 +251,7 @@ def test_mqtt5_max_packet_size_lowers_the_chunk_size(clients: list[MqttTransport
 
 @pytest.mark.network
 def test_a_failing_handler_does_not_stop_delivery(
-    mosquitto: MosquittoBroker, clients: list[MqttTransport]
+    mosquitto: MosquittoBroker, clients: Made
 ) -> None:
     t = _client(clients, mosquitto.port)
     good = Inbox()
@@ -263,13 +271,13 @@ def test_a_failing_handler_does_not_stop_delivery(
 
 @pytest.mark.network
 def test_exchange_through_the_embedded_broker(
-    embedded_broker: EmbeddedBroker, clients: list[MqttTransport]
+    embedded_broker: EmbeddedBroker, clients: Made
 ) -> None:
     _exchange(embedded_broker.port, clients, n_floats=200_000)  # 800 KB: chunked too
 
 
 @pytest.mark.network
-def test_connect_waits_for_a_broker_that_starts_later(clients: list[MqttTransport]) -> None:
+def test_connect_waits_for_a_broker_that_starts_later(clients: Made) -> None:
     # Issue 18 §2: a device that boots before its broker exited at once
     # Prepare: nothing listens on the port yet
     broker = MosquittoBroker(port=free_port())
@@ -299,9 +307,10 @@ def test_connect_waits_for_a_broker_that_starts_later(clients: list[MqttTranspor
         broker.cleanup()
 
 
-def test_connect_retry_is_bounded() -> None:
+@KINDS
+def test_connect_retry_is_bounded(kind: type[AnyMqtt]) -> None:
     port = free_port()
-    t = MqttTransport(client_id="x", port=port, reconnect_min=0.05, reconnect_max=0.1)
+    t = kind(client_id="x", port=port, reconnect_min=0.05, reconnect_max=0.1)
     with pytest.raises(ConnectError, match=f"127.0.0.1:{port}"):
         t.connect(retry_for=0.5)
     assert t._attempt >= 2 and not t.connected

@@ -13,6 +13,7 @@ from helpers import Inbox
 
 from protocol.broker import MosquittoBroker, mosquitto_executable
 from protocol.errors import ConnectError
+from protocol.lean_mqtt import LeanMqttTransport
 from protocol.mqtt import MqttTransport, TlsOptions
 
 pytestmark = pytest.mark.network
@@ -97,7 +98,10 @@ def pki() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_tls_with_client_certificates(pki: Path) -> None:
+@pytest.mark.parametrize("kind", [MqttTransport, LeanMqttTransport], ids=["paho", "lean"])
+def test_tls_with_client_certificates(
+    pki: Path, kind: type[MqttTransport | LeanMqttTransport]
+) -> None:
     conf = (
         f"cafile {pki / 'ca.crt'}\ncertfile {pki / 'server.crt'}\n"
         f"keyfile {pki / 'server.key'}\nrequire_certificate true\n"
@@ -109,7 +113,7 @@ def test_tls_with_client_certificates(pki: Path) -> None:
             certfile=str(pki / "dev1.crt"),
             keyfile=str(pki / "dev1.key"),
         )
-        t = MqttTransport(client_id="dev1", port=broker.port, tls=tls, connect_timeout=5)
+        t = kind(client_id="dev1", port=broker.port, tls=tls, connect_timeout=5)
         got = Inbox()
         t.subscribe("secure/topic", got)
         t.connect()
@@ -117,10 +121,16 @@ def test_tls_with_client_certificates(pki: Path) -> None:
             t.publish("secure/topic", b"over tls")
             assert got.wait(1)
             assert got.items[0][1] == b"over tls"
+            # many records each way: partial TLS reads and writes on a non-blocking socket
+            bulk = [bytes([i % 251]) * 40_000 for i in range(300)]
+            for payload in bulk:
+                t.publish("secure/topic", payload)
+            assert got.wait(301, timeout=60)
+            assert [p for _, p in got.items[1:]] == bulk
         finally:
             t.close()
         # without a client certificate the broker refuses the handshake
-        anonymous = MqttTransport(
+        anonymous = kind(
             client_id="anon",
             port=broker.port,
             connect_timeout=2,

@@ -1,0 +1,581 @@
+"""MQTT 3.1.1 over a socket of our own: the coordinator's transport at fleet scale.
+
+Why not paho here: on the 2-core VM of ``docs/scaling.md`` paho spends ~140 us of CPU to
+receive one 8.5 KB QoS 1 message and ~160 us to publish one 500-byte QoS 1 message, each on
+its network thread under the GIL, where a socket client that parses every packet of a read at
+once and writes whatever has queued in one call spends 16 us and 5 us. The coordinator sends a
+task and an ack and receives a reply per device and round, so at 10,000 devices paho alone
+costs seconds per round. Devices keep paho (:class:`~protocol.mqtt.MqttTransport`): they
+send a message or two a round.
+
+What it does, as :class:`~protocol.mqtt.MqttTransport` does: QoS 0 and 1, retained messages,
+a last will, user name and password, TLS with client certificates, keepalive, persistent or
+clean sessions, reconnects with jittered capped exponential backoff, re-subscription on every
+connect, and QoS 1 messages kept while disconnected and sent again (DUP) until the broker
+acknowledges them. What it does not: MQTT 5 and QoS 2 (the toolkit uses neither; a QoS 2
+subscription is made at QoS 1).
+
+Threading: one network thread per transport runs a selector over the socket. Handlers run on
+it, one message at a time, and must not block; the PUBACKs of everything one read delivered go
+out together once the handlers returned (at-least-once: a crash before that redelivers).
+``publish`` from any thread appends to an output queue that the network thread writes in one
+call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import selectors
+import socket
+import ssl
+import struct
+import threading
+import time
+
+from protocol.errors import ConfigError, ConnectError, TransportError
+from protocol.mqtt_packets import (
+    CONNACK,
+    CONNACK_REASONS,
+    DISCONNECT_PACKET,
+    PINGREQ_PACKET,
+    PUBACK,
+    PUBLISH,
+    SUBACK,
+    connect_packet,
+    parse_packet,
+    publish_packet,
+    subscribe_packet,
+)
+from protocol.topics import matches
+from protocol.transport import Handler, TlsOptions, Transport, Will
+
+__all__ = ["LeanMqttTransport"]
+
+READ_SIZE = 1 << 20
+MAX_ROUTES = 100_000  # cached topic -> handlers entries before the cache starts over
+
+
+class _LostError(Exception):
+    """The connection ended (the broker closed it, a socket error, no PINGRESP)."""
+
+
+class LeanMqttTransport(Transport):
+    """An MQTT 3.1.1 client over a plain or TLS socket, built for many messages per second.
+
+    Takes the keyword arguments of :class:`~protocol.mqtt.MqttTransport` that apply to MQTT
+    3.1.1, so either can be built from the same options.
+    """
+
+    def __init__(
+        self,
+        *,
+        client_id: str,
+        host: str = "127.0.0.1",
+        port: int = 1883,
+        will: Will | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        tls: TlsOptions | None = None,
+        keepalive: int = 30,
+        clean_session: bool = False,
+        connect_timeout: float = 10.0,
+        reconnect_min: float = 0.5,
+        reconnect_max: float = 30.0,
+        flush_timeout: float = 5.0,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if not client_id:
+            raise ConfigError("client_id: expected a non-empty string, got ''")
+        if not 0 < reconnect_min <= reconnect_max:
+            raise ConfigError(
+                "reconnect delays: expected 0 < min <= max, got "
+                f"min={reconnect_min}, max={reconnect_max}"
+            )
+        if not 0 < keepalive <= 0xFFFF:
+            raise ConfigError(f"keepalive: expected 1..65535 s, got {keepalive}")
+        super().__init__()
+        self.client_id, self.host, self.port, self.will = client_id, host, port, will
+        self.clean_session, self.keepalive = clean_session, keepalive
+        self.connect_timeout, self.flush_timeout = connect_timeout, flush_timeout
+        self.reconnect_min, self.reconnect_max = reconnect_min, reconnect_max
+        self.session_present = False
+        self.log = logger or logging.getLogger(f"edgefl.mqtt.{client_id}")
+        will_spec = None if will is None else (will.topic, will.payload, will.qos, will.retain)
+        self._connect_bytes = connect_packet(
+            client_id,
+            keepalive=keepalive,
+            clean_session=clean_session,
+            will=will_spec,
+            username=username,
+            password=password,
+        )
+        self._tls = None if tls is None else _tls_context(tls)
+        self._lock = threading.Lock()
+        self._subs: list[tuple[str, Handler, int]] = []
+        self._routes: dict[str, list[Handler]] = {}
+        self._inflight: dict[int, bytes] = {}  # QoS 1 packets sent or queued, not yet acked
+        self._suback: dict[int, tuple[threading.Event, list[int]]] = {}
+        self._out: list[bytes] = []  # queued for the network thread, in order
+        self._next_pid = 0
+        self._sock: socket.socket | ssl.SSLSocket | None = None
+        self._inbuf = bytearray()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._connected = False
+        self._started = False
+        self._aborting = False
+        self._attempt = 0
+
+    @property
+    def connected(self) -> bool:
+        """Whether the client currently holds an accepted session with the broker."""
+        return self._connected
+
+    @property
+    def where(self) -> str:
+        """``host:port`` of the broker, for messages."""
+        return f"{self.host}:{self.port}"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def connect(self, retry_for: float = 0.0) -> None:
+        """Connect and block until the broker accepted the session and every subscription.
+
+        ``retry_for`` > 0 keeps trying an unreachable broker for that many seconds with the
+        reconnect backoff. A broker that refuses the session is not retried.
+
+        Raises:
+            ConnectError: unreachable (still, after ``retry_for``), refused, or no CONNACK
+                within ``connect_timeout`` seconds.
+            TransportError: called twice.
+        """
+        if self._started:
+            raise TransportError(f"mqtt {self.client_id}: connect() called twice")
+        end = time.monotonic() + retry_for
+        while True:
+            try:
+                sock, present = self._open()
+                break
+            except _RefusedError as exc:
+                raise ConnectError(
+                    f"MQTT broker at {self.where} refused the session: {exc}"
+                ) from None
+            except ConnectError:
+                if time.monotonic() >= end:
+                    raise
+            delay = min(self._next_delay(), max(0.0, end - time.monotonic()))
+            self.log.warning(
+                "broker at %s unreachable; retrying in %.1f s (for %.0f s more)",
+                self.where,
+                delay,
+                end - time.monotonic(),
+            )
+            time.sleep(delay)
+        self._started = True
+        self._stop.clear()
+        waits = self._established(sock, present)
+        self._thread = threading.Thread(
+            target=self._run, name=f"mqtt-{self.client_id}", daemon=True
+        )
+        self._thread.start()
+        for event, _codes in waits:  # subscriptions made before connect hold when it returns
+            event.wait(self.connect_timeout)
+        self._check_subacks(waits)
+
+    def close(self) -> None:
+        """Wait for unacknowledged QoS 1 messages (up to ``flush_timeout``), then disconnect
+        cleanly: the broker does not publish the last will. Idempotent."""
+        if not self._started:
+            return
+        end = time.monotonic() + self.flush_timeout
+        while self._inflight and self._connected and time.monotonic() < end:
+            time.sleep(0.01)
+        with self._lock:
+            if self._connected:
+                self._out.append(DISCONNECT_PACKET)
+        self._halt()
+
+    def abort(self) -> None:
+        """Drop the TCP connection without DISCONNECT, as a crash would: the broker publishes
+        the last will. The transport cannot be reused afterwards."""
+        if not self._started:
+            return
+        self._aborting = True
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._halt()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        self._wake()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.flush_timeout + 1.0)
+        self._started = False
+        self._connected = False
+        self._drop_socket()
+
+    # -- publish / subscribe ---------------------------------------------------------------
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        """Queue ``payload`` for ``topic``; QoS 1 messages outlive a lost connection.
+
+        Raises:
+            TransportError: not connected (QoS 0 while disconnected, or closed), an invalid
+                topic or QoS, 65,535 QoS 1 messages unacknowledged, or a packet too large.
+        """
+        if not self._started:
+            raise TransportError(
+                f"publish to {topic}: mqtt transport {self.client_id} is not connected"
+            )
+        if qos not in (0, 1) or not topic or "+" in topic or "#" in topic:
+            raise TransportError(f"publish to {topic!r}: invalid topic or qos {qos!r}")
+        limit = self.max_packet_size
+        if limit is not None and len(payload) + len(topic.encode()) + 16 > limit:
+            raise TransportError(
+                f"publish to {topic}: {len(payload)} bytes exceed the broker's maximum packet "
+                f"size of {limit} bytes"
+            )
+        with self._lock:
+            if not qos:
+                if not self._connected:
+                    raise TransportError(
+                        f"publish to {topic} (qos 0) was not queued: not connected to {self.where}"
+                    )
+                packet = _packet(topic, payload, 0, 0, retain)
+            else:
+                pid = self._take_pid()
+                packet = _packet(topic, payload, 1, pid, retain)
+                self._inflight[pid] = packet
+                if not self._connected:
+                    return  # sent with the others once the connection is back
+            wake = not self._out
+            self._out.append(packet)
+        if wake and threading.current_thread() is not self._thread:
+            self._wake()
+
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        """Deliver messages matching ``topic_filter`` to ``handler``, now and after reconnects.
+
+        When connected, and not called from a handler, this waits for the broker's SUBACK.
+
+        Raises:
+            TransportError: invalid filter or QoS, or the broker refused the subscription.
+        """
+        if not topic_filter or qos not in (0, 1, 2):
+            raise TransportError(f"subscribe: invalid filter {topic_filter!r} or qos {qos!r}")
+        with self._lock:
+            self._subs.append((topic_filter, handler, min(qos, 1)))
+            self._routes.clear()
+            waits = self._send_subscribe([(topic_filter, min(qos, 1))]) if self._connected else []
+        # from a handler the SUBACK can only arrive after it returns: do not wait for it there
+        if waits and threading.current_thread() is not self._thread:
+            self._wake()
+            waits[0][0].wait(self.connect_timeout)
+            self._check_subacks(waits)
+
+    def _check_subacks(self, waits: list[tuple[threading.Event, list[int]]]) -> None:
+        refused = [code for _event, codes in waits for code in codes if code == 0x80]
+        if refused:
+            raise TransportError(f"broker at {self.where} refused subscription(s)")
+
+    # -- under self._lock ------------------------------------------------------------------
+
+    def _take_pid(self) -> int:
+        if len(self._inflight) + len(self._suback) >= 0xFFFF:
+            raise TransportError(
+                f"mqtt {self.client_id}: 65535 QoS 1 messages are unacknowledged by "
+                f"{self.where}; not queuing more"
+            )
+        while True:
+            self._next_pid = self._next_pid % 0xFFFF + 1
+            if self._next_pid not in self._inflight and self._next_pid not in self._suback:
+                return self._next_pid
+
+    def _send_subscribe(
+        self, filters: list[tuple[str, int]]
+    ) -> list[tuple[threading.Event, list[int]]]:
+        pid = self._take_pid()
+        entry: tuple[threading.Event, list[int]] = (threading.Event(), [])
+        self._suback[pid] = entry
+        self._out.append(subscribe_packet(pid, filters))
+        return [entry]
+
+    # -- connection ------------------------------------------------------------------------
+
+    def _open(self) -> tuple[socket.socket | ssl.SSLSocket, bool]:
+        """A new connection with an accepted session: ``(socket, session present)``."""
+        deadline = time.monotonic() + self.connect_timeout
+        try:
+            sock: socket.socket | ssl.SSLSocket = socket.create_connection(
+                (self.host, self.port), timeout=self.connect_timeout
+            )
+        except (OSError, ValueError) as exc:
+            raise ConnectError(f"cannot reach MQTT broker at {self.where}: {exc}") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+            sock.sendall(self._connect_bytes)
+            inbuf = bytearray()
+            while (found := parse_packet(inbuf)) is None:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = sock.recv(READ_SIZE)
+                if not chunk:
+                    raise ConnectError(
+                        f"cannot reach MQTT broker at {self.where}: it closed the connection "
+                        "before a CONNACK (is it an MQTT broker?)"
+                    )
+                inbuf += chunk
+        except TimeoutError:
+            sock.close()
+            raise ConnectError(
+                f"cannot reach MQTT broker at {self.where}: no CONNACK within "
+                f"{self.connect_timeout:g} s (is it an MQTT broker?)"
+            ) from None
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ConnectError(f"cannot reach MQTT broker at {self.where}: {exc}") from exc
+        kind, _flags, start, end = found
+        if kind != CONNACK or end - start != 2:
+            sock.close()
+            raise ConnectError(f"MQTT broker at {self.where}: expected CONNACK, got type {kind}")
+        code = inbuf[start + 1]
+        if code:
+            sock.close()
+            raise _RefusedError(CONNACK_REASONS.get(code, f"return code {code}"))
+        sock.setblocking(False)
+        self._inbuf = inbuf[end:]  # what the broker sent right after the CONNACK
+        return sock, bool(inbuf[start] & 1)
+
+    def _established(
+        self, sock: socket.socket | ssl.SSLSocket, present: bool
+    ) -> list[tuple[threading.Event, list[int]]]:
+        """Take a new session into use: re-subscribe, then resend what the broker has not
+        acknowledged (the session may have lost it; a duplicate is marked DUP)."""
+        waits: list[tuple[threading.Event, list[int]]] = []
+        with self._lock:
+            self._sock, self.session_present = sock, present
+            self._out.clear()
+            best: dict[str, int] = {}
+            for topic_filter, _handler, qos in self._subs:
+                best[topic_filter] = max(qos, best.get(topic_filter, 0))
+            for entry in self._suback.values():  # SUBACKs of the lost connection never come
+                entry[0].set()
+            self._suback.clear()
+            if best:
+                waits = self._send_subscribe(sorted(best.items()))
+            self._out.extend(bytes([p[0] | 0x08]) + p[1:] for p in self._inflight.values())
+            self._connected = True
+        self._attempt = 0
+        self.log.info("connected to %s (session present: %s)", self.where, present)
+        return waits
+
+    def _drop_socket(self) -> None:
+        with self._lock:
+            sock, self._sock = self._sock, None
+            self._connected = False
+            self._out.clear()  # QoS 1 packets stay in _inflight; QoS 0 and PUBACKs are lost
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _next_delay(self) -> float:
+        """Capped exponential backoff with jitter in [d/2, d] (spreads a fleet's reconnects)."""
+        cap = min(self.reconnect_max, self.reconnect_min * 2.0 ** min(self._attempt, 30))
+        self._attempt += 1
+        return cap / 2 + random.uniform(0.0, cap / 2)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"\0")
+
+    # -- the network thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._notify_connect(self.session_present)
+        while not self._stop.is_set():
+            sock = self._sock
+            if sock is None:
+                if not self._reconnect():
+                    break
+                self._notify_connect(self.session_present)
+                continue
+            try:
+                self._serve(sock)
+            except (_LostError, OSError, ValueError) as exc:
+                if self._stop.is_set() or self._aborting:
+                    break
+                self._drop_socket()
+                self.log.warning("lost connection to %s (%s); reconnecting", self.where, exc)
+        self._connected = False
+
+    def _reconnect(self) -> bool:
+        while not self._stop.is_set():
+            delay = self._next_delay()
+            if self._stop.wait(delay):
+                return False
+            try:
+                sock, present = self._open()
+            except (ConnectError, _RefusedError) as exc:
+                self.log.info("broker at %s: %s; retrying", self.where, exc)
+                continue
+            self._established(sock, present)
+            return True
+        return False
+
+    def _serve(self, sock: socket.socket | ssl.SSLSocket) -> None:
+        """Read, dispatch and write until the connection ends or the transport stops."""
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        selector.register(sock, selectors.EVENT_READ)
+        writing = False
+        pending = b""  # bytes the socket did not take yet
+        last_out = time.monotonic()
+        ping_sent: float | None = None  # when the unanswered PINGREQ went out
+        try:
+            if self._inbuf:
+                self._dispatch_buffer()  # sent along with the CONNACK
+            while True:
+                with self._lock:
+                    if self._out:
+                        pending = b"".join((pending, *self._out))
+                        self._out.clear()
+                if pending:
+                    sent = _send(sock, pending)
+                    if sent:
+                        pending, last_out = pending[sent:], time.monotonic()
+                if self._stop.is_set() and not pending:
+                    return
+                if pending and not writing:
+                    selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+                    writing = True
+                elif not pending and writing:
+                    selector.modify(sock, selectors.EVENT_READ)
+                    writing = False
+                for key, _mask in selector.select(timeout=1.0):
+                    if key.fileobj is self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            self._wake_r.recv(4096)
+                    elif self._receive(sock):
+                        ping_sent = None  # any packet shows the broker is there
+                now = time.monotonic()
+                if ping_sent is not None and now - ping_sent > self.keepalive:
+                    raise _LostError(f"no answer to PINGREQ for {now - ping_sent:.0f} s")
+                # the broker drops a client silent for 1.5 x keepalive: speak at half of it
+                if ping_sent is None and now - last_out >= self.keepalive / 2:
+                    with self._lock:
+                        self._out.append(PINGREQ_PACKET)
+                    ping_sent = now
+        finally:
+            selector.close()
+
+    def _receive(self, sock: socket.socket | ssl.SSLSocket) -> bool:
+        """Read what is there and handle every whole packet; whether anything came."""
+        got = False
+        while True:
+            try:
+                chunk = sock.recv(READ_SIZE)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                break
+            if not chunk:
+                raise _LostError("the broker closed the connection")
+            self._inbuf += chunk
+            got = True
+            if not isinstance(sock, ssl.SSLSocket) or not sock.pending():
+                break
+        if got:
+            self._dispatch_buffer()
+        return got
+
+    def _dispatch_buffer(self) -> None:
+        buf, pos, acks = self._inbuf, 0, []
+        while (found := parse_packet(buf, pos)) is not None:
+            kind, flags, start, end = found
+            pos = end
+            if kind == PUBLISH:
+                tlen = buf[start] << 8 | buf[start + 1]
+                at = start + 2 + tlen
+                topic = buf[start + 2 : at].decode()
+                if flags & 0x06:
+                    acks.append(b"\x40\x02" + buf[at : at + 2])
+                    at += 2
+                self._deliver(topic, bytes(buf[at:end]))
+            elif kind == PUBACK:
+                (pid,) = struct.unpack_from("!H", buf, start)
+                with self._lock:
+                    self._inflight.pop(pid, None)
+            elif kind == SUBACK:
+                (pid,) = struct.unpack_from("!H", buf, start)
+                with self._lock:
+                    entry = self._suback.pop(pid, None)
+                if entry is not None:
+                    entry[1].extend(buf[start + 2 : end])
+                    if 0x80 in entry[1]:
+                        self.log.error("broker at %s refused a subscription", self.where)
+                    entry[0].set()
+        del buf[:pos]
+        if acks:  # after the handlers: a message is acknowledged once it was delivered
+            with self._lock:
+                self._out.append(b"".join(acks))
+
+    def _deliver(self, topic: str, payload: bytes) -> None:
+        targets = self._routes.get(topic)
+        if targets is None:
+            with self._lock:
+                # one call per distinct handler, however many of its filters match
+                targets = list(dict.fromkeys(h for f, h, _ in self._subs if matches(f, topic)))
+                if len(self._routes) >= MAX_ROUTES:
+                    self._routes.clear()
+                self._routes[topic] = targets
+        for handler in targets:
+            try:
+                handler(topic, payload)
+            except Exception:  # a failing handler must not stop the network thread
+                self.log.exception("handler for %s failed", topic)
+
+
+class _RefusedError(Exception):
+    """The broker answered CONNACK with a non-zero return code."""
+
+
+def _packet(topic: str, payload: bytes, qos: int, pid: int, retain: bool) -> bytes:
+    try:
+        return publish_packet(topic, payload, qos, pid, retain=retain)
+    except ValueError as exc:
+        raise TransportError(f"publish to {topic}: {exc}") from exc
+
+
+def _send(sock: socket.socket | ssl.SSLSocket, data: bytes) -> int:
+    """Write as much of ``data`` as the socket takes now."""
+    total = 0
+    view = memoryview(data)
+    while total < len(data):
+        try:
+            sent = sock.send(view[total:])
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            break
+        if not sent:
+            break
+        total += sent
+    return total
+
+
+def _tls_context(tls: TlsOptions) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if tls.ca_certs:
+        context.load_verify_locations(tls.ca_certs)
+    else:
+        context.load_default_certs()
+    if tls.certfile:
+        context.load_cert_chain(tls.certfile, tls.keyfile)
+    if tls.insecure:
+        context.check_hostname = False  # still verifies the chain, as paho's insecure does
+    return context
