@@ -242,12 +242,12 @@ def run_one(
     *,
     broadcast: bool = True,
     ingest_workers: int = 0,
+    client: str = "lean",
 ) -> dict[str, Any]:
     """One coordinator run with ``n`` fake agents; returns the figures for that N."""
     from coordinator.config import load_config
-    from coordinator.runner import coordinator_will, run_coordinator
+    from coordinator.runner import coordinator_will, mqtt_client, run_coordinator
     from protocol.broker import MosquittoBroker
-    from protocol.mqtt import MqttTransport
 
     ctx = mp.get_context("spawn")  # the children must not inherit our MQTT threads
     with MosquittoBroker() as broker, tempfile.TemporaryDirectory(dir=store_dir) as tmp:
@@ -279,6 +279,7 @@ def run_one(
             wait_agents_s=600.0,
             broadcast=broadcast,  # the global prototypes once on bcast/knowledge, or per task
             ingest_workers=ingest_workers,
+            mqtt_client=client,  # the workers read it from the stored config too
         )
         figures = ctx.Queue()
         workers = [
@@ -288,7 +289,7 @@ def run_one(
         for w in workers:
             w.start()  # they wait for the run's store
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        transport = MqttTransport(
+        transport = mqtt_client(cfg)(
             client_id="coordinator",
             port=broker.port,
             will=coordinator_will(cfg),
@@ -318,6 +319,7 @@ def run_one(
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out_figures = _figures(n, rounds, times, result, timer.at, wall, cpu, rss, rss0)
     out_figures["ingest_workers"] = sorted(worker_figures, key=lambda f: f["worker"])
+    out_figures["mqtt_client"] = client
     return out_figures
 
 
@@ -412,10 +414,19 @@ def main(argv: list[str] | None = None) -> None:
         help="run.ingest_workers: 0 = the coordinator takes the replies; N = N ingest-worker "
         "processes do (several values: one run each, in turn)",
     )
+    ap.add_argument(
+        "--mqtt-client",
+        nargs="+",
+        choices=("lean", "paho"),
+        default=["lean"],
+        help="run.mqtt_client of the coordinator and its workers (several: one run each, in "
+        "turn, per N and worker count)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     rows = []
-    for n, workers in [(n, w) for n in args.agents for w in args.ingest_workers]:
+    grid = [(n, w, c) for n in args.agents for w in args.ingest_workers for c in args.mqtt_client]
+    for n, workers, client in grid:
         load = os.getloadavg()
         r = run_one(
             n,
@@ -425,20 +436,22 @@ def main(argv: list[str] | None = None) -> None:
             args.store_dir,
             broadcast=args.broadcast == "on",
             ingest_workers=workers,
+            client=client,
         )
         r["load_before"] = [round(x, 2) for x in load]
         r["load_after"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(r)
         print(f"N={n}: {r}", flush=True)
     print(
-        "\n| agents | workers | reply B | coord replies/s | broker replies/s | ratio | "
+        "\n| agents | client | workers | reply B | coord replies/s | broker replies/s | ratio | "
         "turnaround | first next task | close | msgs/s | registration | peak RSS (MB) | "
         "load 1-min before/after |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['agents']} | {len(r['ingest_workers'])} | {_fmt(r['reply_bytes'], '.0f')} | "
+            f"| {r['agents']} | {r['mqtt_client']} | {len(r['ingest_workers'])} | "
+            f"{_fmt(r['reply_bytes'], '.0f')} | "
             f"{_fmt(r['coord_replies_per_s'], ',.0f')} | "
             f"{_fmt(r['broker_replies_per_s'], ',.0f')} | "
             f"{_fmt(r['ratio'], '.3f')} | {_fmt(r['turnaround_ms'], '.0f')} ms | "

@@ -126,6 +126,7 @@ class LeanMqttTransport(Transport):
         self._wake_w.setblocking(False)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._asleep = False  # the network thread waits in select with nothing queued
         self._connected = False
         self._started = False
         self._aborting = False
@@ -256,9 +257,9 @@ class LeanMqttTransport(Transport):
                 self._inflight[pid] = packet
                 if not self._connected:
                     return  # sent with the others once the connection is back
-            wake = not self._out
             self._out.append(packet)
-        if wake and threading.current_thread() is not self._thread:
+            wake, self._asleep = self._asleep, False  # one wake-up per sleep, not per message
+        if wake:
             self._wake()
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
@@ -460,7 +461,12 @@ class LeanMqttTransport(Transport):
                 elif not pending and writing:
                     selector.modify(sock, selectors.EVENT_READ)
                     writing = False
-                for key, _mask in selector.select(timeout=1.0):
+                with self._lock:
+                    self._asleep = not self._out
+                    timeout = 1.0 if self._asleep else 0.0
+                events = selector.select(timeout)
+                self._asleep = False
+                for key, _mask in events:
                     if key.fileobj is self._wake_r:
                         with contextlib.suppress(BlockingIOError):
                             self._wake_r.recv(4096)
