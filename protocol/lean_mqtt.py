@@ -449,6 +449,7 @@ class LeanMqttTransport(Transport):
                     if self._out:
                         pending = b"".join((pending, *self._out))
                         self._out.clear()
+                sent = 0
                 if pending:
                     sent = _send(sock, pending)
                     if sent:
@@ -462,8 +463,10 @@ class LeanMqttTransport(Transport):
                     selector.modify(sock, selectors.EVENT_READ)
                     writing = False
                 with self._lock:
-                    self._asleep = not self._out
-                    timeout = 1.0 if self._asleep else 0.0
+                    # right after a write, linger 1 ms awake: a sender in full flow (a step's
+                    # tasks, a batch's acks) then queues without waking this thread each time
+                    self._asleep = not self._out and not sent
+                    timeout = 1.0 if self._asleep else (0.001 if not self._out else 0.0)
                 events = selector.select(timeout)
                 self._asleep = False
                 for key, _mask in events:
