@@ -143,6 +143,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where agents and server-side training run (cpu, cuda); recorded with each run, "
         "not part of its identity: the same spec on another device is the same run",
     )
+    ap.add_argument(
+        "--hyper",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="algorithm settings over the recipe (TOML literals), for an ablation: the rows are "
+        "named ALGORITHM[KEY=VALUE,...]; write them to their own --out and --md",
+    )
     add_grid_args(ap, None, deadline=900.0)
     ap.set_defaults(md=None)
     args = ap.parse_args(argv)
@@ -166,8 +174,10 @@ def run_spec(
     """Everything that determines one run (also its identity in the results file)."""
     needs = NEEDS.get(algorithm, {})
     feature_dim = needs.get("feature_dim", {}).get(data, FEATURE_DIM)
+    overrides = ablation(args.hyper)
+    label = ",".join(f"{k}={v}" for k, v in overrides.items())
     return {
-        "method": algorithm,
+        "method": f"{algorithm}[{label}]" if overrides else algorithm,
         "algorithm": algorithm,
         "data": data,
         "family": args.family,
@@ -180,8 +190,20 @@ def run_spec(
         "hyper": {
             **(COMMON_TRAIN if args.train == "common" else {}),
             **needs.get("hyper", {}),
+            **overrides,
         },
     }
+
+
+def ablation(items: list[str]) -> dict[str, Any]:
+    """``["predict=head"]`` -> ``{"predict": "head"}`` (values parsed as the CLI's ``--set``)."""
+    from coordinator.config import parse_override
+
+    out: dict[str, Any] = {}
+    for item in items:
+        _section, key, value = parse_override(f"hyper.{item}")
+        out[key] = value
+    return out
 
 
 def execute(
@@ -285,7 +307,7 @@ def setting_table(
     """One setting's rows: every algorithm that ran, every one that only failed, every one not
     run yet (``missing``), then every one that does not apply to the fleet (``skipped``:
     algorithm -> why)."""
-    by_alg = group_by(sorted(runs, key=lambda r: r["spec"]["algorithm"]), _alg)
+    by_alg = group_by(sorted(runs, key=_alg), _alg)
     best_p, best_g = _best(by_alg, "acc_personal"), _best(by_alg, "acc_global")
     lines = [
         "| algorithm | seeds | personalised % | global % | down kB/client/round | "
@@ -341,7 +363,7 @@ def _notes(rs: list[dict[str, Any]]) -> str:
 
 
 def _alg(r: dict[str, Any]) -> str:
-    return str(r["spec"]["algorithm"])
+    return str(r["spec"].get("method", r["spec"]["algorithm"]))  # an ablation's own row
 
 
 def _cause(failure: dict[str, Any]) -> str:
@@ -420,7 +442,7 @@ def page(
         mine = [r for r in runs if where(r) == (data, alpha)]
         theirs = [f for f in fails if where(f) == (data, alpha)]
         missing = [
-            s["algorithm"]
+            s.get("method", s["algorithm"])
             for s in planned or []
             if where(s) == (data, alpha) and spec_key(s) not in done
         ]
@@ -439,6 +461,7 @@ def command(args: argparse.Namespace) -> str:
     parts += [f"--data {' '.join(args.data)}" if args.data != preset["data"] else ""]
     parts += [f"--algorithms {' '.join(args.algorithms)}" if args.algorithms else ""]
     parts += ["--train own" if args.train == "own" else ""]
+    parts += [f"--hyper {' '.join(args.hyper)}" if args.hyper else ""]
     parts += [f"--jobs {args.jobs} --threads {args.threads}"]
     return " ".join(p for p in parts if p)
 

@@ -69,3 +69,19 @@ def test_common_training_gives_every_row_one_recipe_and_own_leaves_the_defaults(
     # the two recipes are different runs, kept in different files and pages
     assert common.out != own.out and common.md != own.md
     assert compare.run_spec(common, "fedtype", "digits", 1.0, 0)["hyper"]["proxy_model"] == "mlp_xs"
+
+
+def test_an_ablation_is_its_own_row_with_its_settings_over_the_recipe() -> None:
+    args = compare.parse_args(["--hyper", "predict=head", "proto_weight=1.0"])
+    spec = compare.run_spec(args, "fedtgp", "digits", 1.0, 0)
+    plain = compare.run_spec(compare.parse_args([]), "fedtgp", "digits", 1.0, 0)
+    assert spec["method"] == "fedtgp[predict=head,proto_weight=1.0]"
+    assert spec["hyper"] == {**plain["hyper"], "predict": "head", "proto_weight": 1.0}
+    assert compare.spec_key(spec) != compare.spec_key(plain)  # never resumed as the plain run
+    figures = {"down_per_client": 1e3, "up_per_client": 2e3, "bytes_run": 1e6, "s_per_round": 1}
+    figures["final_agents"] = 20
+    run = {"spec": spec, "acc_personal": 0.5, "acc_global": 0.2, **figures}
+    table = "\n".join(compare.setting_table([run], [], {}, ["fedtgp"]))
+    assert "`fedtgp[predict=head,proto_weight=1.0]` | 1 | **50.0**" in table
+    assert "`fedtgp` | 0 | not run yet" in table
+    assert "--hyper predict=head proto_weight=1.0" in compare.command(args)
