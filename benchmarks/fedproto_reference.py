@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # HtFLlib's client optimiser (clientbase: SGD without momentum), batch 10, one epoch
 _SGD = {"lr": 0.01, "momentum": 0.0, "batch_size": 10, "local_epochs": 1, "optimizer": "sgd"}
 _PROTO = {"proto_weight": 10.0, "predict": "prototype"}
+_LOADER = {"batch_order": "fixed", "drop_last": True}
 # method -> (algorithm, hyper overrides, fleet overrides)
 METHODS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "local": ("local", {}, {}),
@@ -63,6 +64,10 @@ METHODS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {**_PROTO, "proto_source": "training"},
         {"feature_act": "relu"},
     ),
+    # HtFLlib's loader: one fixed order (unshuffled over a split shuffled once), last partial
+    # batch dropped (clientbase.load_train_data)
+    "local_loader": ("local", _LOADER, {}),
+    "fedproto_loader": ("fedproto", {**_PROTO, **_LOADER}, {}),
     # diagnosis: HtFLlib's feature size (512) and a lambda scaled to our 64
     "local_d512": ("local", {}, {"feature_dim": 512}),
     "fedproto_d512": ("fedproto", _PROTO, {"feature_dim": 512}),
@@ -84,6 +89,8 @@ PAIRS = (
     ("fedproto_tp", "fedproto"),
     ("fedproto_relu_tp", "local_relu"),
     ("fedproto_head", "local"),
+    ("fedproto_loader", "local_loader"),
+    ("local_loader", "local"),
     ("fedproto_d512", "local_d512"),
 )
 

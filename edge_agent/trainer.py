@@ -41,6 +41,9 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, running lo
 GroupLoss = Callable[[Tensor, Tensor], Tensor | None]
 
 
+FIXED_ORDER_SEED = 0  # batch_order = "fixed": each agent's one order (its data differ anyway)
+
+
 class TrainingError(EdgeFLError):
     """Local training diverged or could not run."""
 
@@ -56,14 +59,21 @@ class TensorData:
         return int(self.y.shape[0])
 
     def batches(
-        self, batch_size: int, generator: torch.Generator | None, shuffle: bool = True
+        self,
+        batch_size: int,
+        generator: torch.Generator | None,
+        shuffle: bool = True,
+        *,
+        drop_last: bool = False,
     ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Mini-batches in a seeded random order (or in order when ``shuffle`` is false)."""
+        """Mini-batches in a seeded random order (or in order when ``shuffle`` is false);
+        ``drop_last`` leaves out a last batch smaller than ``batch_size``."""
         n = len(self)
         order = (torch.randperm(n, generator=generator) if shuffle else torch.arange(n)).to(
             self.x.device
         )
-        for start in range(0, n, batch_size):
+        end = n - n % batch_size if drop_last else n
+        for start in range(0, end, batch_size):
             idx = order[start : start + batch_size]
             yield self.x[idx], self.y[idx]
 
@@ -260,17 +270,23 @@ def train_epochs(
     if not main:
         raise TrainingError("no parameter group trains on step_loss")
     use_amp = cfg.mixed_precision and data.x.device.type == "cuda"
+    fixed = cfg.batch_order == "fixed"
     # Without AMP the scaler and autocast are bypassed: on tiny models their per-step Python
     # cost was a measurable share of the step (benchmarks/bench_trainloop.py).
     scaler = torch.amp.GradScaler("cuda") if use_amp else None
-    total = epochs * math.ceil(len(data) / cfg.batch_size)
+    per_epoch = (
+        len(data) // cfg.batch_size if cfg.drop_last else math.ceil(len(data) / cfg.batch_size)
+    )
+    total = epochs * per_epoch
     _activate(steppers, main)
     steps, samples, loss_sum, t0 = 0, 0, 0.0, time.perf_counter()
     try:
         for epoch in range(epochs):
             if on_epoch is not None:
                 on_epoch(epoch)
-            for x, y in data.batches(cfg.batch_size, generator):
+            # "fixed": the same seeded order every epoch and round, from a generator of its own
+            order = torch.Generator().manual_seed(FIXED_ORDER_SEED) if fixed else generator
+            for x, y in data.batches(cfg.batch_size, order, drop_last=cfg.drop_last):
                 if subs:  # the last sub-step switched modes and gradients to its group
                     _activate(steppers, main)
                 with _autocast(use_amp, data.x.device):

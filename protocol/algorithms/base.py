@@ -180,6 +180,11 @@ class TrainConfig(AlgorithmConfig):
     optimizer: typing.Literal["sgd", "adam"] = "sgd"
     grad_clip: float = 0.0  # max gradient norm; 0 = off
     mixed_precision: bool = False  # autocast on CUDA; ignored on CPU
+    # the loader: "shuffle" draws a new order each epoch; "fixed" reuses one seeded order every
+    # epoch and round (HtFLlib's clients iterate an unshuffled loader over a split that was
+    # shuffled once). drop_last skips each epoch's last, partial batch (HtFLlib's does)
+    batch_order: typing.Literal["shuffle", "fixed"] = "shuffle"
+    drop_last: bool = False
     # an algorithm's own size settings, bounded like TRAIN_LIMITS: a task from the wire may not
     # ask a device for unbounded work (issue 19)
     LIMITS: typing.ClassVar[dict[str, tuple[float, float]]] = {}

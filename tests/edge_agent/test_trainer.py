@@ -177,3 +177,52 @@ def test_on_epoch_is_not_called_for_zero_epochs() -> None:
     starts: list[int] = []
     train_epochs(net, data, CFG, Hooks(), epochs=0, on_epoch=starts.append)
     assert starts == []
+
+
+class Order(Hooks):
+    """Records the labels of every batch, which identify the samples (labels are 0..n-1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []
+
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
+        self.batches.append(y.tolist())
+
+
+def _numbered(n: int) -> tuple[Classifier, TensorData]:
+    torch.manual_seed(0)
+    net = create_model("mlp_s", num_classes=n, in_chans=1, feature_dim=8, input_size=4)
+    return net, TensorData(torch.rand(n, 1, 4, 4), torch.arange(n))
+
+
+def test_the_fixed_order_repeats_every_epoch_and_call_and_drop_last_skips_the_tail() -> None:
+    # HtFLlib's loader (issue 20 §2): one order for every epoch and round, no partial batch
+    net, data = _numbered(25)
+    fixed = LocalConfig(batch_size=10, lr=0.01, local_epochs=2, batch_order="fixed", drop_last=True)
+    first, second = Order(), Order()
+    stats = train_epochs(net, data, fixed, first, generator=torch.Generator().manual_seed(1))
+    train_epochs(net, data, fixed, second, generator=torch.Generator().manual_seed(2))
+    assert stats.steps == 4 and stats.samples == 40  # 2 epochs x 2 full batches of 10
+    assert first.batches[:2] == first.batches[2:] == second.batches[:2]
+    assert sorted(first.batches[0] + first.batches[1]) != list(range(20))  # shuffled once
+    # the default draws a new order each epoch and keeps the partial batch
+    shuffled = Order()
+    stats = train_epochs(
+        net,
+        data,
+        LocalConfig(batch_size=10, lr=0.01, local_epochs=2),
+        shuffled,
+        generator=torch.Generator().manual_seed(1),
+    )
+    assert stats.steps == 6 and stats.samples == 50
+    assert [len(b) for b in shuffled.batches] == [10, 10, 5, 10, 10, 5]
+    assert shuffled.batches[:3] != shuffled.batches[3:]
+
+
+def test_drop_last_with_fewer_samples_than_a_batch_trains_nothing() -> None:
+    net, data = _numbered(6)
+    before = params(net)
+    stats = train_epochs(net, data, LocalConfig(batch_size=10, lr=0.1, drop_last=True), Order())
+    assert (stats.steps, stats.samples) == (0, 0)
+    assert all(torch.equal(a, b) for a, b in zip(before, params(net), strict=True))
