@@ -227,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the fleet's ACL and CRL) and connect to it with --kit OUT/coordinator",
     )
     serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
+    serve.add_argument(
+        "--spawn-workers",
+        action="store_true",
+        help="start the run.ingest_workers `coordinator ingest-worker` processes here (logs in "
+        "RUN_DIR/ingest/), with this command's credentials; they end with the run",
+    )
     _credential_options(serve)
     _ingest_parser(sub)
     _provision_parser(sub)
@@ -366,6 +372,7 @@ def _serve(args: argparse.Namespace) -> int:
             **_kit_run_keys(args, creds),
         },
     )
+    spawn = _worker_options(args, cfg) if args.spawn_workers else None
     if info is not None and info.outcome == "finished":
         from coordinator.store import Store
 
@@ -378,7 +385,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg, creds, args.no_signing, _fleet_broker(args))
+        result = _serve_run(cfg, creds, args.no_signing, _fleet_broker(args), spawn)
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
@@ -462,6 +469,7 @@ def _serve_run(
     creds: Credentials,
     no_signing: bool = False,
     fleet_broker: EmbeddedBroker | None = None,
+    spawn: list[str] | None = None,
 ) -> RunResult:
     """The run over ``cfg.broker``; over the embedded broker when there is none; over the
     embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``."""
@@ -480,9 +488,9 @@ def _serve_run(
                 "(--kit OUT/coordinator) to connect to it"
             )
         with fleet_broker:
-            return _run_over(cfg, *parse_broker(cfg.broker), creds, signing)
+            return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
     if cfg.broker:
-        return _run_over(cfg, *parse_broker(cfg.broker), creds, signing)
+        return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
     if creds.tls or creds.password:
         raise ConfigError(
             f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
@@ -491,20 +499,49 @@ def _serve_run(
         )
     with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
-        return _run_over(cfg, "127.0.0.1", broker.port, None, signing)
+        return _run_over(cfg, "127.0.0.1", broker.port, None, signing, spawn=spawn)
 
 
 def _run_over(
-    cfg: RunConfig, host: str, port: int, creds: Credentials | None, signing: Any
+    cfg: RunConfig,
+    host: str,
+    port: int,
+    creds: Credentials | None,
+    signing: Any,
+    *,
+    spawn: list[str] | None = None,
 ) -> RunResult:
+    """The run over the broker at ``host:port``; with ``spawn`` (the workers' credential
+    options), its ingest workers started here for the run's duration."""
+    from contextlib import AbstractContextManager, nullcontext
+
+    from coordinator.ingest_worker import spawned_workers
     from coordinator.runner import mqtt_transport, run_coordinator
 
     options = creds.transport_options() if creds is not None else {}
     transport = mqtt_transport(cfg, host, port, **options)
+    workers: AbstractContextManager[object] = (
+        spawned_workers(cfg, host, port, spawn) if spawn is not None else nullcontext()
+    )
     try:
-        return run_coordinator(cfg, transport, signing=signing)
+        with workers:
+            return run_coordinator(cfg, transport, signing=signing)
     finally:
         transport.close()  # a clean disconnect: the retained state stays "finished"
+
+
+def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
+    """``serve --spawn-workers``: the credential flags the workers need, as serve got them."""
+    from protocol.errors import ConfigError
+
+    if cfg.ingest_workers < 1:
+        raise ConfigError(
+            "--spawn-workers starts run.ingest_workers processes, but run.ingest_workers is 0 "
+            "(set it, e.g. --set run.ingest_workers=2)"
+        )
+    options = [] if args.kit is None else ["--kit", str(args.kit)]
+    options += [] if args.credentials is None else ["--credentials", str(args.credentials)]
+    return options + (["--no-signing"] if args.no_signing else [])
 
 
 # The demo's defaults, sized to finish in about a minute and a half on 2 CPU cores;

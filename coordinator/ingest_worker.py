@@ -11,11 +11,15 @@ store when the step closes (``coordinator/ingest.py``; design: ``docs/scaling.md
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +37,15 @@ from protocol.transport import Will
 if TYPE_CHECKING:
     from protocol.credentials import SigningKeys
 
-__all__ = ["GROUP", "IngestWorker", "open_run_store", "run_ingest_worker", "worker_will"]
+__all__ = [
+    "GROUP",
+    "IngestWorker",
+    "open_run_store",
+    "run_ingest_worker",
+    "spawned_workers",
+    "worker_argv",
+    "worker_will",
+]
 
 GROUP = "edgefl-ingest"  # the share group; one per topic filter, so one per federation
 Judged = tuple[Envelope, Reply, Any]
@@ -243,3 +255,48 @@ def run_ingest_worker(
         return ingest.counts
     finally:
         store.close()
+
+
+def worker_argv(
+    cfg: RunConfig, host: str, port: int, worker: str, options: Sequence[str] = ()
+) -> list[str]:
+    """The command line of one ``coordinator ingest-worker`` of ``cfg``'s run (``options``:
+    ``--kit``, ``--credentials``, ``--no-signing`` as the leader was given them)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    command = [sys.executable, "-m", "coordinator.cli", "ingest-worker"]
+    return [*command, "--run-dir", cfg.run_dir, "--broker", where, "--id", worker, *options]
+
+
+@contextlib.contextmanager
+def spawned_workers(
+    cfg: RunConfig,
+    host: str,
+    port: int,
+    options: Sequence[str] = (),
+    *,
+    leave_s: float = 30.0,
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``run.ingest_workers`` worker processes on this host for the block (``serve
+    --spawn-workers``), each logging to ``RUN_DIR/ingest/wK.log``. After the block they get
+    ``leave_s`` to leave by themselves (they do once the run's state says ``finished``); any
+    still running then is terminated."""
+    logs = Path(cfg.run_dir) / "ingest"
+    logs.mkdir(parents=True, exist_ok=True)
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        for k in range(1, cfg.ingest_workers + 1):
+            with (logs / f"w{k}.log").open("ab") as out:
+                argv = worker_argv(cfg, host, port, f"w{k}", options)
+                workers.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
+        yield workers
+    finally:
+        end = time.monotonic() + leave_s
+        for proc in workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, end - time.monotonic()))
+            if proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
+            if proc.poll() is None:
+                proc.kill()

@@ -186,3 +186,34 @@ def test_nothing_is_stored_or_acknowledged_once_the_leader_closed_the_step(
     assert not kept
     assert setup.stored() == []
     assert setup.worker.counts["deferred"] == 1
+
+
+def test_a_spawned_workers_command_line_names_the_run_broker_and_credentials(
+    tmp_path: Path,
+) -> None:
+    from coordinator.ingest_worker import worker_argv
+
+    cfg = run_config(tmp_path, "fedproto", rounds=1, ingest_workers=2)
+    argv = worker_argv(cfg, "::1", 1883, "w2", ["--kit", "kits/coordinator"])
+    assert argv[1:4] == ["-m", "coordinator.cli", "ingest-worker"]
+    assert argv[4:] == [
+        "--run-dir", cfg.run_dir, "--broker", "[::1]:1883", "--id", "w2", "--kit",
+        "kits/coordinator",
+    ]  # fmt: skip
+    assert worker_argv(cfg, "broker.local", 8883, "w1")[-4:] == [
+        "--broker", "broker.local:8883", "--id", "w1",
+    ]  # fmt: skip
+
+
+def test_spawn_workers_without_ingest_workers_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from coordinator.cli import main
+
+    argv = ["serve", "--run-dir", str(tmp_path / "r"), "--spawn-workers", "--broker", "x:1"]
+    assert main(argv) != 0
+    out = capsys.readouterr()
+    assert "--spawn-workers starts run.ingest_workers processes, but run.ingest_workers is 0" in (
+        out.err
+    )
+    assert "run directory" not in out.out  # refused before anything started

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from coordinator.config import RunConfig
+from coordinator.ingest_worker import spawned_workers
 from coordinator.simulate import simulate
 from protocol.mqtt import MqttTransport
 from protocol.transport import Transport, Will
@@ -160,3 +161,17 @@ def test_a_worker_killed_holding_replies_loses_none_and_stores_none_twice(
     assert unacknowledged(cfg) == []
     assert worker_counts(tmp_path / "w1.log")["stored"] == len(rows)
     assert all(sorted(m["agents"]) == AGENTS and not m["failed"] for m in result.metrics)
+
+
+def test_spawned_workers_take_the_replies_and_leave_with_the_run(mosquitto, tmp_path: Path) -> None:
+    # `coordinator serve --spawn-workers`: the leader starts its workers and they end with it
+    cfg = config(tmp_path, "ings", ingest_workers=2)
+    with spawned_workers(cfg, "127.0.0.1", mosquitto.port, ["--log-level", "INFO"]) as workers:
+        result = simulate(cfg, FLEET, transport_factory=over(mosquitto.port))
+    assert [w.returncode for w in workers] == [0, 0]  # left by themselves: the run finished
+    logs = sorted((Path(cfg.run_dir) / "ingest").glob("w*.log"))
+    assert [log.name for log in logs] == ["w1.log", "w2.log"]
+    rows = stored_rows(cfg)
+    assert len(rows) == 3 * len(AGENTS) and unacknowledged(cfg) == []
+    assert sum(worker_counts(log)["stored"] for log in logs) == len(rows)
+    assert all(sorted(m["agents"]) == AGENTS for m in result.metrics)
