@@ -459,7 +459,10 @@ def command(args: argparse.Namespace) -> str:
     parts = ["python benchmarks/compare.py", "--quick" if args.quick else ""]
     parts += [f"--rounds {args.rounds}" if args.rounds != preset["rounds"] else ""]
     parts += [f"--data {' '.join(args.data)}" if args.data != preset["data"] else ""]
-    parts += [f"--algorithms {' '.join(args.algorithms)}" if args.algorithms else ""]
+    # the page shows every algorithm, so it reruns with all of them (the calls that added runs
+    # are listed in the results file); an ablation's page is its own algorithms'
+    ablation_of = args.algorithms if args.hyper else None
+    parts += [f"--algorithms {' '.join(ablation_of)}" if ablation_of else ""]
     parts += ["--train own" if args.train == "own" else ""]
     parts += [f"--hyper {' '.join(args.hyper)}" if args.hyper else ""]
     parts += [f"--jobs {args.jobs} --threads {args.threads}"]
@@ -579,15 +582,23 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(names) - set(registered()))
     if unknown:
         sys.exit(f"unknown algorithms {unknown}; registered: {registered()}")
-    skipped = {a: why for a in names if (why := not_applicable(a, args.family))}
-    specs = [
-        run_spec(args, alg, data, alpha, seed)
-        for data in args.data
-        for alpha in args.alphas
-        for seed in args.seeds
-        for alg in names
-        if alg not in skipped
-    ]
+    # The page is the one table: every registered algorithm in this setting, whichever of them
+    # this call runs (an ablation's page: just its rows). A call for a few algorithms used to
+    # rewrite the page with only theirs.
+    shown = names if args.hyper else registered()
+    skipped = {a: why for a in shown if (why := not_applicable(a, args.family))}
+
+    def grid(algorithms: list[str]) -> list[dict[str, Any]]:
+        return [
+            run_spec(args, alg, data, alpha, seed)
+            for data in args.data
+            for alpha in args.alphas
+            for seed in args.seeds
+            for alg in algorithms
+            if alg not in skipped
+        ]
+
+    specs, page_specs = grid(names), grid(shown)
     if not args.table_only:
         execute_one = functools.partial(
             execute,
@@ -604,14 +615,14 @@ def main(argv: list[str] | None = None) -> None:
             jobs=args.jobs,
             code=args.code or code_label(dirty=True),
         )
-    # the page states one setting: only this invocation's runs (a results file may hold more)
-    planned = {spec_key(s) for s in specs}
+    # the page states one setting (a results file may hold more: other rounds, seeds, recipes)
+    planned = {spec_key(s) for s in page_specs}
     text = page(
         args,
         [r for r in runs if spec_key(r["spec"]) in planned],
         [f for f in failures if spec_key(f["spec"]) in planned],
         skipped,
-        specs,
+        page_specs,
     )
     print(text)
     if failures:

@@ -85,3 +85,24 @@ def test_an_ablation_is_its_own_row_with_its_settings_over_the_recipe() -> None:
     assert "`fedtgp[predict=head,proto_weight=1.0]` | 1 | **50.0**" in table
     assert "`fedtgp` | 0 | not run yet" in table
     assert "--hyper predict=head proto_weight=1.0" in compare.command(args)
+
+
+def test_a_call_for_some_algorithms_keeps_every_algorithm_on_the_page(tmp_path: Path) -> None:
+    import harness  # benchmarks/harness.py, as compare imports it
+
+    # a call for a few algorithms used to rewrite the one table with only their rows
+    figures = {"down_per_client": 1e3, "up_per_client": 2e3, "bytes_run": 1e6, "s_per_round": 1}
+    args = compare.parse_args(["--data", "digits", "--seeds", "0", "--alphas", "1.0"])
+    runs = [
+        {"spec": compare.run_spec(args, alg, "digits", 1.0, 0), "acc_personal": 0.5,
+         "acc_global": 0.2, "final_agents": 20, **figures}
+        for alg in ("local", "fedproto")
+    ]  # fmt: skip
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    harness.save_results(out, runs, [])
+    compare.main(["--data", "digits", "--seeds", "0", "--alphas", "1.0", "--algorithms",
+                  "fedproto", "--table-only", "--out", str(out), "--md", str(md)])  # fmt: skip
+    text = md.read_text()
+    assert "| `local` | 1 | " in text and "| `fedproto` | 1 | " in text
+    assert "| `fedtgp` | 0 | not run yet" in text
+    assert "--algorithms" not in text.split("Produced by", 1)[1].split("\n", 1)[0]
