@@ -121,9 +121,7 @@ class LeanMqttTransport(Transport):
         self._next_pid = 0
         self._sock: socket.socket | ssl.SSLSocket | None = None
         self._inbuf = bytearray()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._wake_r, self._wake_w = _wake_pair()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._asleep = False  # the network thread waits in select with nothing queued
@@ -179,6 +177,8 @@ class LeanMqttTransport(Transport):
             time.sleep(delay)
         self._started = True
         self._stop.clear()
+        if self._wake_r.fileno() < 0:  # closed by an earlier close(): connect() again
+            self._wake_r, self._wake_w = _wake_pair()
         waits = self._established(sock, present)
         self._thread = threading.Thread(
             target=self._run, name=f"mqtt-{self.client_id}", daemon=True
@@ -222,6 +222,9 @@ class LeanMqttTransport(Transport):
         self._started = False
         self._connected = False
         self._drop_socket()
+        if thread is None or not thread.is_alive():  # else it still selects on them
+            self._wake_r.close()
+            self._wake_w.close()
 
     # -- publish / subscribe ---------------------------------------------------------------
 
@@ -560,6 +563,14 @@ def _packet(topic: str, payload: bytes, qos: int, pid: int, retain: bool) -> byt
         return publish_packet(topic, payload, qos, pid, retain=retain)
     except ValueError as exc:
         raise TransportError(f"publish to {topic}: {exc}") from exc
+
+
+def _wake_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected socket pair that ``publish`` writes a byte to, to end the thread's select."""
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    return wake_r, wake_w
 
 
 def _send(sock: socket.socket | ssl.SSLSocket, data: bytes) -> int:

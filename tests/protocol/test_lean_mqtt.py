@@ -6,6 +6,7 @@ in ``test_mqtt.py`` and ``test_tls.py``; here is what only a client of our own c
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -91,7 +92,8 @@ class FakeBroker:
 
     def drop(self) -> None:
         if self._conn is not None:
-            self._conn.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):  # the client may have closed it already
+                self._conn.shutdown(socket.SHUT_RDWR)
             self._conn.close()
 
     def close(self) -> None:
@@ -225,5 +227,28 @@ def test_publishing_while_closed_or_with_a_bad_topic_is_refused(fake: FakeBroker
         for topic in ("", "a/+", "a/#"):
             with pytest.raises(TransportError, match="invalid topic"):
                 t.publish(topic, b"x")
+    finally:
+        t.close()
+
+
+def test_close_releases_its_sockets_and_the_transport_connects_again(fake: FakeBroker) -> None:
+    from pathlib import Path
+
+    def open_fds() -> int:
+        return sum(1 for _ in Path("/proc/self/fd").iterdir())
+
+    t = _lean(fake.port)
+    t.connect()
+    t.close()
+    before = open_fds()
+    for _ in range(20):
+        other = _lean(fake.port)
+        other.connect()
+        other.close()
+    assert open_fds() <= before  # no socket of 20 clients left behind
+    t.connect()  # the same transport again, after close
+    try:
+        t.publish("again", b"1")
+        assert wait_for(lambda: any(b.startswith(b"\x00\x05again") for _, _, b in fake.packets))
     finally:
         t.close()
