@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import selectors
 import socket
 import ssl
@@ -35,6 +34,7 @@ import threading
 import time
 
 from protocol.errors import ConfigError, ConnectError, TransportError
+from protocol.mqtt_client import MqttClient, SessionRefusedError
 from protocol.mqtt_packets import (
     CONNACK,
     CONNACK_REASONS,
@@ -49,7 +49,7 @@ from protocol.mqtt_packets import (
     subscribe_packet,
 )
 from protocol.topics import matches
-from protocol.transport import Handler, TlsOptions, Transport, Will
+from protocol.transport import Handler, TlsOptions, Will
 
 __all__ = ["LeanMqttTransport"]
 
@@ -61,7 +61,7 @@ class _LostError(Exception):
     """The connection ended (the broker closed it, a socket error, no PINGRESP)."""
 
 
-class LeanMqttTransport(Transport):
+class LeanMqttTransport(MqttClient):
     """An MQTT 3.1.1 client over a plain or TLS socket, built for many messages per second.
 
     Takes the keyword arguments of :class:`~protocol.mqtt.MqttTransport` that apply to MQTT
@@ -86,22 +86,21 @@ class LeanMqttTransport(Transport):
         flush_timeout: float = 5.0,
         logger: logging.Logger | None = None,
     ) -> None:
-        if not client_id:
-            raise ConfigError("client_id: expected a non-empty string, got ''")
-        if not 0 < reconnect_min <= reconnect_max:
-            raise ConfigError(
-                "reconnect delays: expected 0 < min <= max, got "
-                f"min={reconnect_min}, max={reconnect_max}"
-            )
         if not 0 < keepalive <= 0xFFFF:
             raise ConfigError(f"keepalive: expected 1..65535 s, got {keepalive}")
-        super().__init__()
-        self.client_id, self.host, self.port, self.will = client_id, host, port, will
-        self.clean_session, self.keepalive = clean_session, keepalive
-        self.connect_timeout, self.flush_timeout = connect_timeout, flush_timeout
-        self.reconnect_min, self.reconnect_max = reconnect_min, reconnect_max
-        self.session_present = False
-        self.log = logger or logging.getLogger(f"edgefl.mqtt.{client_id}")
+        super().__init__(
+            client_id=client_id,
+            host=host,
+            port=port,
+            will=will,
+            keepalive=keepalive,
+            clean_session=clean_session,
+            connect_timeout=connect_timeout,
+            reconnect_min=reconnect_min,
+            reconnect_max=reconnect_max,
+            flush_timeout=flush_timeout,
+            logger=logger,
+        )
         will_spec = None if will is None else (will.topic, will.payload, will.qos, will.retain)
         self._connect_bytes = connect_packet(
             client_id,
@@ -125,56 +124,17 @@ class LeanMqttTransport(Transport):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._asleep = False  # the network thread waits in select with nothing queued
-        self._connected = False
         self._started = False
         self._aborting = False
-        self._attempt = 0
-
-    @property
-    def connected(self) -> bool:
-        """Whether the client currently holds an accepted session with the broker."""
-        return self._connected
-
-    @property
-    def where(self) -> str:
-        """``host:port`` of the broker, for messages."""
-        return f"{self.host}:{self.port}"
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def connect(self, retry_for: float = 0.0) -> None:
-        """Connect and block until the broker accepted the session and every subscription.
-
-        ``retry_for`` > 0 keeps trying an unreachable broker for that many seconds with the
-        reconnect backoff. A broker that refuses the session is not retried.
-
-        Raises:
-            ConnectError: unreachable (still, after ``retry_for``), refused, or no CONNACK
-                within ``connect_timeout`` seconds.
-            TransportError: called twice.
-        """
+    def _connect_once(self) -> None:
+        """One attempt: the session, the network thread, and every subscription made before
+        it acknowledged by the broker when this returns."""
         if self._started:
             raise TransportError(f"mqtt {self.client_id}: connect() called twice")
-        end = time.monotonic() + retry_for
-        while True:
-            try:
-                sock, present = self._open()
-                break
-            except _RefusedError as exc:
-                raise ConnectError(
-                    f"MQTT broker at {self.where} refused the session: {exc}"
-                ) from None
-            except ConnectError:
-                if time.monotonic() >= end:
-                    raise
-            delay = min(self._next_delay(), max(0.0, end - time.monotonic()))
-            self.log.warning(
-                "broker at %s unreachable; retrying in %.1f s (for %.0f s more)",
-                self.where,
-                delay,
-                end - time.monotonic(),
-            )
-            time.sleep(delay)
+        sock, present = self._open()
         self._started = True
         self._stop.clear()
         if self._wake_r.fileno() < 0:  # closed by an earlier close(): connect() again
@@ -354,7 +314,8 @@ class LeanMqttTransport(Transport):
         code = inbuf[start + 1]
         if code:
             sock.close()
-            raise _RefusedError(CONNACK_REASONS.get(code, f"return code {code}"))
+            reason = CONNACK_REASONS.get(code, f"return code {code}")
+            raise SessionRefusedError(f"MQTT broker at {self.where} refused the session: {reason}")
         sock.setblocking(False)
         self._inbuf = inbuf[end:]  # what the broker sent right after the CONNACK
         return sock, bool(inbuf[start] & 1)
@@ -391,12 +352,6 @@ class LeanMqttTransport(Transport):
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _next_delay(self) -> float:
-        """Capped exponential backoff with jitter in [d/2, d] (spreads a fleet's reconnects)."""
-        cap = min(self.reconnect_max, self.reconnect_min * 2.0 ** min(self._attempt, 30))
-        self._attempt += 1
-        return cap / 2 + random.uniform(0.0, cap / 2)
-
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
             self._wake_w.send(b"\0")
@@ -428,7 +383,7 @@ class LeanMqttTransport(Transport):
                 return False
             try:
                 sock, present = self._open()
-            except (ConnectError, _RefusedError) as exc:
+            except ConnectError as exc:
                 self.log.info("broker at %s: %s; retrying", self.where, exc)
                 continue
             self._established(sock, present)
@@ -552,10 +507,6 @@ class LeanMqttTransport(Transport):
                 handler(topic, payload)
             except Exception:  # a failing handler must not stop the network thread
                 self.log.exception("handler for %s failed", topic)
-
-
-class _RefusedError(Exception):
-    """The broker answered CONNACK with a non-zero return code."""
 
 
 def _packet(topic: str, payload: bytes, qos: int, pid: int, retain: bool) -> bytes:

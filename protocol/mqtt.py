@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import socket
 import ssl
 import threading
@@ -28,8 +27,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from protocol.errors import ConfigError, ConnectError, TransportError
+from protocol.mqtt_client import MqttClient, SessionRefusedError
 from protocol.topics import matches
-from protocol.transport import Handler, TlsOptions, Transport, Will
+from protocol.transport import Handler, TlsOptions, Will
 
 __all__ = ["DEFAULT_PORT", "MqttTransport", "TlsOptions", "parse_broker"]
 
@@ -73,7 +73,7 @@ def parse_broker(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
     return host, int(port_text)
 
 
-class MqttTransport(Transport):
+class MqttTransport(MqttClient):
     """A paho-mqtt client with edgefl's session, reconnect and delivery policy.
 
     Register subscriptions before :meth:`connect` to receive messages the broker queued for a
@@ -101,38 +101,29 @@ class MqttTransport(Transport):
         flush_timeout: float = 5.0,
         logger: logging.Logger | None = None,
     ) -> None:
-        if not client_id:
-            raise ConfigError("client_id: expected a non-empty string, got ''")
-        if not 0 < reconnect_min <= reconnect_max:
-            raise ConfigError(
-                "reconnect delays: expected 0 < min <= max, got "
-                f"min={reconnect_min}, max={reconnect_max}"
-            )
-        super().__init__()
-        self.client_id = client_id
-        self.host = host
-        self.port = port
-        self.will = will
+        super().__init__(
+            client_id=client_id,
+            host=host,
+            port=port,
+            will=will,
+            keepalive=keepalive,
+            clean_session=clean_session,
+            connect_timeout=connect_timeout,
+            reconnect_min=reconnect_min,
+            reconnect_max=reconnect_max,
+            flush_timeout=flush_timeout,
+            logger=logger,
+        )
         self.protocol = protocol
-        self.clean_session = clean_session
         self.session_expiry = session_expiry
-        self.keepalive = keepalive
-        self.connect_timeout = connect_timeout
-        self.reconnect_min = reconnect_min
-        self.reconnect_max = reconnect_max
-        self.flush_timeout = flush_timeout
-        self.session_present = False
-        self.log = logger or logging.getLogger(f"edgefl.mqtt.{client_id}")
         self._lock = threading.Lock()
         self._subs: list[tuple[str, Handler, int]] = []
         self._suback: dict[int, tuple[threading.Event, list[str]]] = {}
         self._connack = threading.Event()
         self._connack_error: str | None = None
-        self._connected = False
         self._started = False
         self._closing = False
         self._aborting = False
-        self._attempt = 0
         self._loop_ident: int | None = None
         self._last_info: paho.MQTTMessageInfo | None = None
         self._client = self._make_client(username, password, tls, max_inflight)
@@ -177,45 +168,7 @@ class MqttTransport(Transport):
         client.on_subscribe = self._on_subscribe
         return client
 
-    @property
-    def connected(self) -> bool:
-        """Whether the client currently holds an accepted session with the broker."""
-        return self._connected
-
-    @property
-    def where(self) -> str:
-        """``host:port`` of the broker, for messages."""
-        return f"{self.host}:{self.port}"
-
     # -- lifecycle -------------------------------------------------------------------------
-
-    def connect(self, retry_for: float = 0.0) -> None:
-        """Connect and block until the broker accepts the session.
-
-        ``retry_for`` > 0 keeps trying an unreachable broker for that many seconds, with the
-        jittered backoff of reconnects: a device that boots before its broker waits for it.
-        A broker that refuses the session (bad credentials) is not retried.
-
-        Raises:
-            ConnectError: the broker is unreachable (still, after ``retry_for``), refuses the
-                session, or sends no CONNACK within ``connect_timeout`` seconds.
-        """
-        end = time.monotonic() + retry_for
-        while True:
-            try:
-                self._connect_once()
-                return
-            except ConnectError:
-                if self._connack_error is not None or time.monotonic() >= end:
-                    raise
-            delay = min(self._next_delay(), max(0.0, end - time.monotonic()))
-            self.log.warning(
-                "broker at %s unreachable; retrying in %.1f s (for %.0f s more)",
-                self.where,
-                delay,
-                end - time.monotonic(),
-            )
-            time.sleep(delay)
 
     def _connect_once(self) -> None:
         if self._started:
@@ -242,7 +195,7 @@ class MqttTransport(Transport):
             )
         if self._connack_error is not None:
             self._abandon()
-            raise ConnectError(
+            raise SessionRefusedError(
                 f"MQTT broker at {self.where} refused the session: {self._connack_error}"
             )
 
@@ -408,10 +361,7 @@ class MqttTransport(Transport):
         self.log.info("broker at %s unreachable; retrying in %.2f s", self.where, delay)
 
     def _next_delay(self) -> float:
-        """Capped exponential backoff with jitter in [d/2, d] (spreads a fleet's reconnects)."""
-        cap = min(self.reconnect_max, self.reconnect_min * 2.0 ** min(self._attempt, 30))
-        delay = cap / 2 + random.uniform(0.0, cap / 2)
-        self._attempt += 1
+        delay = super()._next_delay()
         # paho waits exactly min_delay after reconnect_delay_set (it resets its own doubling)
         self._client.reconnect_delay_set(delay, delay)  # type: ignore[arg-type]
         return delay
