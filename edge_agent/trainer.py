@@ -41,7 +41,7 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, running lo
 GroupLoss = Callable[[Tensor, Tensor], Tensor | None]
 
 
-FIXED_ORDER_SEED = 0  # batch_order = "fixed": each agent's one order (its data differ anyway)
+FIXED_ORDER_SEED = 0  # batch_order = "fixed" without a generator: one order for everyone
 
 
 class TrainingError(EdgeFLError):
@@ -271,6 +271,7 @@ def train_epochs(
         raise TrainingError("no parameter group trains on step_loss")
     use_amp = cfg.mixed_precision and data.x.device.type == "cuda"
     fixed = cfg.batch_order == "fixed"
+    fixed_seed = FIXED_ORDER_SEED if generator is None else generator.initial_seed()
     # Without AMP the scaler and autocast are bypassed: on tiny models their per-step Python
     # cost was a measurable share of the step (benchmarks/bench_trainloop.py).
     scaler = torch.amp.GradScaler("cuda") if use_amp else None
@@ -284,8 +285,9 @@ def train_epochs(
         for epoch in range(epochs):
             if on_epoch is not None:
                 on_epoch(epoch)
-            # "fixed": the same seeded order every epoch and round, from a generator of its own
-            order = torch.Generator().manual_seed(FIXED_ORDER_SEED) if fixed else generator
+            # "fixed": the same order every epoch and round, drawn from the seed the agent's
+            # generator started with (the run's seed and the client), not from its state
+            order = torch.Generator().manual_seed(fixed_seed) if fixed else generator
             for x, y in data.batches(cfg.batch_size, order, drop_last=cfg.drop_last):
                 if subs:  # the last sub-step switched modes and gradients to its group
                     _activate(steppers, main)

@@ -200,12 +200,16 @@ def test_the_fixed_order_repeats_every_epoch_and_call_and_drop_last_skips_the_ta
     # HtFLlib's loader (issue 20 §2): one order for every epoch and round, no partial batch
     net, data = _numbered(25)
     fixed = LocalConfig(batch_size=10, lr=0.01, local_epochs=2, batch_order="fixed", drop_last=True)
-    first, second = Order(), Order()
-    stats = train_epochs(net, data, fixed, first, generator=torch.Generator().manual_seed(1))
-    train_epochs(net, data, fixed, second, generator=torch.Generator().manual_seed(2))
+    first, second, other = Order(), Order(), Order()
+    agent = torch.Generator().manual_seed(1)  # one agent: its generator advances between calls
+    stats = train_epochs(net, data, fixed, first, generator=agent)
+    torch.rand(3, generator=agent)
+    train_epochs(net, data, fixed, second, generator=agent)
+    train_epochs(net, data, fixed, other, generator=torch.Generator().manual_seed(2))
     assert stats.steps == 4 and stats.samples == 40  # 2 epochs x 2 full batches of 10
     assert first.batches[:2] == first.batches[2:] == second.batches[:2]
     assert sorted(first.batches[0] + first.batches[1]) != list(range(20))  # shuffled once
+    assert other.batches[:2] != first.batches[:2]  # another seed, another order
     # the default draws a new order each epoch and keeps the partial batch
     shuffled = Order()
     stats = train_epochs(
