@@ -80,7 +80,7 @@ class RunConfig:
     # through an MQTT shared subscription and store them; this process leads the rounds
     ingest_workers: int = 0
     # the coordinator's MQTT client: "lean" (protocol.lean_mqtt, MQTT 3.1.1 over a socket of
-    # our own: ~10x less CPU a message than paho at fleet scale) or "paho"
+    # our own: ~5x less CPU a message than paho, benchmarks/bench_mqtt_clients.py) or "paho"
     mqtt_client: str = "lean"
     hyper: dict[str, Any] = field(default_factory=dict)
 

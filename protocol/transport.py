@@ -2,8 +2,9 @@
 
 :class:`Transport` is what the rest of the toolkit sees of MQTT: connect with a last will,
 subscribe a handler to a topic filter, publish bytes. ``protocol.mqtt`` implements it over
-paho-mqtt (the only module that imports paho); :class:`MemoryTransport` implements it over a
-:class:`MemoryBroker` for unit tests and fast single-process simulation.
+paho-mqtt (the only module that imports paho; the devices' client), ``protocol.lean_mqtt`` over
+a socket of our own (the coordinator's, at fleet scale); :class:`MemoryTransport` implements it
+over a :class:`MemoryBroker` for unit tests and fast single-process simulation.
 
 Handlers run on the transport's delivery thread and must not block: hand work to a queue.
 """
