@@ -1,12 +1,12 @@
 """MQTT 3.1.1 over a socket of our own: the coordinator's transport at fleet scale.
 
-Why not paho here: on the 2-core VM of ``docs/scaling.md`` paho spends ~140 us of CPU to
-receive one 8.5 KB QoS 1 message and ~160 us to publish one 500-byte QoS 1 message, each on
-its network thread under the GIL, where a socket client that parses every packet of a read at
-once and writes whatever has queued in one call spends 16 us and 5 us. The coordinator sends a
-task and an ack and receives a reply per device and round, so at 10,000 devices paho alone
-costs seconds per round. Devices keep paho (:class:`~protocol.mqtt.MqttTransport`): they
-send a message or two a round.
+Why not paho here (``benchmarks/bench_mqtt_clients.py``, 2-core VM, ``docs/scaling.md``): paho
+spends 133-136 us of CPU to receive one 8.5 KB QoS 1 message and 146-151 us to publish one
+500-byte QoS 1 message, per message, under the GIL; this client, which parses every packet of a
+read at once and writes whatever has queued in one call, spends 25-37 us and 26-31 us, close
+to a bare socket's 19-20 us and 30-34 us. The coordinator receives a reply and sends an ack and
+a task per device and round, so at 10,000 devices paho alone cost seconds per round. Devices
+keep paho (:class:`~protocol.mqtt.MqttTransport`): they send a message or two a round.
 
 What it does, as :class:`~protocol.mqtt.MqttTransport` does: QoS 0 and 1, retained messages,
 a last will, user name and password, TLS with client certificates, keepalive, persistent or
