@@ -10,7 +10,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from coordinator.config import RunConfig
-from coordinator.ingest_worker import spawned_workers
+from coordinator.ingest_worker import spawned_workers, worker_argv
 from coordinator.simulate import simulate
 from protocol.mqtt import MqttTransport
 from protocol.transport import Transport, Will
@@ -51,11 +50,9 @@ def start_worker(
     cfg: RunConfig, port: int, worker: str, log: Path, stall: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """A ``coordinator ingest-worker`` process (with ``stall``: one that hangs holding replies)."""
-    command = ["-m", "coordinator.cli"]
-    if stall is not None:
-        command = ["-m", "tests.coordinator.stalling_worker", str(stall)]
-    argv = [sys.executable, *command, "ingest-worker", "--run-dir", cfg.run_dir]
-    argv += ["--broker", f"127.0.0.1:{port}", "--id", worker, "--log-level", "INFO"]
+    argv = worker_argv(cfg, "127.0.0.1", port, worker, ["--log-level", "INFO"])
+    if stall is not None:  # the same command line through the stalling wrapper
+        argv[1:3] = ["-m", "tests.coordinator.stalling_worker", str(stall)]
     with log.open("wb") as out:
         return subprocess.Popen(
             argv, env=clean_env(PYTHONPATH=str(ROOT)), stdout=out, stderr=subprocess.STDOUT
