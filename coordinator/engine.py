@@ -8,7 +8,6 @@ transport thread are queued; this thread alone touches the store and the strateg
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import queue
@@ -61,6 +60,7 @@ from protocol.topics import Topics
 from protocol.wire import reuse_encodings
 
 StateName = Literal["starting", "running", "finished", "offline"]
+REGISTRATIONS_LOGGED = 100  # new agents logged one line each; past that, one line a thousand
 
 __all__ = ["Coordinator", "QuorumError", "RunResult"]
 
@@ -393,13 +393,21 @@ class Coordinator:
         self._take_stored(open_step)  # a resumed step's
         deadline = time.time() + self.cfg.deadline_s
         config = self.strategy.config.to_dict()  # the same for every task of the step
-        tasks = {
-            d: self._task(open_step, d, deadline, config)
+        payloads = {
+            d: self.strategy.configure(step, self.agents[d])
             for d in rec.participants
             if d not in open_step.outcome.replies
         }
-        with reuse_encodings():  # what several tasks still share is encoded once
-            tasks, self._knowledge = self._split_shared(step, tasks)
+        # what several tasks still share is encoded once, and the fields all tasks share
+        # (config, run id, deadline) once a step (protocol.wire.reuse_encodings)
+        with reuse_encodings():
+            payloads, shared, self._knowledge = self._split_shared(step, payloads)
+            tasks = {
+                d: self._task(
+                    open_step, d, deadline, config, payloads=own, shared=shared.get(d, b"")
+                )
+                for d, own in payloads.items()
+            }
             if self._knowledge is not None:  # before the tasks that name it
                 self._publish_knowledge(self._knowledge)
             if self.intake is not None:  # before the tasks: their replies may come at once
@@ -464,9 +472,16 @@ class Coordinator:
             self._reject("invalid_reply", f"{device}: {reason}")
 
     def _task(
-        self, open_step: OpenStep, device_id: str, deadline: float, config: dict[str, Any]
+        self,
+        open_step: OpenStep,
+        device_id: str,
+        deadline: float,
+        config: dict[str, Any],
+        *,
+        payloads: dict[str, Payload],
+        shared: bytes,
     ) -> Task:
-        rec, step, agent = open_step.rec, open_step.step, self.agents[device_id]
+        rec, step = open_step.rec, open_step.step
         return Task(
             task_id=task_id(self.cfg.run_id, rec.idx, rec.attempt, device_id),
             run_id=self.cfg.run_id,
@@ -475,39 +490,44 @@ class Coordinator:
             deadline=deadline,
             algorithm=self.strategy.name,
             config=config,
-            payloads=self.strategy.configure(step, agent),
+            payloads=payloads,
+            shared=shared,
         )
 
     def _split_shared(
-        self, step: Step, tasks: dict[str, Task]
-    ) -> tuple[dict[str, Task], Knowledge | None]:
-        """Move the payloads the tasks share into the step's knowledge (``WIRE.md`` §5).
+        self, step: Step, payloads: dict[str, dict[str, Payload]]
+    ) -> tuple[dict[str, dict[str, Payload]], dict[str, bytes], Knowledge | None]:
+        """Move the payloads the agents' tasks share into the step's knowledge (``WIRE.md`` §5).
 
-        Shared means the *same object* under one name in every task that has the name, in two
-        tasks at least (strategies hand every agent the one object of their global knowledge),
+        ``payloads``: each participant's map from the strategy's ``configure``. Returns the
+        maps left in the tasks, the knowledge digest of each device whose task names it, and
+        the knowledge (None: nothing shared).
+
+        Shared means the *same object* under one name in every map that has the name, in two
+        maps at least (strategies hand every agent the one object of their global knowledge),
         and at least ``run.broadcast_min_bytes`` encoded. A task takes ``shared`` only if it
         has every shared name: the agent merges the whole knowledge, and the algorithm must
         see exactly the map ``configure`` returned.
         """
-        names = _shared_names([t.payloads for t in tasks.values()]) if self.cfg.broadcast else []
-        names = [n for n in names if self._big_enough(tasks, n)]
+        names = _shared_names(list(payloads.values())) if self.cfg.broadcast else []
+        names = [n for n in names if self._big_enough(payloads, n)]
         if not names:
-            return tasks, None
-        first = next(t for t in tasks.values() if names[0] in t.payloads)
-        knowledge = Knowledge.of(step.round, {n: first.payloads[n] for n in names})
-        out = {}
-        for device_id, task in tasks.items():
-            if all(n in task.payloads for n in names):
-                rest = {k: v for k, v in task.payloads.items() if k not in knowledge.payloads}
-                out[device_id] = dataclasses.replace(task, payloads=rest, shared=knowledge.digest)
+            return payloads, {}, None
+        first = next(p for p in payloads.values() if names[0] in p)
+        knowledge = Knowledge.of(step.round, {n: first[n] for n in names})
+        out, shared = {}, {}
+        for device_id, own in payloads.items():
+            if all(n in own for n in names):
+                out[device_id] = {k: v for k, v in own.items() if k not in knowledge.payloads}
+                shared[device_id] = knowledge.digest
             else:
-                out[device_id] = task
-        return out, knowledge
+                out[device_id] = own
+        return out, shared, knowledge
 
-    def _big_enough(self, tasks: dict[str, Task], name: str) -> bool:
+    def _big_enough(self, payloads: dict[str, dict[str, Payload]], name: str) -> bool:
         if self.cfg.broadcast_min_bytes == 0:
             return True
-        payload = next(t.payloads[name] for t in tasks.values() if name in t.payloads)
+        payload = next(p[name] for p in payloads.values() if name in p)
         return len(pack_payloads({name: payload})) >= self.cfg.broadcast_min_bytes
 
     def _publish_knowledge(self, knowledge: Knowledge) -> None:
@@ -659,19 +679,25 @@ class Coordinator:
         self.online.add(reg.device_id)
         self.store.upsert_agent(reg.device_id, env.wire or encode(env), online=True)
         if not known:
-            self.log.info(
-                "agent %s registered: %s, %d params, %d samples",
-                reg.device_id,
-                reg.arch,
-                reg.num_params,
-                sum(reg.counts_by_class().values()),
-            )
+            self._log_registration(reg)
         task = self._task_of(reg.device_id)
         # A restarted agent (or one whose broker session was lost) lost its task: send it
         # again. The same session registering again still has it queued: a resend made it
         # answer twice (issue 20 §5).
         if task is not None and not (reg.session and reg.session == previous):
             self.endpoint.send(self.topics.down(reg.device_id, "task"), task, round=task.round)
+
+    def _log_registration(self, reg: Register) -> None:
+        """One line per new agent up to ``REGISTRATIONS_LOGGED``, then one per thousand: at
+        10,000 agents a line each was 10,000 lines and a third of registration's time."""
+        count = len(self.agents)
+        level = logging.INFO if count <= REGISTRATIONS_LOGGED else logging.DEBUG
+        if self.log.isEnabledFor(level):
+            samples = sum(reg.class_counts.values())
+            line = "agent %s registered: %s, %d params, %d samples"
+            self.log.log(level, line, reg.device_id, reg.arch, reg.num_params, samples)
+        if count > REGISTRATIONS_LOGGED and count % 1000 == 0:
+            self.log.info("%d agents registered", count)
 
     def _admit(self, agent: AgentInfo) -> None:
         """The engine's own checks, then the strategy's, against the agents admitted so far."""

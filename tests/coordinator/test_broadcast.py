@@ -88,64 +88,63 @@ def test_one_object_in_every_task_goes_into_the_knowledge(tmp_path: Path) -> Non
     # Prepare
     coord = coordinator(tmp_path)
     shared, mine = protos(), {d: protos(value=i) for i, d in enumerate("abc")}
-    tasks = {d: task(d, {"protos": shared, "own": mine[d]}) for d in "abc"}
+    maps = {d: {"protos": shared, "own": mine[d]} for d in "abc"}
     # Execute
-    out, knowledge = coord._split_shared(STEP, tasks)
+    out, digests, knowledge = coord._split_shared(STEP, maps)
     # Assert
     assert knowledge is not None and list(knowledge.payloads) == ["protos"]
     assert knowledge.payloads["protos"] is shared and knowledge.round == STEP.round
     assert knowledge.digest == payloads_digest({"protos": shared})
     for d in "abc":
-        assert out[d].shared == knowledge.digest
-        assert out[d].payloads == {"own": mine[d]}
+        assert digests[d] == knowledge.digest
+        assert out[d] == {"own": mine[d]}
 
 
 def test_equal_but_distinct_objects_stay_inline(tmp_path: Path) -> None:
     coord = coordinator(tmp_path)
-    tasks = {d: task(d, {"protos": protos()}) for d in "abc"}  # equal values, new objects
-    out, knowledge = coord._split_shared(STEP, tasks)
-    assert knowledge is None and out == tasks
+    maps = {d: {"protos": protos()} for d in "abc"}  # equal values, new objects
+    out, digests, knowledge = coord._split_shared(STEP, maps)
+    assert knowledge is None and out == maps and digests == {}
 
 
 def test_a_payload_in_one_task_only_stays_inline(tmp_path: Path) -> None:
     coord = coordinator(tmp_path)
-    shared = protos()
-    tasks = {"a": task("a", {"protos": shared}), "b": task("b", {})}
-    out, knowledge = coord._split_shared(STEP, tasks)
-    assert knowledge is None and out == tasks
+    maps = {"a": {"protos": protos()}, "b": {}}
+    out, digests, knowledge = coord._split_shared(STEP, maps)
+    assert knowledge is None and out == maps and digests == {}
 
 
 def test_a_task_lacking_a_shared_name_keeps_its_payloads_inline(tmp_path: Path) -> None:
     # the agent merges the whole knowledge: a task without the name must not get it
     coord = coordinator(tmp_path)
     shared = protos()
-    tasks = {d: task(d, {"protos": shared}) for d in "ab"} | {"c": task("c", {})}
-    out, knowledge = coord._split_shared(STEP, tasks)
+    maps: dict[str, dict[str, Any]] = {d: {"protos": shared} for d in "ab"} | {"c": {}}
+    out, digests, knowledge = coord._split_shared(STEP, maps)
     assert knowledge is not None
-    assert out["a"].shared == out["b"].shared == knowledge.digest and out["a"].payloads == {}
-    assert out["c"] == tasks["c"] and out["c"].shared == b""
+    assert digests == {"a": knowledge.digest, "b": knowledge.digest}
+    assert out == {"a": {}, "b": {}, "c": {}}
 
 
 def test_a_shared_payload_below_the_threshold_stays_inline(tmp_path: Path) -> None:
     # 10 x 4 float32 prototypes encode to ~250 bytes, 10 x 64 to ~2.7 KB
     coord = coordinator(tmp_path, broadcast_min_bytes=1024)
     small, big = protos(4), protos(64)
-    tasks = {d: task(d, {"small": small, "big": big}) for d in "abc"}
-    out, knowledge = coord._split_shared(STEP, tasks)
+    maps = {d: {"small": small, "big": big} for d in "abc"}
+    out, _, knowledge = coord._split_shared(STEP, maps)
     assert knowledge is not None and list(knowledge.payloads) == ["big"]
-    assert all(t.payloads == {"small": small} for t in out.values())
+    assert all(own == {"small": small} for own in out.values())
     # 0: everything shared goes
     coord0 = coordinator(tmp_path / "zero", broadcast_min_bytes=0)
-    _, k0 = coord0._split_shared(STEP, tasks)
+    _, _, k0 = coord0._split_shared(STEP, maps)
     assert k0 is not None and sorted(k0.payloads) == ["big", "small"]
 
 
 def test_broadcast_off_keeps_every_payload_in_the_tasks(tmp_path: Path) -> None:
     coord = coordinator(tmp_path, broadcast=False)
     shared = protos()
-    tasks = {d: task(d, {"protos": shared}) for d in "abc"}
-    out, knowledge = coord._split_shared(STEP, tasks)
-    assert knowledge is None and out == tasks
+    maps = {d: {"protos": shared} for d in "abc"}
+    out, digests, knowledge = coord._split_shared(STEP, maps)
+    assert knowledge is None and out == maps and digests == {}
 
 
 def test_broadcast_min_bytes_must_not_be_negative(tmp_path: Path) -> None:

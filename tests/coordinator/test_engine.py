@@ -651,3 +651,29 @@ def test_a_declared_feature_dim_refuses_another_at_registration(tmp_path: Path) 
     # Assert
     assert coord.refused == {"wide": "its features have 32 dimensions; this run's have 16"}
     assert {"fits", "quiet"} <= set(coord.agents)
+
+
+def test_registrations_are_logged_one_a_line_then_one_line_a_thousand(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: a fleet past the per-agent lines (a line each was a third of registering
+    # 10,000 agents)
+    from coordinator.engine import REGISTRATIONS_LOGGED
+
+    coord = start_coordinator(run_config(tmp_path), MemoryBroker())
+    topics = Topics(coord.cfg.federation)
+    caplog.set_level("INFO", logger=coord.log.name)
+    # Execute
+    with coord.store.transaction():
+        for i in range(2001):
+            env = Envelope(body=named_register(f"d{i:04d}", []), sender=f"d{i:04d}")
+            coord._handle(decode(encode(env)), topics.up(env.sender, "register"))
+    # Assert
+    lines = [r.getMessage() for r in caplog.records if "regist" in r.getMessage()]
+    each = [line for line in lines if line.startswith("agent ")]
+    assert len(each) == REGISTRATIONS_LOGGED and each[0].startswith("agent d0000 registered")
+    assert [line for line in lines if not line.startswith("agent ")] == [
+        "1000 agents registered",
+        "2000 agents registered",
+    ]
+    assert len(coord.agents) == 2001

@@ -12,6 +12,7 @@ import pytest
 import typing_extensions
 
 from protocol import wire
+from protocol.errors import ValidationError
 from protocol.messages import Reply, Task
 
 CONFIG_TP = typing.get_type_hints(Task)["config"]
@@ -76,3 +77,85 @@ def test_arrays_annotated_through_a_type_alias_encode_and_decode_as_arrays() -> 
     for got in (back.x, back.maps["w"], back.bare):
         assert isinstance(got, np.ndarray)
         np.testing.assert_array_equal(got, a)
+
+
+def test_fields_reused_within_a_block_give_the_frames_encoded_one_by_one() -> None:
+    # a step's tasks share their config object, run id and deadline; ids, payloads and the
+    # knowledge digest differ, and a field may go from its default (left out) to a value and
+    # back; prototype sets share one array under two encodings (the encoding is in the key)
+    from protocol.codec import Envelope, encode
+    from protocol.payloads import PrototypeSet
+
+    config = {"lr": 0.01, "epochs": 3, "optimizer": "sgd"}
+    ids, vectors = np.arange(3, dtype=np.int32), np.ones((3, 4), np.float32)
+    counts = np.ones(3, np.int32)
+    raw = PrototypeSet(ids, vectors, counts)
+    half = PrototypeSet(ids, vectors, counts, encoding="f16")
+    payloads: list[dict[str, typing.Any]] = [{}, {"p": raw}, {"p": half}, {}, {"p": raw, "q": half}]
+
+    def task(i: int) -> Task:
+        return Task(
+            task_id=f"run.1.0.dev{i}",
+            run_id="run",
+            round=1,
+            phase="train",
+            deadline=1e9,
+            algorithm="fedproto",
+            config=config if i != 3 else {"lr": 0.02},
+            payloads=payloads[i],
+            shared=bytes(32) if i % 2 else b"",
+        )
+
+    envs = [Envelope(body=task(i), sender="coordinator", round=1) for i in range(5)]
+    alone = [encode(env) for env in envs]
+    with wire.reuse_encodings():
+        together = [encode(env) for env in envs]
+    assert together == alone
+    decoded = [msgpack.unpackb(f)["b"] for f in together]
+    assert "shared" not in decoded[0] and decoded[1]["shared"] == bytes(32)
+    assert decoded[3]["config"] == {"lr": 0.02} and decoded[4]["config"] == config
+    assert decoded[2]["payloads"]["p"]["encoding"] == "f16"
+
+
+def outcome(obj: object, tp: object) -> tuple[str, object]:
+    try:
+        value = wire._decode_value(obj, tp, "x")
+    except ValidationError as exc:  # the error itself is what is compared
+        return type(exc).__name__, str(exc)
+    return type(value).__name__, value
+
+
+@pytest.mark.parametrize(
+    ("obj", "tp"),
+    [
+        ("a", str),
+        (b"a", str),
+        (3, int),
+        (True, int),  # a bool is not an int on the wire
+        (3.0, int),
+        (True, bool),
+        (1, bool),
+        (2.5, float),
+        (2, float),  # an int in a float field: converted
+        (float("nan"), float),
+        (float("inf"), float),
+        (b"\x00", bytes),
+        ("a", bytes),
+        ({"0": 1, "1": 2}, dict[str, int]),
+        ({"0": 1, "1": True}, dict[str, int]),
+        ({"0": 1, 2: 2}, dict[str, int]),
+        ({"a": 1.5, "b": 2}, dict[str, float]),
+        ({"a": float("nan")}, dict[str, float]),
+        (["a", "b"], list[str]),
+        (["a", 1], list[str]),
+        ([1, 2], tuple[int, ...]),
+        ([], list[str]),
+    ],
+)
+def test_the_exact_type_shortcuts_decode_as_the_walk(
+    obj: object, tp: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = outcome(obj, tp)
+    monkeypatch.setattr(wire, "_EXACT", {})
+    slow = outcome(obj, tp)
+    assert fast == slow
