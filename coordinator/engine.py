@@ -860,6 +860,9 @@ class Coordinator:
     ) -> dict[str, Any]:
         now = self.endpoint.traffic.snapshot()
         traffic = {k: v - traffic0.get(k, 0) for k, v in now.items() if v - traffic0.get(k, 0)}
+        if self.intake is not None:  # the replies and acks the ingest workers moved
+            for key, n in self.store.worker_traffic(open_step.rec.idx).items():
+                traffic[key] = traffic.get(key, 0) + n
         # progress heartbeats are the runtime's, not the algorithm's: kept out of its byte
         # figures (they depend on the progress interval and on training speed), counted apart
         progress = {k: traffic.pop(k) for k in list(traffic) if k.endswith(".progress")}

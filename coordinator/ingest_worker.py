@@ -95,6 +95,7 @@ class IngestWorker:
         self.done = threading.Event()  # the run finished
         self.counts: Counter[str] = Counter()  # stored, acked, refused, deferred, rejected.*
         self.lock_wait_s = 0.0  # time spent waiting for the store's write lock
+        self._received = 0  # reply bytes received up to the last batch (the endpoint's count)
         self._intake: dict[str, Any] | None = None
         self._step: Step | None = None
         self._participants: set[str] = set()
@@ -153,10 +154,23 @@ class IngestWorker:
             self.lock_wait_s += time.perf_counter() - t0
             for env, reply, verdict in judged:
                 if self._keep(env, reply, verdict):
-                    acks.append((self.topics.down(env.sender, "ack"), verdict.ack))
-        for topic, ack in acks:  # after the commit: an acknowledged update is durable
-            self.endpoint.send(topic, ack)
+                    ack = self.endpoint.envelope(verdict.ack)
+                    topic = self.topics.down(env.sender, "ack")
+                    acks.append((topic, ack, self.endpoint.sealed(ack)))
+            self._count_traffic(sum(len(frame) for _, _, frame in acks))
+        for topic, ack, frame in acks:  # after the commit: an acknowledged update is durable
+            self.endpoint.send_envelope(topic, ack, frame=frame)
         self.counts["acked"] += len(acks)
+
+    def _count_traffic(self, ack_bytes: int) -> None:
+        """The replies received since the last batch and this batch's acks, under the open
+        step (inside the batch's transaction): the leader adds them to the step's record,
+        whose byte figures would otherwise miss every reply and ack a worker handled."""
+        received = self.endpoint.traffic.snapshot().get("rx.reply", 0)
+        counts = {"rx.reply": received - self._received, "tx.ack": ack_bytes}
+        self._received = received
+        if self._intake is not None:
+            self.store.add_worker_traffic(self._intake["step"], counts)
 
     def _judge(self, env: Envelope, topic: str) -> Judged | None:
         refused = screen(self.topics, env, topic, self.endpoint.trusted(env))

@@ -110,6 +110,9 @@ CREATE TABLE IF NOT EXISTS metrics (step INTEGER PRIMARY KEY, record TEXT NOT NU
 -- replies an ingest worker refused as invalid, so that the round leader stops waiting for them
 CREATE TABLE IF NOT EXISTS refusals (step INTEGER NOT NULL, attempt INTEGER NOT NULL,
     device_id TEXT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (step, attempt, device_id));
+-- reply and ack bytes the ingest workers moved per step, for the leader's step record
+CREATE TABLE IF NOT EXISTS worker_traffic (step INTEGER NOT NULL, key TEXT NOT NULL,
+    bytes INTEGER NOT NULL, PRIMARY KEY (step, key));
 """
 INTAKE = "intake"  # meta key: the step whose replies ingest workers may store (null: none)
 BUSY_TIMEOUT_S = 30.0  # ingest workers and the leader take turns at the write lock
@@ -307,6 +310,19 @@ class Store:
         self.db.execute(
             "INSERT OR IGNORE INTO refusals VALUES (?, ?, ?, ?)", (step, attempt, device_id, reason)
         )
+
+    def add_worker_traffic(self, step: int, counts: dict[str, int]) -> None:
+        """Add an ingest worker's bytes of ``step`` (``{"rx.reply": n, "tx.ack": m}``)."""
+        self.db.executemany(
+            "INSERT INTO worker_traffic VALUES (?, ?, ?) "
+            "ON CONFLICT (step, key) DO UPDATE SET bytes = bytes + excluded.bytes",
+            [(step, key, n) for key, n in counts.items() if n],
+        )
+
+    def worker_traffic(self, step: int) -> dict[str, int]:
+        """Every ingest worker's bytes of ``step``, summed per key."""
+        rows = self.db.execute("SELECT key, bytes FROM worker_traffic WHERE step=?", (step,))
+        return dict(rows)
 
     def refusals(self, step: int, attempt: int) -> list[tuple[str, str]]:
         """(device_id, reason) of the replies refused as invalid in this attempt."""

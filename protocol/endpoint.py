@@ -182,23 +182,39 @@ class Endpoint:
         msg_id: str | None = None,
     ) -> Envelope:
         """Encode ``body`` in an envelope from this endpoint and publish it."""
-        env = Envelope(body=body, sender=self.sender, federation=self.federation, round=round)
+        env = self.envelope(body, round=round)
         if msg_id:
             env = replace(env, msg_id=msg_id)
         self.send_envelope(topic, env, qos=qos, retain=retain)
         return env
 
+    def envelope(self, body: Message, *, round: int = 0) -> Envelope:
+        """``body`` in a new envelope from this endpoint (what :meth:`send` sends)."""
+        return Envelope(body=body, sender=self.sender, federation=self.federation, round=round)
+
+    def sealed(self, env: Envelope) -> bytes:
+        """The frame :meth:`send_envelope` publishes for ``env`` (signed if this endpoint
+        signs): its size is known before it is sent."""
+        return self._seal(encode(env))
+
     def send_envelope(
-        self, topic: str, env: Envelope, *, qos: int = 1, retain: bool = False
+        self,
+        topic: str,
+        env: Envelope,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        frame: bytes | None = None,
     ) -> None:
-        """Publish an already built envelope (e.g. a reply resent from an outbox).
+        """Publish an already built envelope (e.g. a reply resent from an outbox); ``frame``:
+        its :meth:`sealed` frame, when made beforehand.
 
         Raises:
             LimitError: the frame exceeds ``limits.max_message``, or would need chunking but
                 ``retain`` is set (bulk data is never retained).
             TransportError: the transport could not queue a frame.
         """
-        frame = self._seal(encode(env))
+        frame = self.sealed(env) if frame is None else frame
         if len(frame) > self.limits.max_message:
             raise LimitError(
                 f"{env.kind}: {len(frame)}-byte frame exceeds the "

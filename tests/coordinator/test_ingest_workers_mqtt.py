@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ["agent0", "agent1", "agent2"]
-# what follows the clock, not the seed; and the reply/ack bytes, which the workers count
+# what follows the clock, not the seed; and the byte totals (compared kind by kind below)
 CLOCK_KEYS = frozenset({"samples_per_s", "train_s", "duration_s", "time", "bytes_progress"})
 BYTE_KEYS = frozenset({"bytes", "bytes_total"})
 
@@ -115,7 +115,11 @@ def test_two_workers_store_every_reply_once_and_give_the_runs_metrics(
     assert sum(c["stored"] for c in counts) == len(rows)
     # the leader took none of them itself and aggregated all of them
     assert all(sorted(m["agents"]) == AGENTS for m in result.metrics)
-    assert all("rx.reply" not in m["bytes"] for m in result.metrics)
+    # the workers' reply and ack bytes are in the leader's step records, as the leader's own
+    # are in a run without workers (same seed, same run-id length: the same frame sizes)
+    moved = [{k: m["bytes"].get(k) for k in ("rx.reply", "tx.ack")} for m in result.metrics]
+    assert moved == [{k: m["bytes"].get(k) for k in ("rx.reply", "tx.ack")} for m in plain.metrics]
+    assert all(m["rx.reply"] and m["tx.ack"] for m in moved), moved
     assert seeded(result.metrics, CLOCK_KEYS | BYTE_KEYS) == seeded(
         plain.metrics, CLOCK_KEYS | BYTE_KEYS
     )

@@ -40,3 +40,16 @@ def test_payload_blob_round_trip() -> None:
     blob = pack_payloads({"w": TensorMap({"a": np.ones((2, 2), np.float32)}, encoding="f16")})
     out = unpack_payloads(blob)["w"]
     assert isinstance(out, TensorMap) and out.tensors["a"].dtype == np.float32
+
+
+def test_worker_traffic_adds_up_per_step_and_key_across_workers(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.add_worker_traffic(1, {"rx.reply": 100, "tx.ack": 10})
+    with store.transaction():  # another worker, another batch of the same step
+        store.add_worker_traffic(1, {"rx.reply": 50, "tx.ack": 0})
+        store.add_worker_traffic(2, {"rx.reply": 7})
+    assert store.worker_traffic(1) == {"rx.reply": 150, "tx.ack": 10}
+    assert store.worker_traffic(2) == {"rx.reply": 7}
+    assert store.worker_traffic(3) == {}
+    store.close()
