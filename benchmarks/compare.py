@@ -41,6 +41,7 @@ import os
 import platform
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,50 @@ def setting_table(
     return [*lines, "", verdict]
 
 
+def overall_section(by_setting: dict[Any, list[dict[str, Any]]], partial: bool) -> list[str]:
+    """The table's pick (the demo's default, issue 20 §4): the algorithm best on both metrics
+    in the most settings; a tie goes to the lower mean rank over every (setting, metric).
+    Ranked: the algorithms with runs in every setting."""
+    if len(by_setting) < 2:
+        return []
+    tables = [group_by(sorted(rs, key=_alg), _alg) for rs in by_setting.values()]
+    everywhere = set.intersection(*(set(t) for t in tables))
+    if not everywhere:
+        return []
+    wins: Counter[str] = Counter()
+    ranks: dict[str, list[int]] = {alg: [] for alg in everywhere}
+    for table in tables:
+        ranked = {alg: table[alg] for alg in everywhere}
+        best = {key: _best(ranked, key) for key in ("acc_personal", "acc_global")}
+        if best["acc_personal"] == best["acc_global"] and best["acc_personal"] is not None:
+            wins[best["acc_personal"]] += 1
+        for key in best:
+            means = {alg: statistics.fmean(r[key] for r in rs) for alg, rs in ranked.items()}
+            for i, alg in enumerate(sorted(means, key=lambda a: -means[a])):
+                ranks[alg].append(i + 1)
+    order = sorted(everywhere, key=lambda a: (-wins[a], statistics.fmean(ranks[a]), a))
+    lines = [
+        "## Overall",
+        "",
+        f"Over the {len(tables)} settings above, the {len(everywhere)} algorithms that ran in "
+        "every one: in how many each is best on both metrics, and its mean rank over every "
+        "(setting, metric) (1 = best).",
+        "",
+        "| algorithm | best on both in | mean rank |",
+        "|---|---|---|",
+        *(
+            f"| `{a}` | {wins[a]} of {len(tables)} | {statistics.fmean(ranks[a]):.1f} |"
+            for a in order
+        ),
+        "",
+        f"The table's pick (the most settings best on both, then the lower mean rank; the "
+        f"demo's default follows it): `{order[0]}`"
+        + (" (provisional: some runs of the grid are not done yet)." if partial else "."),
+        "",
+    ]
+    return lines
+
+
 def _notes(rs: list[dict[str, Any]]) -> str:
     """What a row's accuracy hides: agent tasks that failed, agents missing at the end."""
     notes = []
@@ -448,6 +493,8 @@ def page(
         ]
         table = setting_table(mine, theirs, skipped or {}, missing)
         lines += [f"## {data}, Dir({_alpha(alpha)})", "", *table, ""]
+    partial = any(spec_key(s) not in done for s in planned or [])
+    lines += overall_section(group_by(runs, where), partial)
     lines += failures_section(fails)
     lines += [*rerun_text(), *(cost_estimate(args, runs, fails) if args.quick else [])]
     return "\n".join(lines).rstrip() + "\n"

@@ -558,11 +558,14 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 DEMO_DEFAULTS = {"algorithm": "fedvtc", "rounds": 8, "data": "mnist5k"}
 # feature size per dataset: mnist5k uses the paper's MNIST generator (980 = 20x7x7 latent)
 DEMO_FEATURE_DIM = {"digits": 64, "mnist5k": 980}
+# ...except where the algorithm fixes it: FedKTL's ETF head needs K = C = 10 (docs/fedktl.md)
+DEMO_ALGORITHM_FEATURE_DIM = {"fedktl": 10}
 _DEMO_TRAINING = ["hyper.local_epochs=2", "hyper.lr=0.05"]
 DEMO_HYPER = {
     "local": _DEMO_TRAINING,
     "fedavg": _DEMO_TRAINING,
     "fedproto": _DEMO_TRAINING,
+    "fedktl": _DEMO_TRAINING,
     # the Felo family defaults to Adam 1e-3 (the authors' code); the demo keeps every algorithm
     # on the same SGD settings so its table compares the exchange, not the optimiser
     **{name: [*_DEMO_TRAINING, "hyper.optimizer=sgd"] for name in ("felo", "velo", "fedhe")},
@@ -593,6 +596,12 @@ def _demo_config(args: argparse.Namespace) -> RunConfig:
     return _config(args, unused=("broker", "embedded_port", "embedded_host", "min_agents"))
 
 
+def demo_feature_dim(algorithm: str, data: str, given: int | None) -> int:
+    """The demo agents' feature size: ``--feature-dim``, else the algorithm's, else the
+    dataset's."""
+    return given or DEMO_ALGORITHM_FEATURE_DIM.get(algorithm) or DEMO_FEATURE_DIM.get(data, 64)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from coordinator.demo import DemoSpec, run_demo
 
@@ -601,11 +610,10 @@ def _demo(args: argparse.Namespace) -> int:
         from edge_agent.data import load_partition_file
 
         load_partition_file(args.partition_file, num_clients=args.agents)
-    feature_dim = args.feature_dim or DEMO_FEATURE_DIM.get(args.data, 64)
     spec = DemoSpec(
         agents=args.agents,
         data=args.data,
-        feature_dim=feature_dim,
+        feature_dim=demo_feature_dim(cfg.algorithm, args.data, args.feature_dim),
         export=not args.no_export,
         **_split_fields(args),
     )

@@ -106,3 +106,32 @@ def test_a_call_for_some_algorithms_keeps_every_algorithm_on_the_page(tmp_path: 
     assert "| `local` | 1 | " in text and "| `fedproto` | 1 | " in text
     assert "| `fedtgp` | 0 | not run yet" in text
     assert "--algorithms" not in text.split("Produced by", 1)[1].split("\n", 1)[0]
+
+
+def test_the_overall_pick_is_best_on_both_in_most_settings_then_by_mean_rank() -> None:
+    def run(alg: str, personal: float, glob: float) -> dict[str, object]:
+        return {"spec": {"algorithm": alg}, "acc_personal": personal, "acc_global": glob}
+
+    settings = {
+        # a: best on both here; b: second on both; c: runs in one setting only (not ranked,
+        # though it would win this one)
+        ("digits", 0.1): [run("a", 0.9, 0.5), run("b", 0.8, 0.4), run("c", 0.99, 0.9)],
+        # no one is best on both: b best personalised, a best global
+        ("digits", 1.0): [run("a", 0.7, 0.6), run("b", 0.8, 0.5)],
+        ("mnist5k", 0.1): [run("a", 0.1, 0.1), run("b", 0.2, 0.2)],  # b best on both
+    }
+
+    def rows() -> list[str]:
+        lines = compare.overall_section(settings, partial=False)
+        return [line for line in lines if line.startswith("| `")]
+
+    # one win each and the same mean rank (a: 1,1,2,1,2,2; b: 2,2,1,2,1,1): by name
+    assert rows() == ["| `a` | 1 of 3 | 1.5 |", "| `b` | 1 of 3 | 1.5 |"]
+    settings[("digits", 1.0)][1] = run("b", 0.8, 0.7)  # b now best on both there too
+    assert rows() == ["| `b` | 2 of 3 | 1.3 |", "| `a` | 1 of 3 | 1.7 |"]
+    settings[("mnist5k", 1.0)] = [run("a", 0.9, 0.9), run("b", 0.1, 0.1)]  # a wins there
+    settings[("mnist5k", 0.2)] = [run("a", 0.9, 0.9), run("b", 0.1, 0.1)]  # and there
+    assert rows() == ["| `a` | 3 of 5 | 1.4 |", "| `b` | 2 of 5 | 1.6 |"]
+    lines = compare.overall_section(settings, partial=True)
+    assert lines[-2].endswith("`a` (provisional: some runs of the grid are not done yet).")
+    assert "`c`" not in "\n".join(lines)

@@ -76,3 +76,12 @@ def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
     text = summarize(RunResult(run_id="r", steps=2, metrics=metrics, rejected={}), tmp_path)
     # global at round 1 is known for one agent only: its mean is that agent's value
     assert "| **mean** | | 60.0% -> 70.0% | 20.0% -> 50.0% | |" in text
+
+
+def test_the_demo_feature_size_is_the_flag_then_the_algorithms_then_the_datasets() -> None:
+    from coordinator.cli import demo_feature_dim
+
+    assert demo_feature_dim("fedktl", "mnist5k", None) == 10  # its ETF head: K = C
+    assert demo_feature_dim("fedvtc", "mnist5k", None) == 980  # its generator's latent
+    assert demo_feature_dim("fedproto", "digits", None) == 64
+    assert demo_feature_dim("fedktl", "mnist5k", 32) == 32
