@@ -160,6 +160,7 @@ class Coordinator:
         self._state: tuple[StateName, int] = ("starting", 0)  # last published coordinator state
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
+        self._touched: dict[str, bool | None] = {}  # agents heard from in the batch: online?
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
         # None: replies come to this process (the default); else ingest workers store them
         self.intake = (
@@ -582,6 +583,8 @@ class Coordinator:
         with self.store.transaction():
             for env, topic in batch:
                 self._handle(env, topic)
+            touched, self._touched = self._touched, {}
+            self.store.touch_agents(touched)  # one statement a batch, not one a message
         acks, self._acks = self._acks, []
         for ack_topic, ack in acks:
             self.endpoint.send(ack_topic, ack)
@@ -601,7 +604,8 @@ class Coordinator:
         device, body = env.sender, env.body
         if device in self.agents:  # last seen, for `coordinator status`
             online = body.state in ("online", "busy") if isinstance(body, Status) else None
-            self.store.touch_agent(device, online)
+            said = self._touched.get(device)  # the batch's last statement of its state holds
+            self._touched[device] = said if online is None else online
         if isinstance(body, Register):
             self._on_register(env, body)
         elif isinstance(body, Status):
@@ -678,6 +682,7 @@ class Coordinator:
         self.agents[reg.device_id] = agent
         self.online.add(reg.device_id)
         self.store.upsert_agent(reg.device_id, env.wire or encode(env), online=True)
+        self._touched.pop(reg.device_id, None)  # what the batch said before is older
         if not known:
             self._log_registration(reg)
         task = self._task_of(reg.device_id)

@@ -152,6 +152,8 @@ class IngestWorker:
         t0 = time.perf_counter()
         with self.store.transaction():
             self.lock_wait_s += time.perf_counter() - t0
+            heard = {env.sender: None for env, _, _ in judged if env.sender in self._agents}
+            self.store.touch_agents(heard)  # last seen, for `coordinator status`
             for env, reply, verdict in judged:
                 if self._keep(env, reply, verdict):
                     ack = self.endpoint.envelope(verdict.ack)
@@ -192,8 +194,6 @@ class IngestWorker:
     def _keep(self, env: Envelope, reply: Reply, verdict: Any) -> bool:
         """Store what the verdict says (inside the transaction); whether to ack it."""
         device = env.sender
-        if device in self._agents:  # last seen, for `coordinator status`
-            self.store.touch_agent(device)
         if verdict.ack is None:
             self.counts["deferred"] += 1
             return False

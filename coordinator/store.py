@@ -14,7 +14,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +192,19 @@ class Store:
                 "UPDATE agents SET last_seen=?, online=? WHERE device_id=?",
                 (time.time(), int(online), device_id),
             )
+
+    def touch_agents(self, heard: Mapping[str, bool | None]) -> None:
+        """:meth:`touch_agent` for many agents at once (``device_id -> online``, ``None``:
+        it did not say)."""
+        now = time.time()
+        self.db.executemany(
+            "UPDATE agents SET last_seen=? WHERE device_id=?",
+            [(now, d) for d, online in heard.items() if online is None],
+        )
+        self.db.executemany(
+            "UPDATE agents SET last_seen=?, online=? WHERE device_id=?",
+            [(now, int(online), d) for d, online in heard.items() if online is not None],
+        )
 
     def agent_rows(self) -> list[tuple[str, bytes, bool, float]]:
         """(device_id, register envelope, online, last_seen) of every known agent."""

@@ -26,6 +26,7 @@ from protocol.messages import (
     Progress,
     Register,
     Reply,
+    Status,
     Task,
 )
 from protocol.topics import Topics
@@ -677,3 +678,38 @@ def test_registrations_are_logged_one_a_line_then_one_line_a_thousand(
         "2000 agents registered",
     ]
     assert len(coord.agents) == 2001
+
+
+def test_what_a_batch_says_of_an_agent_is_stored_once_in_the_order_it_was_said(
+    tmp_path: Path,
+) -> None:
+    # Prepare: three known agents; one batch holds, per agent: a goes offline; b goes
+    # offline, then registers again (online: the later word); c goes offline, then online
+    coord = start_coordinator(run_config(tmp_path), MemoryBroker())
+    topics = Topics(coord.cfg.federation)
+
+    def envelope(device: str, body: object) -> tuple[Envelope, str]:
+        env = Envelope(body=body, sender=device)  # type: ignore[arg-type]
+        kind = "register" if isinstance(body, Register) else "status"
+        return decode(encode(env)), topics.up(device, kind)
+
+    for d in "abc":
+        coord.inbox.put(envelope(d, named_register(d, [])))
+    coord._pump(1.0)
+    before = {d: seen for d, _, _, seen in coord.store.agent_rows()}
+    batch = [
+        envelope("a", Status(state="offline")),
+        envelope("b", Status(state="offline")),
+        envelope("b", named_register("b", [])),
+        envelope("c", Status(state="offline")),
+        envelope("c", Status(state="online")),
+    ]
+    # Execute
+    for item in batch:
+        coord.inbox.put(item)
+    coord._pump(1.0)
+    # Assert
+    rows = {d: (online, seen) for d, _, online, seen in coord.store.agent_rows()}
+    assert {d: online for d, (online, _) in rows.items()} == {"a": False, "b": True, "c": True}
+    assert all(rows[d][1] >= before[d] for d in "abc")
+    assert coord._online_agents() == ["b", "c"]
