@@ -4,6 +4,7 @@ bounds the coordinator applies to replies (issue 19: finite is not enough)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,13 +83,20 @@ def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:
         raise ValidationError(field, f"|value| <= {bound:.0f}", f"|value| up to {peak:.3g}")
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names (``dataclasses.fields`` per reply was ~10 % of its checks)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def float_arrays(payload: object, prefix: str) -> Iterator[tuple[str, npt.NDArray[Any]]]:
     """Every float array of a payload dataclass, with its field path (dict values included)."""
     if not dataclasses.is_dataclass(payload):
         return
-    for f in dataclasses.fields(payload):
-        value = getattr(payload, f.name)
+    cls: type = type(payload)
+    for name in _field_names(cls):
+        value = getattr(payload, name)
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for key, arr in items:
             if isinstance(arr, np.ndarray) and arr.dtype.kind == "f":
-                yield (f"{prefix}.{f.name}" + ("" if key is None else f".{key}")), arr
+                yield (f"{prefix}.{name}" + ("" if key is None else f".{key}")), arr

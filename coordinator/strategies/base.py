@@ -55,12 +55,13 @@ class AgentInfo:
     device_id: str
     register: Register
 
-    @property
+    # computed once per registration: every reply's checks ask for them (issue 21)
+    @functools.cached_property
     def classes(self) -> list[int]:
         """Classes present in the agent's training data."""
         return sorted(c for c, n in self.register.counts_by_class().items() if n > 0)
 
-    @property
+    @functools.cached_property
     def num_samples(self) -> int:
         """Training samples the agent holds."""
         return sum(self.register.counts_by_class().values())
