@@ -548,7 +548,10 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 # --algorithm, --rounds, --data and --set override every value. Measured with these settings
 # (4 agent processes, Dir 0.5, 8 rounds, local_epochs 2, lr 0.05), mean accuracy over the agents
 # on local / global test data, mean over seeds 0-2 (`coordinator demo --algorithm A --seed S`):
-#   mnist5k (28x28): fedvtc 80.5% / 75.2%, fedproto 94.2% / 72.8%, local-only 93.1% / 71.7%
+#   mnist5k (28x28): fedvtc 80.5% / 75.2%, fedproto 94.2% / 72.8%, local-only 93.1% / 71.7%,
+#                    fedktl 90.4% / 70.2% (feature size 10; seeds 94.0/71.7, 86.1/67.9,
+#                    91.1/71.0): the comparison table's provisional pick (docs/results.md,
+#                    "Overall") is below local-only in this 4-agent, 8-round setting
 #   digits (8x8):    fedvtc 75.1% / 59.1%, fedproto 94.5% / 63.8%, local-only 93.9% / 67.4%
 # fedvtc here carries the three deviations that make its generator work (docs/fedvtc.md,
 # "Combined deviations"; with the paper's settings it scores 22.1% / 14.0% on digits, seed 0).
