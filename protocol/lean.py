@@ -1,4 +1,5 @@
-"""Lean decoding of the messages a coordinator receives by the thousand: replies.
+"""Lean decoding of the messages a coordinator receives by the thousand: replies, and the
+registrations and statuses of a fleet joining.
 
 The typed converter (``protocol.wire``) walks field annotations for every value and then runs
 each dataclass's ``__post_init__``; for a FedProto reply that is ~100 Python calls and a dozen
@@ -18,6 +19,7 @@ take the typed path.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from protocol.arrays import MAX_NDIM
-from protocol.messages import MAX_NAME, Reply
+from protocol.errors import ValidationError
+from protocol.messages import MAX_NAME, Capabilities, InputSpec, Register, Reply, Status
 from protocol.payloads import FeatureLogitSet, PrototypeSet
 from protocol.wire import WireModel
 
@@ -226,8 +229,88 @@ def _reply(obj: Any) -> Reply | None:
     )
 
 
+def _fields(cls: type[Any], *, required: bool = False) -> frozenset[str]:
+    """``cls``'s field names (``required``: those without a default)."""
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(cls)
+        if not required
+        or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    )
+
+
+_REGISTER_KEYS, _CAPS_KEYS = _fields(Register), _fields(Capabilities)
+_SPEC_KEYS, _REQUIRED = _fields(InputSpec), _fields(Register, required=True)
+_REGISTER_TYPES = {
+    "device_id": str,
+    "arch": str,
+    "num_params": int,
+    "num_classes": int,
+    "algorithm": str,
+    "agent_version": str,
+    "session": str,
+    "feature_dim": int,
+}
+_CAPS_TYPES = {"device": str, "accelerator": str, "memory_mb": int, "cpu_count": int}
+
+
+def _exact(obj: dict[str, Any], types: dict[str, type]) -> bool:
+    """Every key of ``obj`` that ``types`` names holds a value of exactly that type (a bool is
+    not an int: the typed walk refuses it)."""
+    return all(type(obj[k]) is t for k, t in types.items() if k in obj)
+
+
+def _register(obj: Any) -> Register | None:
+    """Plain type checks on the map, then the dataclasses' own constructors (their checks run,
+    and a refusal leaves the wording to the typed walk)."""
+    if type(obj) is not dict or not _REQUIRED <= obj.keys() <= _REGISTER_KEYS:
+        return None
+    caps, spec = obj["capabilities"], obj["input_spec"]
+    counts, names = obj["class_counts"], obj.get("class_names", [])
+    if type(caps) is not dict or not caps.keys() <= _CAPS_KEYS or "device" not in caps:
+        return None
+    if type(spec) is not dict or spec.keys() != _SPEC_KEYS or type(counts) is not dict:
+        return None
+    if not (_exact(obj, _REGISTER_TYPES) and _exact(caps, _CAPS_TYPES)):
+        return None
+    if not all(type(v) is int for v in spec.values()) or type(names) is not list:
+        return None
+    if not all(type(k) is str and type(v) is int for k, v in counts.items()):
+        return None
+    if not all(type(n) is str for n in names):
+        return None
+    values: dict[str, Any] = {k: v for k, v in obj.items() if k in _REGISTER_TYPES}
+    if "class_names" in obj:
+        values["class_names"] = list(names)
+    try:
+        return Register(
+            capabilities=Capabilities(**caps),
+            input_spec=InputSpec(**spec),
+            class_counts=dict(counts),
+            **values,
+        )
+    except ValidationError:
+        return None
+
+
+_STATES = frozenset({"online", "offline", "busy", "done"})
+
+
+def _status(obj: Any) -> Status | None:
+    if type(obj) is not dict or not {"state"} <= obj.keys() <= {"state", "detail"}:
+        return None
+    state, detail = obj["state"], obj.get("detail", "")
+    if type(state) is not str or state not in _STATES or type(detail) is not str:
+        return None
+    return Status(state=state, detail=detail)  # type: ignore[arg-type]
+
+
 #: Message kinds with a lean decoder.
-KINDS: dict[str, Callable[[Any], WireModel | None]] = {Reply.KIND: _reply}
+KINDS: dict[str, Callable[[Any], WireModel | None]] = {
+    Reply.KIND: _reply,
+    Register.KIND: _register,
+    Status.KIND: _status,
+}
 
 
 def decode_body(kind: str, obj: Any) -> WireModel | None:

@@ -11,6 +11,7 @@ raise the same error, word for word.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from typing import Any
 
@@ -24,7 +25,7 @@ from msg_strategies import BUILDERS, envelopes, feature_logit_sets, prototype_se
 from protocol import lean
 from protocol.codec import Envelope, decode, decode_frame_map, encode, envelope_from_map
 from protocol.errors import ProtocolError
-from protocol.messages import Reply
+from protocol.messages import Register, Reply, Status
 
 pytestmark = pytest.mark.timeout(300)
 PROPS = settings(
@@ -252,3 +253,137 @@ def lean_example_protos() -> Any:
         vectors=np.ones((2, 4), np.float32),
         counts=np.array([5, 6], np.int32),
     )
+
+
+# ----- registrations and statuses (a fleet joining: 10,000 of each at once, issue 21) -----------
+
+
+@st.composite
+def full_registers(draw: st.DrawFn) -> Register:
+    """Registers with every optional field drawn too (class names, session, feature size)."""
+    reg = draw(BUILDERS["register"])
+    names = draw(st.one_of(st.just([]), st.lists(st.text(min_size=1, max_size=6), max_size=4)))
+    names = names if len(names) == reg.num_classes and len(set(names)) == len(names) else []
+    return dataclasses.replace(
+        reg,
+        class_names=names,
+        session=draw(st.text(max_size=8)),
+        feature_dim=draw(st.integers(0, 4096)),
+    )
+
+
+JOINING: dict[str, tuple[type[Any], st.SearchStrategy[Any]]] = {
+    "register": (Register, st.one_of(BUILDERS["register"], full_registers())),
+    "status": (Status, BUILDERS["status"]),
+}
+
+
+def assert_same_kind(kind: str, obj: Any) -> None:
+    """As ``assert_same``, for the other kinds with a lean decoder."""
+    cls = JOINING[kind][0]
+    try:
+        want: Any = cls.from_wire(copy.deepcopy(obj), kind)
+    except REJECTIONS as exc:
+        want = exc
+    got = lean.decode_body(kind, obj)
+    if isinstance(want, Exception):
+        assert got is None, f"lean accepted what the typed walk rejects: {want}"
+    elif got is not None:
+        assert type(got) is cls and got == want and wire_of(got) == wire_of(want)
+
+
+@pytest.mark.parametrize("kind", sorted(JOINING))
+@PROPS
+@given(data=st.data())
+def test_registrations_and_statuses_decode_equal_and_take_the_lean_path(
+    kind: str, data: st.DataObject
+) -> None:
+    body = data.draw(JOINING[kind][1])
+    obj = body_map(body)
+    assert_same_kind(kind, obj)
+    got = lean.decode_body(kind, body_map(body))
+    assert got is not None and got == body  # the accelerator is used for valid ones
+
+
+@pytest.mark.parametrize("kind", sorted(JOINING))
+@PROPS
+@given(data=st.data())
+def test_registrations_and_statuses_with_any_node_replaced_or_keys_changed(
+    kind: str, data: st.DataObject
+) -> None:
+    obj = body_map(data.draw(JOINING[kind][1]))
+    if data.draw(st.booleans()):
+        path = data.draw(st.sampled_from(paths(obj)))
+        obj = replace_at(obj, path, data.draw(msgpack_values))
+    else:
+        maps = [p for p in paths(obj) if isinstance(_at(obj, p), dict) and _at(obj, p)]
+        node = _at(obj, data.draw(st.sampled_from(maps)))
+        if data.draw(st.booleans()):
+            del node[data.draw(st.sampled_from(sorted(node)))]
+        else:
+            keys = ["t", "x", "device", "state", "detail", "session", "class_names", "width"]
+            node[data.draw(st.sampled_from(keys))] = data.draw(msgpack_values)
+    assert_same_kind(kind, obj)
+
+
+@pytest.mark.parametrize("kind", sorted(JOINING))
+@PROPS
+@given(data=st.data())
+def test_joining_frames_decode_as_the_typed_walk(kind: str, data: st.DataObject) -> None:
+    env = data.draw(envelopes(JOINING[kind][1]))
+    frame = msgpack.unpackb(encode(env), raw=False)
+    path = data.draw(st.sampled_from(paths(frame)))
+    if path and data.draw(st.booleans()):
+        frame = replace_at(frame, path, data.draw(msgpack_values))
+    try:
+        packed = msgpack.packb(frame, use_bin_type=True)
+    except (OverflowError, ValueError, TypeError):
+        return
+    fast = _outcome(lambda: decode(packed))
+    slow = _outcome(lambda: envelope_from_map(decode_frame_map(packed), fast=False))
+    assert fast == slow
+
+
+def _a_register() -> Register:
+    from protocol.messages import Capabilities, InputSpec
+
+    return Register(
+        device_id="d1",
+        arch="mlp_s",
+        num_params=10,
+        capabilities=Capabilities(device="cpu", accelerator="", memory_mb=512, cpu_count=2),
+        input_spec=InputSpec(1, 28, 28),
+        num_classes=3,
+        class_counts={"0": 5, "2": 1},
+        algorithm="fedproto",
+        class_names=["a", "b", "c"],
+        session="s",
+        feature_dim=64,
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        *(
+            (p, v)
+            for p in (("num_params",), ("num_classes",), ("feature_dim",))
+            for v in (True, 1.0)
+        ),
+        *((("capabilities", k), True) for k in ("memory_mb", "cpu_count")),
+        *((("input_spec", k), True) for k in ("channels", "height", "width")),
+        (("class_counts", "0"), True),
+        (("device_id",), b"d1"),
+        (("class_names", 1), b"b"),
+        (("capabilities", "device"), None),
+        (("input_spec", "height"), 0),  # the constructor's own check
+        (("class_counts",), {"0": 5, "7": 1}),  # a class beyond num_classes
+    ],
+)
+def test_a_register_field_of_another_type_is_left_to_the_typed_walk(
+    path: tuple[Any, ...], value: Any
+) -> None:
+    obj = replace_at(body_map(_a_register()), path, value)
+    assert lean.decode_body("register", obj) is None
+    with pytest.raises(ProtocolError):
+        Register.from_wire(obj, "register")
