@@ -15,14 +15,14 @@ import math
 import threading
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar, Union
 
 import numpy as np
 
 from protocol.arrays import Encoding, decode_array, encode_array
-from protocol.errors import ValidationError
+from protocol.errors import ProtocolError, ValidationError
 
 __all__ = ["WireModel", "from_wire", "reuse_encodings", "tagged_wire", "to_wire"]
 
@@ -344,8 +344,7 @@ def _decode_value(obj: Any, tp: Any, path: str) -> Any:
         if not isinstance(obj, list):
             raise ValidationError(path, "list", type(obj).__name__)
         item_tp = _args(tp)[0]
-        exact = _EXACT.get(item_tp)
-        if exact is not None and exact is not float and all(type(v) is exact for v in obj):
+        if _unchanged(obj, item_tp):
             items = list(obj)  # e.g. class names: what the walk returns
         else:
             items = [_decode_value(v, item_tp, f"{path}[{i}]") for i, v in enumerate(obj)]
@@ -357,11 +356,46 @@ def _decode_value(obj: Any, tp: Any, path: str) -> Any:
         for k in obj:
             if not isinstance(k, str):
                 raise ValidationError(path, "string keys", k)
-        exact = _EXACT.get(item_tp)
-        if exact is not None and exact is not float and all(type(v) is exact for v in obj.values()):
+        if _unchanged(obj.values(), item_tp):
             return dict(obj)  # what the walk returns, without a path string per entry
         return {k: _decode_value(v, item_tp, f"{path}.{k}") for k, v in obj.items()}
     return _decode_scalar(obj, tp, path)
+
+
+_SAMPLES = (True, 1, 0.5, "s", b"b")
+_AS_ITSELF: dict[Any, frozenset[type]] = {}
+
+
+def _as_itself(tp: Any) -> frozenset[type]:
+    """The value types that the walk returns unchanged for field type ``tp``, found by walking
+    one sample of each: ``int`` for ``int`` (a bool is refused), ``float`` but not ``int`` for
+    ``float`` (an int becomes a float), all four for a task config's ``bool | int | float |
+    str`` (the first member that accepts a value is its own type)."""
+    found = _AS_ITSELF.get(tp)
+    if found is None:
+        found = frozenset()
+        for sample in _SAMPLES:
+            try:
+                got = _decode_value(sample, tp, "")
+            except (ProtocolError, TypeError, ValueError, KeyError, AttributeError):
+                continue  # refused: that type is walked
+            if type(got) is type(sample) and got == sample:
+                found |= {type(sample)}
+        _AS_ITSELF[tp] = found
+    return found
+
+
+def _unchanged(values: Iterable[Any], tp: Any) -> bool:
+    """Whether the walk would return each of ``values`` as it is for item type ``tp`` (floats
+    must also be finite): a map or list of them is then copied, not walked value by value."""
+    same = _as_itself(tp)
+    if not same:
+        return False
+    for v in values:
+        kind = type(v)
+        if kind not in same or (kind is float and not math.isfinite(v)):
+            return False
+    return True
 
 
 def _decode_scalar(obj: Any, tp: Any, path: str) -> Any:

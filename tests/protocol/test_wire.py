@@ -150,6 +150,13 @@ def outcome(obj: object, tp: object) -> tuple[str, object]:
         (["a", 1], list[str]),
         ([1, 2], tuple[int, ...]),
         ([], list[str]),
+        ({"a": 1, "b": True, "c": 0.5, "d": "x"}, CONFIG_TP),
+        ({"a": float("nan")}, CONFIG_TP),
+        ({"a": b"x"}, CONFIG_TP),
+        ({"a": None}, CONFIG_TP),
+        ([1, 2.5, "x", False], list[typing.get_args(CONFIG_TP)[1]]),  # type: ignore[misc]
+        ({"a": 1.5, "b": float("-inf")}, METRICS_TP),
+        ({"a": {"b": 1}}, dict[str, dict[str, int]]),
     ],
 )
 def test_the_exact_type_shortcuts_decode_as_the_walk(
@@ -157,5 +164,6 @@ def test_the_exact_type_shortcuts_decode_as_the_walk(
 ) -> None:
     fast = outcome(obj, tp)
     monkeypatch.setattr(wire, "_EXACT", {})
+    monkeypatch.setattr(wire, "_unchanged", lambda _values, _tp: False)
     slow = outcome(obj, tp)
     assert fast == slow
