@@ -99,6 +99,7 @@ COMMON_TRAIN: dict[str, Any] = {
     "local_epochs": 1,
 }
 QUICK: dict[str, Any] = {"data": ["digits"], "seeds": [0], "rounds": 10}
+DEFAULT_ALPHAS = [0.1, 1.0]
 FULL: dict[str, Any] = {"data": ["digits", "mnist5k"], "seeds": [0, 1, 2], "rounds": 50}
 
 
@@ -125,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help=f"smoke setting: {QUICK}")
     ap.add_argument("--algorithms", nargs="+", default=None, help="default: all registered")
     ap.add_argument("--data", nargs="+", default=None, choices=sorted(DATA))
-    ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0], help="Dirichlet")
+    ap.add_argument("--alphas", nargs="+", type=float, default=DEFAULT_ALPHAS, help="Dirichlet")
     ap.add_argument("--seeds", nargs="+", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--clients", type=int, default=20)
@@ -613,6 +614,15 @@ def rerun_text() -> list[str]:
     ]
 
 
+def whole_grid(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the preset's datasets, alphas and seeds added to its own (in order)."""
+    preset = QUICK if args.quick else FULL
+    data = [d for d in DATA if d in {*preset["data"], *args.data}]
+    alphas = sorted({*DEFAULT_ALPHAS, *args.alphas})
+    seeds = sorted({*preset["seeds"], *args.seeds})
+    return argparse.Namespace(**{**vars(args), "data": data, "alphas": alphas, "seeds": seeds})
+
+
 def _describe(r: dict[str, Any]) -> str:
     return (
         f"personal={r['acc_personal']:.3f} global={r['acc_global']:.3f} "
@@ -634,18 +644,21 @@ def main(argv: list[str] | None = None) -> None:
     # rewrite the page with only theirs.
     shown = names if args.hyper else registered()
     skipped = {a: why for a in shown if (why := not_applicable(a, args.family))}
+    # ...and every dataset, alpha and seed of the preset's grid: a call for MNIST-5k alone
+    # rewrote it without the digits tables
+    page_args = args if args.hyper else whole_grid(args)
 
-    def grid(algorithms: list[str]) -> list[dict[str, Any]]:
+    def grid(algorithms: list[str], at: argparse.Namespace) -> list[dict[str, Any]]:
         return [
             run_spec(args, alg, data, alpha, seed)
-            for data in args.data
-            for alpha in args.alphas
-            for seed in args.seeds
+            for data in at.data
+            for alpha in at.alphas
+            for seed in at.seeds
             for alg in algorithms
             if alg not in skipped
         ]
 
-    specs, page_specs = grid(names), grid(shown)
+    specs, page_specs = grid(names, args), grid(shown, page_args)
     if not args.table_only:
         execute_one = functools.partial(
             execute,
@@ -665,7 +678,7 @@ def main(argv: list[str] | None = None) -> None:
     # the page states one setting (a results file may hold more: other rounds, seeds, recipes)
     planned = {spec_key(s) for s in page_specs}
     text = page(
-        args,
+        page_args,
         [r for r in runs if spec_key(r["spec"]) in planned],
         [f for f in failures if spec_key(f["spec"]) in planned],
         skipped,

@@ -135,3 +135,21 @@ def test_the_overall_pick_is_best_on_both_in_most_settings_then_by_mean_rank() -
     lines = compare.overall_section(settings, partial=True)
     assert lines[-2].endswith("`a` (provisional: some runs of the grid are not done yet).")
     assert "`c`" not in "\n".join(lines)
+
+
+def test_a_call_for_one_dataset_or_seed_keeps_the_whole_grid_on_the_page(tmp_path: Path) -> None:
+    import harness
+
+    # a call for MNIST-5k alone rewrote docs/results.md without its digits tables
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    harness.save_results(out, [], [])
+    compare.main(["--data", "mnist5k", "--seeds", "1", "--algorithms", "local", "--table-only",
+                  "--out", str(out), "--md", str(md)])  # fmt: skip
+    text = md.read_text()
+    for data in ("digits", "mnist5k"):
+        for alpha in ("0.1", "1.0"):
+            assert f"## {data}, Dir({alpha})" in text
+    assert "seeds 0, 1, 2" in text
+    assert "Produced by `python benchmarks/compare.py --jobs" in text  # the preset's own grid
+    args = compare.whole_grid(compare.parse_args(["--quick", "--data", "mnist5k"]))
+    assert args.data == ["digits", "mnist5k"] and args.seeds == [0]
