@@ -348,7 +348,9 @@ def setting_table(
     return [*lines, "", verdict]
 
 
-def overall_section(by_setting: dict[Any, list[dict[str, Any]]], partial: bool) -> list[str]:
+def overall_section(
+    by_setting: dict[Any, list[dict[str, Any]]], partial: bool, demo: str | None = None
+) -> list[str]:
     """The table's pick (the demo's default, issue 20 §4): the algorithm best on both metrics
     in the most settings; a tie goes to the lower mean rank over every (setting, metric).
     Ranked: the algorithms with runs in every setting."""
@@ -384,12 +386,22 @@ def overall_section(by_setting: dict[Any, list[dict[str, Any]]], partial: bool) 
             for a in order
         ),
         "",
-        f"The table's pick (the most settings best on both, then the lower mean rank; the "
-        f"demo's default follows it): `{order[0]}`"
-        + (" (provisional: some runs of the grid are not done yet)." if partial else "."),
+        pick_line(order[0], partial, demo),
         "",
     ]
     return lines
+
+
+def pick_line(pick: str, partial: bool, demo: str | None) -> str:
+    """The table's pick, and whether the demo runs it (it is meant to)."""
+    line = f"The table's pick (the most settings best on both, then the lower mean rank): `{pick}`"
+    line += " (provisional: some runs of the grid are not done yet)." if partial else "."
+    if demo is not None and demo != pick:
+        line += (
+            f" `coordinator demo` runs `{demo}` (`DEMO_DEFAULTS` in `coordinator/cli.py`), not "
+            "the pick: the comment there says why."
+        )
+    return line
 
 
 def _notes(rs: list[dict[str, Any]]) -> str:
@@ -495,7 +507,7 @@ def page(
         table = setting_table(mine, theirs, skipped or {}, missing)
         lines += [f"## {data}, Dir({_alpha(alpha)})", "", *table, ""]
     partial = any(spec_key(s) not in done for s in planned or [])
-    lines += overall_section(group_by(runs, where), partial)
+    lines += overall_section(group_by(runs, where), partial, demo_default())
     lines += failures_section(fails)
     lines += [*rerun_text(), *(cost_estimate(args, runs, fails) if args.quick else [])]
     return "\n".join(lines).rstrip() + "\n"
@@ -612,6 +624,13 @@ def rerun_text() -> list[str]:
         "need one architecture: `--family homo_mlp --algorithms fedavg ccvr local` runs them on "
         "a homogeneous fleet.",
     ]
+
+
+def demo_default() -> str:
+    """The algorithm ``coordinator demo`` runs by default."""
+    from coordinator.cli import DEMO_DEFAULTS
+
+    return str(DEMO_DEFAULTS["algorithm"])
 
 
 def whole_grid(args: argparse.Namespace) -> argparse.Namespace:

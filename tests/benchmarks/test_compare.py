@@ -135,6 +135,9 @@ def test_the_overall_pick_is_best_on_both_in_most_settings_then_by_mean_rank() -
     lines = compare.overall_section(settings, partial=True)
     assert lines[-2].endswith("`a` (provisional: some runs of the grid are not done yet).")
     assert "`c`" not in "\n".join(lines)
+    # the demo is meant to run the pick: the page says when it does not
+    assert "coordinator demo" not in compare.overall_section(settings, False, demo="a")[-2]
+    assert "`coordinator demo` runs `b`" in compare.overall_section(settings, False, demo="b")[-2]
 
 
 def test_a_call_for_one_dataset_or_seed_keeps_the_whole_grid_on_the_page(tmp_path: Path) -> None:
