@@ -551,7 +551,9 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 #   mnist5k (28x28): fedvtc 80.5% / 75.2%, fedproto 94.2% / 72.8%, local-only 93.1% / 71.7%,
 #                    fedktl 90.4% / 70.2% (feature size 10; seeds 94.0/71.7, 86.1/67.9,
 #                    91.1/71.0): the comparison table's provisional pick (docs/results.md,
-#                    "Overall") is below local-only in this 4-agent, 8-round setting
+#                    "Overall") is below local-only in this 4-agent, 8-round setting, so the
+#                    demo stays on fedvtc (the best global accuracy here) until the table is
+#                    complete (issue 20)
 #   digits (8x8):    fedvtc 75.1% / 59.1%, fedproto 94.5% / 63.8%, local-only 93.9% / 67.4%
 # fedvtc here carries the three deviations that make its generator work (docs/fedvtc.md,
 # "Combined deviations"; with the paper's settings it scores 22.1% / 14.0% on digits, seed 0).
