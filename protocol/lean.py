@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -241,17 +242,15 @@ def _fields(cls: type[Any], *, required: bool = False) -> frozenset[str]:
 
 _REGISTER_KEYS, _CAPS_KEYS = _fields(Register), _fields(Capabilities)
 _SPEC_KEYS, _REQUIRED = _fields(InputSpec), _fields(Register, required=True)
-_REGISTER_TYPES = {
-    "device_id": str,
-    "arch": str,
-    "num_params": int,
-    "num_classes": int,
-    "algorithm": str,
-    "agent_version": str,
-    "session": str,
-    "feature_dim": int,
-}
-_CAPS_TYPES = {"device": str, "accelerator": str, "memory_mb": int, "cpu_count": int}
+
+
+def _scalar_fields(cls: type[Any]) -> dict[str, type]:
+    """``cls``'s ``str`` and ``int`` fields with their type, from its annotations."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if hints[f.name] in (str, int)}
+
+
+_REGISTER_TYPES, _CAPS_TYPES = _scalar_fields(Register), _scalar_fields(Capabilities)
 
 
 def _exact(obj: dict[str, Any], types: dict[str, type]) -> bool:
