@@ -49,6 +49,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import cProfile
 import logging
 import multiprocessing as mp
 import os
@@ -248,6 +249,7 @@ def run_one(
     broadcast: bool = True,
     ingest_workers: int = 0,
     client: str = "lean",
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """One coordinator run with ``n`` fake agents; returns the figures for that N."""
     from coordinator.config import load_config
@@ -311,7 +313,12 @@ def run_one(
         fleet.start()
         sends = _time_sends(transport)
         cpu0, t0 = time.process_time(), time.perf_counter()
-        result = run_coordinator(cfg, transport, logger)
+        if profile:  # the engine's thread only; the MQTT client's network thread is not in it
+            profiler = cProfile.Profile()
+            result = profiler.runcall(run_coordinator, cfg, transport, logger)
+            profiler.dump_stats(profile)
+        else:
+            result = run_coordinator(cfg, transport, logger)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         transport.close()
         stop.set()
@@ -461,6 +468,14 @@ def main(argv: list[str] | None = None) -> None:
         help="run.mqtt_client of the coordinator and its workers (several: one run each, in "
         "turn, per N and worker count)",
     )
+    ap.add_argument(
+        "--profile",
+        metavar="FILE",
+        default=None,
+        help="cProfile the coordinator's engine thread into FILE (pstats; one run: the last "
+        "of the grid's runs overwrites it). Profiling slows the engine: its timings are not "
+        "the table's",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     rows = []
@@ -476,6 +491,7 @@ def main(argv: list[str] | None = None) -> None:
             broadcast=args.broadcast == "on",
             ingest_workers=workers,
             client=client,
+            profile=args.profile,
         )
         r["load_before"] = [round(x, 2) for x in load]
         r["load_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -8,6 +8,7 @@ transport thread are queued; this thread alone touches the store and the strateg
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import queue
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 from coordinator.config import RunConfig
 from coordinator.ingest import POLL_S, WorkerIntake
-from coordinator.metrics import append_record, step_record
+from coordinator.metrics import append_line, step_record
 from coordinator.replies import (
     ReplyDesk,
     is_will,
@@ -31,7 +32,7 @@ from coordinator.replies import (
 )
 from coordinator.store import StepRecord, Store
 from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
-from protocol.codec import Envelope, decode, encode
+from protocol.codec import Envelope, FrameTemplate, decode, encode, new_message_id
 from protocol.endpoint import Endpoint
 from protocol.errors import (
     AdmissionError,
@@ -365,7 +366,7 @@ class Coordinator:
                     idx,
                     "failed",
                     {},
-                    {"round": step.round, "phase": step.phase, "quorum_met": False},
+                    json.dumps({"round": step.round, "phase": step.phase, "quorum_met": False}),
                 )
                 self._state = (self._state[0], step.round)  # run() publishes the end
                 raise QuorumError(
@@ -413,9 +414,7 @@ class Coordinator:
                 self._publish_knowledge(self._knowledge)
             if self.intake is not None:  # before the tasks: their replies may come at once
                 self.intake.open(open_step)
-            for device_id, task in tasks.items():
-                open_step.sent(device_id, task)
-                self.endpoint.send(self.topics.down(device_id, "task"), task, round=step.round)
+            self._send_tasks(open_step, tasks)
         self.endpoint.send(
             self.topics.round,
             RoundDescriptor(
@@ -435,6 +434,26 @@ class Coordinator:
         if self.intake is not None:
             self._take_stored(open_step)  # what the workers stored, read and checked once
         return open_step
+
+    def _send_tasks(self, open_step: OpenStep, tasks: dict[str, Task]) -> None:
+        """Send the step's tasks. Those without payloads of their own are one task but for
+        their ids (the shared fields are the same objects, ``_task``): their frames are spliced
+        from one template per knowledge digest, ~2 us a task instead of ~35 us to build and
+        encode an envelope (issue 21), byte-identical to what ``endpoint.send`` would send."""
+        templates: dict[bytes, FrameTemplate] = {}
+        round_ = open_step.step.round
+        for device_id, task in tasks.items():
+            open_step.sent(device_id, task)
+            topic = self.topics.down(device_id, "task")
+            if task.payloads:
+                self.endpoint.send(topic, task, round=round_)
+                continue
+            template = templates.get(task.shared)
+            if template is None:
+                env = self.endpoint.envelope(task, round=round_)
+                template = templates[task.shared] = FrameTemplate.of(env, ("task_id",))
+            frame = template.fill(new_message_id(), task.task_id)
+            self.endpoint.send_unsigned(topic, frame, kind=Task.KIND, round=round_)
 
     def _take_stored(self, open_step: OpenStep) -> None:
         """The stored replies of ``open_step``'s step (a resumed step's, or the ingest
@@ -802,8 +821,9 @@ class Coordinator:
             self._fail_aggregation(open_step, exc, ordered, started, traffic0)
             return
         record = self._metrics_record(open_step, ordered, agg, started, traffic0)
-        self.store.complete_step(rec.idx, "done", self.strategy.state_dict(), record)
-        self._append_metrics(record)
+        line = json.dumps(record)  # once: 10,000 agents' figures take 50 ms to encode
+        self.store.complete_step(rec.idx, "done", self.strategy.state_dict(), line)
+        append_line(self.metrics_path, line)
         self.log.info(
             "step %d/%d %s round %d: %d/%d replies, local acc %s, global acc %s, %d bytes",
             rec.idx + 1,
@@ -849,11 +869,9 @@ class Coordinator:
         self.strategy.load_state_dict(self.store.global_state())
         record = self._metrics_record(open_step, ordered, {}, started, traffic0)
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        self.store.fail_step(rec.idx, record, str(exc))
-        self._append_metrics(record)
-
-    def _append_metrics(self, record: dict[str, Any]) -> None:
-        append_record(self.metrics_path, record)
+        line = json.dumps(record)
+        self.store.fail_step(rec.idx, line, str(exc))
+        append_line(self.metrics_path, line)
 
     def _metrics_record(
         self,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from coordinator.strategies import AgentInfo, Step
 from protocol.messages import Reply
 
-__all__ = ["append_record", "step_record"]
+__all__ = ["append_line", "step_record"]
 
 
 def step_record(  # noqa: PLR0917 - one record's parts, in order
@@ -55,8 +54,8 @@ def step_record(  # noqa: PLR0917 - one record's parts, in order
     return record
 
 
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line (the directory is created on first use)."""
+def append_line(path: Path, record_json: str) -> None:
+    """Append one record, already JSON (the directory is created on first use)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
-        fh.write(json.dumps(record) + "\n")
+        fh.write(record_json + "\n")

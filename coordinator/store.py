@@ -353,9 +353,10 @@ class Store:
         self.db.execute("DELETE FROM updates WHERE step=?", (step,))
 
     def complete_step(
-        self, step: int, status: str, state: dict[str, Payload], metrics: dict[str, Any]
+        self, step: int, status: str, state: dict[str, Payload], metrics_json: str
     ) -> None:
-        """Atomically close the step with the new global state and its metrics."""
+        """Atomically close the step with the new global state and its metrics (one JSON
+        object: the engine encodes a step's record once, for here and ``metrics.jsonl``)."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE steps SET status=?, finished=? WHERE idx=?", (status, time.time(), step)
@@ -365,9 +366,9 @@ class Store:
                     "INSERT OR REPLACE INTO global_state VALUES ('strategy', ?, ?)",
                     (pack_payloads(state), step),
                 )
-            db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, json.dumps(metrics)))
+            db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, metrics_json))
 
-    def fail_step(self, step: int, metrics: dict[str, Any], reason: str) -> None:
+    def fail_step(self, step: int, metrics_json: str, reason: str) -> None:
         """Atomically close a step whose aggregation failed and quarantine its updates.
 
         The global state stays that of the last good step; the moved updates are never
@@ -383,7 +384,7 @@ class Store:
             db.execute(
                 "UPDATE steps SET status='failed', finished=? WHERE idx=?", (time.time(), step)
             )
-            db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, json.dumps(metrics)))
+            db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, metrics_json))
 
     def quarantined(self, step: int) -> list[tuple[str, str, str]]:
         """(device_id, msg_id, reason) of every quarantined reply of ``step``."""

@@ -12,10 +12,12 @@ Decoding never raises anything but :class:`~protocol.errors.ProtocolError` subcl
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE",
     "SCHEMA_VERSION",
     "Envelope",
+    "FrameTemplate",
     "Limits",
     "decode",
     "decode_frame_map",
@@ -114,6 +117,72 @@ def encode(env: Envelope) -> bytes:
         "b": env.body.to_wire(),
     }
     return msgpack.packb(frame, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class FrameTemplate:
+    """The unsigned frames of envelopes that are one envelope but for their message id and
+    some top-level ``str`` fields of the body, made by splicing those strings into that
+    envelope's frame instead of encoding each envelope anew.
+
+    A step's tasks under broadcast differ only in ``task_id``: building and encoding each
+    envelope cost ~35 us of a ~45 us task at 10,000 agents (issue 21), a spliced frame ~2 us.
+    The frames are byte-identical to :func:`encode`'s (msgpack strings delimit themselves and
+    maps count entries, not bytes), and every frame keeps the prototype's timestamp: the
+    burst's, within the second or so the burst takes.
+    """
+
+    parts: tuple[bytes, ...]  # the frame around the slots
+    slots: tuple[int, ...]  # what goes between parts[k] and parts[k + 1]: 0 = msg id, j = field j
+
+    @classmethod
+    def of(cls, env: Envelope, fields: tuple[str, ...]) -> FrameTemplate:
+        """The template of ``env`` with its message id and the body's ``fields`` left open.
+
+        Raises:
+            ValueError: a field is not a ``str`` field of the body without a default (a field
+                equal to its default is left out of the frame), or a slot cannot be found
+                exactly once in the frame.
+        """
+        marks = [f"slot{j}x{secrets.token_hex(16)}" for j in range(len(fields) + 1)]
+        declared = {f.name: f for f in dataclasses.fields(env.body)}
+        for name in fields:
+            spec = declared.get(name)
+            if spec is None or not isinstance(getattr(env.body, name), str):
+                raise ValueError(f"{env.kind}.{name}: not a str field of the body")
+            if spec.default is not dataclasses.MISSING:  # left out when equal to it (WIRE.md §3)
+                raise ValueError(f"{env.kind}.{name}: has a default, so its frame may omit it")
+        body = replace(env.body, **dict(zip(fields, marks[1:], strict=True)))  # type: ignore[arg-type]
+        frame = encode(replace(env, body=body, msg_id=marks[0], wire=b""))
+        found = []
+        for j, mark in enumerate(marks):
+            packed = msgpack.packb(mark)
+            at = frame.find(packed)
+            if at < 0 or frame.find(packed, at + 1) >= 0:
+                raise ValueError(f"{env.kind}: slot {j} not found exactly once in its frame")
+            found.append((at, len(packed), j))
+        found.sort()
+        parts, start = [], 0
+        for at, size, _j in found:
+            parts.append(frame[start:at])
+            start = at + size
+        parts.append(frame[start:])
+        return cls(tuple(parts), tuple(j for _at, _size, j in found))
+
+    def fill(self, msg_id: str, *values: str) -> bytes:
+        """The frame with ``msg_id`` and ``values`` (in the order of ``of``'s ``fields``).
+
+        The values are spliced as they are: they come from bodies the caller built (and so
+        validated), one frame per body.
+        """
+        given = (msg_id, *values)
+        if len(given) != len(self.slots):
+            raise ValueError(f"{len(self.slots) - 1} field values expected, got {len(values)}")
+        out = [self.parts[0]]
+        for slot, part in zip(self.slots, self.parts[1:], strict=True):
+            out.append(msgpack.packb(given[slot]))
+            out.append(part)
+        return b"".join(out)
 
 
 def decode_frame_map(data: bytes, limits: Limits = Limits()) -> dict[str, Any]:

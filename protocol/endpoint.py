@@ -215,22 +215,36 @@ class Endpoint:
             TransportError: the transport could not queue a frame.
         """
         frame = self.sealed(env) if frame is None else frame
+        self._publish(topic, frame, env.kind, env.round, qos=qos, retain=retain)
+
+    def send_unsigned(self, topic: str, unsigned: bytes, *, kind: str, round: int) -> None:
+        """Seal (sign, if this endpoint signs) and publish an unsigned frame of a ``kind``
+        message made beforehand (a :class:`~protocol.codec.FrameTemplate`'s), as
+        :meth:`send_envelope` publishes an envelope's; QoS 1, never retained.
+
+        Raises:
+            LimitError, TransportError: as :meth:`send_envelope`.
+        """
+        self._publish(topic, self._seal(unsigned), kind, round, qos=1, retain=False)
+
+    def _publish(
+        self, topic: str, frame: bytes, kind: str, round: int, *, qos: int, retain: bool
+    ) -> None:
         if len(frame) > self.limits.max_message:
             raise LimitError(
-                f"{env.kind}: {len(frame)}-byte frame exceeds the "
-                f"{self.limits.max_message}-byte cap"
+                f"{kind}: {len(frame)}-byte frame exceeds the {self.limits.max_message}-byte cap"
             )
         limit = self._frame_limit(topic)
         if len(frame) <= limit:
             self.transport.publish(topic, frame, qos=qos, retain=retain)
-            self.traffic.add("tx", env.kind, len(frame))
+            self.traffic.add("tx", kind, len(frame))
             return
         if retain:
             raise LimitError(
-                f"{env.kind} on {topic}: a {len(frame)}-byte frame would be chunked, "
+                f"{kind} on {topic}: a {len(frame)}-byte frame would be chunked, "
                 "and chunked messages cannot be retained"
             )
-        self._send_chunked(topic, env, frame, qos, limit)
+        self._send_chunked(topic, kind, round, frame, qos, limit)
 
     def _seal(self, frame: bytes) -> bytes:
         return self.signer.sign(frame) if self.signer is not None else frame
@@ -259,22 +273,22 @@ class Endpoint:
             )
         return piece
 
-    def _send_chunked(self, topic: str, env: Envelope, frame: bytes, qos: int, limit: int) -> None:
+    def _send_chunked(  # noqa: PLR0917 - the frame and where it goes
+        self, topic: str, kind: str, round: int, frame: bytes, qos: int, limit: int
+    ) -> None:
         self._listen_for_requests(topic)
-        piece = self._piece_size(len(frame), limit, env.round)
+        piece = self._piece_size(len(frame), limit, round)
         chunks = split_frame(frame, piece)
-        self._sent.put(SentFrame(topic, qos, env.round, env.kind, frame, piece, chunks[0].digest))
+        self._sent.put(SentFrame(topic, qos, round, kind, frame, piece, chunks[0].digest))
         total = 0
         try:
             for chunk in chunks:
-                data = self._chunk_frame(chunk, env.round)
+                data = self._chunk_frame(chunk, round)
                 self.transport.publish(topic, data, qos=qos)
                 total += len(data)
         finally:  # count what reached the transport, even if a later chunk failed
-            self.traffic.add("tx", env.kind, total, chunks=len(chunks))
-        self.log.debug(
-            "sent %s %s as %d chunks (%d bytes)", env.kind, env.msg_id, len(chunks), total
-        )
+            self.traffic.add("tx", kind, total, chunks=len(chunks))
+        self.log.debug("sent %s to %s as %d chunks (%d bytes)", kind, topic, len(chunks), total)
 
     def _listen_for_requests(self, topic: str) -> None:
         flt = request_filter(self.topics, topic)

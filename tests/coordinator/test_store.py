@@ -1,5 +1,6 @@
 """The SQLite store: durable updates, atomic step completion, resume."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ def test_complete_step_persists_state_and_metrics(tmp_path: Path) -> None:
         "protos": PrototypeSet(np.array([1]), np.ones((1, 3)), np.array([2]), sd=np.ones(3)),
         "w": TensorMap({"x": np.arange(4.0)}),
     }
-    store.complete_step(0, "done", state, {"round": 1})
+    store.complete_step(0, "done", state, json.dumps({"round": 1}))
     assert store.last_done_step() == 0
     back = store.global_state()
     assert isinstance(back["protos"], PrototypeSet) and back["protos"].class_ids.tolist() == [1]

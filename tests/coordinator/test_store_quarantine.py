@@ -1,5 +1,6 @@
 """A step whose aggregation failed: closed for good, its updates quarantined, not replayed."""
 
+import json
 from pathlib import Path
 
 from coordinator.store import StepRecord, Store
@@ -9,12 +10,12 @@ def test_failed_aggregation_quarantines_updates_and_closes_the_step(tmp_path: Pa
     # Prepare: step 0 done, step 1 with two stored updates
     store = Store(tmp_path / "s.sqlite")
     store.open_step(StepRecord(0, 1, "train", ["a", "b"], "open", 0))
-    store.complete_step(0, "done", {}, {"round": 1})
+    store.complete_step(0, "done", {}, json.dumps({"round": 1}))
     store.open_step(StepRecord(1, 2, "train", ["a", "b"], "open", 0))
     store.add_update(1, "a", "m1", "t1", b"env-a")
     store.add_update(1, "b", "m2", "t2", b"env-b")
     # Execute
-    store.fail_step(1, {"round": 2, "status": "failed"}, "shapes differ")
+    store.fail_step(1, json.dumps({"round": 2, "status": "failed"}), "shapes differ")
     store.close()
     again = Store(tmp_path / "s.sqlite")
     # Assert
@@ -30,5 +31,5 @@ def test_failed_aggregation_quarantines_updates_and_closes_the_step(tmp_path: Pa
 def test_a_step_that_missed_quorum_is_not_closed_for_good(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     store.open_step(StepRecord(0, 1, "train", ["a"], "open", 0))
-    store.complete_step(0, "failed", {}, {"round": 1, "quorum_met": False})
+    store.complete_step(0, "failed", {}, json.dumps({"round": 1, "quorum_met": False}))
     assert store.last_closed_step() == -1  # a restart retries it

@@ -356,3 +356,16 @@ def test_background_sweeper_requests_missing_chunks() -> None:
 )
 def test_request_topics_follow_the_acl_layout(topic: str, expected: str | None) -> None:
     assert request_topic(T, topic, "me") == expected
+
+
+def test_an_unsigned_frame_over_the_threshold_travels_as_chunks() -> None:
+    # Prepare
+    pair = Pair()
+    env = pair.agent.envelope(_reply(), round=3)
+    # Execute
+    pair.agent.send_unsigned(UP, encode(env), kind="reply", round=3)
+    # Assert: reassembled into the same envelope, counted as one chunked reply
+    assert [e.msg_id for e in pair.at_coord] == [env.msg_id]
+    assert np.array_equal(_weights(pair.at_coord[0]), _weights(env))
+    assert pair.agent.traffic.chunks[("tx", "reply")] > 10
+    assert pair.agent.traffic.bytes[("tx", "reply")] == pair.coord.traffic.bytes[("rx", "reply")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from protocol.codec import Envelope, encode
 from protocol.endpoint import Endpoint
 from protocol.messages import Ack, Reply
+from protocol.signing import HmacSigner
 from protocol.topics import Topics
 from protocol.transport import MemoryBroker, MemoryTransport
 
@@ -71,4 +72,18 @@ def test_send_counts_what_it_publishes() -> None:
     endpoint = Endpoint(t, sender="dev1", federation="fed")
     env = endpoint.send(T.up("dev1", "ack"), Ack(ref_id="r"), round=4, msg_id="fixed")
     assert (env.msg_id, env.round, env.sender) == ("fixed", 4, "dev1")
+    assert endpoint.traffic.snapshot() == {"tx.ack": len(frames[0])}
+
+
+def test_an_unsigned_frame_is_sealed_published_and_counted_as_its_envelope_would_be() -> None:
+    broker = MemoryBroker()
+    t = MemoryTransport(broker, "a")
+    t.connect()
+    frames: list[bytes] = []
+    t.subscribe("#", lambda topic, data: frames.append(data))
+    endpoint = Endpoint(t, sender="coord", federation="fed", signer=HmacSigner("coord", b"k" * 32))
+    env = endpoint.envelope(Ack(ref_id="r", task_id="t"), round=2)
+    endpoint.send_unsigned(T.down("dev1", "ack"), encode(env), kind="ack", round=2)
+    assert frames == [endpoint.sealed(env)]  # signed, as send_envelope signs
+    assert frames[0] != encode(env)
     assert endpoint.traffic.snapshot() == {"tx.ack": len(frames[0])}
