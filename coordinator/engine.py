@@ -162,6 +162,7 @@ class Coordinator:
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._touched: dict[str, bool | None] = {}  # agents heard from in the batch: online?
+        self._registered: dict[str, bytes] = {}  # registrations of the batch: their frames
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
         # None: replies come to this process (the default); else ingest workers store them
         self.intake = (
@@ -602,8 +603,10 @@ class Coordinator:
         with self.store.transaction():
             for env, topic in batch:
                 self._handle(env, topic)
+            registered, self._registered = self._registered, {}
+            self.store.upsert_agents(registered)  # one statement a batch, not one a message,
             touched, self._touched = self._touched, {}
-            self.store.touch_agents(touched)  # one statement a batch, not one a message
+            self.store.touch_agents(touched)  # and after them what they said since
         acks, self._acks = self._acks, []
         for ack_topic, ack in acks:
             self.endpoint.send(ack_topic, ack)
@@ -700,7 +703,7 @@ class Coordinator:
         self.refused.pop(reg.device_id, None)
         self.agents[reg.device_id] = agent
         self.online.add(reg.device_id)
-        self.store.upsert_agent(reg.device_id, env.wire or encode(env), online=True)
+        self._registered[reg.device_id] = env.wire or encode(env)  # stored with the batch
         self._touched.pop(reg.device_id, None)  # what the batch said before is older
         if not known:
             self._log_registration(reg)

@@ -54,3 +54,18 @@ def test_worker_traffic_adds_up_per_step_and_key_across_workers(tmp_path: Path) 
     assert store.worker_traffic(2) == {"rx.reply": 7}
     assert store.worker_traffic(3) == {}
     store.close()
+
+
+def test_a_burst_of_registrations_is_stored_in_one_statement_and_replaces_older_ones(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_agent("d1", b"old", online=False)
+    with store.transaction():
+        store.upsert_agents({"d1": b"new", "d2": b"reg2"})
+    store.close()
+    rows = Store(tmp_path / "s.sqlite").agent_rows()
+    assert sorted((d, reg, online) for d, reg, online, _seen in rows) == [
+        ("d1", b"new", True),
+        ("d2", b"reg2", True),
+    ]
