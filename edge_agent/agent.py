@@ -475,7 +475,12 @@ class EdgeAgent:
 
     # ----- evaluation, checkpoint, export ---------------------------------------------------
     def _evaluates(self, task: Task) -> bool:
-        every = max(1, self.settings.eval_every)
+        """Whether ``task``'s round is evaluated: every N-th training round, N the larger of
+        the run's ``eval_every`` (the task's config, checked by the algorithm before this) and
+        this agent's own."""
+        run_every = task.config.get("eval_every", 1)
+        run_every = run_every if isinstance(run_every, int) else 1
+        every = max(1, self.settings.eval_every, run_every)
         return task.phase != "train" or task.round % every == 0
 
     def _evaluate(self) -> dict[str, float]:

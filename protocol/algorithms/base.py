@@ -165,6 +165,7 @@ TRAIN_LIMITS: dict[str, tuple[float, float]] = {
     "momentum": (0.0, 1.0),
     "weight_decay": (0.0, 1.0),
     "grad_clip": (0.0, 1e6),
+    "eval_every": (1, 1_000_000),
 }
 
 
@@ -185,6 +186,10 @@ class TrainConfig(AlgorithmConfig):
     # shuffled once). drop_last skips each epoch's last, partial batch (HtFLlib's does)
     batch_order: typing.Literal["shuffle", "fixed"] = "shuffle"
     drop_last: bool = False
+    # the run's evaluation cadence: agents evaluate every N-th training round (other phases and
+    # the final step always); an agent's own --eval-every, if larger, wins. Evaluating the
+    # global test set every round can dominate a round's time (issue 20 §1)
+    eval_every: int = 1
     # an algorithm's own size settings, bounded like TRAIN_LIMITS: a task from the wire may not
     # ask a device for unbounded work (issue 19)
     LIMITS: typing.ClassVar[dict[str, tuple[float, float]]] = {}

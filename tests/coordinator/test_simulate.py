@@ -174,3 +174,27 @@ def test_eval_every_skips_the_rounds_between(tmp_path: Path) -> None:
     evaluated = [m["mean_acc_local"] is not None for m in result.metrics]
     assert [m["phase"] for m in result.metrics] == ["train"] * 3 + ["final"]
     assert evaluated == [False, True, False, True]  # rounds 2 and the final step
+
+
+def test_the_runs_eval_every_from_its_config_reaches_every_agent(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        ["hyper.local_epochs=1", "hyper.eval_every=3"],  # as `[hyper] eval_every = 3` in TOML
+        algorithm="fedproto",
+        rounds=3,
+        run_dir=str(tmp_path / "run"),
+        min_agents=3,
+        deadline_s=120.0,
+        run_id="test-eval-every",
+    )
+    fleet = FleetSpec(num_agents=3, models=MODELS, global_test_size=100)  # agents: every round
+    result = simulate(cfg, fleet)
+    evaluated = [m["mean_acc_local"] is not None for m in result.metrics]
+    assert evaluated == [False, False, True, True]  # round 3 and the final step
+
+
+def test_an_eval_every_below_one_is_refused_with_its_bounds(tmp_path: Path) -> None:
+    from protocol.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval_every must be in \[1, 1e\+06\]"):
+        load_config(None, ["hyper.eval_every=0"], algorithm="fedproto", run_dir=str(tmp_path))
