@@ -198,6 +198,9 @@ class Coordinator:
             patterns = self.intake.subscriptions(base)
         for pattern in patterns:
             self.endpoint.subscribe(pattern, lambda env, topic: self.inbox.put((env, topic)))
+        if self.intake is not None:  # chunked replies, reassembled from the workers' relays
+            reply = f"{base}/dev/+/up/reply"
+            self.endpoint.deliver_locally(reply, lambda env, topic: self.inbox.put((env, topic)))
         self.endpoint.transport.add_connect_listener(self._on_connect)
         self._state = ("starting", 0)
         if self.endpoint.transport.connected:
@@ -597,6 +600,9 @@ class Coordinator:
         if self.health_check is not None:
             self.health_check()
         self._heartbeat()
+        if self.intake is not None:  # a reassembled reply lands in the inbox, taken below
+            for topic, frame in self.store.take_relayed():
+                self.endpoint.inject(topic, frame)
         batch = take_batch(self.inbox, timeout)
         if not batch:
             return

@@ -92,6 +92,7 @@ class IngestWorker:
         )
         self.desk = ReplyDesk(strategy, store)
         self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()
+        self.chunks: queue.Queue[tuple[str, bytes]] = queue.Queue()  # to relay to the leader
         self.done = threading.Event()  # the run finished
         self.counts: Counter[str] = Counter()  # stored, acked, refused, deferred, rejected.*
         self.lock_wait_s = 0.0  # time spent waiting for the store's write lock
@@ -109,6 +110,9 @@ class IngestWorker:
             self.inbox.put((env, topic))
 
         self.endpoint.subscribe(shared(GROUP, f"{self.topics.base}/dev/+/up/reply"), take)
+        # a chunked reply's chunks are shared out among the workers like replies: none would
+        # get them all, so each is relayed through the store to the leader, which reassembles
+        self.endpoint.chunk_relay = lambda topic, frame: self.chunks.put((topic, frame))
         # a reply resent after its ack was lost is a duplicate for the endpoint: judge it again
         self.endpoint.on_duplicate = take
         self.endpoint.subscribe(self.topics.coord_state, self._on_state)
@@ -143,6 +147,17 @@ class IngestWorker:
             batch = take_batch(self.inbox, 0.2)
             if batch:
                 self.process(batch)
+            self.relay_chunks()
+
+    def relay_chunks(self) -> None:
+        """Store the chunk frames received since the last call for the leader (one commit)."""
+        frames = []
+        while not self.chunks.empty():
+            frames.append(self.chunks.get_nowait())
+        if frames:
+            with self.store.transaction():
+                self.store.relay(frames)
+            self.counts["relayed"] += len(frames)
 
     def process(self, batch: list[tuple[Envelope, str]]) -> None:
         """Judge ``batch`` outside the write lock, store it in one transaction, then ack."""

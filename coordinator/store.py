@@ -113,6 +113,9 @@ CREATE TABLE IF NOT EXISTS refusals (step INTEGER NOT NULL, attempt INTEGER NOT 
 -- reply and ack bytes the ingest workers moved per step, for the leader's step record
 CREATE TABLE IF NOT EXISTS worker_traffic (step INTEGER NOT NULL, key TEXT NOT NULL,
     bytes INTEGER NOT NULL, PRIMARY KEY (step, key));
+-- chunk frames ingest workers received (verified, as received) for the leader to reassemble
+CREATE TABLE IF NOT EXISTS relayed (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,
+    frame BLOB NOT NULL);
 """
 INTAKE = "intake"  # meta key: the step whose replies ingest workers may store (null: none)
 BUSY_TIMEOUT_S = 30.0  # ingest workers and the leader take turns at the write lock
@@ -339,6 +342,22 @@ class Store:
             "ON CONFLICT (step, key) DO UPDATE SET bytes = bytes + excluded.bytes",
             [(step, key, n) for key, n in counts.items() if n],
         )
+
+    def relay(self, frames: list[tuple[str, bytes]]) -> None:
+        """Keep chunk frames an ingest worker received, ``(topic, frame)``, for the leader."""
+        self.db.executemany("INSERT INTO relayed (topic, frame) VALUES (?, ?)", frames)
+
+    def take_relayed(self) -> list[tuple[str, bytes]]:
+        """The relayed chunk frames in arrival order, removed from the store (one
+        transaction: a frame is taken once). A read first: the leader asks every poll, and
+        the write lock is the workers' too."""
+        if self.db.execute("SELECT 1 FROM relayed LIMIT 1").fetchone() is None:
+            return []
+        with self.transaction() as db:
+            rows = list(db.execute("SELECT id, topic, frame FROM relayed ORDER BY id"))
+            if rows:
+                db.execute("DELETE FROM relayed WHERE id <= ?", (rows[-1][0],))
+        return [(topic, frame) for _id, topic, frame in rows]
 
     def worker_traffic(self, step: int) -> dict[str, int]:
         """Every ingest worker's bytes of ``step``, summed per key."""

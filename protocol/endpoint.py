@@ -151,6 +151,10 @@ class Endpoint:
         self.require_signatures = require_signatures
         self.unsigned_kinds = unsigned_kinds
         self.on_duplicate = on_duplicate
+        # When set, every verified chunk frame goes to it as received instead of to this
+        # endpoint's reassembler: an ingest worker relays a shared subscription's chunks to the
+        # one process that sees all of them (the broker shares chunks out like replies)
+        self.chunk_relay: Callable[[str, bytes], None] | None = None
         self.traffic = TrafficCounter()
         self.rejected: Counter[str] = Counter()
         self.log = logger or logging.getLogger(f"edgefl.endpoint.{sender}")
@@ -305,10 +309,21 @@ class Endpoint:
         Chunks and chunk requests are handled inside the endpoint; handlers see whole
         messages only. Handlers run on the transport's thread and must not block.
         """
+        self.deliver_locally(topic_filter, handler)
+        self.transport.subscribe(topic_filter, self._on_bytes, qos)
+
+    def deliver_locally(self, topic_filter: str, handler: EnvelopeHandler) -> None:
+        """Route envelopes on topics matching ``topic_filter`` to ``handler`` without
+        subscribing to them: for frames that reach this endpoint through :meth:`inject`."""
         with self._handlers_lock:
             self._handlers.append((topic_filter, handler))
             self._routes = {}
-        self.transport.subscribe(topic_filter, self._on_bytes, qos)
+
+    def inject(self, topic: str, frame: bytes) -> None:
+        """Take ``frame`` as if the transport had delivered it on ``topic``: verified,
+        decoded, reassembled if a chunk, counted and delivered like any other (frames another
+        process received on this endpoint's behalf: an ingest worker's relayed chunks)."""
+        self._on_bytes(topic, frame)
 
     def _on_bytes(self, topic: str, data: bytes) -> None:
         if not data:  # an empty retained message clears a topic; nothing to deliver
@@ -317,6 +332,9 @@ class Endpoint:
         if env is None:
             return
         if isinstance(env.body, Chunk):
+            if self.chunk_relay is not None:  # counted where it is reassembled
+                self.chunk_relay(topic, bytes(data))
+                return
             self._on_chunk(env, env.body, topic, len(data))
             return
         self.traffic.add("rx", env.kind, len(data))

@@ -16,6 +16,7 @@ from coordinator.ingest_worker import IngestWorker
 from coordinator.replies import task_id
 from coordinator.store import StepRecord, Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
+from protocol.chunking import split_frame
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import ValidationError
@@ -217,3 +218,20 @@ def test_spawn_workers_without_ingest_workers_is_refused(
         out.err
     )
     assert "run directory" not in out.out  # refused before anything started
+
+
+def test_chunks_are_relayed_to_the_leader_through_the_store_not_judged(setup: Setup) -> None:
+    # Prepare: a reply's chunk frames, as the shared subscription hands some of them to a worker
+    whole = encode(Envelope(body=reply(HELD), sender=DEVICE, federation="default", round=1))
+    chunks = [
+        encode(Envelope(body=c, sender=DEVICE, federation="default", round=1))
+        for c in split_frame(whole, 256)
+    ]
+    # Execute
+    for data in chunks:
+        setup.worker.endpoint.inject(setup.topic, data)
+    setup.worker.relay_chunks()
+    # Assert: stored for the leader as received, in order; nothing judged, stored or acked
+    assert setup.store.take_relayed() == [(setup.topic, data) for data in chunks]
+    assert setup.worker.counts["relayed"] == len(chunks) > 1
+    assert setup.stored() == [] and setup.acks == []

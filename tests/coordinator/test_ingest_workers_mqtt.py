@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,18 @@ def start_worker(
         return subprocess.Popen(
             argv, env=clean_env(PYTHONPATH=str(ROOT)), stdout=out, stderr=subprocess.STDOUT
         )
+
+
+class SmallFrames(MqttTransport):
+    """An agent's client whose broker takes packets of at most 2 KiB: its replies go chunked."""
+
+    @property  # type: ignore[override]
+    def max_packet_size(self) -> int | None:
+        return 2048
+
+    @max_packet_size.setter
+    def max_packet_size(self, _value: int | None) -> None:
+        pass
 
 
 def stored_rows(cfg: RunConfig) -> list[tuple[int, str, str]]:
@@ -176,3 +189,35 @@ def test_spawned_workers_take_the_replies_and_leave_with_the_run(mosquitto, tmp_
     assert len(rows) == 3 * len(AGENTS) and unacknowledged(cfg) == []
     assert sum(worker_counts(log)["stored"] for log in logs) == len(rows)
     assert all(sorted(m["agents"]) == AGENTS for m in result.metrics)
+
+
+def test_chunked_replies_reach_the_leader_through_the_workers(mosquitto, tmp_path: Path) -> None:
+    # Prepare: 128-float prototypes per class make each training reply ~5 KB, sent in chunks of
+    # at most 2 KiB, which the broker shares out among the workers like whole replies
+    cfg = config(tmp_path, "ingc", ingest_workers=2, deadline_s=30.0)
+    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
+    workers = [start_worker(cfg, mosquitto.port, f"w{i + 1}", logs[i]) for i in range(2)]
+
+    def factory(client_id: str, will: Will) -> Transport:
+        cls = MqttTransport if client_id == "coordinator" else SmallFrames
+        return cls(client_id=f"edgefl-{client_id}", port=mosquitto.port, will=will)
+
+    # Execute
+    try:
+        result = simulate(cfg, replace(FLEET, feature_dim=128), transport_factory=factory)
+        codes = [w.wait(timeout=60) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+
+    # Assert: both workers relayed chunks (neither had all of any reply's), and every step
+    # still has every agent's reply, stored once, acknowledged and aggregated
+    assert codes == [0, 0], [log.read_text() for log in logs]
+    counts = [worker_counts(log) for log in logs]
+    assert all(c.get("relayed", 0) > 0 for c in counts), counts
+    rows = stored_rows(cfg)
+    assert [(s, d) for s, d, _ in rows] == [(s, a) for s in range(3) for a in AGENTS]
+    assert unacknowledged(cfg) == []
+    assert all(sorted(m["agents"]) == AGENTS and not m["failed"] for m in result.metrics)
+    chunked = [m["bytes"].get("rx.reply", 0) for m in result.metrics[:2]]  # the two rounds
+    assert all(n > 3 * 2048 for n in chunked), chunked  # counted once, by the leader

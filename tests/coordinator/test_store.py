@@ -69,3 +69,17 @@ def test_a_burst_of_registrations_is_stored_in_one_statement_and_replaces_older_
         ("d1", b"new", True),
         ("d2", b"reg2", True),
     ]
+
+
+def test_relayed_chunk_frames_are_taken_once_in_arrival_order(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    assert store.take_relayed() == []
+    with store.transaction():
+        store.relay([("a/up/reply", b"1"), ("b/up/reply", b"2")])
+    store.relay([("a/up/reply", b"3")])
+    assert store.take_relayed() == [
+        ("a/up/reply", b"1"),
+        ("b/up/reply", b"2"),
+        ("a/up/reply", b"3"),
+    ]
+    assert store.take_relayed() == []

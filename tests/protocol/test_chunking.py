@@ -369,3 +369,27 @@ def test_an_unsigned_frame_over_the_threshold_travels_as_chunks() -> None:
     assert np.array_equal(_weights(pair.at_coord[0]), _weights(env))
     assert pair.agent.traffic.chunks[("tx", "reply")] > 10
     assert pair.agent.traffic.bytes[("tx", "reply")] == pair.coord.traffic.bytes[("rx", "reply")]
+
+
+def test_a_relaying_endpoint_hands_chunks_on_and_an_injected_set_is_reassembled() -> None:
+    # Prepare: the frames of one chunked reply, as a broker would deliver them
+    pair = Pair()
+    pair.agent_t.hold = True
+    sent = pair.agent.send(UP, _reply(), round=3)
+    frames = [f for _, f in pair.agent_t.held]
+    relayed: list[tuple[str, bytes]] = []
+    pair.coord.chunk_relay = lambda topic, frame: relayed.append((topic, frame))
+    # Execute: the relaying endpoint receives them (an ingest worker's) ...
+    pair.agent_t.release(list(range(len(frames))))
+    # ... and another endpoint, subscribed to nothing on that topic, is given them
+    leader = Endpoint(MemoryTransport(MemoryBroker(), "leader"), sender="coord", federation="fed")
+    got: list[Envelope] = []
+    leader.deliver_locally(f"{T.base}/dev/+/up/#", lambda e, t: got.append(e))
+    for topic, frame in relayed:
+        leader.inject(topic, frame)
+    # Assert: relayed as received, uncounted there; reassembled, counted and delivered once
+    assert relayed == [(UP, f) for f in frames] and pair.at_coord == []
+    assert pair.coord.traffic.snapshot() == {}
+    assert [e.msg_id for e in got] == [sent.msg_id]
+    assert np.array_equal(_weights(got[0]), _weights(sent))
+    assert leader.traffic.snapshot() == {"rx.reply": sum(len(f) for f in frames)}
