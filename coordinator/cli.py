@@ -479,6 +479,13 @@ def _serve_run(
     from protocol.errors import ConfigError
     from protocol.mqtt import parse_broker
 
+    if cfg.ingest_workers and (fleet_broker is not None or not cfg.broker):
+        raise ConfigError(
+            f"run.ingest_workers = {cfg.ingest_workers}: the workers take the replies through an "
+            "MQTT shared subscription ($share/...), which the embedded broker (amqtt) does not "
+            "support: they would receive none. Give --broker HOST of a Mosquitto 2, EMQX or "
+            "HiveMQ broker, or set run.ingest_workers=0"
+        )
     # on whenever the kit (or --credentials, EDGEFL_*) has signing keys
     signing = load_signing(creds, SENDER, enabled=not no_signing)
     if fleet_broker is not None:

@@ -95,3 +95,14 @@ def test_json_log_format_writes_one_object_a_line() -> None:
         "msg": "step 3 done",
     }
     assert build_parser().parse_args(["serve", "--log-format", "json"]).log_format == "json"
+
+
+def test_ingest_workers_without_a_broker_are_refused_naming_why(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the embedded broker (amqtt) has no shared subscriptions: the workers would get no reply
+    argv = ["serve", "--set", "run.ingest_workers=2", "--run-dir", str(tmp_path / "run")]
+    code = main([*argv, "--port", str(free_port())])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "shared subscription" in err and "--broker" in err and "Traceback" not in err
