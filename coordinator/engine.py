@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.config import RunConfig
-from coordinator.ingest import POLL_S, WorkerIntake
+from coordinator.ingest import POLL_S, WorkerIntake, new_share_group
 from coordinator.metrics import append_line, step_record
 from coordinator.replies import (
     ReplyDesk,
@@ -180,6 +180,7 @@ class Coordinator:
         self.strategy.load_state_dict(self.store.global_state())
         if self.store.get_meta("run_id") is None:
             self.store.set_meta("run_id", self.cfg.run_id)
+            new_share_group(self.store)  # before the config: workers start once it is there
             self.store.set_meta("config", self.cfg.to_dict())
 
     def start(self) -> None:

@@ -10,6 +10,7 @@ closes. Design and figures: ``docs/scaling.md``.
 
 from __future__ import annotations
 
+import secrets
 from typing import TYPE_CHECKING
 
 from coordinator.store import Store
@@ -19,12 +20,33 @@ from protocol.topics import Topics
 if TYPE_CHECKING:
     from coordinator.engine import OpenStep
 
-__all__ = ["LEADER_UP_KINDS", "POLL_S", "WorkerIntake"]
+__all__ = ["GROUP", "LEADER_UP_KINDS", "POLL_S", "WorkerIntake", "new_share_group", "share_group"]
 
 #: What the leader still takes from the agents itself: everything but ``reply``.
 LEADER_UP_KINDS = ("register", "error", "fetch", "chunk_req")
 #: How often the leader looks for stored replies while a step is open (an indexed query).
 POLL_S = 0.05
+#: The prefix of a run's share group (its workers' ``$share/{group}/...`` subscription).
+GROUP = "edgefl-ingest"
+SHARE_GROUP_KEY = "ingest_group"  # meta key of the run's share group
+
+
+def new_share_group(store: Store) -> str:
+    """Give a new run its share group: ``edgefl-ingest-`` and 128 random bits, kept in the
+    run's store, where its workers read it. Unguessable because Mosquitto lets any client
+    with read access to nothing of it *join* a share group: the broker then hands that member
+    its turn of the replies and its ACL refuses to deliver them, so they are lost (measured on
+    Mosquitto 2.0.11 with the provisioned ACL: a device in the group took 3 of 6 replies,
+    and none arrived anywhere; ``tests/coordinator/test_provision_broker.py``)."""
+    group = f"{GROUP}-{secrets.token_hex(16)}"
+    store.set_meta(SHARE_GROUP_KEY, group)
+    return group
+
+
+def share_group(store: Store) -> str:
+    """The run's share group (a run stored before groups were random: the fixed name)."""
+    group = store.get_meta(SHARE_GROUP_KEY)
+    return group if isinstance(group, str) else GROUP
 
 
 class WorkerIntake:

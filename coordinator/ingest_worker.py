@@ -1,12 +1,13 @@
 """``coordinator ingest-worker``: one of N processes that take a run's replies off the broker.
 
-Each worker holds a member of the MQTT shared subscription ``$share/edgefl-ingest/{base}/dev/
-+/up/reply`` (the broker hands each reply to one member), judges every reply with the engine's
-own :class:`~coordinator.replies.ReplyDesk` against the step the round leader opened (read from
-the run's store), stores the valid ones as received in that store, commits, and only then
-acknowledges them: the contract of the in-process path, in another process with its own GIL.
-The round leader (``coordinator serve`` with ``run.ingest_workers`` = N) reads them from the
-store when the step closes (``coordinator/ingest.py``; design: ``docs/scaling.md``).
+Each worker holds a member of the MQTT shared subscription ``$share/{group}/{base}/dev/+/up/
+reply`` (the broker hands each reply to one member; ``group`` is the run's, random), judges
+every reply with the engine's own :class:`~coordinator.replies.ReplyDesk` against the step the
+round leader opened (read from the run's store), stores the valid ones as received in that
+store, commits, and only then acknowledges them: the contract of the in-process path, in
+another process with its own GIL. The round leader (``coordinator serve`` with
+``run.ingest_workers`` = N) reads them from the store when the step closes
+(``coordinator/ingest.py``; design: ``docs/scaling.md``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig, build_config
+from coordinator.ingest import share_group
 from coordinator.replies import ReplyDesk, registered_agents, screen, take_batch, task_id
 from coordinator.runner import UNSIGNED_KINDS, mqtt_client
 from coordinator.store import Store
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     from protocol.credentials import SigningKeys
 
 __all__ = [
-    "GROUP",
     "IngestWorker",
     "open_run_store",
     "run_ingest_worker",
@@ -47,7 +48,6 @@ __all__ = [
     "worker_will",
 ]
 
-GROUP = "edgefl-ingest"  # the share group; one per topic filter, so one per federation
 Judged = tuple[Envelope, Reply, Any]
 
 
@@ -109,7 +109,9 @@ class IngestWorker:
         def take(env: Envelope, topic: str) -> None:
             self.inbox.put((env, topic))
 
-        self.endpoint.subscribe(shared(GROUP, f"{self.topics.base}/dev/+/up/reply"), take)
+        # the run's own, unguessable share group (coordinator.ingest.new_share_group)
+        group = share_group(self.store)
+        self.endpoint.subscribe(shared(group, f"{self.topics.base}/dev/+/up/reply"), take)
         # a chunked reply's chunks are shared out among the workers like replies: none would
         # get them all, so each is relayed through the store to the leader, which reassembles
         self.endpoint.chunk_relay = lambda topic, frame: self.chunks.put((topic, frame))

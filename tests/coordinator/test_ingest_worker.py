@@ -235,3 +235,17 @@ def test_chunks_are_relayed_to_the_leader_through_the_store_not_judged(setup: Se
     assert setup.store.take_relayed() == [(setup.topic, data) for data in chunks]
     assert setup.worker.counts["relayed"] == len(chunks) > 1
     assert setup.stored() == [] and setup.acks == []
+
+
+def test_each_run_gets_its_own_share_group_and_keeps_it_on_resume(tmp_path: Path) -> None:
+    from coordinator.ingest import GROUP, share_group
+    from tests.helpers_runtime import start_coordinator
+
+    groups = []
+    for name in ("a", "b", "a"):  # run a, run b, run a resumed
+        cfg = run_config(tmp_path / name, "fedproto", rounds=1, ingest_workers=1)
+        coord = start_coordinator(cfg, MemoryBroker())
+        groups.append(share_group(coord.store))
+        coord.store.close()
+    assert groups[0] == groups[2] != groups[1]
+    assert all(g.startswith(f"{GROUP}-") and len(g) == len(GROUP) + 33 for g in groups)

@@ -13,6 +13,7 @@ order, so when the fence has arrived the forbidden message would have arrived be
 from __future__ import annotations
 
 import contextlib
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -226,3 +227,32 @@ def test_a_revoked_device_is_refused_after_a_reload_and_a_restart(
     b.start()
     assert not _connects(b, kept, "a2")
     assert _connects(b, b.kit("agent0"), "a0")
+
+
+def test_the_workers_share_group_passes_the_acl_and_no_device_can_join_it_blind(
+    mosquitto_tls: ProvisionedBroker,
+) -> None:
+    # The workers log in with the coordinator's certificate and subscribe through the run's
+    # random share group; the ACL's `{base}/#` for the coordinator covers it. A device that
+    # joined the group would be handed its turn of the replies, which the ACL then refuses to
+    # deliver (they are lost): it can only guess the group's name, and a guess is another group
+    b = mosquitto_tls
+    group = f"edgefl-ingest-{secrets.token_hex(16)}"
+    workers, device = Inbox(), Inbox()
+    with (
+        client(b, b.kit("coordinator"), "edgefl-ingest-w1") as worker,
+        client(b, b.kit("agent0"), "a0") as a0,
+        client(b, b.kit("agent1"), "a1") as a1,
+    ):
+        worker.subscribe(f"$share/{group}/{T.base}/dev/+/up/reply", workers)
+        worker.connect()
+        for guess in ("edgefl-ingest", "edgefl-ingest-0"):
+            with contextlib.suppress(TransportError):
+                a1.subscribe(f"$share/{guess}/{T.base}/dev/+/up/reply", device)
+        a1.connect()
+        a0.connect()
+        for i in range(6):
+            a0.publish(T.up("agent0", "reply"), f"reply {i}".encode())
+        assert workers.wait(6), workers.items
+        assert [p for _t, p in workers.items] == [f"reply {i}".encode() for i in range(6)]
+        assert device.items == []
