@@ -476,11 +476,10 @@ class EdgeAgent:
     # ----- evaluation, checkpoint, export ---------------------------------------------------
     def _evaluates(self, task: Task) -> bool:
         """Whether ``task``'s round is evaluated: every N-th training round, N the larger of
-        the run's ``eval_every`` (the task's config, checked by the algorithm before this) and
-        this agent's own."""
-        run_every = task.config.get("eval_every", 1)
-        run_every = run_every if isinstance(run_every, int) else 1
-        every = max(1, self.settings.eval_every, run_every)
+        the run's ``eval_every`` (the task's typed config, parsed by the algorithm's
+        ``handle`` before this; none where a stand-in handled it) and this agent's own."""
+        cfg = self.algorithm.cfg
+        every = max(1, self.settings.eval_every, 1 if cfg is None else cfg.eval_every)
         return task.phase != "train" or task.round % every == 0
 
     def _evaluate(self) -> dict[str, float]:
