@@ -55,6 +55,7 @@ from harness import (
     group_by,
     load_results,
     mean_sd,
+    merge_results,
     personalised_accuracy,
     run_grid,
     simulate_run,
@@ -150,6 +151,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="where the coordinator's server-side training runs (default: --device); e.g. "
         "agents on the CPU cores and Velo's CVAE on the GPU; recorded like --device",
+    )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="first add these results files' runs (another machine's, e.g. a GPU lease's "
+        "$OUT/compare_gpu.json) to --out where --out lacks their specs",
     )
     ap.add_argument(
         "--hyper",
@@ -670,6 +680,8 @@ def _describe(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the missing runs, then print the page and write it to ``--doc``."""
     args = parse_args(argv)
+    for other in args.merge:
+        print(f"{merge_results(args.out, other)} runs added from {other}")
     runs, failures = load_results(args.out)
     names = args.algorithms or registered()
     unknown = sorted(set(names) - set(registered()))

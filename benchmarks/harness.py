@@ -107,10 +107,31 @@ def save_results(
     cmd = command if command is not None else "python " + " ".join(sys.argv)
     if cmd not in commands:
         commands.append(cmd)
-    doc = {"commands": commands, "runs": runs, "failures": failures}
-    tmp = path.with_suffix(".tmp")
+    _write(path, {"commands": commands, "runs": runs, "failures": failures})
+
+
+def _write(path: Path, doc: Record) -> None:
+    tmp = path.with_suffix(".tmp")  # atomic: a reader never sees half a file
     tmp.write_text(json.dumps(doc, indent=1, default=float) + "\n")
     tmp.replace(path)
+
+
+def merge_results(path: Path, other: Path) -> int:
+    """Add to ``path`` the runs of ``other`` (another machine's results file, e.g. a GPU
+    lease's) whose specs ``path`` lacks, clear ``path``'s failures of those specs and keep
+    ``other``'s command lines; a spec ``path`` already has keeps its run. Returns the number
+    of runs added."""
+    runs, failures = load_results(path)
+    theirs = _read(other)
+    have = {spec_key(r["spec"]) for r in runs}
+    new = [r for r in theirs.get("runs", []) if spec_key(r["spec"]) not in have]
+    added = {spec_key(r["spec"]) for r in new}
+    failures = [f for f in failures if spec_key(f["spec"]) not in added]
+    commands = _commands(_read(path))
+    commands += [c for c in _commands(theirs) if c not in commands]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(path, {"commands": commands, "runs": runs + new, "failures": failures})
+    return len(new)
 
 
 def pending(specs: Iterable[Record], runs: list[Record]) -> list[Record]:
@@ -332,6 +353,10 @@ def run_grid(
         key = spec_key(r["spec"])
         failures = [f for f in failures if spec_key(f["spec"]) != key]
         head = _fmt_head(t0, r["spec"])
+        # another process (a second grid, a --merge) may have added runs to the file since we
+        # read it: keep them, or this save would drop them
+        have = {spec_key(x["spec"]) for x in runs}
+        runs.extend(x for x in load_results(out)[0] if spec_key(x["spec"]) not in have)
         if "error" in r:
             failures.append(r)
             save_results(out, runs, failures)

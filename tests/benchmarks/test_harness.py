@@ -55,6 +55,40 @@ def test_load_of_a_missing_file_is_empty_and_the_one_command_form_is_read(
     assert json.loads(old.read_text())["commands"] == ["python old.py", "python new.py"]
 
 
+def test_merge_adds_only_the_other_files_new_runs_and_clears_their_failures(
+    tmp_path: Path,
+) -> None:
+    ours, theirs = tmp_path / "ours.json", tmp_path / "gpu.json"
+    failed = {"spec": spec("b", 1), "error": "E", "traceback": "T"}
+    other_failure = {"spec": spec("c", 0), "error": "E", "traceback": "T"}
+    harness.save_results(ours, [run("a", 0, 0.5)], [failed, other_failure], command="here")
+    # the lease's file: a copy of ours (a's run measured again there) plus two new runs
+    lease_runs = [run("a", 0, 0.9), run("b", 1, 0.7), run("b", 2, 0.6)]
+    harness.save_results(theirs, lease_runs, [], command="there")
+    assert harness.merge_results(ours, theirs) == 2
+    runs, failures = harness.load_results(ours)
+    assert runs == [run("a", 0, 0.5), run("b", 1, 0.7), run("b", 2, 0.6)]  # ours kept
+    assert failures == [other_failure]
+    assert json.loads(ours.read_text())["commands"] == ["here", "there"]
+    assert harness.merge_results(ours, theirs) == 0  # idempotent
+    assert harness.load_results(ours)[0] == runs
+
+
+def test_a_grid_keeps_the_runs_another_process_saved_to_its_file_meanwhile(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "r.json"
+
+    def execute(s: Record) -> Record:  # while this run goes on, another grid saves one
+        harness.save_results(out, [run("other", 7, 0.3)], [], command="other")
+        return {"spec": s, "acc": 0.5}
+
+    runs, _ = harness.run_grid(out, [spec("a")], execute, describe=str)
+    saved = harness.load_results(out)[0]
+    assert {r["spec"]["method"] for r in saved} == {"a", "other"}
+    assert saved == runs
+
+
 def test_pending_keeps_order_and_skips_only_recorded_runs() -> None:
     specs = [spec("a", 0), spec("b", 0), spec("a", 1)]
     recorded = [{"spec": {**spec("b", 0)}}]
