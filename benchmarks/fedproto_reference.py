@@ -75,6 +75,10 @@ METHODS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "fedproto_l0_head": ("fedproto", {"proto_weight": 0.0, "predict": "head"}, {}),
     "fedproto_l0": ("fedproto", {**_PROTO, "proto_weight": 0.0}, {}),
     "fedproto_d512_head": ("fedproto", {**_PROTO, "predict": "head"}, {"feature_dim": 512}),
+    # the trunk's own features, no projection: with --family homo_cnn2, HtFLlib's networks
+    # (FedAvgCNN, 512-d non-negative features)
+    "local_native": ("local", {}, {"feature_dim": None}),
+    "fedproto_native": ("fedproto", _PROTO, {"feature_dim": None}),
 }
 # which pairs the tables difference (a - b)
 PAIRS = (
@@ -92,6 +96,7 @@ PAIRS = (
     ("fedproto_loader", "local_loader"),
     ("local_loader", "local"),
     ("fedproto_d512", "local_d512"),
+    ("fedproto_native", "local_native"),
 )
 
 

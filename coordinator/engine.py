@@ -23,6 +23,7 @@ from coordinator.config import RunConfig
 from coordinator.ingest import POLL_S, WorkerIntake, new_share_group
 from coordinator.metrics import append_line, step_record
 from coordinator.replies import (
+    AckFrames,
     ReplyDesk,
     is_will,
     registered_agents,
@@ -161,6 +162,7 @@ class Coordinator:
         self._state: tuple[StateName, int] = ("starting", 0)  # last published coordinator state
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
+        self._ack_frames = AckFrames(endpoint)
         self._touched: dict[str, bool | None] = {}  # agents heard from in the batch: online?
         self._registered: dict[str, bytes] = {}  # registrations of the batch: their frames
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
@@ -616,7 +618,9 @@ class Coordinator:
             self.store.touch_agents(touched)  # and after them what they said since
         acks, self._acks = self._acks, []
         for ack_topic, ack in acks:
-            self.endpoint.send(ack_topic, ack)
+            self.endpoint.send_unsigned(
+                ack_topic, self._ack_frames.unsigned(ack), kind=Ack.KIND, round=0
+            )
 
     def _ack(self, topic: str, ack: Ack) -> None:
         self._acks.append((topic, ack))  # sent by _pump once the batch is committed

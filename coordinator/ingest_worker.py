@@ -26,13 +26,20 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig, build_config
 from coordinator.ingest import share_group
-from coordinator.replies import ReplyDesk, registered_agents, screen, take_batch, task_id
+from coordinator.replies import (
+    AckFrames,
+    ReplyDesk,
+    registered_agents,
+    screen,
+    take_batch,
+    task_id,
+)
 from coordinator.runner import UNSIGNED_KINDS, mqtt_client
 from coordinator.store import Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.codec import Envelope, encode
 from protocol.endpoint import Endpoint
-from protocol.messages import CoordinatorState, Reply, Status
+from protocol.messages import Ack, CoordinatorState, Reply, Status
 from protocol.topics import COORDINATOR_ID, Topics, shared
 from protocol.transport import Will
 
@@ -91,6 +98,7 @@ class IngestWorker:
             cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed
         )
         self.desk = ReplyDesk(strategy, store)
+        self.ack_frames = AckFrames(endpoint)
         self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()
         self.chunks: queue.Queue[tuple[str, bytes]] = queue.Queue()  # to relay to the leader
         self.done = threading.Event()  # the run finished
@@ -173,12 +181,11 @@ class IngestWorker:
             self.store.touch_agents(heard)  # last seen, for `coordinator status`
             for env, reply, verdict in judged:
                 if self._keep(env, reply, verdict):
-                    ack = self.endpoint.envelope(verdict.ack)
-                    topic = self.topics.down(env.sender, "ack")
-                    acks.append((topic, ack, self.endpoint.sealed(ack)))
-            self._count_traffic(sum(len(frame) for _, _, frame in acks))
-        for topic, ack, frame in acks:  # after the commit: an acknowledged update is durable
-            self.endpoint.send_envelope(topic, ack, frame=frame)
+                    frame = self.endpoint.seal(self.ack_frames.unsigned(verdict.ack))
+                    acks.append((self.topics.down(env.sender, "ack"), frame))
+            self._count_traffic(sum(len(frame) for _, frame in acks))
+        for topic, frame in acks:  # after the commit: an acknowledged update is durable
+            self.endpoint.send_sealed(topic, frame, kind=Ack.KIND, round=0)
         self.counts["acked"] += len(acks)
 
     def _count_traffic(self, ack_bytes: int) -> None:

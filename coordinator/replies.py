@@ -10,19 +10,23 @@ opened in the shared store.
 from __future__ import annotations
 
 import queue
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from coordinator.store import Store
 from coordinator.strategies import AgentInfo, Step, Strategy
 from protocol.algorithms.base import check_payloads
-from protocol.codec import Envelope, decode
+from protocol.codec import Envelope, FrameTemplate, decode, encode, new_message_id
+from protocol.endpoint import Endpoint
 from protocol.errors import ProtocolError, ValidationError
 from protocol.messages import Ack, Register, Reply, Status
 from protocol.topics import Topics
 
 __all__ = [
     "MAX_BATCH",
+    "AckFrames",
     "ReplyDesk",
     "Verdict",
     "is_will",
@@ -169,3 +173,36 @@ class ReplyDesk:
         self.refused[env.msg_id] = reason
         ack = Ack(ref_id=env.msg_id, task_id=reply.task_id, accepted=False, reason=reason)
         return Verdict(ack, reject=reject, fail=fail)
+
+
+class AckFrames:
+    """The unsigned frames of the acks an endpoint sends. An accepted ack is one ack but for its
+    message id, ``ref_id`` and ``task_id``, so it is spliced from a template (a third of the
+    cost of building and encoding its envelope, paid once per reply: issue 21), byte-identical
+    to ``encode``'s; a refusal is encoded as usual.
+
+    A template is remade every ``max_age_s``: its frames carry the template's timestamp, which
+    a signed fleet checks against its replay window.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        max_age_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.endpoint = endpoint
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._template: FrameTemplate | None = None
+        self._made = 0.0
+
+    def unsigned(self, ack: Ack) -> bytes:
+        """``ack``'s frame in a new envelope from the endpoint, before sealing."""
+        if not ack.accepted or ack.reason or not ack.task_id:  # a field the template lacks
+            return encode(self.endpoint.envelope(ack))
+        now = self.clock()
+        if self._template is None or now - self._made > self.max_age_s:
+            proto = self.endpoint.envelope(Ack(ref_id="r", task_id="t"))
+            self._template, self._made = FrameTemplate.of(proto, ("ref_id", "task_id")), now
+        return self._template.fill(new_message_id(), ack.ref_id, ack.task_id)

@@ -16,6 +16,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     # The same five kinds in felo_velo.md §9's order.
     "tiny_felo": ("mlp_s", "mlp_m", "cnn_t1", "cnn_t2", "cnn_t3"),
     "homo_mlp": ("mlp_m",),
+    # HtFLlib's FedAvgCNN for 1-channel 28x28 images (dim 1024), its features the 512-d ReLU
+    # output of its FC layer: the networks of the FedProto comparison (issue 20 §2)
+    "homo_cnn2": ("cnn2",),
     # FedKTL's CPU fleet "HtFE-tiny" (fedktl.md §10) and FedType's toy private pool (§10).
     "ktl_tiny": ("mlp_m", "mlp_l", "cnn_gap", "cnn_t4"),
     "fedtype_tiny": ("mlp_xl", "mlp_w", "cnn_fc", "cnn_bn3"),

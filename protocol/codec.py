@@ -134,24 +134,30 @@ class FrameTemplate:
 
     parts: tuple[bytes, ...]  # the frame around the slots
     slots: tuple[int, ...]  # what goes between parts[k] and parts[k + 1]: 0 = msg id, j = field j
+    # field j's default (None: it has none): a value equal to it is left out of encode's frame
+    # (WIRE.md §3), so it cannot be spliced
+    defaults: tuple[str | None, ...] = ()
 
     @classmethod
     def of(cls, env: Envelope, fields: tuple[str, ...]) -> FrameTemplate:
         """The template of ``env`` with its message id and the body's ``fields`` left open.
 
+        A field with a default (an ack's ``task_id``) can be a slot; :meth:`fill` then
+        refuses a value equal to that default, which ``encode`` would leave out of the frame.
+
         Raises:
-            ValueError: a field is not a ``str`` field of the body without a default (a field
-                equal to its default is left out of the frame), or a slot cannot be found
+            ValueError: a field is not a ``str`` field of the body, or a slot cannot be found
                 exactly once in the frame.
         """
         marks = [f"slot{j}x{secrets.token_hex(16)}" for j in range(len(fields) + 1)]
         declared = {f.name: f for f in dataclasses.fields(env.body)}
+        defaults: list[str | None] = [None]  # the message id has none
         for name in fields:
             spec = declared.get(name)
             if spec is None or not isinstance(getattr(env.body, name), str):
                 raise ValueError(f"{env.kind}.{name}: not a str field of the body")
-            if spec.default is not dataclasses.MISSING:  # left out when equal to it (WIRE.md §3)
-                raise ValueError(f"{env.kind}.{name}: has a default, so its frame may omit it")
+            default = spec.default
+            defaults.append(default if isinstance(default, str) else None)
         body = replace(env.body, **dict(zip(fields, marks[1:], strict=True)))  # type: ignore[arg-type]
         frame = encode(replace(env, body=body, msg_id=marks[0], wire=b""))
         found = []
@@ -167,17 +173,24 @@ class FrameTemplate:
             parts.append(frame[start:at])
             start = at + size
         parts.append(frame[start:])
-        return cls(tuple(parts), tuple(j for _at, _size, j in found))
+        return cls(tuple(parts), tuple(j for _at, _size, j in found), tuple(defaults))
 
     def fill(self, msg_id: str, *values: str) -> bytes:
         """The frame with ``msg_id`` and ``values`` (in the order of ``of``'s ``fields``).
 
         The values are spliced as they are: they come from bodies the caller built (and so
         validated), one frame per body.
+
+        Raises:
+            ValueError: the number of values is not the number of fields, or a value equals
+                its field's default (encode that body instead: its frame omits the field).
         """
         given = (msg_id, *values)
         if len(given) != len(self.slots):
             raise ValueError(f"{len(self.slots) - 1} field values expected, got {len(values)}")
+        for value, default in zip(given, self.defaults, strict=False):
+            if value == default:
+                raise ValueError(f"{value!r} is its field's default, which a frame leaves out")
         out = [self.parts[0]]
         for slot, part in zip(self.slots, self.parts[1:], strict=True):
             out.append(msgpack.packb(given[slot]))

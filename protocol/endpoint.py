@@ -199,7 +199,7 @@ class Endpoint:
     def sealed(self, env: Envelope) -> bytes:
         """The frame :meth:`send_envelope` publishes for ``env`` (signed if this endpoint
         signs): its size is known before it is sent."""
-        return self._seal(encode(env))
+        return self.seal(encode(env))
 
     def send_envelope(
         self,
@@ -229,7 +229,12 @@ class Endpoint:
         Raises:
             LimitError, TransportError: as :meth:`send_envelope`.
         """
-        self._publish(topic, self._seal(unsigned), kind, round, qos=1, retain=False)
+        self.send_sealed(topic, self.seal(unsigned), kind=kind, round=round)
+
+    def send_sealed(self, topic: str, frame: bytes, *, kind: str, round: int) -> None:
+        """Publish a frame :meth:`seal` made (its size counted beforehand, say), as
+        :meth:`send_unsigned` does."""
+        self._publish(topic, frame, kind, round, qos=1, retain=False)
 
     def _publish(
         self, topic: str, frame: bytes, kind: str, round: int, *, qos: int, retain: bool
@@ -250,8 +255,9 @@ class Endpoint:
             )
         self._send_chunked(topic, kind, round, frame, qos, limit)
 
-    def _seal(self, frame: bytes) -> bytes:
-        return self.signer.sign(frame) if self.signer is not None else frame
+    def seal(self, unsigned: bytes) -> bytes:
+        """An unsigned frame as this endpoint publishes it: signed, if it signs."""
+        return self.signer.sign(unsigned) if self.signer is not None else unsigned
 
     def _frame_limit(self, topic: str) -> int:
         limit = self.chunking.threshold
@@ -262,7 +268,7 @@ class Endpoint:
 
     def _chunk_frame(self, chunk: Chunk, round: int) -> bytes:
         env = Envelope(body=chunk, sender=self.sender, federation=self.federation, round=round)
-        return self._seal(encode(env))
+        return self.seal(encode(env))
 
     def _piece_size(self, frame_len: int, limit: int, round: int) -> int:
         # Measure, not guess, what a chunk envelope (and its signature) adds around the data:

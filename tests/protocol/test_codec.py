@@ -72,11 +72,16 @@ def test_fields_that_cannot_be_spliced_are_refused(fields: tuple[str, ...], mess
         FrameTemplate.of(ENV, fields)
 
 
-def test_a_field_with_a_default_is_refused_since_its_frame_may_omit_it() -> None:
+def test_a_field_with_a_default_splices_any_other_value_and_refuses_the_default() -> None:
     # Ack.reason == "" is left out of the frame: a spliced "" would not be canonical
-    env = Envelope(body=Ack(ref_id="r", reason="x"), sender="coordinator")
-    with pytest.raises(ValueError, match="has a default"):
-        FrameTemplate.of(env, ("reason",))
+    env = Envelope(body=Ack(ref_id="r", accepted=False), sender="coordinator", ts=1.0)
+    template = FrameTemplate.of(env, ("ref_id", "reason"))
+    frame = template.fill("m1", "ref", "late")
+    assert frame == encode(
+        replace(env, msg_id="m1", body=replace(env.body, ref_id="ref", reason="late"))
+    )
+    with pytest.raises(ValueError, match="default"):
+        template.fill("m2", "ref", "")
 
 
 def test_fill_needs_one_value_per_field() -> None:
