@@ -119,22 +119,23 @@ def mean_prototypes(
     ):
         raise AggregationError(f"prototype dimensions differ across replies: {sorted(dims)}")
     dim = dims.pop()
-    table = np.zeros((num_classes, dim), np.float64)
-    hits = np.zeros(num_classes, np.int64)
-    counts = np.zeros(num_classes, np.int64)
-    for s in sets:
-        table[s.class_ids] += s.vectors
-        hits[s.class_ids] += 1
-        counts[s.class_ids] += s.counts
+    held = [s for s in sets if s.class_ids.size]  # an empty set's vectors may be 0 x anything
+    class_ids = np.concatenate([s.class_ids for s in held]).astype(np.int64, copy=False)
+    vectors = np.concatenate([s.vectors for s in held])
+    # bincount adds each bin's weights in input order, as `table[ids] += vectors` set after
+    # set would: the same sums to the bit, ~5x faster at 10,000 replies (issue 21)
+    cells = (class_ids[:, None] * dim + np.arange(dim)).ravel()
+    table = np.bincount(cells, weights=vectors.ravel(), minlength=num_classes * dim)
+    table = table.reshape(num_classes, dim)
+    hits = np.bincount(class_ids, minlength=num_classes)
+    counts = np.bincount(
+        class_ids, weights=np.concatenate([s.counts for s in held]), minlength=num_classes
+    ).astype(np.int64)  # exact: sample counts are far below 2**53
     new = hits > 0
     if rule.plain:
         table[new] /= hits[new, None]
     else:
-        ids, robust = reduce_by_class(
-            np.concatenate([s.class_ids for s in sets]),
-            np.concatenate([s.vectors for s in sets]),
-            rule,
-        )
+        ids, robust = reduce_by_class(class_ids, vectors, rule)
         table[ids] = robust
     if current is not None:
         for i, c in enumerate(current.class_ids):

@@ -48,6 +48,30 @@ def test_mean_prototypes_per_class_over_holders_only() -> None:
     np.testing.assert_allclose(table[2], [9.0, 9.0])
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_mean_prototypes_sums_each_class_in_reply_order_to_the_bit(seed: int) -> None:
+    # the sums are float64 additions, set after set: a faster sum must not change one bit
+    rng = np.random.default_rng(seed)
+    sets = []
+    for _ in range(200):
+        ids = np.sort(rng.choice(10, rng.integers(0, 6), replace=False))
+        scale = 10.0 ** rng.uniform(-4, 4, (ids.size, 1))  # wide magnitudes: order matters
+        vecs = (rng.normal(size=(ids.size, 7)) * scale).astype(np.float32)
+        sets.append(PrototypeSet(ids, vecs, rng.integers(1, 1000, ids.size)))
+    sums, hits, counts = np.zeros((10, 7)), np.zeros(10, np.int64), np.zeros(10, np.int64)
+    for p in sets:
+        sums[p.class_ids] += p.vectors
+        hits[p.class_ids] += 1
+        counts[p.class_ids] += p.counts
+    out = mean_prototypes(None, sets, num_classes=10)
+    assert out is not None
+    held = hits > 0
+    np.testing.assert_array_equal(out.class_ids, np.nonzero(held)[0])
+    expected = (sums[held] / hits[held, None]).astype(np.float32)
+    assert out.vectors.tobytes() == expected.tobytes()
+    np.testing.assert_array_equal(out.counts, counts[held])
+
+
 def test_mean_prototypes_rejects_mixed_dimensions() -> None:
     with pytest.raises(AggregationError, match="dimensions differ"):
         mean_prototypes(None, [protos([0], [[1.0]]), protos([1], [[1.0, 2.0]])], num_classes=4)
