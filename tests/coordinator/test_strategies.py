@@ -52,7 +52,8 @@ def test_mean_prototypes_per_class_over_holders_only() -> None:
 def test_mean_prototypes_sums_each_class_in_reply_order_to_the_bit(seed: int) -> None:
     # the sums are float64 additions, set after set: a faster sum must not change one bit
     rng = np.random.default_rng(seed)
-    sets = []
+    # cancellation: in reply order (1e30 + 1) - 1e30 = 0; summed in another order, 1
+    sets = [protos([0], [[v] * 7]) for v in (1e30, 1.0, -1e30)]
     for _ in range(200):
         ids = np.sort(rng.choice(10, rng.integers(0, 6), replace=False))
         scale = 10.0 ** rng.uniform(-4, 4, (ids.size, 1))  # wide magnitudes: order matters
