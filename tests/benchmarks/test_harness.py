@@ -215,3 +215,15 @@ def test_paired_diffs_pair_by_seed_and_skip_missing_values() -> None:
 def test_code_label_is_a_short_revision_or_unknown() -> None:
     label = harness.code_label()
     assert label == "unknown" or (label and " " not in label)
+
+
+def test_a_run_trains_on_the_server_where_told_else_where_its_agents_train(
+    tmp_path: Path,
+) -> None:
+    base = harness.SimRun(
+        algorithm="velo", hyper={}, seed=0, rounds=1, clients=2, models=("mlp_s",), device="cpu"
+    )
+    assert base.config_values(tmp_path)["server_device"] == "cpu"
+    split = harness.SimRun(**{**base.__dict__, "server_device": "cuda"})
+    assert split.config_values(tmp_path)["server_device"] == "cuda"
+    assert split.fleet().device == "cpu"  # the agents stay where --device puts them
