@@ -133,8 +133,10 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
 
     status = [(topics.status(d), frame(d, Status(state="online"))) for d in ids]
     regs = []
+    registered: dict[str, int] = {}  # a reply may count at most its agent's registered samples
     for d in ids:
         counts = {str(int(c)): int(rng.integers(20, 200)) for c in held[d]}
+        registered[d] = sum(counts.values())
         reg = Register(
             device_id=d,
             arch="resnet18",
@@ -169,7 +171,7 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
             task_id=task.task_id,
             round=task.round,
             phase=task.phase,
-            num_samples=int(50 * len(k)),
+            num_samples=min(int(50 * len(k)), registered[d]),
             payloads={"protos": protos},
             metrics={"acc_local": 0.5, "acc_global": 0.4, "train_loss": 1.0},
         )
