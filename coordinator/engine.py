@@ -163,6 +163,7 @@ class Coordinator:
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._ack_frames = AckFrames(endpoint)
+        self._updates: list[tuple[int, str, str, str, bytes]] = []  # the batch's accepted replies
         self._touched: dict[str, bool | None] = {}  # agents heard from in the batch: online?
         self._registered: dict[str, bytes] = {}  # registrations of the batch: their frames
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
@@ -610,8 +611,11 @@ class Coordinator:
         if not batch:
             return
         with self.store.transaction():
+            self.desk.prefetch([env.msg_id for env, _ in batch if isinstance(env.body, Reply)])
             for env, topic in batch:
                 self._handle(env, topic)
+            updates, self._updates = self._updates, []
+            self.store.add_updates(updates)  # one statement a batch, before its acks leave
             registered, self._registered = self._registered, {}
             self.store.upsert_agents(registered)  # one statement a batch, not one a message,
             touched, self._touched = self._touched, {}
@@ -813,7 +817,8 @@ class Coordinator:
         if verdict.store and open_step is not None:
             # the frame as received (already validated): encoding it again cost 5-10 % per reply
             blob = env.wire or encode(env)
-            self.store.add_update(open_step.rec.idx, device, env.msg_id, reply.task_id, blob)
+            self._updates.append((open_step.rec.idx, device, env.msg_id, reply.task_id, blob))
+            self.desk.mark_stored(env.msg_id)
             open_step.replied(device, reply)
         self._ack(self.topics.down(device, "ack"), verdict.ack)  # sent after the commit
 

@@ -172,6 +172,7 @@ class IngestWorker:
     def process(self, batch: list[tuple[Envelope, str]]) -> None:
         """Judge ``batch`` outside the write lock, store it in one transaction, then ack."""
         self._refresh()
+        self.desk.prefetch([env.msg_id for env, _ in batch if isinstance(env.body, Reply)])
         judged = [j for env, topic in batch if (j := self._judge(env, topic)) is not None]
         acks = []
         t0 = time.perf_counter()
@@ -229,6 +230,7 @@ class IngestWorker:
                 self.counts["deferred"] += 1
                 return False
             self.counts["stored"] += int(stored)
+            self.desk.mark_stored(env.msg_id)
         if verdict.fail is not None and intake is not None:
             self.store.add_refusal(intake["step"], intake["attempt"], device, verdict.fail)
         return True

@@ -114,6 +114,24 @@ class ReplyDesk:
         self.strategy = strategy
         self.store = store
         self.refused: dict[str, str] = {}  # msg_id -> reason, so that a resend counts once
+        self._asked: set[str] = set()  # the message ids of the batch being judged...
+        self._stored: set[str] = set()  # ...and those of them stored (before or in it)
+
+    def prefetch(self, msg_ids: list[str]) -> None:
+        """Look up in one query which of a batch's replies are already stored, instead of
+        one query a reply in :meth:`judge`; :meth:`mark_stored` then records the batch's own."""
+        self._asked, self._stored = set(msg_ids), self.store.stored_msgs(msg_ids)
+
+    def mark_stored(self, msg_id: str) -> None:
+        """``msg_id`` is stored within the batch (its row is written with the batch's)."""
+        self._asked.add(msg_id)
+        self._stored.add(msg_id)
+
+    def is_stored(self, msg_id: str) -> bool:
+        """Whether a reply with this message id is stored (the batch's lookup, else the store)."""
+        if msg_id in self._asked:
+            return msg_id in self._stored
+        return self.store.has_update_msg(msg_id)
 
     def judge(
         self,
@@ -126,7 +144,7 @@ class ReplyDesk:
         """``step``: the open step (``None``: none is open); ``task``: the id of the task the
         open step sent ``env.sender`` (``None``: it has none); ``agent``: its registration."""
         accepted = Ack(ref_id=env.msg_id, task_id=reply.task_id)
-        if self.store.has_update_msg(env.msg_id):  # resent after a lost ack: already durable
+        if self.is_stored(env.msg_id):  # resent after a lost ack: already durable
             return Verdict(accepted)
         if env.msg_id in self.refused:  # resent before our refusal reached it
             return self._refuse(env, reply, self.refused[env.msg_id])

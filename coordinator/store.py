@@ -287,6 +287,27 @@ class Store:
             )
         )
 
+    def add_updates(self, rows: list[tuple[int, str, str, str, bytes]]) -> None:
+        """Store a batch's accepted replies ``(step, device_id, msg_id, task_id, envelope)`` in
+        one statement (:meth:`add_update`'s, a reply already stored for its step ignored)."""
+        now = time.time()
+        self.db.executemany(
+            "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?)",
+            [(*row, now) for row in rows],
+        )
+
+    def stored_msgs(self, msg_ids: list[str]) -> set[str]:
+        """The ones of ``msg_ids`` already stored (:meth:`has_update_msg`), in one query."""
+        if not msg_ids:
+            return set()
+        marks = ",".join("?" * len(msg_ids))
+        rows = self.db.execute(
+            f"SELECT msg_id FROM updates WHERE msg_id IN ({marks}) "  # placeholders only
+            f"UNION SELECT msg_id FROM quarantine WHERE msg_id IN ({marks})",
+            (*msg_ids, *msg_ids),
+        )
+        return {row[0] for row in rows}
+
     def has_update_msg(self, msg_id: str) -> bool:
         """Whether a reply with this message id is already stored (any step, quarantine too)."""
         row = self.db.execute(  # one statement a reply (both tables are indexed by msg_id)

@@ -563,13 +563,13 @@ def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatc
     agents = start_agents(cfg, broker)
     coord = start_coordinator(cfg, broker)
     stored: list[bytes] = []
-    original = coord.store.add_update
+    original = coord.store.add_updates
 
-    def record(step, device_id, msg_id, task_id, envelope):
-        stored.append(envelope)
-        return original(step, device_id, msg_id, task_id, envelope)
+    def record(rows):
+        stored.extend(envelope for *_, envelope in rows)
+        return original(rows)
 
-    coord.store.add_update = record  # type: ignore[method-assign]
+    coord.store.add_updates = record  # type: ignore[method-assign]
     coord.run()
     assert stored and set(stored) <= sent
     assert "reply" not in encoded and "register" not in encoded

@@ -23,6 +23,17 @@ def test_update_is_stored_once_and_survives_reopen(tmp_path: Path) -> None:
     assert again.last_done_step() == -1
 
 
+def test_a_batch_of_updates_is_stored_once_and_looked_up_in_one_query(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.open_step(StepRecord(0, 1, "train", ["a", "b"], "open", 0))
+    store.add_update(0, "a", "m1", "t1", b"env")
+    store.add_updates([(0, "b", "m2", "t2", b"env2"), (0, "a", "m3", "t1", b"again")])
+    assert [u[:2] for u in store.updates(0)] == [("a", "m1"), ("b", "m2")]  # a's second ignored
+    assert store.stored_msgs(["m1", "m2", "m3", "nope"]) == {"m1", "m2"}
+    assert store.stored_msgs([]) == set()
+    assert store.has_update_msg("m2") and not store.has_update_msg("m3")
+
+
 def test_complete_step_persists_state_and_metrics(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     store.open_step(StepRecord(0, 1, "train", ["a"], "open", 0))

@@ -24,6 +24,7 @@ def test_failed_aggregation_quarantines_updates_and_closes_the_step(tmp_path: Pa
     assert again.updates(1) == []
     assert again.quarantined(1) == [("a", "m1", "shapes differ"), ("b", "m2", "shapes differ")]
     assert again.has_update_msg("m1")  # a resent reply is acknowledged as a duplicate
+    assert again.stored_msgs(["m1", "m2", "m3"]) == {"m1", "m2"}  # the batch lookup too
     assert again.last_closed_step() == 1 and again.last_done_step() == 0
     assert [m["round"] for m in again.metrics()] == [1, 2]
 
