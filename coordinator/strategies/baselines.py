@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from coordinator.aggregation import MEAN, RobustRule, reduce_by_class, weighted_mean
@@ -122,17 +124,22 @@ def mean_prototypes(
     held = [s for s in sets if s.class_ids.size]  # an empty set's vectors may be 0 x anything
     class_ids = np.concatenate([s.class_ids for s in held]).astype(np.int64, copy=False)
     vectors = np.concatenate([s.vectors for s in held])
-    # bincount adds each bin's weights in input order, as `table[ids] += vectors` set after
-    # set would: the same sums to the bit, ~5x faster at 10,000 replies (issue 21)
-    cells = (class_ids[:, None] * dim + np.arange(dim)).ravel()
-    sums = np.bincount(cells, weights=vectors.ravel(), minlength=num_classes * dim)
-    table = sums.astype(np.float64, copy=False).reshape(num_classes, dim)  # float64 already
     hits = np.bincount(class_ids, minlength=num_classes)
     counts = np.bincount(
         class_ids, weights=np.concatenate([s.counts for s in held]), minlength=num_classes
     ).astype(np.int64)  # exact: sample counts are far below 2**53
+    # One reduction per class over its rows in reply order: a reduction along axis 0 adds row
+    # after row, as `table[ids] += vectors` set after set did, so the sums are the same to the
+    # bit (tested), 4-12x faster at 10,000 replies; the transient copy is the size of the
+    # replies' prototypes (~60 MB at 10,000 replies of 3 x 512 floats).
+    table = np.zeros((num_classes, dim), np.float64)
     new = hits > 0
     if rule.plain:
+        order = np.argsort(class_ids, kind="stable")
+        sorted_ids = class_ids[order]
+        bounds = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1], True])
+        for a, b in itertools.pairwise(bounds.tolist()):
+            table[sorted_ids[a]] = np.add.reduce(vectors[order[a:b]], axis=0, dtype=np.float64)
         table[new] /= hits[new, None]
     else:
         ids, robust = reduce_by_class(class_ids, vectors, rule)
