@@ -116,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--min-size", type=int, default=40, help="HtFLlib: batch / (1 - 0.75)")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="where the agents train (cpu, cuda); not part of a run's identity",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/fedproto_reference.json")
     ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
     ap.add_argument("--table-only", action="store_true")
@@ -180,15 +185,15 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
+def execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[str, Any]:
     """One simulation, reduced to its accuracies (or the error)."""
     try:
-        return _execute(spec, threads)
+        return _execute(spec, threads, device)
     except BaseException as exc:
         return {"spec": spec, "error": f"{type(exc).__name__}: {exc}", "tb": traceback.format_exc()}
 
 
-def _execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
+def _execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     from coordinator.config import load_config
@@ -220,6 +225,7 @@ def _execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
             data=spec["data"],
             partition_file=str(split),
             global_test_size=0,
+            device=device,
             **{"feature_dim": spec["feature_dim"], **spec["fleet"]},
         )
         t0 = time.time()
@@ -227,7 +233,7 @@ def _execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
         wall = time.time() - t0
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return {"spec": spec, "wall_s": wall, **summarize(result.metrics, sizes)}
+    return {"spec": spec, "wall_s": wall, "device": device, **summarize(result.metrics, sizes)}
 
 
 def _weighted(agents: dict[str, Any], sizes: list[int], key: str = "acc_local") -> float | None:
@@ -431,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{len(todo)} runs to do, {len(runs)} in {args.out}", flush=True)
         t0 = time.time()
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(execute, s, args.threads) for s in todo]
+            futures = [pool.submit(execute, s, args.threads, args.device) for s in todo]
             for fut in as_completed(futures):
                 r = fut.result()
                 s = r["spec"]
