@@ -390,6 +390,13 @@ class LeanMqttTransport(MqttClient):
             return True
         return False
 
+    def _nothing_queued(self) -> bool:
+        """No packet waits to be written. :meth:`close` may queue DISCONNECT after
+        :meth:`_serve` last took the queue: leaving without it made the broker publish the
+        last will ("offline") over a finished run's retained state."""
+        with self._lock:
+            return not self._out
+
     def _serve(self, sock: socket.socket | ssl.SSLSocket) -> None:
         """Read, dispatch and write until the connection ends or the transport stops."""
         selector = selectors.DefaultSelector()
@@ -412,7 +419,7 @@ class LeanMqttTransport(MqttClient):
                     sent = _send(sock, pending)
                     if sent:
                         pending, last_out = pending[sent:], time.monotonic()
-                if self._stop.is_set() and not pending:
+                if self._stop.is_set() and not pending and self._nothing_queued():
                     return
                 if pending and not writing:
                     selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)

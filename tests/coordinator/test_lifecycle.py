@@ -264,7 +264,7 @@ def test_two_federations_run_on_one_mosquitto_at_once(mosquitto, tmp_path: Path)
 
 
 def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path: Path) -> None:
-    from coordinator.cli import _demo_config
+    from coordinator.cli import DEMO_DEFAULTS, _demo_config
 
     toml = tmp_path / "run.toml"
     toml.write_text('[run]\nalgorithm = "fedproto"\nrounds = 3\n')
@@ -273,7 +273,7 @@ def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path
     cfg = _demo_config(build_parser().parse_args([*base, "--config", str(toml)]))
     assert (cfg.algorithm, cfg.rounds) == ("fedproto", 3)
     cfg = _demo_config(build_parser().parse_args(base))
-    assert cfg.algorithm == "fedvtc"  # nothing given: the demo's default
+    assert cfg.algorithm == DEMO_DEFAULTS["algorithm"] == "fedktl"  # nothing given: the default
     # keys the demo sets itself are refused, not silently overridden
     for key in ("run.broker=h:1883", "run.min_agents=9", "run.embedded_port=1884"):
         with pytest.raises(ConfigError, match="has no effect in `coordinator demo`"):
