@@ -357,6 +357,10 @@ def run_grid(
         # read it: keep them, or this save would drop them
         have = {spec_key(x["spec"]) for x in runs}
         runs.extend(x for x in load_results(out)[0] if spec_key(x["spec"]) not in have)
+        if key not in have and any(spec_key(x["spec"]) == key for x in runs):
+            # ...including this very spec: the run recorded first stays, as with --merge
+            print(f"{head} already recorded by another process; this result is not kept")
+            return
         if "error" in r:
             failures.append(r)
             save_results(out, runs, failures)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -87,6 +88,17 @@ def test_a_grid_keeps_the_runs_another_process_saved_to_its_file_meanwhile(
     saved = harness.load_results(out)[0]
     assert {r["spec"]["method"] for r in saved} == {"a", "other"}
     assert saved == runs
+
+
+def test_a_spec_another_process_recorded_meanwhile_keeps_that_run_only(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+
+    def execute(s: Record) -> Record:  # another grid finishes the same spec first
+        harness.save_results(out, [run("a", 0, 0.3)], [], command="other")
+        return {"spec": s, "acc": 0.5}
+
+    harness.run_grid(out, [spec("a")], execute, describe=str)
+    assert harness.load_results(out) == ([run("a", 0, 0.3)], [])  # once, the first recorded
 
 
 def test_pending_keeps_order_and_skips_only_recorded_runs() -> None:
@@ -224,6 +236,6 @@ def test_a_run_trains_on_the_server_where_told_else_where_its_agents_train(
         algorithm="velo", hyper={}, seed=0, rounds=1, clients=2, models=("mlp_s",), device="cpu"
     )
     assert base.config_values(tmp_path)["server_device"] == "cpu"
-    split = harness.SimRun(**{**base.__dict__, "server_device": "cuda"})
+    split = dataclasses.replace(base, server_device="cuda")
     assert split.config_values(tmp_path)["server_device"] == "cuda"
     assert split.fleet().device == "cpu"  # the agents stay where --device puts them
