@@ -38,8 +38,9 @@ from protocol.chunking import (
 from protocol.codec import Envelope, Limits, decode_frame_map, encode, envelope_from_map
 from protocol.errors import LimitError, ProtocolError, SignatureError, TransportError
 from protocol.messages import Chunk, ChunkRequest, Message
+from protocol.routes import Routes
 from protocol.signing import Signer, Verifier
-from protocol.topics import Topics, matches
+from protocol.topics import Topics
 from protocol.transport import Transport
 
 __all__ = ["Endpoint", "EnvelopeHandler", "TrafficCounter"]
@@ -47,7 +48,6 @@ __all__ = ["Endpoint", "EnvelopeHandler", "TrafficCounter"]
 EnvelopeHandler = Callable[[Envelope, str], None]
 MQTT_HEADROOM = 64  # fixed header, packet id and MQTT 5 properties around a PUBLISH payload
 INVALID = "invalid"  # traffic kind of frames rejected before their kind was known
-MAX_ROUTES = 1 << 16  # topics whose matching handlers are remembered (per-device topics)
 
 
 @dataclass
@@ -161,11 +161,7 @@ class Endpoint:
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._seen_lock = threading.Lock()
         self._dedupe_window = dedupe_window
-        self._handlers: list[tuple[str, EnvelopeHandler]] = []
-        self._handlers_lock = threading.Lock()
-        # topic -> its handlers: matching every filter against every message's topic cost
-        # ~90 us a message at 6 filters; cleared on subscribe and when it grows past a bound
-        self._routes: dict[str, list[EnvelopeHandler]] = {}
+        self._routes: Routes[EnvelopeHandler] = Routes(distinct=False)
         self._reassembler = Reassembler(chunking, limits.max_message, clock)
         self._sent = SentCache(chunking.sent_cache_bytes)
         self._request_filters: set[str] = set()
@@ -321,9 +317,7 @@ class Endpoint:
     def deliver_locally(self, topic_filter: str, handler: EnvelopeHandler) -> None:
         """Route envelopes on topics matching ``topic_filter`` to ``handler`` without
         subscribing to them: for frames that reach this endpoint through :meth:`inject`."""
-        with self._handlers_lock:
-            self._handlers.append((topic_filter, handler))
-            self._routes = {}
+        self._routes.add(topic_filter, handler)
 
     def inject(self, topic: str, frame: bytes) -> None:
         """Take ``frame`` as if the transport had delivered it on ``topic``: verified,
@@ -392,14 +386,7 @@ class Endpoint:
         if isinstance(env.body, ChunkRequest):
             self._on_chunk_request(env.body, env.sender)
             return
-        targets = self._routes.get(topic)
-        if targets is None:
-            with self._handlers_lock:
-                targets = [h for f, h in self._handlers if matches(f, topic)]
-                if len(self._routes) >= MAX_ROUTES:
-                    self._routes = {}
-                self._routes[topic] = targets
-        for handler in targets:
+        for handler in self._routes.handlers(topic):
             self._call(handler, env, topic)
 
     def _call(self, handler: EnvelopeHandler, env: Envelope, topic: str) -> None:

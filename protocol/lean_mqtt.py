@@ -48,13 +48,12 @@ from protocol.mqtt_packets import (
     publish_packet,
     subscribe_packet,
 )
-from protocol.topics import matches
+from protocol.routes import Routes
 from protocol.transport import Handler, TlsOptions, Will
 
 __all__ = ["LeanMqttTransport"]
 
 READ_SIZE = 1 << 20
-MAX_ROUTES = 100_000  # cached topic -> handlers entries before the cache starts over
 
 
 class _LostError(Exception):
@@ -113,7 +112,7 @@ class LeanMqttTransport(MqttClient):
         self._tls = None if tls is None else _tls_context(tls)
         self._lock = threading.Lock()
         self._subs: list[tuple[str, Handler, int]] = []
-        self._routes: dict[str, list[Handler]] = {}
+        self._routes: Routes[Handler] = Routes(distinct=True)
         self._inflight: dict[int, bytes] = {}  # QoS 1 packets sent or queued, not yet acked
         self._suback: dict[int, tuple[threading.Event, list[int]]] = {}
         self._out: list[bytes] = []  # queued for the network thread, in order
@@ -237,7 +236,7 @@ class LeanMqttTransport(MqttClient):
             raise TransportError(f"subscribe: invalid filter {topic_filter!r} or qos {qos!r}")
         with self._lock:
             self._subs.append((topic_filter, handler, min(qos, 1)))
-            self._routes.clear()
+            self._routes.add(topic_filter, handler)
             waits = self._send_subscribe([(topic_filter, min(qos, 1))]) if self._connected else []
         # from a handler the SUBACK can only arrive after it returns: do not wait for it there
         if waits and threading.current_thread() is not self._thread:
@@ -501,15 +500,7 @@ class LeanMqttTransport(MqttClient):
                 self._out.append(b"".join(acks))
 
     def _deliver(self, topic: str, payload: bytes) -> None:
-        targets = self._routes.get(topic)
-        if targets is None:
-            with self._lock:
-                # one call per distinct handler, however many of its filters match
-                targets = list(dict.fromkeys(h for f, h, _ in self._subs if matches(f, topic)))
-                if len(self._routes) >= MAX_ROUTES:
-                    self._routes.clear()
-                self._routes[topic] = targets
-        for handler in targets:
+        for handler in self._routes.handlers(topic):
             try:
                 handler(topic, payload)
             except Exception:  # a failing handler must not stop the network thread

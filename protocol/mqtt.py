@@ -28,7 +28,7 @@ from paho.mqtt.properties import Properties
 
 from protocol.errors import ConfigError, ConnectError, TransportError
 from protocol.mqtt_client import MqttClient, SessionRefusedError
-from protocol.topics import matches
+from protocol.routes import Routes
 from protocol.transport import Handler, TlsOptions, Will
 
 __all__ = ["DEFAULT_PORT", "MqttTransport", "TlsOptions", "parse_broker"]
@@ -118,6 +118,7 @@ class MqttTransport(MqttClient):
         self.session_expiry = session_expiry
         self._lock = threading.Lock()
         self._subs: list[tuple[str, Handler, int]] = []
+        self._routes: Routes[Handler] = Routes(distinct=True)
         self._suback: dict[int, tuple[threading.Event, list[str]]] = {}
         self._connack = threading.Event()
         self._connack_error: str | None = None
@@ -289,6 +290,7 @@ class MqttTransport(MqttClient):
             raise TransportError(f"subscribe: invalid filter {topic_filter!r} or qos {qos!r}")
         with self._lock:
             self._subs.append((topic_filter, handler, qos))
+            self._routes.add(topic_filter, handler)
         if self._connected:
             self._send_subscribe(
                 [(topic_filter, qos)], wait=threading.get_ident() != self._loop_ident
@@ -384,10 +386,7 @@ class MqttTransport(MqttClient):
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
         self._loop_ident = threading.get_ident()
         topic, payload = msg.topic, bytes(msg.payload)
-        with self._lock:
-            # one call per distinct handler, however many of its filters match
-            targets = list(dict.fromkeys(h for f, h, _ in self._subs if matches(f, topic)))
-        for handler in targets:
+        for handler in self._routes.handlers(topic):
             try:
                 handler(topic, payload)
             except Exception:  # a failing handler must not kill paho's network thread
