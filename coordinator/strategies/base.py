@@ -184,7 +184,11 @@ class Strategy(Generic[C]):
         return {}
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Reject a reply that cannot be aggregated (raise :class:`ValidationError`)."""
+        """Reject a reply that cannot be aggregated (raise :class:`ValidationError`).
+
+        Runs after :meth:`check_values` (``ReplyDesk.check``): every float of the reply is
+        already within its bound, so this checks structure and meaning, not magnitudes again.
+        """
 
     def aggregators(self) -> dict[str, Aggregator]:
         """Phase -> handler of that phase's replies; a phase without one aggregates nothing.
@@ -253,7 +257,8 @@ class Strategy(Generic[C]):
     def check_prototypes(
         self, agent: AgentInfo, reply: Reply, key: str, dim: int | None
     ) -> PrototypeSet:
-        """A reply's prototype payload, checked against the federation and the agent's classes."""
+        """A reply's prototype payload, checked against the federation and the agent's classes
+        (its values were bounded by :meth:`check_values` before :meth:`validate`)."""
         protos = reply.payloads.get(key)
         if not isinstance(protos, PrototypeSet):
             got = "nothing" if protos is None else type(protos).KIND
@@ -272,9 +277,6 @@ class Strategy(Generic[C]):
             )
         if dim is not None and protos.class_ids.size and protos.dim != dim:
             raise ValidationError(f"reply.payloads.{key}.vectors", f"dimension {dim}", protos.dim)
-        check_max_abs(protos.vectors, self.max_abs_feature, f"reply.payloads.{key}.vectors")
-        if protos.sd is not None:
-            check_max_abs(protos.sd, self.max_abs_feature, f"reply.payloads.{key}.sd")
         return protos
 
     def check_values(self, reply: Reply) -> None:

@@ -92,12 +92,10 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             )
         if self.config.generator_exchange == "every_round":  # optional in the schema only
             self._validate_upload(step, agent, reply)
-        self.check_values(reply)
         self.pin_dim(step, "protos", protos)
 
     def _validate_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         gen = self.payload(reply, "generator", TensorMap)
-        self.check_values(reply)
         if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
             raise ValidationError(
                 "reply.payloads.generator",
