@@ -44,6 +44,8 @@ Usage::
 
     python benchmarks/bench_coordinator.py --agents 1000 --rounds 6
     python benchmarks/bench_coordinator.py --agents 1000 --rounds 6 --ingest-workers 2
+    python benchmarks/bench_coordinator.py --agents 100 --rounds 4 --weights-kb 1024 \
+        --ingest-workers 0 2    # FedAvg-sized chunked replies: in-process vs relayed
 """
 
 from __future__ import annotations
@@ -75,17 +77,26 @@ def _device_of(topic: str) -> str:
 
 
 def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
-    port: int, n: int, dim: int, num_classes: int, out: Any, stop: Any, expect: Any, raw: Any
+    port: int,
+    n: int,
+    dim: int,
+    num_classes: int,
+    out: Any,
+    stop: Any,
+    expect: Any,
+    raw: Any,
+    weights_kb: int = 0,
 ) -> None:
     """Child process: N fake agents; reports per-step timestamps and raw-consumer bursts."""
     import msgpack
     import numpy as np
 
+    from protocol.chunking import DEFAULT_CHUNK_POLICY, split_frame
     from protocol.codec import Envelope, encode
     from protocol.endpoint import Endpoint
     from protocol.lean_mqtt import LeanMqttTransport
     from protocol.messages import Capabilities, InputSpec, Register, Reply, Status, Task
-    from protocol.payloads import PrototypeSet
+    from protocol.payloads import PrototypeSet, TensorMap
     from protocol.topics import Topics
 
     logging.basicConfig(level=logging.ERROR)
@@ -131,6 +142,15 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
     def frame(d: str, body: Any, round_: int = 0) -> bytes:
         return encode(Envelope(body=body, sender=d, federation=FEDERATION, round=round_))
 
+    threshold = DEFAULT_CHUNK_POLICY.threshold
+
+    def reply_frames(d: str, reply: Reply, round_: int) -> list[tuple[str, bytes]]:
+        """The reply as its agent's endpoint sends it: whole, or as chunk frames."""
+        whole, topic = frame(d, reply, round_), topics.up(d, "reply")
+        if len(whole) <= threshold:
+            return [(topic, whole)]
+        return [(topic, frame(d, c, round_)) for c in split_frame(whole, threshold - 512)]
+
     status = [(topics.status(d), frame(d, Status(state="online"))) for d in ids]
     regs = []
     registered: dict[str, int] = {}  # a reply may count at most its agent's registered samples
@@ -145,7 +165,7 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
             input_spec=InputSpec(3, 32, 32),
             num_classes=num_classes,
             class_counts=counts,
-            algorithm="fedproto",
+            algorithm="fedavg" if weights_kb else "fedproto",
         )
         regs.append((topics.up(d, "register"), frame(d, reg)))
     times["registration_start"] = time.perf_counter()
@@ -162,6 +182,17 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
                 metrics={"acc_local": 0.5},
             )
         k = held[d]
+        samples = min(int(50 * len(k)), registered[d])
+        if weights_kb:  # FedAvg-sized: one float32 tensor of weights_kb KiB
+            w = rng.standard_normal(weights_kb * 256, dtype=np.float32)
+            return Reply(
+                task_id=task.task_id,
+                round=task.round,
+                phase=task.phase,
+                num_samples=samples,
+                payloads={"weights": TensorMap({"w": w})},
+                metrics={"acc_local": 0.5, "train_loss": 1.0},
+            )
         protos = PrototypeSet(
             class_ids=k.astype(np.int32),
             vectors=rng.standard_normal((len(k), dim), dtype=np.float32),
@@ -171,7 +202,7 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
             task_id=task.task_id,
             round=task.round,
             phase=task.phase,
-            num_samples=min(int(50 * len(k)), registered[d]),
+            num_samples=samples,
             payloads={"protos": protos},
             metrics={"acc_local": 0.5, "acc_global": 0.4, "train_loss": 1.0},
         )
@@ -184,7 +215,8 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
         t0 = time.perf_counter()
         pub.publish_many(replay)
         count, size, _first, last = raw.get(timeout=120)
-        times["raw"][step] = (t0, last, count, size)
+        per_reply = len(frames) / n  # chunk frames per reply (1: whole replies)
+        times["raw"][step] = (t0, last, count / per_reply, size)
 
     def worker() -> None:
         pending: dict[int, list[tuple[str, Task]]] = {}
@@ -200,7 +232,7 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
                 continue
             batch = pending.pop(step)
             times["phase"][step] = batch[0][1].phase
-            frames = [(topics.up(d, "reply"), frame(d, reply_for(d, t), t.round)) for d, t in batch]
+            frames = [f for d, t in batch for f in reply_frames(d, reply_for(d, t), t.round)]
             if previous:
                 raw_burst(step, previous)
             stamp("reply", step)
@@ -252,6 +284,7 @@ def run_one(
     ingest_workers: int = 0,
     client: str = "lean",
     profile: str | None = None,
+    weights_kb: int = 0,
 ) -> dict[str, Any]:
     """One coordinator run with ``n`` fake agents; returns the figures for that N."""
     from coordinator.config import load_config
@@ -276,7 +309,7 @@ def run_one(
         cfg = load_config(
             None,
             [],
-            algorithm="fedproto",
+            algorithm="fedavg" if weights_kb else "fedproto",
             rounds=rounds,
             run_dir=str(Path(tmp) / "run"),
             min_agents=n,
@@ -310,7 +343,8 @@ def run_one(
         timer = _OnlineTimer()
         logger.addHandler(timer)
         fleet = ctx.Process(
-            target=fleet_main, args=(broker.port, n, dim, num_classes, out, stop, expect, raw)
+            target=fleet_main,
+            args=(broker.port, n, dim, num_classes, out, stop, expect, raw, weights_kb),
         )
         fleet.start()
         sends = _time_sends(transport)
@@ -471,6 +505,14 @@ def main(argv: list[str] | None = None) -> None:
         "turn, per N and worker count)",
     )
     ap.add_argument(
+        "--weights-kb",
+        type=int,
+        default=0,
+        help="FedAvg-sized replies: K KiB of float32 weights each (algorithm fedavg; a reply "
+        "over the 256 KiB chunk threshold goes as chunk frames, as an agent sends it; with "
+        "ingest workers the chunks are relayed to the leader). 0: FedProto prototypes",
+    )
+    ap.add_argument(
         "--profile",
         metavar="FILE",
         default=None,
@@ -494,6 +536,7 @@ def main(argv: list[str] | None = None) -> None:
             ingest_workers=workers,
             client=client,
             profile=args.profile,
+            weights_kb=args.weights_kb,
         )
         r["load_before"] = [round(x, 2) for x in load]
         r["load_after"] = [round(x, 2) for x in os.getloadavg()]

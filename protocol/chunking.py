@@ -52,7 +52,11 @@ class ChunkPolicy:
         max_requests: Chunk requests per partial message before giving up on it.
         partial_timeout: Seconds without a new chunk before a partial message is dropped.
         max_partials: Partial messages held at once (per endpoint). When full, a new message
-            evicts the partial that has gone longest without a new chunk.
+            evicts the partial that has gone longest without a new chunk. Sized for a fleet
+            answering at once: every device's chunked reply is partial at the same time (and
+            ingest workers relay chunk 0 of many replies before chunk 1); at 64, 100 devices'
+            1 MB replies through 2 workers evicted each other and the run stalled (issue 21).
+            Memory is bounded by the byte budgets below, one sender's share by its own.
         max_partial_bytes: Data bytes actually held in partial messages (per endpoint); a
             chunk that would exceed it evicts the stalest other partials. A message declaring
             more than this can never complete and is refused.
@@ -71,7 +75,7 @@ class ChunkPolicy:
     request_after: float = 2.0
     max_requests: int = 3
     partial_timeout: float = 60.0
-    max_partials: int = 64
+    max_partials: int = 1024
     max_partial_bytes: int = 256 * 1024 * 1024
     max_sender_partials: int = 8
     max_sender_bytes: int = 128 * 1024 * 1024

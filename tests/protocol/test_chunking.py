@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import wait_for
 
-from protocol.chunking import ChunkPolicy, request_topic, split_frame
+from protocol.chunking import DEFAULT_CHUNK_POLICY, ChunkPolicy, request_topic, split_frame
 from protocol.codec import Envelope, Limits, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import LimitError
@@ -393,3 +393,33 @@ def test_a_relaying_endpoint_hands_chunks_on_and_an_injected_set_is_reassembled(
     assert [e.msg_id for e in got] == [sent.msg_id]
     assert np.array_equal(_weights(got[0]), _weights(sent))
     assert leader.traffic.snapshot() == {"rx.reply": sum(len(f) for f in frames)}
+
+
+def test_a_fleets_interleaved_chunked_replies_all_complete_under_the_default_policy() -> None:
+    # 200 devices answer at once, chunk by chunk through the broker (or relayed by ingest
+    # workers, chunk 0 of every reply, then chunk 1...): every reply is partial at the same
+    # time. With at most 64 partials held, 136 were evicted and had to be requested again.
+    senders = [f"dev{i:03d}" for i in range(200)]
+    small = ChunkPolicy(threshold=4096, sweep_interval=None)  # the senders' side only
+    frames: list[list[tuple[str, bytes]]] = []
+    for i, device in enumerate(senders):
+        transport = HoldingTransport(MemoryBroker(), device)
+        transport.connect()
+        transport.hold = True
+        sender = Endpoint(transport, sender=device, federation="fed", chunking=small)
+        sender.send(T.up(device, "reply"), _reply(2_000, seed=i), round=3)
+        frames.append(transport.held)
+        sender.close()
+    assert {len(f) for f in frames} == {3}
+    default = ChunkPolicy(sweep_interval=None)  # the default budgets, no background thread
+    assert default.max_partials == DEFAULT_CHUNK_POLICY.max_partials
+    coord = Endpoint(
+        MemoryTransport(MemoryBroker(), "coord"), sender="coord", federation="fed", chunking=default
+    )
+    got: list[Envelope] = []
+    coord.deliver_locally(f"{T.base}/dev/+/up/#", lambda e, t: got.append(e))
+    for index in range(3):
+        for held in frames:
+            coord.inject(*held[index])
+    assert coord.rejected == {}
+    assert sorted(e.sender for e in got) == senders
