@@ -188,7 +188,13 @@ def _reap(agents: list[_AgentProc], timeout: float) -> None:
             a.proc.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             a.proc.terminate()
-            a.proc.wait(timeout=10)
+            try:
+                a.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                # it did not act on SIGTERM in 10 s (seen on a loaded host, mid start-up): the
+                # run's own error must not be replaced by this one
+                a.proc.kill()
+                a.proc.wait()
         a.log_file.close()
 
 
