@@ -6,12 +6,21 @@ device to its own subtree.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
 from protocol.errors import ValidationError
 
-__all__ = ["COORDINATOR_ID", "SHARE", "Topics", "matches", "shared", "validate_id"]
+__all__ = [
+    "COORDINATOR_ID",
+    "SHARE",
+    "Topics",
+    "compile_filter",
+    "matches",
+    "shared",
+    "validate_id",
+]
 
 PREFIX = "edgefl/v1"
 #: The sender id of every coordinator frame and its certificate CN: agents act on a
@@ -98,15 +107,26 @@ def shared(group: str, topic_filter: str) -> str:
     return f"{SHARE}/{validate_id(group, 'group')}/{topic_filter}"
 
 
+def compile_filter(topic_filter: str) -> re.Pattern[str]:
+    """A pattern whose ``fullmatch`` tells whether a topic matches ``topic_filter``: ``+`` is
+    one level (possibly empty), ``#`` this level and every level below, including none (``a/#``
+    matches ``a``); a shared filter matches what its inner filter does (messages arrive on
+    their own topic, without the ``$share/{group}/`` prefix)."""
+    parts = topic_filter.split("/")
+    if parts[0] == SHARE and len(parts) > 2:
+        parts = parts[2:]
+    out = []
+    for i, part in enumerate(parts):
+        if part == "#":
+            out.append(".*" if i == 0 else "(?:/.*)?")
+            break
+        out.append(("/" if i else "") + ("[^/]*" if part == "+" else re.escape(part)))
+    return re.compile("".join(out), re.DOTALL)
+
+
+_compiled = functools.lru_cache(maxsize=4096)(compile_filter)
+
+
 def matches(pattern: str, topic: str) -> bool:
-    """MQTT topic-filter matching with ``+`` and ``#``; a shared filter matches what its
-    inner filter does (messages arrive on their own topic, without the prefix)."""
-    p_parts, t_parts = pattern.split("/"), topic.split("/")
-    if p_parts[0] == SHARE and len(p_parts) > 2:
-        p_parts = p_parts[2:]
-    for i, p in enumerate(p_parts):
-        if p == "#":
-            return True
-        if i >= len(t_parts) or (p != "+" and p != t_parts[i]):
-            return False
-    return len(p_parts) == len(t_parts)
+    """MQTT topic-filter matching with ``+`` and ``#`` (:func:`compile_filter`, cached)."""
+    return _compiled(pattern).fullmatch(topic) is not None

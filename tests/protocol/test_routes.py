@@ -1,4 +1,5 @@
-"""protocol.routes: compiled filters answer exactly what matching each filter in turn does."""
+"""protocol.routes and protocol.topics.matches: compiled filters answer exactly what a plain
+split-based MQTT matcher (the toolkit's implementation before, kept here as the oracle) does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol.routes import Routes
-from protocol.topics import matches
+from protocol.topics import SHARE, matches
 
 LEVEL = st.sampled_from(["a", "b", "dev", "", "$share", "g"])
 TOPIC = st.lists(LEVEL, min_size=1, max_size=5).map("/".join)
@@ -17,8 +18,26 @@ FILTER = st.lists(st.one_of(LEVEL, st.just("+"), st.just("#")), min_size=1, max_
 )
 
 
+def _split_match(pattern: str, topic: str) -> bool:
+    """The oracle: MQTT matching level by level on the split strings."""
+    p_parts, t_parts = pattern.split("/"), topic.split("/")
+    if p_parts[0] == SHARE and len(p_parts) > 2:
+        p_parts = p_parts[2:]
+    for i, p in enumerate(p_parts):
+        if p == "#":
+            return True
+        if i >= len(t_parts) or (p != "+" and p != t_parts[i]):
+            return False
+    return len(p_parts) == len(t_parts)
+
+
+@given(FILTER, TOPIC)
+def test_matches_is_mqtt_matching(topic_filter: str, topic: str) -> None:
+    assert matches(topic_filter, topic) == _split_match(topic_filter, topic)
+
+
 def _one_by_one(filters: list[tuple[str, int]], topic: str, *, distinct: bool) -> list[int]:
-    found = [h for f, h in filters if matches(f, topic)]
+    found = [h for f, h in filters if _split_match(f, topic)]
     return list(dict.fromkeys(found)) if distinct else found
 
 
