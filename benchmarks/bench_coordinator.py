@@ -45,7 +45,7 @@ Usage::
     python benchmarks/bench_coordinator.py --agents 1000 --rounds 6
     python benchmarks/bench_coordinator.py --agents 1000 --rounds 6 --ingest-workers 2
     python benchmarks/bench_coordinator.py --agents 100 --rounds 4 --weights-kb 1024 \
-        --ingest-workers 0 2    # FedAvg-sized chunked replies: in-process vs relayed
+        --ingest-workers 0 2    # FedAvg-sized chunked replies: in-process vs with workers
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
         whole, topic = frame(d, reply, round_), topics.up(d, "reply")
         if len(whole) <= threshold:
             return [(topic, whole)]
-        return [(topic, frame(d, c, round_)) for c in split_frame(whole, threshold - 512)]
+        chunks = topics.chunk_topic(topic)  # as the endpoint sends them: on the chunk topic
+        return [(chunks, frame(d, c, round_)) for c in split_frame(whole, threshold - 512)]
 
     status = [(topics.status(d), frame(d, Status(state="online"))) for d in ids]
     regs = []
@@ -302,7 +303,7 @@ def run_one(
         )
         consumer = ctx.Process(
             target=consumer_main,
-            args=(broker.port, f"edgefl/v1/{TWIN}/dev/+/up/reply", expect, raw, ready),
+            args=(broker.port, f"edgefl/v1/{TWIN}/dev/+/up/reply/#", expect, raw, ready),
         )
         consumer.start()
         ready.wait(60)
@@ -510,7 +511,7 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="FedAvg-sized replies: K KiB of float32 weights each (algorithm fedavg; a reply "
         "over the 256 KiB chunk threshold goes as chunk frames, as an agent sends it; with "
-        "ingest workers the chunks are relayed to the leader). 0: FedProto prototypes",
+        "ingest workers the leader takes the chunks, on their own topic). 0: FedProto prototypes",
     )
     ap.add_argument(
         "--profile",

@@ -202,7 +202,7 @@ class Coordinator:
             patterns = self.intake.subscriptions(base)
         for pattern in patterns:
             self.endpoint.subscribe(pattern, lambda env, topic: self.inbox.put((env, topic)))
-        if self.intake is not None:  # chunked replies, reassembled from the workers' relays
+        if self.intake is not None:  # chunked replies: their chunks come to the leader
             reply = f"{base}/dev/+/up/reply"
             self.endpoint.deliver_locally(reply, lambda env, topic: self.inbox.put((env, topic)))
         self.endpoint.transport.add_connect_listener(self._on_connect)
@@ -466,11 +466,11 @@ class Coordinator:
     def _take_stored(self, open_step: OpenStep) -> None:
         """The stored replies of ``open_step``'s step (a resumed step's, or the ingest
         workers'), validated again in device order: rebuilds per-step rules (round 1's dim)."""
-        step = open_step.step
-        for device_id, _msg_id, blob in self.store.updates(open_step.rec.idx):
+        step, held = open_step.step, open_step.outcome.replies  # those we stored ourselves
+        for device_id, _msg_id, blob in self.store.updates(open_step.rec.idx, skip=held):
             body = decode(blob).body
             agent = self.agents.get(device_id)
-            if device_id in open_step.outcome.replies or not isinstance(body, Reply) or not agent:
+            if not isinstance(body, Reply) or not agent:
                 continue
             try:
                 self._check_reply(step, agent, body)
@@ -604,9 +604,6 @@ class Coordinator:
         if self.health_check is not None:
             self.health_check()
         self._heartbeat()
-        if self.intake is not None:  # a reassembled reply lands in the inbox, taken below
-            for topic, frame in self.store.take_relayed():
-                self.endpoint.inject(topic, frame)
         batch = take_batch(self.inbox, timeout)
         if not batch:
             return

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.store import Store
 from protocol.messages import Status
-from protocol.topics import Topics
+from protocol.topics import CHUNKS, Topics
 
 if TYPE_CHECKING:
     from coordinator.engine import OpenStep
@@ -61,9 +61,13 @@ class WorkerIntake:
         self._refusals: set[str] = set()
 
     def subscriptions(self, base: str) -> list[str]:
-        """The leader's filters: agents' non-reply messages, presence, and the workers'."""
+        """The leader's filters: agents' non-reply messages, the chunks of every message an
+        agent sends (a chunked reply's included: the workers' shared ``up/reply`` does not
+        match them, so the leader reassembles it without a relay), presence, and the
+        workers'."""
         ups = [f"{base}/dev/+/up/{kind}" for kind in LEADER_UP_KINDS]
-        return [*ups, f"{base}/dev/+/status", f"{base}/dev/+/progress", f"{self._prefix}+"]
+        chunks = f"{base}/dev/+/up/+/{CHUNKS}"
+        return [*ups, chunks, f"{base}/dev/+/status", f"{base}/dev/+/progress", f"{self._prefix}+"]
 
     def worker_of(self, topic: str) -> str | None:
         """The worker id of a ``coord/ingest/{worker}`` topic, else ``None``."""

@@ -99,10 +99,7 @@ class IngestWorker:
         )
         self.desk = ReplyDesk(strategy, store)
         self.ack_frames = AckFrames(endpoint)
-        # replies to judge; None: a chunk frame is waiting in ``chunks`` (wakes the loop, which
-        # otherwise relayed a burst of chunked replies up to 0.2 s late)
-        self.inbox: queue.Queue[tuple[Envelope, str] | None] = queue.Queue()
-        self.chunks: queue.Queue[tuple[str, bytes]] = queue.Queue()  # to relay to the leader
+        self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()  # replies to judge
         self.done = threading.Event()  # the run finished
         self.counts: Counter[str] = Counter()  # stored, acked, refused, deferred, rejected.*
         self.lock_wait_s = 0.0  # time spent waiting for the store's write lock
@@ -122,19 +119,14 @@ class IngestWorker:
         # the run's own, unguessable share group (coordinator.ingest.new_share_group)
         group = share_group(self.store)
         self.endpoint.subscribe(shared(group, f"{self.topics.base}/dev/+/up/reply"), take)
-        # a chunked reply's chunks are shared out among the workers like replies: none would
-        # get them all, so each is relayed through the store to the leader, which reassembles
-        self.endpoint.chunk_relay = self._relay_later
+        # a chunked reply's chunks travel on its chunk topic (up/reply/chunk), which this
+        # filter does not match: the round leader takes and reassembles them itself (issue 21)
         # a reply resent after its ack was lost is a duplicate for the endpoint: judge it again
         self.endpoint.on_duplicate = take
         self.endpoint.subscribe(self.topics.coord_state, self._on_state)
         self.endpoint.transport.add_connect_listener(lambda _present: self._announce("online"))
         if self.endpoint.transport.connected:
             self._announce("online")
-
-    def _relay_later(self, topic: str, frame: bytes) -> None:
-        self.chunks.put((topic, frame))
-        self.inbox.put(None)
 
     def _announce(self, state: str) -> None:
         body = Status(state=state)  # type: ignore[arg-type]
@@ -160,20 +152,9 @@ class IngestWorker:
         """Take replies until the run finishes or ``stop`` is set."""
         stop = stop or threading.Event()
         while not stop.is_set() and not self.done.is_set():
-            batch = [item for item in take_batch(self.inbox, 0.2) if item is not None]
+            batch = take_batch(self.inbox, 0.2)
             if batch:
                 self.process(batch)
-            self.relay_chunks()
-
-    def relay_chunks(self) -> None:
-        """Store the chunk frames received since the last call for the leader (one commit)."""
-        frames = []
-        while not self.chunks.empty():
-            frames.append(self.chunks.get_nowait())
-        if frames:
-            with self.store.transaction():
-                self.store.relay(frames)
-            self.counts["relayed"] += len(frames)
 
     def process(self, batch: list[tuple[Envelope, str]]) -> None:
         """Judge ``batch`` outside the write lock, store it in one transaction, then ack."""

@@ -14,7 +14,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,12 +113,10 @@ CREATE TABLE IF NOT EXISTS refusals (step INTEGER NOT NULL, attempt INTEGER NOT 
 -- reply and ack bytes the ingest workers moved per step, for the leader's step record
 CREATE TABLE IF NOT EXISTS worker_traffic (step INTEGER NOT NULL, key TEXT NOT NULL,
     bytes INTEGER NOT NULL, PRIMARY KEY (step, key));
--- chunk frames ingest workers received (verified, as received) for the leader to reassemble
-CREATE TABLE IF NOT EXISTS relayed (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,
-    frame BLOB NOT NULL);
 """
 INTAKE = "intake"  # meta key: the step whose replies ingest workers may store (null: none)
 BUSY_TIMEOUT_S = 30.0  # ingest workers and the leader take turns at the write lock
+_IN_BATCH = 500  # values per "IN (...)" list (older SQLite builds allow 999 variables)
 
 
 @dataclass(frozen=True)
@@ -278,14 +276,36 @@ class Store:
         )
         return cur.rowcount == 1
 
-    def updates(self, step: int) -> list[tuple[str, str, bytes]]:
-        """(device_id, msg_id, envelope) of every stored reply of ``step``."""
-        return list(
-            self.db.execute(
-                "SELECT device_id, msg_id, envelope FROM updates WHERE step=? ORDER BY device_id",
-                (step,),
+    def updates(
+        self, step: int, skip: Container[str] = frozenset()
+    ) -> list[tuple[str, str, bytes]]:
+        """(device_id, msg_id, envelope) of every stored reply of ``step``, in device order,
+        but those of the devices in ``skip``, whose envelopes are not even read (the round
+        leader holds the replies it stored itself: a FedAvg-sized step is ~1 MB a device)."""
+        if not skip:
+            return list(
+                self.db.execute(
+                    "SELECT device_id, msg_id, envelope FROM updates WHERE step=? "
+                    "ORDER BY device_id",
+                    (step,),
+                )
             )
+        ids = self.db.execute(
+            "SELECT device_id FROM updates WHERE step=? ORDER BY device_id", (step,)
         )
+        wanted = [d for (d,) in ids if d not in skip]
+        rows: list[tuple[str, str, bytes]] = []
+        for i in range(0, len(wanted), _IN_BATCH):
+            part = wanted[i : i + _IN_BATCH]
+            marks = ",".join("?" * len(part))
+            rows.extend(
+                self.db.execute(
+                    f"SELECT device_id, msg_id, envelope FROM updates "  # placeholders only
+                    f"WHERE step=? AND device_id IN ({marks})",
+                    (step, *part),
+                )
+            )
+        return sorted(rows, key=lambda row: row[0])
 
     def add_updates(self, rows: list[tuple[int, str, str, str, bytes]]) -> None:
         """Store a batch's accepted replies ``(step, device_id, msg_id, task_id, envelope)`` in
@@ -363,22 +383,6 @@ class Store:
             "ON CONFLICT (step, key) DO UPDATE SET bytes = bytes + excluded.bytes",
             [(step, key, n) for key, n in counts.items() if n],
         )
-
-    def relay(self, frames: list[tuple[str, bytes]]) -> None:
-        """Keep chunk frames an ingest worker received, ``(topic, frame)``, for the leader."""
-        self.db.executemany("INSERT INTO relayed (topic, frame) VALUES (?, ?)", frames)
-
-    def take_relayed(self) -> list[tuple[str, bytes]]:
-        """The relayed chunk frames in arrival order, removed from the store (one
-        transaction: a frame is taken once). A read first: the leader asks every poll, and
-        the write lock is the workers' too."""
-        if self.db.execute("SELECT 1 FROM relayed LIMIT 1").fetchone() is None:
-            return []
-        with self.transaction() as db:
-            rows = list(db.execute("SELECT id, topic, frame FROM relayed ORDER BY id"))
-            if rows:
-                db.execute("DELETE FROM relayed WHERE id <= ?", (rows[-1][0],))
-        return [(topic, frame) for _id, topic, frame in rows]
 
     def worker_traffic(self, step: int) -> dict[str, int]:
         """Every ingest worker's bytes of ``step``, summed per key."""

@@ -1,15 +1,16 @@
 """Splitting large frames into :class:`~protocol.messages.Chunk` messages and reassembling them.
 
 A frame (signed or not) longer than the chunk threshold travels as ``count`` chunk envelopes on
-the same topic, each carrying ``data = frame[index * piece : (index + 1) * piece]`` and the
-SHA-256 ``digest`` of the whole frame. The receiver (:class:`Reassembler`) accepts chunks in
-any order, ignores duplicates, checks the declared ``total_size`` against the hard cap before
-it keeps anything, bounds how many partial messages and how many bytes it holds, asks for
-missing chunks when a partial stalls and drops it after a timeout. Budgets are per sender
-(declared sizes) and global (bytes actually held), so one sender's announcements cannot starve
-the others (issue 19). The sender keeps recently
-chunked frames in a :class:`SentCache` to answer :class:`~protocol.messages.ChunkRequest`.
-See ``WIRE.md`` §Chunking.
+the message's chunk topic (:meth:`~protocol.topics.Topics.chunk_topic`: ``{topic}/chunk`` for a
+device's up or down topic, the topic itself elsewhere), each carrying
+``data = frame[index * piece : (index + 1) * piece]`` and the SHA-256 ``digest`` of the whole
+frame. The receiver (:class:`Reassembler`) accepts chunks in any order, ignores duplicates,
+checks the declared ``total_size`` against the hard cap before it keeps anything, bounds how
+many partial messages and how many bytes it holds, asks for missing chunks when a partial
+stalls and drops it after a timeout. Budgets are per sender (declared sizes) and global (bytes
+actually held), so one sender's announcements cannot starve the others (issue 19). The sender
+keeps recently chunked frames in a :class:`SentCache` to answer
+:class:`~protocol.messages.ChunkRequest`. See ``WIRE.md`` §Chunking.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ class ChunkPolicy:
         partial_timeout: Seconds without a new chunk before a partial message is dropped.
         max_partials: Partial messages held at once (per endpoint). When full, a new message
             evicts the partial that has gone longest without a new chunk. Sized for a fleet
-            answering at once: every device's chunked reply is partial at the same time (and
-            ingest workers relay chunk 0 of many replies before chunk 1); at 64, 100 devices'
-            1 MB replies through 2 workers evicted each other and the run stalled (issue 21).
+            answering at once: every device's chunked reply is partial at the same time (a broker
+            interleaves them, chunk 0 of many replies before chunk 1); at 64, 100 devices'
+            1 MB replies evicted each other and the run stalled (issue 21).
             Memory is bounded by the byte budgets below, one sender's share by its own.
         max_partial_bytes: Data bytes actually held in partial messages (per endpoint); a
             chunk that would exceed it evicts the stalest other partials. A message declaring

@@ -40,7 +40,7 @@ from protocol.errors import LimitError, ProtocolError, SignatureError, Transport
 from protocol.messages import Chunk, ChunkRequest, Message
 from protocol.routes import Routes
 from protocol.signing import Signer, Verifier
-from protocol.topics import Topics
+from protocol.topics import CHUNKS, Topics
 from protocol.transport import Transport
 
 __all__ = ["Endpoint", "EnvelopeHandler", "TrafficCounter"]
@@ -151,10 +151,6 @@ class Endpoint:
         self.require_signatures = require_signatures
         self.unsigned_kinds = unsigned_kinds
         self.on_duplicate = on_duplicate
-        # When set, every verified chunk frame goes to it as received instead of to this
-        # endpoint's reassembler: an ingest worker relays a shared subscription's chunks to the
-        # one process that sees all of them (the broker shares chunks out like replies)
-        self.chunk_relay: Callable[[str, bytes], None] | None = None
         self.traffic = TrafficCounter()
         self.rejected: Counter[str] = Counter()
         self.log = logger or logging.getLogger(f"edgefl.endpoint.{sender}")
@@ -239,8 +235,7 @@ class Endpoint:
             raise LimitError(
                 f"{kind}: {len(frame)}-byte frame exceeds the {self.limits.max_message}-byte cap"
             )
-        limit = self._frame_limit(topic)
-        if len(frame) <= limit:
+        if len(frame) <= self._frame_limit(topic):
             self.transport.publish(topic, frame, qos=qos, retain=retain)
             self.traffic.add("tx", kind, len(frame))
             return
@@ -249,7 +244,7 @@ class Endpoint:
                 f"{kind} on {topic}: a {len(frame)}-byte frame would be chunked, "
                 "and chunked messages cannot be retained"
             )
-        self._send_chunked(topic, kind, round, frame, qos, limit)
+        self._send_chunked(topic, kind, round, frame, qos)
 
     def seal(self, unsigned: bytes) -> bytes:
         """An unsigned frame as this endpoint publishes it: signed, if it signs."""
@@ -279,22 +274,25 @@ class Endpoint:
             )
         return piece
 
-    def _send_chunked(  # noqa: PLR0917 - the frame and where it goes
-        self, topic: str, kind: str, round: int, frame: bytes, qos: int, limit: int
-    ) -> None:
+    def _send_chunked(self, topic: str, kind: str, round: int, frame: bytes, qos: int) -> None:
+        """Publish ``frame`` (a message for ``topic``) as chunk frames on ``topic``'s chunk
+        topic (:meth:`Topics.chunk_topic`), keeping it to answer chunk requests."""
         self._listen_for_requests(topic)
-        piece = self._piece_size(len(frame), limit, round)
+        chunk_topic = self.topics.chunk_topic(topic)
+        piece = self._piece_size(len(frame), self._frame_limit(chunk_topic), round)
         chunks = split_frame(frame, piece)
         self._sent.put(SentFrame(topic, qos, round, kind, frame, piece, chunks[0].digest))
         total = 0
         try:
             for chunk in chunks:
                 data = self._chunk_frame(chunk, round)
-                self.transport.publish(topic, data, qos=qos)
+                self.transport.publish(chunk_topic, data, qos=qos)
                 total += len(data)
         finally:  # count what reached the transport, even if a later chunk failed
             self.traffic.add("tx", kind, total, chunks=len(chunks))
-        self.log.debug("sent %s to %s as %d chunks (%d bytes)", kind, topic, len(chunks), total)
+        self.log.debug(
+            "sent %s to %s as %d chunks (%d bytes)", kind, chunk_topic, len(chunks), total
+        )
 
     def _listen_for_requests(self, topic: str) -> None:
         flt = request_filter(self.topics, topic)
@@ -319,23 +317,24 @@ class Endpoint:
         subscribing to them: for frames that reach this endpoint through :meth:`inject`."""
         self._routes.add(topic_filter, handler)
 
-    def inject(self, topic: str, frame: bytes) -> None:
-        """Take ``frame`` as if the transport had delivered it on ``topic``: verified,
-        decoded, reassembled if a chunk, counted and delivered like any other (frames another
-        process received on this endpoint's behalf: an ingest worker's relayed chunks)."""
-        self._on_bytes(topic, frame)
-
     def _on_bytes(self, topic: str, data: bytes) -> None:
         if not data:  # an empty retained message clears a topic; nothing to deliver
             return
         env = self._open(topic, data)
         if env is None:
             return
+        message_topic = self.topics.message_topic(topic)  # None unless a chunk topic
         if isinstance(env.body, Chunk):
-            if self.chunk_relay is not None:  # counted where it is reassembled
-                self.chunk_relay(topic, bytes(data))
+            if message_topic is None and self.topics.chunk_topic(topic) != topic:
+                wrong = f"a chunk frame on {topic}: a device message's chunks travel on "
+                self._reject(ProtocolError(wrong + f"{topic}/{CHUNKS}"), topic, len(data))
                 return
-            self._on_chunk(env, env.body, topic, len(data))
+            # reassembled, requested and delivered under the topic of the message
+            self._on_chunk(env, env.body, message_topic or topic, len(data))
+            return
+        if message_topic is not None:
+            wrong = f"a {env.kind} frame on the chunk topic {topic}: only chunk frames travel there"
+            self._reject(ProtocolError(wrong), topic, len(data))
             return
         self.traffic.add("rx", env.kind, len(data))
         self._deliver(env, topic)
@@ -464,7 +463,7 @@ class Endpoint:
         try:
             for i in indices:
                 data = self._chunk_frame(sent.chunk(i), sent.round)
-                self.transport.publish(sent.topic, data, qos=sent.qos)
+                self.transport.publish(self.topics.chunk_topic(sent.topic), data, qos=sent.qos)
                 total += len(data)
         except TransportError as exc:
             self.log.warning("resending chunks of %s failed: %s", req.digest.hex()[:16], exc)

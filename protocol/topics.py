@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from protocol.errors import ValidationError
 
 __all__ = [
+    "CHUNKS",
     "COORDINATOR_ID",
     "SHARE",
     "Topics",
@@ -30,6 +31,9 @@ _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: MQTT 5 shared-subscription prefix (also honoured for 3.1.1 clients by Mosquitto 2, EMQX and
 #: HiveMQ): ``$share/{group}/{filter}`` delivers each message to one member of the group
 SHARE = "$share"
+#: The level after a device's message topic on which that message's chunk frames travel
+CHUNKS = "chunk"
+_CHUNK_SUFFIX = f"/{CHUNKS}"
 
 
 def validate_id(value: str, field: str = "id") -> str:
@@ -92,6 +96,32 @@ class Topics:
         """An ingest worker's presence (``online``, will ``offline``), retained; the round
         leader resends the open tasks when one goes (``docs/scaling.md``)."""
         return f"{self.base}/coord/ingest/{validate_id(worker, 'worker')}"
+
+    def chunk_topic(self, topic: str) -> str:
+        """Where the chunk frames of a message on ``topic`` travel: a device's up or down
+        topic ``dev/{id}/up|down/{kind}`` has its own ``.../{kind}/chunk`` (so a subscriber
+        to a message topic, such as the ingest workers' shared ``up/reply``, gets whole
+        messages only, and the chunks go to whoever subscribes to the chunk topics: the
+        round leader, issue 21); other topics (``bcast/*``) carry their chunks themselves."""
+        return f"{topic}/{CHUNKS}" if self._device_message(topic.split("/")) else topic
+
+    def message_topic(self, topic: str) -> str | None:
+        """The message topic of a device's chunk topic (:meth:`chunk_topic`), else ``None``."""
+        if not topic.endswith(_CHUNK_SUFFIX):
+            return None
+        parent = topic[: -len(_CHUNK_SUFFIX)]
+        return parent if self._device_message(parent.split("/")) else None
+
+    def _device_message(self, parts: list[str]) -> bool:
+        """Whether ``parts`` are the levels of a ``{base}/dev/{id}/up|down/{kind}`` topic."""
+        base = self.base.split("/")
+        n = len(base)
+        return (
+            len(parts) == n + 4
+            and parts[:n] == base
+            and parts[n] == "dev"
+            and parts[n + 2] in ("up", "down")
+        )
 
     def device_from(self, topic: str) -> str | None:
         """The device id in a ``dev/{id}/...`` topic, else ``None``."""

@@ -59,6 +59,11 @@ def reply(classes: list[int], *, attempt: int = 0) -> Reply:
     )
 
 
+def received(endpoint: Endpoint) -> dict[str, int]:
+    """The bytes ``endpoint`` counted as received, per kind."""
+    return {k: n for k, n in endpoint.traffic.snapshot().items() if k.startswith("rx.")}
+
+
 class Setup:
     """A run store with DEVICE registered and step 0 open to workers, and one worker on it."""
 
@@ -70,7 +75,7 @@ class Setup:
         self.store.open_step(StepRecord(0, 1, "train", [DEVICE], "open", 0))
         self.intake = {"step": 0, "attempt": 0, "round": 1, "phase": "train"}
         self.store.set_intake({**self.intake, "participation": "sample"})
-        broker = MemoryBroker()
+        self.broker = broker = MemoryBroker()
         self.acks: list[Ack] = []
         listener = MemoryTransport(broker, "listener")
         listener.connect()
@@ -220,21 +225,25 @@ def test_spawn_workers_without_ingest_workers_is_refused(
     assert "run directory" not in out.out  # refused before anything started
 
 
-def test_chunks_are_relayed_to_the_leader_through_the_store_not_judged(setup: Setup) -> None:
-    # Prepare: a reply's chunk frames, as the shared subscription hands some of them to a worker
+def test_chunks_pass_the_workers_by_and_one_on_the_reply_topic_is_refused(setup: Setup) -> None:
+    # Prepare: a reply's chunk frames, and an agent's connection to the broker
     whole = encode(Envelope(body=reply(HELD), sender=DEVICE, federation="default", round=1))
     chunks = [
         encode(Envelope(body=c, sender=DEVICE, federation="default", round=1))
         for c in split_frame(whole, 256)
     ]
-    # Execute
+    agent = MemoryTransport(setup.broker, DEVICE)
+    agent.connect()
+    # Execute: the chunks on their chunk topic, as an agent's endpoint sends them; then one
+    # on the reply topic itself, where the workers' shared subscription takes it
     for data in chunks:
-        setup.worker.endpoint.inject(setup.topic, data)
-    setup.worker.relay_chunks()
-    # Assert: stored for the leader as received, in order; nothing judged, stored or acked
-    assert setup.store.take_relayed() == [(setup.topic, data) for data in chunks]
-    assert setup.worker.counts["relayed"] == len(chunks) > 1
-    assert setup.stored() == [] and setup.acks == []
+        agent.publish(Topics().chunk_topic(setup.topic), data)
+    assert received(setup.worker.endpoint) == {}  # the round leader's to take
+    agent.publish(setup.topic, chunks[0])
+    # Assert: that one refused, counted as invalid; nothing judged, stored or acked
+    assert len(chunks) > 1 and setup.worker.endpoint.rejected == {"ProtocolError": 1}
+    assert received(setup.worker.endpoint) == {"rx.invalid": len(chunks[0])}
+    assert setup.worker.inbox.empty() and setup.stored() == [] and setup.acks == []
 
 
 def test_each_run_gets_its_own_share_group_and_keeps_it_on_resume(tmp_path: Path) -> None:

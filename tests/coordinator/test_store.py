@@ -82,15 +82,14 @@ def test_a_burst_of_registrations_is_stored_in_one_statement_and_replaces_older_
     ]
 
 
-def test_relayed_chunk_frames_are_taken_once_in_arrival_order(tmp_path: Path) -> None:
+def test_updates_but_those_the_leader_holds_come_in_device_order(tmp_path: Path) -> None:
+    # 1,203 devices: more than one "IN (...)" batch of the ones still to read
     store = Store(tmp_path / "s.sqlite")
-    assert store.take_relayed() == []
-    with store.transaction():
-        store.relay([("a/up/reply", b"1"), ("b/up/reply", b"2")])
-    store.relay([("a/up/reply", b"3")])
-    assert store.take_relayed() == [
-        ("a/up/reply", b"1"),
-        ("b/up/reply", b"2"),
-        ("a/up/reply", b"3"),
-    ]
-    assert store.take_relayed() == []
+    devices = [f"d{i:04d}" for i in range(1203)]
+    store.open_step(StepRecord(0, 1, "train", devices, "open", 0))
+    store.add_updates([(0, d, f"m{d}", "t", d.encode()) for d in reversed(devices)])
+    store.add_updates([(1, "d0001", "other", "t", b"x")])  # another step's: never read
+    held = {d: None for d in devices[::3]}
+    rows = store.updates(0, skip=held)
+    assert rows == [(d, f"m{d}", d.encode()) for d in devices if d not in held]
+    assert store.updates(0, skip={}) == store.updates(0) != rows

@@ -21,6 +21,7 @@ from protocol.transport import MemoryBroker, MemoryTransport
 T = Topics("fed")
 LIMITS = Limits()
 UP = T.up("dev1", "reply")
+UP_CHUNKS = T.chunk_topic(UP)  # where the chunk frames of a message on UP travel
 POLICY = ChunkPolicy(
     threshold=4096, request_after=1.0, partial_timeout=10.0, max_requests=2, sweep_interval=None
 )
@@ -200,7 +201,7 @@ def _chunk_frame(chunk: Chunk, sender: str = "dev1") -> bytes:
 def test_declared_size_above_the_cap_is_refused_before_holding_anything() -> None:
     pair = Pair(limits=Limits(max_message=1 << 20))
     chunk = Chunk(digest=bytes(32), index=0, count=2, total_size=(1 << 20) + 1, data=b"x")
-    pair.agent_t.publish(UP, _chunk_frame(chunk))
+    pair.agent_t.publish(UP_CHUNKS, _chunk_frame(chunk))
     assert pair.coord.rejected == {"LimitError": 1}
     assert pair.coord._reassembler.pending == 0
 
@@ -214,9 +215,9 @@ def test_partial_messages_are_bounded_in_number_and_bytes() -> None:
     for i in range(3):
         pair.clock.now += 1
         chunk = Chunk(digest=bytes([i]) * 32, index=0, count=2, total_size=100, data=b"x")
-        pair.agent_t.publish(UP, _chunk_frame(chunk))
+        pair.agent_t.publish(UP_CHUNKS, _chunk_frame(chunk))
     big = Chunk(digest=bytes([9]) * 32, index=0, count=2, total_size=20_000, data=b"x")
-    pair.agent_t.publish(UP, _chunk_frame(big, sender="dev2"))
+    pair.agent_t.publish(UP_CHUNKS, _chunk_frame(big, sender="dev2"))
     # the third partial evicted the stalest; a message above the whole budget never fits
     assert pair.coord.rejected == {"evicted": 1, "LimitError": 1}
     assert pair.coord._reassembler.pending == 2
@@ -235,7 +236,9 @@ def test_one_sender_cannot_spend_another_senders_budget() -> None:
     for i in range(4):  # announced sizes cost the announcer only: its stalest are evicted
         pair.clock.now += 1
         chunk = Chunk(digest=bytes([i]) * 32, index=0, count=9, total_size=9000, data=b"x")
-        pair.agent_t.publish(T.up("mallory", "reply"), _chunk_frame(chunk, sender="mallory"))
+        pair.agent_t.publish(
+            T.chunk_topic(T.up("mallory", "reply")), _chunk_frame(chunk, sender="mallory")
+        )
     assert pair.coord.rejected == {"evicted": 3}
     assert pair.coord._reassembler.pending == 1
     pair.agent.send(UP, _reply(2000))  # another sender's message is untouched and completes
@@ -247,7 +250,7 @@ def test_bytes_actually_held_are_bounded_by_evicting_the_stalest() -> None:
     policy = ChunkPolicy(threshold=4096, max_partial_bytes=10_000, sweep_interval=None)
     pair = Pair(policy=policy)
     stale = Chunk(digest=bytes([1]) * 32, index=0, count=2, total_size=9000, data=b"x" * 6000)
-    pair.agent_t.publish(T.up("dev7", "reply"), _chunk_frame(stale, sender="dev7"))
+    pair.agent_t.publish(T.chunk_topic(T.up("dev7", "reply")), _chunk_frame(stale, sender="dev7"))
     pair.clock.now += 1
     pair.agent.send(UP, _reply(2000))  # ~8 KB in chunks: evicts the stalled 6000 bytes
     assert len(pair.at_coord) == 1
@@ -267,7 +270,7 @@ def test_tampered_chunk_fails_the_digest_check() -> None:
         data=bytes(len(chunks[1].data)),
     )
     for c in [chunks[0], bad, *chunks[2:]]:
-        pair.agent_t.publish(UP, _chunk_frame(c))
+        pair.agent_t.publish(UP_CHUNKS, _chunk_frame(c))
     assert pair.at_coord == []
     assert pair.coord.rejected == {"DecodeError": 1}
 
@@ -276,10 +279,12 @@ def test_chunk_contradicting_earlier_chunks_is_rejected() -> None:
     pair = Pair()
     digest = hashlib.sha256(b"whatever").digest()
     pair.agent_t.publish(
-        UP, _chunk_frame(Chunk(digest=digest, index=0, count=3, total_size=30, data=b"a" * 10))
+        UP_CHUNKS,
+        _chunk_frame(Chunk(digest=digest, index=0, count=3, total_size=30, data=b"a" * 10)),
     )
     pair.agent_t.publish(
-        UP, _chunk_frame(Chunk(digest=digest, index=1, count=4, total_size=30, data=b"a" * 10))
+        UP_CHUNKS,
+        _chunk_frame(Chunk(digest=digest, index=1, count=4, total_size=30, data=b"a" * 10)),
     )
     assert pair.coord.rejected == {"ValidationError": 1}
     assert pair.coord._reassembler.pending == 0
@@ -289,7 +294,7 @@ def test_chunked_message_must_come_from_the_chunk_sender() -> None:
     pair = Pair()
     frame = encode(Envelope(body=_reply(2000), sender="dev9", federation="fed"))
     for c in split_frame(frame, 3000):
-        pair.agent_t.publish(UP, _chunk_frame(c, sender="dev1"))
+        pair.agent_t.publish(UP_CHUNKS, _chunk_frame(c, sender="dev1"))
     assert pair.at_coord == [] and pair.coord.rejected == {"ProtocolError": 1}
 
 
@@ -371,33 +376,68 @@ def test_an_unsigned_frame_over_the_threshold_travels_as_chunks() -> None:
     assert pair.agent.traffic.bytes[("tx", "reply")] == pair.coord.traffic.bytes[("rx", "reply")]
 
 
-def test_a_relaying_endpoint_hands_chunks_on_and_an_injected_set_is_reassembled() -> None:
-    # Prepare: the frames of one chunked reply, as a broker would deliver them
+def test_chunks_travel_on_the_chunk_topic_and_only_its_subscriber_reassembles() -> None:
+    # Prepare: a leader that subscribes to the chunk topics only and routes the reassembled
+    # replies locally (ingest workers' shared subscription is the message topic itself)
+    broker = MemoryBroker()
+    agent_t = HoldingTransport(broker, "dev1")
+    agent_t.connect()
+    agent = Endpoint(agent_t, sender="dev1", federation="fed", chunking=POLICY)
+    agent_t.hold = True
+    sent = agent.send(UP, _reply(), round=3)
+    worker_t, leader_t = MemoryTransport(broker, "worker"), MemoryTransport(broker, "leader")
+    worker_t.connect()
+    leader_t.connect()
+    worker = Endpoint(worker_t, sender="coord", federation="fed")
+    leader = Endpoint(leader_t, sender="coord", federation="fed")
+    at_worker: list[Envelope] = []
+    got: list[tuple[Envelope, str]] = []
+    worker.subscribe(f"{T.base}/dev/+/up/reply", lambda e, t: at_worker.append(e))
+    leader.subscribe(f"{T.base}/dev/+/up/+/chunk", lambda e, t: got.append((e, t)))
+    leader.deliver_locally(f"{T.base}/dev/+/up/reply", lambda e, t: got.append((e, t)))
+    # Execute
+    agent_t.release(list(range(len(agent_t.held))))
+    # Assert: every frame went to the chunk topic; the worker saw none; the leader got the
+    # message once, under the message's own topic, counted as a reply
+    frames = agent_t.held
+    assert len(frames) > 1 and {t for t, _ in frames} == {UP_CHUNKS}
+    assert at_worker == [] and worker.traffic.snapshot() == {}
+    assert [(e.msg_id, t) for e, t in got] == [(sent.msg_id, UP)]
+    assert np.array_equal(_weights(got[0][0]), _weights(sent))
+    assert leader.traffic.snapshot() == {"rx.reply": sum(len(f) for _, f in frames)}
+    assert leader.rejected == {}
+
+
+def test_a_chunk_off_its_chunk_topic_and_a_message_on_one_are_refused() -> None:
+    # Prepare: a receiver of everything a device sends
     pair = Pair()
-    pair.agent_t.hold = True
-    sent = pair.agent.send(UP, _reply(), round=3)
-    frames = [f for _, f in pair.agent_t.held]
-    relayed: list[tuple[str, bytes]] = []
-    pair.coord.chunk_relay = lambda topic, frame: relayed.append((topic, frame))
-    # Execute: the relaying endpoint receives them (an ingest worker's) ...
-    pair.agent_t.release(list(range(len(frames))))
-    # ... and another endpoint, subscribed to nothing on that topic, is given them
-    leader = Endpoint(MemoryTransport(MemoryBroker(), "leader"), sender="coord", federation="fed")
-    got: list[Envelope] = []
-    leader.deliver_locally(f"{T.base}/dev/+/up/#", lambda e, t: got.append(e))
-    for topic, frame in relayed:
-        leader.inject(topic, frame)
-    # Assert: relayed as received, uncounted there; reassembled, counted and delivered once
-    assert relayed == [(UP, f) for f in frames] and pair.at_coord == []
-    assert pair.coord.traffic.snapshot() == {}
-    assert [e.msg_id for e in got] == [sent.msg_id]
-    assert np.array_equal(_weights(got[0]), _weights(sent))
-    assert leader.traffic.snapshot() == {"rx.reply": sum(len(f) for f in frames)}
+    chunk = Chunk(digest=bytes(32), index=0, count=2, total_size=2048, data=b"x" * 1024)
+    whole = encode(Envelope(body=_reply(10), sender="dev1", federation="fed", round=3))
+    # Execute: a chunk on the message topic, a whole reply on the chunk topic
+    pair.agent_t.publish(UP, _chunk_frame(chunk))
+    pair.agent_t.publish(UP_CHUNKS, whole)
+    # Assert: both refused and counted as invalid bytes; nothing held or delivered
+    assert pair.coord.rejected == {"ProtocolError": 2}
+    assert pair.coord._reassembler.pending == 0 and pair.at_coord == []
+    assert set(pair.coord.traffic.snapshot()) == {"rx.invalid"}
+
+
+def test_chunk_topics_are_a_device_messages_own_and_map_back() -> None:
+    # up and down topics of a device get a chunk topic; broadcasts carry their own chunks
+    for topic in (T.up("d7", "reply"), T.down("d7", "task"), T.down("chunk", "knowledge")):
+        assert T.chunk_topic(topic) == f"{topic}/chunk"
+        assert T.message_topic(T.chunk_topic(topic)) == topic
+    for topic in (T.bcast("knowledge"), T.status("d7"), T.ingest("chunk"), T.coord_state):
+        assert T.chunk_topic(topic) == topic
+        assert T.message_topic(topic) is None
+    # an up or down topic with "chunk" as its kind is a message topic, not a chunk topic
+    assert T.message_topic(T.up("d7", "chunk")) is None
+    assert T.message_topic(Topics("other").chunk_topic(Topics("other").up("d7", "reply"))) is None
 
 
 def test_a_fleets_interleaved_chunked_replies_all_complete_under_the_default_policy() -> None:
-    # 200 devices answer at once, chunk by chunk through the broker (or relayed by ingest
-    # workers, chunk 0 of every reply, then chunk 1...): every reply is partial at the same
+    # 200 devices answer at once, chunk by chunk through the broker (chunk 0 of every reply,
+    # then chunk 1...): every reply is partial at the same
     # time. With at most 64 partials held, 136 were evicted and had to be requested again.
     senders = [f"dev{i:03d}" for i in range(200)]
     small = ChunkPolicy(threshold=4096, sweep_interval=None)  # the senders' side only
@@ -413,13 +453,15 @@ def test_a_fleets_interleaved_chunked_replies_all_complete_under_the_default_pol
     assert {len(f) for f in frames} == {3}
     default = ChunkPolicy(sweep_interval=None)  # the default budgets, no background thread
     assert default.max_partials == DEFAULT_CHUNK_POLICY.max_partials
-    coord = Endpoint(
-        MemoryTransport(MemoryBroker(), "coord"), sender="coord", federation="fed", chunking=default
-    )
+    broker = MemoryBroker()
+    fleet, coord_t = MemoryTransport(broker, "fleet"), MemoryTransport(broker, "coord")
+    fleet.connect()
+    coord_t.connect()
+    coord = Endpoint(coord_t, sender="coord", federation="fed", chunking=default)
     got: list[Envelope] = []
-    coord.deliver_locally(f"{T.base}/dev/+/up/#", lambda e, t: got.append(e))
+    coord.subscribe(f"{T.base}/dev/+/up/#", lambda e, t: got.append(e))
     for index in range(3):
         for held in frames:
-            coord.inject(*held[index])
+            fleet.publish(*held[index])
     assert coord.rejected == {}
     assert sorted(e.sender for e in got) == senders

@@ -66,7 +66,7 @@ def test_forged_chunk_frames_do_not_starve_a_genuine_large_reply(
         )
         frame = encode(Envelope(body=chunk, sender=forged_as, federation=FED))
         assert len(frame) < 200
-        forger.publish(T.up(forged_as, "reply"), frame)
+        forger.publish(T.chunk_topic(T.up(forged_as, "reply")), frame)
     assert wait_for(lambda: coord.traffic.chunks[("rx", "chunk")] >= 4, 20)
     reply = _genuine_reply()
     agent.send(T.up("agent0", "reply"), reply, round=1)
