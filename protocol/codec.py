@@ -13,6 +13,7 @@ Decoding never raises anything but :class:`~protocol.errors.ProtocolError` subcl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import secrets
 import threading
@@ -201,6 +202,12 @@ class FrameTemplate:
         return b"".join(out)
 
 
+@functools.lru_cache(maxsize=16)
+def _unpack_kwargs(limits: Limits) -> dict[str, int]:
+    """``limits.unpack_kwargs()``, made once per (frozen, hashable) limits and only read."""
+    return limits.unpack_kwargs()
+
+
 def decode_frame_map(data: bytes, limits: Limits = Limits()) -> dict[str, Any]:
     """Unpack ``data`` into a map without interpreting it (used by signing and chunking)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -209,7 +216,7 @@ def decode_frame_map(data: bytes, limits: Limits = Limits()) -> dict[str, Any]:
         raise LimitError(f"frame: {len(data)} bytes exceeds the {limits.max_message}-byte cap")
     try:
         obj = msgpack.unpackb(
-            data, raw=False, strict_map_key=True, use_list=True, **limits.unpack_kwargs()
+            data, raw=False, strict_map_key=True, use_list=True, **_unpack_kwargs(limits)
         )
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise DecodeError(f"frame: not a single msgpack value ({exc})") from exc
@@ -231,6 +238,9 @@ def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
     return envelope_from_map(obj, wire=bytes(data))
 
 
+_FRAME_KEYS = frozenset({"v", "k", "f", "s", "i", "r", "t", "b"})
+
+
 def envelope_from_map(obj: dict[str, Any], *, wire: bytes = b"", fast: bool = True) -> Envelope:
     """Validate an unpacked unsigned frame map and build its :class:`Envelope`.
 
@@ -239,9 +249,8 @@ def envelope_from_map(obj: dict[str, Any], *, wire: bytes = b"", fast: bool = Tr
     first, which returns a body only where the typed walk would build an equal one and leaves
     everything else, including every rejection and its message, to the typed walk.
     """
-    expected = {"v", "k", "f", "s", "i", "r", "t", "b"}
-    if set(obj) != expected:
-        raise ValidationError("frame", f"keys {sorted(expected)}", sorted(map(str, obj)))
+    if obj.keys() != _FRAME_KEYS:
+        raise ValidationError("frame", f"keys {sorted(_FRAME_KEYS)}", sorted(map(str, obj)))
     kind = obj["k"]
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:

@@ -45,9 +45,21 @@ _ENCODINGS = ("raw", "f16")  # what PrototypeSet and FeatureLogitSet accept
 def _new(cls: type[Any], **values: Any) -> Any:
     """A frozen slots dataclass filled in without ``__init__``: its checks were done here."""
     obj = object.__new__(cls)
+    setters = _SETTERS.get(cls) or _setters(cls)
     for name, value in values.items():
-        object.__setattr__(obj, name, value)
+        setters[name](obj, value)
     return obj
+
+
+_SETTERS: dict[type[Any], dict[str, Callable[[Any, Any], None]]] = {}
+
+
+def _setters(cls: type[Any]) -> dict[str, Callable[[Any, Any], None]]:
+    """The ``__set__`` of each slot of ``cls`` (what ``object.__setattr__`` looks up per call),
+    kept once: a frozen dataclass's own ``__setattr__`` refuses, its slots do not."""
+    found = {f.name: getattr(cls, f.name).__set__ for f in dataclasses.fields(cls)}
+    _SETTERS[cls] = found
+    return found
 
 
 def _count(sh: Any, itemsize: int) -> int:
@@ -79,12 +91,17 @@ def _array(obj: Any, dtype: np.dtype[Any], dtype_str: str) -> npt.NDArray[Any] |
     sh, data = obj.get("sh"), obj.get("d")
     if type(data) is not bytes or _count(sh, wire.itemsize) * wire.itemsize != len(data):
         return None
-    arr: npt.NDArray[Any] = np.frombuffer(data, dtype=wire).reshape(sh)
+    # a read-only view of the received bytes (np.frombuffer + reshape in one call)
+    arr: npt.NDArray[Any] = np.ndarray(typing.cast(list[int], sh), wire, data)
     return arr.astype(_F4) if wire is _F2 else arr
 
 
 def _finite(arr: npt.NDArray[Any]) -> bool:
-    return bool(np.isfinite(arr).all())
+    """No NaN or inf: their square propagates to the sum of squares (one BLAS reduction, no
+    temporary). A finite sum that overflows (values beyond ~1e19) says False too, and the
+    typed walk decides, as for anything the lean path does not vouch for."""
+    flat = arr.reshape(-1)
+    return math.isfinite(float(np.dot(flat, flat))) if flat.size else True
 
 
 def _ids_ok(ids: list[int], below: int | None) -> bool:
@@ -117,7 +134,7 @@ def _protos(obj: dict[str, Any]) -> PrototypeSet | None:
         return None
     if vectors.shape[0] != ids.shape[0] or not _ids_ok(ids.tolist(), None):
         return None
-    if not _finite(vectors) or (counts.size and int(counts.min()) < 0):
+    if not _finite(vectors) or min(counts.tolist(), default=0) < 0:
         return None
     sd = obj.get("sd")
     if sd is not None:
