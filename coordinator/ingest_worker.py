@@ -35,7 +35,7 @@ from coordinator.replies import (
     task_id,
 )
 from coordinator.runner import UNSIGNED_KINDS, mqtt_client
-from coordinator.store import Store
+from coordinator.store import CHECKPOINT_S, Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.codec import Envelope, encode
 from protocol.endpoint import Endpoint
@@ -63,7 +63,8 @@ def open_run_store(run_dir: Path, wait_s: float) -> tuple[Store, RunConfig]:
     path, end = Path(run_dir) / "state.sqlite", time.monotonic() + wait_s
     while True:
         if path.exists():
-            store = Store(path)  # no run-directory lock: the leader holds it
+            # no run-directory lock (the leader holds it); checkpoints off the reply path
+            store = Store(path, checkpoint_s=CHECKPOINT_S)
             stored = store.get_meta("config")
             if stored is not None:
                 return store, build_config({"run": {}, "hyper": {}}, stored)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig
 from coordinator.engine import Coordinator, QuorumError, RunResult
-from coordinator.store import Store
+from coordinator.store import CHECKPOINT_S, Store
 from coordinator.strategies import create_strategy
 from protocol.codec import Envelope, encode
 from protocol.endpoint import Endpoint
@@ -110,7 +110,7 @@ def make_coordinator(
     """
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(run_dir / "state.sqlite", lock=True)
+    store = Store(run_dir / "state.sqlite", lock=True, checkpoint_s=CHECKPOINT_S)
     try:
         strategy = create_strategy(
             cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed

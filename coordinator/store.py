@@ -14,12 +14,14 @@ import json
 import os
 import sqlite3
 import time
+import weakref
 from collections.abc import Container, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coordinator.checkpoint import WalCheckpointer
 from protocol.errors import EdgeFLError
 from protocol.payloads import Payload, pack_payloads, unpack_payloads
 
@@ -116,6 +118,9 @@ CREATE TABLE IF NOT EXISTS worker_traffic (step INTEGER NOT NULL, key TEXT NOT N
 """
 INTAKE = "intake"  # meta key: the step whose replies ingest workers may store (null: none)
 BUSY_TIMEOUT_S = 30.0  # ingest workers and the leader take turns at the write lock
+#: seconds between WAL checkpoints of the stores that take replies (coordinator.checkpoint)
+CHECKPOINT_S = 0.5
+WAL_SIZE_LIMIT = 64 << 20  # bytes a restarted write-ahead log is truncated back to
 _IN_BATCH = 500  # values per "IN (...)" list (older SQLite builds allow 999 variables)
 
 
@@ -135,8 +140,15 @@ class Store:
     """The coordinator's SQLite database: written by the engine's thread and, with ingest
     workers, by their processes too (WAL: one writer at a time, readers never blocked)."""
 
-    def __init__(self, path: Path | str, *, lock: bool = False) -> None:
-        """Open (creating) the database; ``lock=True`` first takes the run directory's lock."""
+    def __init__(
+        self, path: Path | str, *, lock: bool = False, checkpoint_s: float | None = None
+    ) -> None:
+        """Open (creating) the database; ``lock=True`` first takes the run directory's lock.
+
+        ``checkpoint_s``: copy the write-ahead log into the database every ``checkpoint_s``
+        seconds on a thread of its own, not inside this connection's commits
+        (:mod:`coordinator.checkpoint`); for the processes that write replies.
+        """
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock = RunDirLock(self.path.parent) if lock else None
@@ -146,9 +158,20 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # an acked update must survive power loss
         self.db.executescript(SCHEMA)
+        self.checkpointer: WalCheckpointer | None = None
+        if checkpoint_s is not None:
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+            self.db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+            self.checkpointer = WalCheckpointer(self.path, checkpoint_s)
+            self.checkpointer.start()
+            # a store dropped without close() must not leave its thread polling
+            weakref.finalize(self, self.checkpointer.stop_soon)
 
     def close(self) -> None:
         """Close the database and release the run directory's lock."""
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+            self.checkpointer = None
         self.db.close()
         if self.lock is not None:
             self.lock.release()
