@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.config import RunConfig
-from coordinator.ingest import POLL_S, WorkerIntake, new_share_group
+from coordinator.ingest import POLL_S, Polled, WorkerIntake, new_share_group
 from coordinator.metrics import append_line, step_record
 from coordinator.replies import (
     AckFrames,
@@ -92,6 +92,7 @@ class OpenStep:
     # the three methods below: the wait loop tests it every pass, and recomputing it from the
     # three dicts cost 1.3-1.9 ms a pass at 10,000 agents (issue 21)
     outstanding: set[str] = field(default_factory=set)
+    read: set[str] = field(default_factory=set)  # devices whose stored reply was taken
 
     def sent(self, device: str, task: Task) -> None:
         """A task went out to ``device``."""
@@ -110,7 +111,7 @@ class OpenStep:
         self.outstanding.discard(device)
 
     def stored(self, device: str) -> None:
-        """An ingest worker stored ``device``'s reply; it is read from the store at the close."""
+        """An ingest worker stored ``device``'s reply (the engine takes it from the store)."""
         self.outstanding.discard(device)
 
     def waiting_for(self) -> set[str]:
@@ -440,7 +441,7 @@ class Coordinator:
         finally:
             self._open_step = None
         if self.intake is not None:
-            self._take_stored(open_step)  # what the workers stored, read and checked once
+            self._take_stored(open_step)  # any the polls missed (none: close() polled last)
         return open_step
 
     def _send_tasks(self, open_step: OpenStep, tasks: dict[str, Task]) -> None:
@@ -464,10 +465,20 @@ class Coordinator:
             self.endpoint.send_unsigned(topic, frame, kind=Task.KIND, round=round_)
 
     def _take_stored(self, open_step: OpenStep) -> None:
-        """The stored replies of ``open_step``'s step (a resumed step's, or the ingest
-        workers'), validated again in device order: rebuilds per-step rules (round 1's dim)."""
-        step, held = open_step.step, open_step.outcome.replies  # those we stored ourselves
-        for device_id, _msg_id, blob in self.store.updates(open_step.rec.idx, skip=held):
+        """The stored replies of ``open_step``'s step not taken yet (a resumed step's, or
+        what the ingest workers stored since the last poll), in device order."""
+        taken = open_step.outcome.replies.keys() | open_step.read
+        rows = self.store.updates(open_step.rec.idx, skip=taken)
+        self._take_rows(open_step, [(device, blob) for device, _msg_id, blob in rows])
+
+    def _take_rows(self, open_step: OpenStep, rows: list[tuple[str, bytes]]) -> None:
+        """Stored replies, (device, envelope), validated again: rebuilds per-step rules
+        (round 1's dim) in the order they come."""
+        step, replies, read = open_step.step, open_step.outcome.replies, open_step.read
+        for device_id, blob in rows:
+            if device_id in replies or device_id in read:  # ours (stored by this engine)
+                continue
+            read.add(device_id)
             body = decode(blob).body
             agent = self.agents.get(device_id)
             if not isinstance(body, Reply) or not agent:
@@ -488,15 +499,18 @@ class Coordinator:
                 break
             self._pump(min(remaining, wait))
             if self.intake is not None:
-                self._count_refusals(self.intake.poll(open_step))
+                self._take_polled(open_step, self.intake.poll(open_step))
         if self.intake is not None:  # closed before the deadline's verdict: none slips in
-            self._count_refusals(self.intake.close(open_step))
+            self._take_polled(open_step, self.intake.close(open_step))
         for d in sorted(open_step.outstanding):
             open_step.fail(d, "deadline")
 
-    def _count_refusals(self, refused: list[tuple[str, str]]) -> None:
-        """Invalid replies an ingest worker refused, counted as the engine counts its own."""
-        for device, reason in refused:
+    def _take_polled(self, open_step: OpenStep, polled: Polled) -> None:
+        """Take the replies the ingest workers stored since the last poll (decoded and checked
+        while the step is open, so that its close reads none of them again), and count the
+        ones they refused as invalid as the engine counts its own."""
+        self._take_rows(open_step, polled.stored)
+        for device, reason in polled.refused:
             self._reject("invalid_reply", f"{device}: {reason}")
 
     def _task(

@@ -11,7 +11,7 @@ closes. Design and figures: ``docs/scaling.md``.
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from coordinator.store import Store
 from protocol.messages import Status
@@ -20,7 +20,15 @@ from protocol.topics import CHUNKS, Topics
 if TYPE_CHECKING:
     from coordinator.engine import OpenStep
 
-__all__ = ["GROUP", "LEADER_UP_KINDS", "POLL_S", "WorkerIntake", "new_share_group", "share_group"]
+__all__ = [
+    "GROUP",
+    "LEADER_UP_KINDS",
+    "POLL_S",
+    "Polled",
+    "WorkerIntake",
+    "new_share_group",
+    "share_group",
+]
 
 #: What the leader still takes from the agents itself: everything but ``reply``.
 LEADER_UP_KINDS = ("register", "error", "fetch", "chunk_req")
@@ -47,6 +55,13 @@ def share_group(store: Store) -> str:
     """The run's share group (a run stored before groups were random: the fixed name)."""
     group = store.get_meta(SHARE_GROUP_KEY)
     return group if isinstance(group, str) else GROUP
+
+
+class Polled(NamedTuple):
+    """What the workers did since the last poll."""
+
+    stored: list[tuple[str, bytes]]  # (device, envelope as received), in storing order
+    refused: list[tuple[str, str]]  # (device, reason)
 
 
 class WorkerIntake:
@@ -98,22 +113,26 @@ class WorkerIntake:
             }
         )
 
-    def poll(self, open_step: OpenStep) -> list[tuple[str, str]]:
+    def poll(self, open_step: OpenStep) -> Polled:
         """Stop waiting for devices whose reply a worker stored or refused as invalid; returns
-        the new refusals, (device, reason), for the engine to count as its own."""
+        the replies stored since the last poll, (device, envelope), for the engine to take
+        while the step is open (not all at its close: issue 21), and the new refusals,
+        (device, reason), for the engine to count as its own."""
         idx = open_step.rec.idx
-        for rowid, device in self.store.stored_since(idx, self._cursor):
+        rows = []
+        for rowid, device, envelope in self.store.stored_since(idx, self._cursor):
             self._cursor = rowid
             open_step.stored(device)
+            rows.append((device, envelope))
         refused = []
         for device, reason in self.store.refusals(idx, open_step.rec.attempt):
             if device not in self._refusals:
                 self._refusals.add(device)
                 open_step.fail(device, reason)
                 refused.append((device, reason))
-        return refused
+        return Polled(rows, refused)
 
-    def close(self, open_step: OpenStep) -> list[tuple[str, str]]:
+    def close(self, open_step: OpenStep) -> Polled:
         """No more replies for ``open_step``; then take note of the last ones stored."""
         self.store.set_intake(None)
         return self.poll(open_step)

@@ -360,11 +360,13 @@ class Store:
         ).fetchone()
         return bool(row[0])
 
-    def stored_since(self, step: int, after: int) -> list[tuple[int, str]]:
-        """(rowid, device_id) of the updates of ``step`` stored after rowid ``after``."""
+    def stored_since(self, step: int, after: int) -> list[tuple[int, str, bytes]]:
+        """(rowid, device_id, envelope) of the updates of ``step`` stored after rowid
+        ``after``, in the order they were stored."""
         return list(
             self.db.execute(
-                "SELECT rowid, device_id FROM updates WHERE step=? AND rowid>? ORDER BY rowid",
+                "SELECT rowid, device_id, envelope FROM updates WHERE step=? AND rowid>? "
+                "ORDER BY rowid",
                 (step, after),
             )
         )

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from coordinator.config import RunConfig
-from coordinator.engine import Coordinator
+from coordinator.engine import Coordinator, OpenStep
+from coordinator.ingest import WorkerIntake
 from coordinator.ingest_worker import IngestWorker
 from coordinator.replies import task_id
 from coordinator.store import StepRecord, Store
@@ -20,7 +21,7 @@ from protocol.chunking import split_frame
 from protocol.codec import Envelope, decode, encode
 from protocol.endpoint import Endpoint
 from protocol.errors import ValidationError
-from protocol.messages import Ack, Register, Reply, Status
+from protocol.messages import Ack, Register, Reply, Status, Task
 from protocol.payloads import PrototypeSet
 from protocol.topics import COORDINATOR_ID, Topics
 from protocol.transport import MemoryBroker, MemoryTransport
@@ -258,3 +259,28 @@ def test_each_run_gets_its_own_share_group_and_keeps_it_on_resume(tmp_path: Path
         coord.store.close()
     assert groups[0] == groups[2] != groups[1]
     assert all(g.startswith(f"{GROUP}-") and len(g) == len(GROUP) + 33 for g in groups)
+
+
+def test_the_leader_takes_each_stored_reply_once_while_the_step_is_open(setup: Setup) -> None:
+    # Prepare: the leader's engine with DEVICE's task in flight, and one other device's
+    strategy = create_strategy("fedproto", setup.cfg.algorithm_config(), num_classes=10)
+    engine = Coordinator(setup.cfg, setup.worker.endpoint, setup.store, strategy)
+    engine.agents[DEVICE] = AgentInfo(DEVICE, register())
+    rec = StepRecord(0, 1, "train", [DEVICE, "dev2"], "open", 0)
+    open_step = OpenStep(rec, Step(1, "train"))
+    for device in (DEVICE, "dev2"):
+        open_step.sent(device, Task(task_id("t", 0, 0, device), "t", 1, "train", 1e12, "fedproto"))
+    intake = WorkerIntake(1, setup.store, Topics())
+    env = frame(reply(HELD))
+    # Execute: a worker stores DEVICE's reply; the leader polls twice, then closes
+    setup.worker.process([(env, setup.topic)])
+    engine._take_polled(open_step, intake.poll(open_step))
+    taken = open_step.outcome.replies.get(DEVICE)
+    engine._take_polled(open_step, intake.poll(open_step))
+    engine._take_stored(open_step)
+    # Assert: taken at the first poll, equal to what was sent, and never read again
+    assert isinstance(taken, Reply) and taken.task_id == reply(HELD).task_id
+    assert taken.to_wire() == reply(HELD).to_wire()
+    assert open_step.outcome.replies[DEVICE] is taken and open_step.read == {DEVICE}
+    assert open_step.outstanding == {"dev2"}
+    assert intake.poll(open_step) == ([], [])
