@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.checkpoint import WalCheckpointer
+from coordinator.wal import WalCheckpointer
 from protocol.errors import EdgeFLError
 from protocol.payloads import Payload, pack_payloads, unpack_payloads
 
@@ -118,7 +118,7 @@ CREATE TABLE IF NOT EXISTS worker_traffic (step INTEGER NOT NULL, key TEXT NOT N
 """
 INTAKE = "intake"  # meta key: the step whose replies ingest workers may store (null: none)
 BUSY_TIMEOUT_S = 30.0  # ingest workers and the leader take turns at the write lock
-#: seconds between WAL checkpoints of the stores that take replies (coordinator.checkpoint)
+#: seconds between WAL checkpoints of the stores that take replies (coordinator.wal)
 CHECKPOINT_S = 0.5
 WAL_SIZE_LIMIT = 64 << 20  # bytes a restarted write-ahead log is truncated back to
 _IN_BATCH = 500  # values per "IN (...)" list (older SQLite builds allow 999 variables)
@@ -147,7 +147,7 @@ class Store:
 
         ``checkpoint_s``: copy the write-ahead log into the database every ``checkpoint_s``
         seconds on a thread of its own, not inside this connection's commits
-        (:mod:`coordinator.checkpoint`); for the processes that write replies.
+        (:mod:`coordinator.wal`); for the processes that write replies.
         """
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

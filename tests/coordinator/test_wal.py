@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from coordinator.checkpoint import WalCheckpointer
+from coordinator.wal import WalCheckpointer
 from coordinator.store import StepRecord, Store
 
 BLOB = bytes(range(256)) * 33  # ~8.4 KB: a FedProto reply
@@ -69,7 +69,7 @@ def test_a_checkpointer_reports_a_database_it_cannot_open(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = WalCheckpointer(tmp_path / "no" / "such.sqlite", 0.01)
-    with caplog.at_level(logging.ERROR, "edgefl.coordinator.checkpoint"):
+    with caplog.at_level(logging.ERROR, "edgefl.coordinator.wal"):
         missing.start()
         missing.stop()
     assert missing.passes == 0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 __all__ = ["WalCheckpointer"]
 
-log = logging.getLogger("edgefl.coordinator.checkpoint")
+log = logging.getLogger("edgefl.coordinator.wal")
 
 
 class WalCheckpointer:
