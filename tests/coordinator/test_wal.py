@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from coordinator.wal import WalCheckpointer
 from coordinator.store import StepRecord, Store
+from coordinator.wal import WalCheckpointer
 
 BLOB = bytes(range(256)) * 33  # ~8.4 KB: a FedProto reply
 
