@@ -16,7 +16,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -167,11 +167,24 @@ def test_a_device_cannot_take_over_another_devices_session(fleet_broker: Provisi
             thief.connect()
         except ConnectError:
             refused = True
-        # Execute: a task for agent0, then agent1's own (the fence, when it got in)
-        coord.publish(T.down("agent0", "task"), b"task for agent0")
-        coord.publish(T.down("agent1", "task"), b"task for agent1")
+
+        def fence(payload: bytes) -> Callable[[], bool]:
+            """agent1's own task, published until it arrives: then every subscription the
+            thief sent on connecting is in place (they race the first publishes)."""
+
+            def arrived() -> bool:
+                coord.publish(T.down("agent1", "task"), payload)
+                return wait_for(lambda: any(p == payload for _t, p in stolen.items), 0.2)
+
+            return arrived
+
+        # Execute: (when it got in) its subscriptions in place; a task for agent0; a second
+        # fence, after which whatever the broker would deliver of that task has arrived
         if not refused:
-            assert wait_for(lambda: any(p == b"task for agent1" for _t, p in stolen.items), 5)
+            assert wait_for(fence(b"fence 1"), 10)
+        coord.publish(T.down("agent0", "task"), b"task for agent0")
+        if not refused:
+            assert wait_for(fence(b"fence 2"), 10)
     # Assert
     assert b"task for agent0" not in [p for _t, p in stolen.items]
     assert refused or b.flavour == "mosquitto"  # the embedded broker refuses the takeover
