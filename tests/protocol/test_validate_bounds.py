@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -43,7 +46,7 @@ EDGE = [
 ]
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in dot:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered in dot:RuntimeWarning")  # see below
 @settings(max_examples=300, deadline=None)
 @given(
     dtype=st.sampled_from([np.float16, np.float32, np.float64]),
@@ -76,3 +79,22 @@ def test_many_values_each_within_the_bound_pass_though_their_norm_exceeds_it() -
     assert not refused(arr)
     assert refused(np.array([1.0, np.nan], dtype=np.float32))
     assert not refused(np.array([], dtype=np.float32)) and not refused(np.arange(5))
+
+
+def test_an_overflowing_sum_of_squares_prints_no_warning() -> None:
+    # In a process of its own: pytest undoes the modules' warning filters, which are added
+    # at import (during collection, inside pytest's own warnings context)
+    code = (
+        "import numpy as np\n"
+        "from protocol import lean\n"
+        "from protocol.validate import check_max_abs\n"
+        "big = np.full(4, 3e37, dtype=np.float32)\n"
+        "assert not lean._finite(big)\n"
+        "try:\n"
+        "    check_max_abs(big, 1e4, 'x')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "ValidationError"
+    assert run.stderr == ""
