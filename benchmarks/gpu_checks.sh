@@ -28,11 +28,7 @@ QUICK="${QUICK:-0}"
 CODE="${CODE:-unknown}"
 mkdir -p "$OUT"
 start=$(date +%s)
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

@@ -19,11 +19,7 @@ ROUNDS="${ROUNDS:-3}"
 WORKERS="${WORKERS:-0 2 4 8 1}"
 mkdir -p "$OUT"
 start=$(date +%s)
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/paho_mqtt-*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
   mq=/tmp/mq
   for f in .deb/mosquitto_*.deb .deb/libwrap0_*.deb .deb/libdlt2_*.deb; do dpkg -x "$f" "$mq"; done
