@@ -3,9 +3,10 @@
 The workers (``coordinator/ingest_worker.py``) take the agents' replies through an MQTT shared
 subscription, judge each with the engine's :class:`~coordinator.replies.ReplyDesk`, store it in
 the run's SQLite store and acknowledge it. The leader (the engine) opens and closes steps as
-before; it tells the workers which step is open through the store (:meth:`Store.set_intake`),
-learns what they stored by polling the store, and reads the replies from it when the step
-closes. Design and figures: ``docs/scaling.md``.
+before; it tells the workers which step is open through the store (:meth:`Store.set_intake`)
+and takes what they stored by polling the store (every ``POLL_S``, while the step is open). A
+chunked reply never reaches a worker: its chunks travel on the reply's chunk topic, which the
+leader subscribes to itself. Design and figures: ``docs/scaling.md``.
 """
 
 from __future__ import annotations
