@@ -93,6 +93,7 @@ class OpenStep:
     # three dicts cost 1.3-1.9 ms a pass at 10,000 agents (issue 21)
     outstanding: set[str] = field(default_factory=set)
     read: set[str] = field(default_factory=set)  # devices whose stored reply was taken
+    judged: bool = False  # polled the ingest workers: rows stored since were judged by them
 
     def sent(self, device: str, task: Task) -> None:
         """A task went out to ``device``."""
@@ -469,11 +470,15 @@ class Coordinator:
         what the ingest workers stored since the last poll), in device order."""
         taken = open_step.outcome.replies.keys() | open_step.read
         rows = self.store.updates(open_step.rec.idx, skip=taken)
-        self._take_rows(open_step, [(device, blob) for device, _msg_id, blob in rows])
+        found = [(device, blob) for device, _msg_id, blob in rows]
+        self._take_rows(open_step, found, judged=open_step.judged)
 
-    def _take_rows(self, open_step: OpenStep, rows: list[tuple[str, bytes]]) -> None:
+    def _take_rows(
+        self, open_step: OpenStep, rows: list[tuple[str, bytes]], *, judged: bool = False
+    ) -> None:
         """Stored replies, (device, envelope), validated again: rebuilds per-step rules
-        (round 1's dim) in the order they come."""
+        (round 1's dim) in the order they come. ``judged``: stored by this run's ingest
+        workers during this attempt (:meth:`ReplyDesk.check`)."""
         step, replies, read = open_step.step, open_step.outcome.replies, open_step.read
         for device_id, blob in rows:
             if device_id in replies or device_id in read:  # ours (stored by this engine)
@@ -484,7 +489,7 @@ class Coordinator:
             if not isinstance(body, Reply) or not agent:
                 continue
             try:
-                self._check_reply(step, agent, body)
+                self.desk.check(step, agent, body, judged=judged)
             except ValidationError as exc:  # cannot pass twice differently; never aggregate it
                 self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
                 continue
@@ -509,7 +514,8 @@ class Coordinator:
         """Take the replies the ingest workers stored since the last poll (decoded and checked
         while the step is open, so that its close reads none of them again), and count the
         ones they refused as invalid as the engine counts its own."""
-        self._take_rows(open_step, polled.stored)
+        open_step.judged = True  # what a poll finds, the workers judged against this attempt
+        self._take_rows(open_step, polled.stored, judged=True)
         for device, reason in polled.refused:
             self._reject("invalid_reply", f"{device}: {reason}")
 

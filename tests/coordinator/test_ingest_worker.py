@@ -284,3 +284,18 @@ def test_the_leader_takes_each_stored_reply_once_while_the_step_is_open(setup: S
     assert open_step.outcome.replies[DEVICE] is taken and open_step.read == {DEVICE}
     assert open_step.outstanding == {"dev2"}
     assert intake.poll(open_step) == ([], [])
+
+
+def test_a_reply_the_workers_judged_meets_only_the_strategys_own_rules_again(setup: Setup) -> None:
+    # the leader re-runs the strategy's rules (per-step state lives in its process), not the
+    # checks a worker of the run made on the reply, the agent and the configuration alone
+    strategy = create_strategy("fedproto", setup.cfg.algorithm_config(), num_classes=10)
+    engine = Coordinator(setup.cfg, setup.worker.endpoint, setup.store, strategy)
+    agent, step = AgentInfo(DEVICE, register()), Step(1, "train")
+    loud = reply(HELD)
+    loud.payloads["protos"].vectors[0, 0] = 1e9  # type: ignore[union-attr]
+    with pytest.raises(ValidationError, match=r"\|value\| <= "):
+        engine.desk.check(step, agent, loud)
+    engine.desk.check(step, agent, loud, judged=True)  # bounded by the worker that stored it
+    with pytest.raises(ValidationError, match="classes the agent registered"):
+        engine.desk.check(step, agent, reply([1, 7]), judged=True)
