@@ -481,7 +481,7 @@ class Coordinator:
         workers during this attempt (:meth:`ReplyDesk.check`)."""
         step, replies, read = open_step.step, open_step.outcome.replies, open_step.read
         for device_id, blob in rows:
-            if device_id in replies or device_id in read:  # ours (stored by this engine)
+            if device_id in replies or device_id in read:  # stored by this engine, or taken
                 continue
             read.add(device_id)
             body = decode(blob).body
