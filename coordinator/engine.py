@@ -93,7 +93,6 @@ class OpenStep:
     # three dicts cost 1.3-1.9 ms a pass at 10,000 agents (issue 21)
     outstanding: set[str] = field(default_factory=set)
     read: set[str] = field(default_factory=set)  # devices whose stored reply was taken
-    judged: bool = False  # polled the ingest workers: rows stored since were judged by them
 
     def sent(self, device: str, task: Task) -> None:
         """A task went out to ``device``."""
@@ -402,7 +401,7 @@ class Coordinator:
     def collect(self, rec: StepRecord, step: Step) -> OpenStep:
         """Send tasks to participants without a stored update and wait for their replies."""
         open_step = OpenStep(rec, step)
-        self._take_stored(open_step)  # a resumed step's
+        self._take_stored(open_step, judged=False)  # a resumed step's: every check
         deadline = time.time() + self.cfg.deadline_s
         config = self.strategy.config.to_dict()  # the same for every task of the step
         payloads = {
@@ -442,7 +441,8 @@ class Coordinator:
         finally:
             self._open_step = None
         if self.intake is not None:
-            self._take_stored(open_step)  # any the polls missed (none: close() polled last)
+            # any the polls missed (none: close() polled last), judged by this attempt's workers
+            self._take_stored(open_step, judged=True)
         return open_step
 
     def _send_tasks(self, open_step: OpenStep, tasks: dict[str, Task]) -> None:
@@ -465,16 +465,17 @@ class Coordinator:
             frame = template.fill(new_message_id(), task.task_id)
             self.endpoint.send_unsigned(topic, frame, kind=Task.KIND, round=round_)
 
-    def _take_stored(self, open_step: OpenStep) -> None:
+    def _take_stored(self, open_step: OpenStep, *, judged: bool) -> None:
         """The stored replies of ``open_step``'s step not taken yet (a resumed step's, or
-        what the ingest workers stored since the last poll), in device order."""
+        what the ingest workers stored since the last poll), in device order; ``judged``: as
+        :meth:`_take_rows`."""
         taken = open_step.outcome.replies.keys() | open_step.read
         rows = self.store.updates(open_step.rec.idx, skip=taken)
         found = [(device, blob) for device, _msg_id, blob in rows]
-        self._take_rows(open_step, found, judged=open_step.judged)
+        self._take_rows(open_step, found, judged=judged)
 
     def _take_rows(
-        self, open_step: OpenStep, rows: list[tuple[str, bytes]], *, judged: bool = False
+        self, open_step: OpenStep, rows: list[tuple[str, bytes]], *, judged: bool
     ) -> None:
         """Stored replies, (device, envelope), validated again: rebuilds per-step rules
         (round 1's dim) in the order they come. ``judged``: stored by this run's ingest
@@ -514,8 +515,7 @@ class Coordinator:
         """Take the replies the ingest workers stored since the last poll (decoded and checked
         while the step is open, so that its close reads none of them again), and count the
         ones they refused as invalid as the engine counts its own."""
-        open_step.judged = True  # what a poll finds, the workers judged against this attempt
-        self._take_rows(open_step, polled.stored, judged=True)
+        self._take_rows(open_step, polled.stored, judged=True)  # against this very attempt
         for device, reason in polled.refused:
             self._reject("invalid_reply", f"{device}: {reason}")
 

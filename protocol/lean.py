@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ from protocol.arrays import MAX_NDIM
 from protocol.errors import ValidationError
 from protocol.messages import MAX_NAME, Capabilities, InputSpec, Register, Reply, Status
 from protocol.payloads import FeatureLogitSet, PrototypeSet
+from protocol.validate import sum_of_squares
 from protocol.wire import WireModel
 
 __all__ = ["KINDS", "decode_body"]
@@ -97,17 +97,11 @@ def _array(obj: Any, dtype: np.dtype[Any], dtype_str: str) -> npt.NDArray[Any] |
     return arr.astype(_F4) if wire is _F2 else arr
 
 
-# An overflowing sum of squares is an expected outcome of the one-reduction shortcut below (it
-# sends the array down the exact path); numpy would print a RuntimeWarning for it
-warnings.filterwarnings("ignore", "overflow encountered in dot", RuntimeWarning, __name__)
-
-
 def _finite(arr: npt.NDArray[Any]) -> bool:
-    """No NaN or inf: their square propagates to the sum of squares (one BLAS reduction, no
-    temporary). A finite sum that overflows (values beyond ~1e19) says False too, and the
-    typed walk decides, as for anything the lean path does not vouch for."""
-    flat = arr.reshape(-1)
-    return math.isfinite(float(np.dot(flat, flat))) if flat.size else True
+    """No NaN or inf, by one reduction (:func:`~protocol.validate.sum_of_squares`). A finite
+    sum that overflows (values beyond ~1e19) says False too, and the typed walk decides, as for
+    anything the lean path does not vouch for."""
+    return math.isfinite(sum_of_squares(arr))
 
 
 def _ids_ok(ids: list[int], below: int | None) -> bool:

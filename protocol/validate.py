@@ -23,6 +23,7 @@ __all__ = [
     "check_max_abs",
     "check_shape",
     "float_arrays",
+    "sum_of_squares",
 ]
 
 #: Largest |value| accepted in features a model computes and sends: prototypes, mean features,
@@ -71,13 +72,21 @@ def check_class_ids(ids: npt.NDArray[Any], field: str, num_classes: int | None =
         raise ValidationError(field, "unique class ids", ids.tolist())
 
 
-# An overflowing sum of squares is an expected outcome of the one-reduction shortcut below (it
-# sends the array down the exact path); numpy would print a RuntimeWarning for it
+# An overflowing sum of squares is an expected outcome of sum_of_squares' callers' shortcuts
+# (they then take their exact path); numpy would print a RuntimeWarning for it
 warnings.filterwarnings("ignore", "overflow encountered in dot", RuntimeWarning, __name__)
 
 
 #: unit roundoff of the dtypes whose np.dot is a BLAS call
 _ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
+
+
+def sum_of_squares(arr: npt.NDArray[Any]) -> float:
+    """The sum of the squares of every value: one BLAS reduction, no temporary array. NaN and
+    inf propagate to it, and values beyond ~1e19 (float32) overflow it to inf, without a
+    warning: a shortcut that finds it not finite takes its exact path."""
+    flat = arr.reshape(-1)
+    return float(np.dot(flat, flat)) if flat.size else 0.0
 
 
 def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:
@@ -87,12 +96,11 @@ def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:
     # fastest path, one BLAS reduction: max x^2 <= sum x^2, so a sum of squares within the
     # bound squared clears every value. The computed sum is within gamma_n = n u / (1 - n u)
     # of the true one (u: the dtype's unit roundoff, any summation order), so the test leaves
-    # that margin; NaN, inf and an overflowing sum fail it and take the next path (np.errstate
-    # around the dot would cost more than the dot: numpy's warning is filtered above instead)
+    # that margin; NaN, inf and an overflowing sum fail it and take the next path
     u = _ROUNDOFF.get(arr.dtype)
     if u is not None:
-        nu, flat = arr.size * u, arr.reshape(-1)
-        if nu < 0.5 and float(np.dot(flat, flat)) <= (1 - nu / (1 - nu)) * bound * bound:
+        nu = arr.size * u
+        if nu < 0.5 and sum_of_squares(arr) <= (1 - nu / (1 - nu)) * bound * bound:
             return
     # fast path, same verdict: without NaN, max(max, -min) is nanmax(abs) (two reductions, no
     # temporary array); any NaN makes it NaN, which fails the test and takes the full path

@@ -277,7 +277,7 @@ def test_the_leader_takes_each_stored_reply_once_while_the_step_is_open(setup: S
     engine._take_polled(open_step, intake.poll(open_step))
     taken = open_step.outcome.replies.get(DEVICE)
     engine._take_polled(open_step, intake.poll(open_step))
-    engine._take_stored(open_step)
+    engine._take_stored(open_step, judged=True)
     # Assert: taken at the first poll, equal to what was sent, and never read again
     assert isinstance(taken, Reply) and taken.task_id == reply(HELD).task_id
     assert taken.to_wire() == reply(HELD).to_wire()
