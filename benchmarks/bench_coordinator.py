@@ -51,6 +51,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import logging
 import multiprocessing as mp
@@ -76,6 +77,26 @@ def _device_of(topic: str) -> str:
     return topic.split("/")[4]  # edgefl/v1/{fed}/dev/{device}/...
 
 
+def cpu_ns(pids: dict[str, int]) -> dict[str, int]:
+    """CPU time of each process so far, in ns: every thread's time on a CPU, from
+    ``/proc/PID/task/TID/schedstat`` (nanoseconds; ``/proc/PID/stat`` counts 10 ms ticks)."""
+    out: dict[str, int] = {}
+    for name, pid in pids.items():
+        total = 0
+        with contextlib.suppress(OSError):  # a thread or the process ended meanwhile
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        out[name] = total
+    return out
+
+
+def cpu_spent(before: dict[str, int], pids: dict[str, int]) -> dict[str, int]:
+    """CPU ns each process spent since ``before`` (:func:`cpu_ns`)."""
+    now = cpu_ns(pids)
+    return {name: now[name] - before.get(name, 0) for name in now}
+
+
 def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
     port: int,
     n: int,
@@ -86,8 +107,10 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
     expect: Any,
     raw: Any,
     weights_kb: int = 0,
+    pids: dict[str, int] | None = None,
 ) -> None:
-    """Child process: N fake agents; reports per-step timestamps and raw-consumer bursts."""
+    """Child process: N fake agents; reports per-step timestamps and raw-consumer bursts, and
+    the CPU time each process of ``pids`` (and this one, ``fleet``) spent in each burst."""
     import msgpack
     import numpy as np
 
@@ -109,6 +132,9 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
     }
     tasks: queue.Queue[tuple[str, Task]] = queue.Queue()
     times: dict[str, Any] = {"task": {}, "reply": {}, "ack": {}, "raw": {}, "phase": {}}
+    times["cpu"] = {"raw": {}, "coordinator": {}}  # step -> {process: CPU ns in that burst}
+    pids = {**(pids or {}), "fleet": os.getpid()}
+    burst_cpu: dict[int, dict[str, int]] = {}  # a coordinator burst's start, until its last ack
     lock = threading.Lock()
 
     def stamp(kind: str, step: int, now: float | None = None) -> None:
@@ -126,7 +152,10 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
             tasks.put((_device_of(topic), env.body))
 
     def on_ack(_topic: str, payload: bytes) -> bool:
-        stamp("ack", step_of(msgpack.unpackb(payload)["b"]["task_id"]))
+        step = step_of(msgpack.unpackb(payload)["b"]["task_id"])
+        stamp("ack", step)
+        if times["ack"][step][2] == n and step in burst_cpu:  # the burst's last ack
+            times["cpu"]["coordinator"][step] = cpu_spent(burst_cpu.pop(step), pids)
         return not stop.is_set()
 
     transport = LeanMqttTransport(client_id="fakefleet", port=port, clean_session=True)
@@ -213,9 +242,10 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
         expect.put(len(frames))
         time.sleep(0.05)  # let the consumer enter its receive loop
         replay = [(twin.base + t[len(topics.base) :], f) for t, f in frames]
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_ns(pids), time.perf_counter()
         pub.publish_many(replay)
         count, size, _first, last = raw.get(timeout=120)
+        times["cpu"]["raw"][step] = cpu_spent(cpu0, pids)
         per_reply = len(frames) / n  # chunk frames per reply (1: whole replies)
         times["raw"][step] = (t0, last, count / per_reply, size)
 
@@ -236,6 +266,7 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
             frames = [f for d, t in batch for f in reply_frames(d, reply_for(d, t), t.round)]
             if previous:
                 raw_burst(step, previous)
+            burst_cpu[step] = cpu_ns(pids)
             stamp("reply", step)
             pub.publish_many(frames)
             stamp("reply", step)
@@ -331,6 +362,8 @@ def run_one(
         ]
         for w in workers:
             w.start()  # they wait for the run's store
+        pids = {"broker": broker.pid or 0, "coordinator": os.getpid(), "consumer": consumer.pid or 0}
+        pids.update({f"w{i + 1}": w.pid or 0 for i, w in enumerate(workers)})
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         transport = mqtt_client(cfg)(
             client_id="coordinator",
@@ -345,7 +378,7 @@ def run_one(
         logger.addHandler(timer)
         fleet = ctx.Process(
             target=fleet_main,
-            args=(broker.port, n, dim, num_classes, out, stop, expect, raw, weights_kb),
+            args=(broker.port, n, dim, num_classes, out, stop, expect, raw, weights_kb, pids),
         )
         fleet.start()
         sends = _time_sends(transport)
@@ -413,7 +446,7 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
     result: Any,
     online_at: float | None,
     wall: float,
-    cpu: float,
+    cpu_s: float,
     rss: int,
     rss0: int,
 ) -> dict[str, Any]:
@@ -421,6 +454,7 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
     turnaround, first_task, msgs_per_s, coord, broker, ratio, reply_bytes, close = (
         [] for _ in range(8)
     )
+    cpu: dict[str, list[tuple[dict[str, int], float]]] = {"raw": [], "coordinator": []}
     for s in steps[1:]:  # the first step pays for warm-up (and has no raw burst before it)
         sent, written = times["reply"][s][0], times["reply"][s][1]
         ack = times["ack"].get(s)
@@ -434,6 +468,9 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
         broker.append(count / (last - t0))
         reply_bytes.append(size / count)
         ratio.append(coord[-1] / broker[-1])
+        for phase, replies in (("raw", count), ("coordinator", n)):
+            if s in times["cpu"][phase]:
+                cpu[phase].append((times["cpu"][phase][s], replies))
         msgs_per_s.append(3 * n / (ack[1] - times["task"][s][0]))
         nxt = times["task"].get(s + 1)
         if nxt is not None:
@@ -446,7 +483,7 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
         "agents": n,
         "rounds": rounds,
         "wall_s": wall,
-        "coordinator_cpu_s": cpu,
+        "coordinator_cpu_s": cpu_s,
         "registration_s": registration,
         "reply_bytes": med(reply_bytes) if reply_bytes else None,
         "coord_replies_per_s": med(coord) if coord else None,
@@ -462,7 +499,43 @@ def _figures(  # noqa: PLR0917 - a flat record of one run
         "rss_before_mb": rss0 / 1024,
         "bytes_per_round": med(m["bytes_total"] for m in result.metrics if m["phase"] == "train"),
         "rejected": result.rejected,
+        **_cpu_figures(cpu),
     }
+
+
+def _cpu_figures(cpu: dict[str, list[tuple[dict[str, int], float]]]) -> dict[str, Any]:
+    """CPU time per reply of each process in the raw replay and in the coordinator's burst
+    (microseconds, over the compared steps), and what they bound on a machine where no process
+    waits for a core: each process moves at most 1e6 / (its us per reply) replies a second,
+    and the slowest one sets the pace. The ratio of the two bounds is what the measured ratio
+    would approach with a core per process; a bound, not a measurement: a Python process also
+    runs a second thread beside the GIL-holding one, and on a loaded machine CPU time per
+    reply inflates with cache and frequency sharing."""
+    per_reply: dict[str, dict[str, float]] = {}
+    for phase, samples in cpu.items():
+        replies = sum(r for _, r in samples)
+        if not samples or not replies:
+            continue
+        names = set().union(*(spent for spent, _ in samples))
+        per_reply[phase] = {
+            name: round(sum(spent.get(name, 0) for spent, _ in samples) / replies / 1e3, 1)
+            for name in sorted(names)
+        }
+    out: dict[str, Any] = {"cpu_us_per_reply": per_reply}
+    raw, coord = per_reply.get("raw"), per_reply.get("coordinator")
+    if raw and coord:
+        # the coordinator idles through the replay, the raw consumer through the burst
+        raw_path = {k: v for k, v in raw.items() if k in ("broker", "consumer", "fleet")}
+        coord_path = {k: v for k, v in coord.items() if k != "consumer"}
+        raw_bound, coord_bound = max(raw_path, key=raw_path.get), max(coord_path, key=coord_path.get)  # type: ignore[arg-type]
+        out["core_per_process_bound"] = {
+            "raw_replies_per_s": round(1e6 / raw_path[raw_bound]),
+            "raw_limited_by": raw_bound,
+            "coord_replies_per_s": round(1e6 / coord_path[coord_bound]),
+            "coord_limited_by": coord_bound,
+            "ratio": round(raw_path[raw_bound] / coord_path[coord_bound], 3),
+        }
+    return out
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -28,8 +28,8 @@ from coordinator.config import RunConfig, build_config
 from coordinator.ingest import share_group
 from coordinator.replies import (
     AckFrames,
+    AgentBook,
     ReplyDesk,
-    registered_agents,
     screen,
     take_batch,
     task_id,
@@ -109,6 +109,7 @@ class IngestWorker:
         self._step: Step | None = None
         self._participants: set[str] = set()
         self._agents: dict[str, AgentInfo] = {}
+        self._book = AgentBook(store)  # the fleet, re-read each step, decoded once an agent
 
     # ----- wiring ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,10 +169,9 @@ class IngestWorker:
             self.lock_wait_s += time.perf_counter() - t0
             heard = {env.sender: None for env, _, _ in judged if env.sender in self._agents}
             self.store.touch_agents(heard)  # last seen, for `coordinator status`
-            for env, reply, verdict in judged:
-                if self._keep(env, reply, verdict):
-                    frame = self.endpoint.seal(self.ack_frames.unsigned(verdict.ack))
-                    acks.append((self.topics.down(env.sender, "ack"), frame))
+            for env, _reply, verdict in self._keep(judged):
+                frame = self.endpoint.seal(self.ack_frames.unsigned(verdict.ack))
+                acks.append((self.topics.down(env.sender, "ack"), frame))
             self._count_traffic(sum(len(frame) for _, frame in acks))
         for topic, frame in acks:  # after the commit: an acknowledged update is durable
             self.endpoint.send_sealed(topic, frame, kind=Ack.KIND, round=0)
@@ -204,24 +204,34 @@ class IngestWorker:
             self._count_reject(*verdict.reject)
         return env, env.body, verdict
 
-    def _keep(self, env: Envelope, reply: Reply, verdict: Any) -> bool:
-        """Store what the verdict says (inside the transaction); whether to ack it."""
-        device = env.sender
-        if verdict.ack is None:
-            self.counts["deferred"] += 1
-            return False
-        intake = self._intake
-        if verdict.store and intake is not None:
-            blob = env.wire or encode(env)
-            stored = self.store.add_update_if_open(intake, device, env.msg_id, reply.task_id, blob)
-            if stored is None:  # the leader closed the step meanwhile: as if none was open
+    def _keep(self, judged: list[Judged]) -> list[Judged]:
+        """Store what the verdicts say (inside the transaction, one statement a batch); the
+        ones to acknowledge."""
+        intake, answered = self._intake, []
+        for item in judged:
+            if item[2].ack is None:
                 self.counts["deferred"] += 1
-                return False
-            self.counts["stored"] += int(stored)
-            self.desk.mark_stored(env.msg_id)
-        if verdict.fail is not None and intake is not None:
-            self.store.add_refusal(intake["step"], intake["attempt"], device, verdict.fail)
-        return True
+            else:
+                answered.append(item)
+        to_store = [item for item in answered if item[2].store]
+        if intake is not None and to_store:
+            rows = [
+                (env.sender, env.msg_id, reply.task_id, env.wire or encode(env))
+                for env, reply, _ in to_store
+            ]
+            stored = self.store.add_updates_if_open(intake, rows)
+            if stored is None:  # the leader closed the step meanwhile: as if none was open
+                self.counts["deferred"] += len(to_store)
+                closed = {id(item) for item in to_store}
+                answered = [item for item in answered if id(item) not in closed]
+                stored = set()
+            self.counts["stored"] += len(stored)
+            for msg_id in stored:
+                self.desk.mark_stored(msg_id)
+        for env, _, verdict in answered:
+            if verdict.fail is not None and intake is not None:
+                self.store.add_refusal(intake["step"], intake["attempt"], env.sender, verdict.fail)
+        return answered
 
     def _count_reject(self, counter: str, detail: str) -> None:
         self.counts[f"rejected.{counter}"] += 1
@@ -241,7 +251,7 @@ class IngestWorker:
         self._step = Step(intake["round"], intake["phase"], intake["participation"])
         if previous is None or previous.get("step") != intake["step"]:
             self.desk.strategy.load_state_dict(self.store.global_state())
-        self._agents = registered_agents(self.store)
+        self._agents = self._book.read()
 
 
 def run_ingest_worker(

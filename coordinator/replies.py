@@ -27,6 +27,7 @@ from protocol.topics import Topics
 __all__ = [
     "MAX_BATCH",
     "AckFrames",
+    "AgentBook",
     "ReplyDesk",
     "Verdict",
     "is_will",
@@ -65,15 +66,41 @@ def task_id(run_id: str, idx: int, attempt: int, device_id: str) -> str:
 
 def registered_agents(store: Store) -> dict[str, AgentInfo]:
     """Every agent whose registration the store holds (admitted when it was stored)."""
-    agents = {}
-    for device_id, blob in store.agents():
-        try:
-            reg = decode(blob).body
-        except ProtocolError:
-            continue
-        if isinstance(reg, Register):
-            agents[device_id] = AgentInfo(device_id, reg)
-    return agents
+    return AgentBook(store).read()
+
+
+class AgentBook:
+    """The registrations a store holds, each decoded once: :meth:`read` decodes only the rows
+    whose stored envelope changed since the last read (a new agent, a registration again).
+
+    An ingest worker reads the fleet at every step; decoding every registration again cost
+    ~55 us an agent (0.55 s a step and worker at 10,000 agents), comparing the stored bytes
+    with the ones decoded last time a fraction of a microsecond.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._rows: dict[str, tuple[bytes, AgentInfo | None]] = {}  # device -> (blob, decoded)
+
+    def read(self) -> dict[str, AgentInfo]:
+        """Every agent whose registration the store holds now."""
+        rows: dict[str, tuple[bytes, AgentInfo | None]] = {}
+        for device_id, blob in self.store.agents():
+            known = self._rows.get(device_id)
+            if known is None or known[0] != blob:
+                known = blob, _agent(device_id, blob)
+            rows[device_id] = known
+        self._rows = rows
+        return {device_id: info for device_id, (_, info) in rows.items() if info is not None}
+
+
+def _agent(device_id: str, blob: bytes) -> AgentInfo | None:
+    """The agent a stored registration envelope describes (``None``: not one)."""
+    try:
+        reg = decode(blob).body
+    except ProtocolError:
+        return None
+    return AgentInfo(device_id, reg) if isinstance(reg, Register) else None
 
 
 def screen(topics: Topics, env: Envelope, topic: str, trusted: bool) -> tuple[str, str] | None:

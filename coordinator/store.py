@@ -375,7 +375,7 @@ class Store:
     def set_intake(self, intake: dict[str, Any] | None) -> None:
         """Open (``{"step", "attempt", "round", "phase", "participation"}``) or close the
         step whose replies workers store. Committed at once: a worker's store is conditional
-        on it (:meth:`add_update_if_open`), so after closing no reply can slip in."""
+        on it (:meth:`add_updates_if_open`), so after closing no reply can slip in."""
         self.set_meta(INTAKE, intake)
 
     def intake(self) -> dict[str, Any] | None:
@@ -383,17 +383,45 @@ class Store:
         value = self.get_meta(INTAKE)
         return value if isinstance(value, dict) else None
 
-    def add_update_if_open(
-        self, intake: dict[str, Any], device_id: str, msg_id: str, task_id: str, envelope: bytes
-    ) -> bool | None:
-        """:meth:`add_update` if ``intake`` is still the open step; ``None`` if it is not.
+    def add_updates_if_open(
+        self, intake: dict[str, Any], rows: list[tuple[str, str, str, bytes]]
+    ) -> set[str] | None:
+        """Store a batch's replies ``(device_id, msg_id, task_id, envelope)`` under
+        ``intake``'s step if it is still the open one; ``None`` (nothing stored) if it is not.
+        Returns the message ids stored: a device's first reply of the step (as
+        :meth:`add_update`, a device that already has one keeps it).
 
         Call inside :meth:`transaction`: the write lock orders it against the leader's
         :meth:`set_intake`, so a reply is stored either before the step closes or not at all.
+        One read of the intake, one lookup and one statement a batch, not three a reply.
         """
         if self.intake() != intake:
             return None
-        return self.add_update(intake["step"], device_id, msg_id, task_id, envelope)
+        step = intake["step"]
+        have = self._devices_with_update(step, list({row[0]: None for row in rows}))
+        new = []
+        for device_id, msg_id, task_id, envelope in rows:
+            if device_id not in have:
+                have.add(device_id)
+                new.append((step, device_id, msg_id, task_id, envelope))
+        self.add_updates(new)
+        return {row[2] for row in new}
+
+    def _devices_with_update(self, step: int, devices: list[str]) -> set[str]:
+        """The ones of ``devices`` that have a reply stored for ``step``."""
+        found: set[str] = set()
+        for i in range(0, len(devices), _IN_BATCH):
+            part = devices[i : i + _IN_BATCH]
+            marks = ",".join("?" * len(part))
+            found.update(
+                d
+                for (d,) in self.db.execute(
+                    f"SELECT device_id FROM updates "  # placeholders only
+                    f"WHERE step=? AND device_id IN ({marks})",
+                    (step, *part),
+                )
+            )
+        return found
 
     def add_refusal(self, step: int, attempt: int, device_id: str, reason: str) -> None:
         """Note that a worker refused ``device_id``'s reply of this attempt as invalid."""

@@ -339,6 +339,11 @@ class MosquittoBroker:
         """Whether the process is alive."""
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (benchmarks read its CPU time)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
     def config_text(self) -> str:
         """The mosquitto.conf this broker runs with."""
         lines = [

@@ -125,6 +125,68 @@ def test_another_reply_of_the_same_device_and_step_is_not_stored_again(setup: Se
     assert [msg_id for _, msg_id, _ in setup.stored()] == [first.msg_id]
 
 
+def test_a_batch_stores_each_devices_first_reply_of_the_step_and_acks_every_one(
+    setup: Setup,
+) -> None:
+    # Prepare: a second device, and one batch of: dev1's reply twice (two message ids, the
+    # second a new answer to the same task), dev2's reply
+    other = "dev2"
+    setup.store.upsert_agent(other, encode(frame(register(other), sender=other)), online=True)
+    setup.store.open_step(StepRecord(0, 1, "train", [DEVICE, other], "open", 0))
+    first, again = frame(reply(HELD)), frame(reply(HELD))
+    second_reply = reply(HELD)
+    second = frame(
+        Reply(
+            task_id=task_id("t", 0, 0, other),
+            round=1,
+            phase="train",
+            num_samples=40,
+            payloads=second_reply.payloads,
+            metrics={},
+        ),
+        sender=other,
+    )
+    batch = [(first, setup.topic), (again, setup.topic), (second, Topics().up(other, "reply"))]
+
+    # Execute
+    setup.worker.process(batch)
+
+    # Assert: one row a device, its first reply; the batch's replies all acknowledged
+    assert [(d, m) for d, m, _ in setup.stored()] == [
+        (DEVICE, first.msg_id),
+        (other, second.msg_id),
+    ]
+    assert setup.worker.counts["stored"] == 2
+    assert setup.worker.counts["acked"] == 3
+
+
+def test_the_fleet_is_decoded_once_an_agent_and_again_when_it_registers_again(
+    setup: Setup,
+) -> None:
+    # Prepare
+    from coordinator.replies import AgentBook
+
+    book = AgentBook(setup.store)
+    first = book.read()
+
+    # Execute: nothing changed; then dev2 joins and dev1 registers again; then a row that is
+    # not a registration
+    same = book.read()
+    setup.store.upsert_agent("dev2", encode(frame(register("dev2"), sender="dev2")), True)
+    setup.store.upsert_agent(DEVICE, encode(frame(register())), online=True)
+    changed = book.read()
+    setup.store.upsert_agent("dev3", encode(frame(Status(state="online"), sender="dev3")), True)
+    last = book.read()
+
+    # Assert: an unchanged registration is the same object, a new one a new object
+    assert same[DEVICE] is first[DEVICE]
+    assert changed[DEVICE] is not first[DEVICE]
+    assert changed[DEVICE].register == first[DEVICE].register
+    assert sorted(changed) == [DEVICE, "dev2"]
+    assert sorted(last) == [DEVICE, "dev2"]
+    assert last["dev2"] is changed["dev2"]
+
+
 def test_a_hostile_reply_is_refused_with_the_engines_error_and_nothing_is_stored(
     setup: Setup,
 ) -> None:
@@ -187,7 +249,7 @@ def test_nothing_is_stored_or_acknowledged_once_the_leader_closed_the_step(
     judged = setup.worker._judge(env, setup.topic)
     assert judged is not None and judged[2].store
     with setup.store.transaction():
-        kept = setup.worker._keep(*judged)
+        kept = setup.worker._keep([judged])
 
     # Assert: no ack (the agent keeps it in its outbox), no row
     assert not kept

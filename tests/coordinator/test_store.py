@@ -34,6 +34,23 @@ def test_a_batch_of_updates_is_stored_once_and_looked_up_in_one_query(tmp_path: 
     assert store.has_update_msg("m2") and not store.has_update_msg("m3")
 
 
+def test_a_workers_batch_is_stored_only_while_its_step_is_open(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.open_step(StepRecord(0, 1, "train", ["a", "b", "c"], "open", 0))
+    intake = {"step": 0, "attempt": 0, "round": 1, "phase": "train"}
+    store.set_intake(intake)
+    store.add_update(0, "a", "m1", "t1", b"env")
+    rows = [("a", "m2", "t1", b"x"), ("b", "m3", "t2", b"y"), ("b", "m4", "t2", b"z")]
+
+    stored = store.add_updates_if_open(intake, rows)
+
+    assert stored == {"m3"}  # a had one already; b's first of the batch
+    assert [u[:2] for u in store.updates(0)] == [("a", "m1"), ("b", "m3")]
+    store.set_intake(None)  # the leader closed the step
+    assert store.add_updates_if_open(intake, [("c", "m5", "t3", b"w")]) is None
+    assert [u[0] for u in store.updates(0)] == ["a", "b"]
+
+
 def test_complete_step_persists_state_and_metrics(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     store.open_step(StepRecord(0, 1, "train", ["a"], "open", 0))
