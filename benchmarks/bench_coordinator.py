@@ -84,9 +84,9 @@ def cpu_ns(pids: dict[str, int]) -> dict[str, int]:
     for name, pid in pids.items():
         total = 0
         with contextlib.suppress(OSError):  # a thread or the process ended meanwhile
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    total += int((task / "schedstat").read_text().split()[0])
         out[name] = total
     return out
 
@@ -362,7 +362,8 @@ def run_one(
         ]
         for w in workers:
             w.start()  # they wait for the run's store
-        pids = {"broker": broker.pid or 0, "coordinator": os.getpid(), "consumer": consumer.pid or 0}
+        pids = {"broker": broker.pid or 0, "coordinator": os.getpid()}
+        pids["consumer"] = consumer.pid or 0
         pids.update({f"w{i + 1}": w.pid or 0 for i, w in enumerate(workers)})
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         transport = mqtt_client(cfg)(
@@ -527,7 +528,8 @@ def _cpu_figures(cpu: dict[str, list[tuple[dict[str, int], float]]]) -> dict[str
         # the coordinator idles through the replay, the raw consumer through the burst
         raw_path = {k: v for k, v in raw.items() if k in ("broker", "consumer", "fleet")}
         coord_path = {k: v for k, v in coord.items() if k != "consumer"}
-        raw_bound, coord_bound = max(raw_path, key=raw_path.get), max(coord_path, key=coord_path.get)  # type: ignore[arg-type]
+        raw_bound = max(raw_path, key=lambda k: raw_path[k])
+        coord_bound = max(coord_path, key=lambda k: coord_path[k])
         out["core_per_process_bound"] = {
             "raw_replies_per_s": round(1e6 / raw_path[raw_bound]),
             "raw_limited_by": raw_bound,
