@@ -411,8 +411,10 @@ def run_one(
 def _time_sends(transport: Any) -> list[tuple[float, str]]:
     """When the coordinator handed each task and ack to its MQTT client (the client's own
     publish, wrapped): the close as the coordinator sees it, without the fleet's reception."""
+    from protocol.transport import Transport
+
     sends: list[tuple[float, str]] = []
-    publish = transport.publish
+    publish, publish_many = transport.publish, transport.publish_many
 
     def timed(topic: str, payload: bytes, **kwargs: Any) -> None:
         publish(topic, payload, **kwargs)
@@ -420,7 +422,17 @@ def _time_sends(transport: Any) -> list[tuple[float, str]]:
         if kind in ("task", "ack"):
             sends.append((time.perf_counter(), kind))
 
+    def timed_many(messages: list[tuple[str, bytes]], **kwargs: Any) -> None:
+        publish_many(messages, **kwargs)  # a step's tasks, a batch's acks: handed over at once
+        now = time.perf_counter()
+        for topic, _ in messages:
+            kind = topic.rsplit("/", 1)[-1]
+            if kind in ("task", "ack"):
+                sends.append((now, kind))
+
     transport.publish = timed
+    if type(transport).publish_many is not Transport.publish_many:  # else it calls publish
+        transport.publish_many = timed_many
     return sends
 
 

@@ -452,6 +452,7 @@ class Coordinator:
         encode an envelope (issue 21), byte-identical to what ``endpoint.send`` would send."""
         templates: dict[bytes, FrameTemplate] = {}
         round_ = open_step.step.round
+        spliced: list[tuple[str, bytes]] = []  # handed to the transport at once, after the loop
         for device_id, task in tasks.items():
             open_step.sent(device_id, task)
             topic = self.topics.down(device_id, "task")
@@ -462,8 +463,8 @@ class Coordinator:
             if template is None:
                 env = self.endpoint.envelope(task, round=round_)
                 template = templates[task.shared] = FrameTemplate.of(env, ("task_id",))
-            frame = template.fill(new_message_id(), task.task_id)
-            self.endpoint.send_unsigned(topic, frame, kind=Task.KIND, round=round_)
+            spliced.append((topic, template.fill(new_message_id(), task.task_id)))
+        self.endpoint.send_many_unsigned(spliced, kind=Task.KIND, round=round_)
 
     def _take_stored(self, open_step: OpenStep, *, judged: bool) -> None:
         """The stored replies of ``open_step``'s step not taken yet (a resumed step's, or
@@ -638,10 +639,8 @@ class Coordinator:
             touched, self._touched = self._touched, {}
             self.store.touch_agents(touched)  # and after them what they said since
         acks, self._acks = self._acks, []
-        for ack_topic, ack in acks:
-            self.endpoint.send_unsigned(
-                ack_topic, self._ack_frames.unsigned(ack), kind=Ack.KIND, round=0
-            )
+        frames = [(ack_topic, self._ack_frames.unsigned(ack)) for ack_topic, ack in acks]
+        self.endpoint.send_many_unsigned(frames, kind=Ack.KIND, round=0)
 
     def _ack(self, topic: str, ack: Ack) -> None:
         self._acks.append((topic, ack))  # sent by _pump once the batch is committed

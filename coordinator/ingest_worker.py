@@ -173,8 +173,8 @@ class IngestWorker:
                 frame = self.endpoint.seal(self.ack_frames.unsigned(verdict.ack))
                 acks.append((self.topics.down(env.sender, "ack"), frame))
             self._count_traffic(sum(len(frame) for _, frame in acks))
-        for topic, frame in acks:  # after the commit: an acknowledged update is durable
-            self.endpoint.send_sealed(topic, frame, kind=Ack.KIND, round=0)
+        # after the commit: an acknowledged update is durable
+        self.endpoint.send_many_sealed(acks, kind=Ack.KIND, round=0)
         self.counts["acked"] += len(acks)
 
     def _count_traffic(self, ack_bytes: int) -> None:

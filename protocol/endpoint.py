@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from protocol.chunking import (
@@ -228,13 +228,47 @@ class Endpoint:
         :meth:`send_unsigned` does."""
         self._publish(topic, frame, kind, round, qos=1, retain=False)
 
-    def _publish(
-        self, topic: str, frame: bytes, kind: str, round: int, *, qos: int, retain: bool
+    def send_many_unsigned(
+        self, messages: Sequence[tuple[str, bytes]], *, kind: str, round: int
     ) -> None:
+        """:meth:`send_unsigned` each ``(topic, unsigned frame)`` of one ``kind``: a step's
+        tasks, a batch's acks. Sealed, then as :meth:`send_many_sealed`."""
+        sealed = [(topic, self.seal(unsigned)) for topic, unsigned in messages]
+        self.send_many_sealed(sealed, kind=kind, round=round)
+
+    def send_many_sealed(
+        self, messages: Sequence[tuple[str, bytes]], *, kind: str, round: int
+    ) -> None:
+        """:meth:`send_sealed` each ``(topic, frame)``: the frames that go whole are handed to
+        the transport at once (:meth:`Transport.publish_many`) and counted once, then any to
+        chunk go as :meth:`send_sealed` sends them (each to its own topic: no order between
+        topics is promised).
+
+        Raises:
+            LimitError: a frame exceeds ``limits.max_message`` (raised before any is sent).
+            TransportError: as :meth:`send_envelope`.
+        """
+        whole: list[tuple[str, bytes]] = []
+        chunked: list[tuple[str, bytes]] = []
+        for topic, frame in messages:
+            self._check_size(frame, kind)
+            (whole if len(frame) <= self._frame_limit(topic) else chunked).append((topic, frame))
+        if whole:
+            self.transport.publish_many(whole, qos=1)
+            self.traffic.add("tx", kind, sum(len(f) for _, f in whole), messages=len(whole))
+        for topic, frame in chunked:
+            self._send_chunked(topic, kind, round, frame, 1)
+
+    def _check_size(self, frame: bytes, kind: str) -> None:
         if len(frame) > self.limits.max_message:
             raise LimitError(
                 f"{kind}: {len(frame)}-byte frame exceeds the {self.limits.max_message}-byte cap"
             )
+
+    def _publish(
+        self, topic: str, frame: bytes, kind: str, round: int, *, qos: int, retain: bool
+    ) -> None:
+        self._check_size(frame, kind)
         if len(frame) <= self._frame_limit(topic):
             self.transport.publish(topic, frame, qos=qos, retain=retain)
             self.traffic.add("tx", kind, len(frame))

@@ -32,6 +32,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Sequence
 
 from protocol.errors import ConfigError, ConnectError, TransportError
 from protocol.mqtt_client import MqttClient, SessionRefusedError
@@ -194,6 +195,31 @@ class LeanMqttTransport(MqttClient):
             TransportError: not connected (QoS 0 while disconnected, or closed), an invalid
                 topic or QoS, 65,535 QoS 1 messages unacknowledged, or a packet too large.
         """
+        self._check(topic, payload, qos)
+        with self._lock:
+            self._queue(topic, payload, qos, retain)
+            wake, self._asleep = self._asleep, False  # one wake-up per sleep, not per message
+        if wake:
+            self._wake()
+
+    def publish_many(self, messages: Sequence[tuple[str, bytes]], *, qos: int = 1) -> None:
+        """:meth:`publish` each ``(topic, payload)`` in order under one lock: a step's tasks
+        or a batch's acks (per message, the lock and the call were ~a third of ``publish``).
+        Every message's topic, QoS and size are checked before any is queued.
+
+        Raises:
+            TransportError: as :meth:`publish`.
+        """
+        for topic, payload in messages:
+            self._check(topic, payload, qos)
+        with self._lock:
+            for topic, payload in messages:
+                self._queue(topic, payload, qos, False)
+            wake, self._asleep = self._asleep, False
+        if wake and messages:
+            self._wake()
+
+    def _check(self, topic: str, payload: bytes, qos: int) -> None:
         if not self._started:
             raise TransportError(
                 f"publish to {topic}: mqtt transport {self.client_id} is not connected"
@@ -206,23 +232,21 @@ class LeanMqttTransport(MqttClient):
                 f"publish to {topic}: {len(payload)} bytes exceed the broker's maximum packet "
                 f"size of {limit} bytes"
             )
-        with self._lock:
-            if not qos:
-                if not self._connected:
-                    raise TransportError(
-                        f"publish to {topic} (qos 0) was not queued: not connected to {self.where}"
-                    )
-                packet = _packet(topic, payload, 0, 0, retain)
-            else:
-                pid = self._take_pid()
-                packet = _packet(topic, payload, 1, pid, retain)
-                self._inflight[pid] = packet
-                if not self._connected:
-                    return  # sent with the others once the connection is back
-            self._out.append(packet)
-            wake, self._asleep = self._asleep, False  # one wake-up per sleep, not per message
-        if wake:
-            self._wake()
+
+    def _queue(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        """Queue one checked message's packet (holding the lock)."""
+        if not qos:
+            if not self._connected:
+                raise TransportError(
+                    f"publish to {topic} (qos 0) was not queued: not connected to {self.where}"
+                )
+            self._out.append(_packet(topic, payload, 0, 0, retain))
+            return
+        pid = self._take_pid()
+        packet = _packet(topic, payload, 1, pid, retain)
+        self._inflight[pid] = packet
+        if self._connected:
+            self._out.append(packet)  # else sent with the others once the connection is back
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
         """Deliver messages matching ``topic_filter`` to ``handler``, now and after reconnects.

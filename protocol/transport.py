@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from protocol.errors import TransportError
@@ -86,6 +86,17 @@ class Transport(ABC):
     @abstractmethod
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         """Publish ``payload``; raises :class:`TransportError` if it cannot be queued."""
+
+    def publish_many(self, messages: Sequence[tuple[str, bytes]], *, qos: int = 1) -> None:
+        """:meth:`publish` each ``(topic, payload)`` in order, never retained (a step's tasks,
+        a batch's acks). A transport may queue them at once; this one publishes one by one.
+
+        Raises:
+            TransportError: as :meth:`publish`, at the first message that cannot be queued
+                (the ones before it are queued).
+        """
+        for topic, payload in messages:
+            self.publish(topic, payload, qos=qos)
 
     @property
     @abstractmethod

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from protocol.codec import Envelope, encode
+import dataclasses
+
+import pytest
+
+from protocol.chunking import DEFAULT_CHUNK_POLICY
+from protocol.codec import Envelope, Limits, encode
 from protocol.endpoint import Endpoint
+from protocol.errors import LimitError
 from protocol.messages import Ack, Reply
 from protocol.signing import HmacSigner
 from protocol.topics import Topics
@@ -87,3 +93,41 @@ def test_an_unsigned_frame_is_sealed_published_and_counted_as_its_envelope_would
     assert frames == [endpoint.sealed(env)]  # signed, as send_envelope signs
     assert frames[0] != encode(env)
     assert endpoint.traffic.snapshot() == {"tx.ack": len(frames[0])}
+
+
+def test_a_batch_is_sealed_sent_whole_or_chunked_and_counted_as_one_by_one_sends() -> None:
+    # Prepare: a signing endpoint with a small chunk threshold; two small frames, one large
+    broker = MemoryBroker()
+    t = MemoryTransport(broker, "a")
+    t.connect()
+    frames: list[tuple[str, bytes]] = []
+    t.subscribe("#", lambda topic, data: frames.append((topic, data)))
+    policy = dataclasses.replace(DEFAULT_CHUNK_POLICY, threshold=2048)
+    signer = HmacSigner("coord", b"k" * 32)
+    endpoint = Endpoint(t, sender="coord", federation="fed", signer=signer, chunking=policy)
+    small = [endpoint.envelope(Ack(ref_id=f"r{i}", task_id="t"), round=2) for i in range(2)]
+    big = endpoint.envelope(Ack(ref_id="r" * 4000, task_id="t"), round=2)
+    batch = [(T.down(f"dev{i}", "ack"), encode(env)) for i, env in enumerate([*small, big])]
+
+    # Execute
+    endpoint.send_many_unsigned(batch, kind="ack", round=2)
+
+    # Assert: the small ones whole and signed, in order; the large one as chunk frames on
+    # its chunk topic; bytes and messages counted as three sends would count them
+    assert frames[:2] == [
+        (T.down(f"dev{i}", "ack"), endpoint.sealed(env)) for i, env in enumerate(small)
+    ]
+    chunks = frames[2:]
+    assert len(chunks) >= 2 and {topic for topic, _ in chunks} == {
+        T.chunk_topic(T.down("dev2", "ack"))
+    }
+    assert endpoint.traffic.messages[("tx", "ack")] == 3
+    whole = sum(len(f) for _, f in frames[:2]) + len(endpoint.sealed(big))
+    assert endpoint.traffic.bytes[("tx", "ack")] >= whole
+
+    # and a frame over the message cap refuses the batch before anything is sent
+    capped = Endpoint(t, sender="coord", federation="fed", limits=Limits(max_message=1024))
+    sent = len(frames)
+    with pytest.raises(LimitError, match="exceeds the 1024-byte cap"):
+        capped.send_many_unsigned([batch[0], batch[2]], kind="ack", round=2)
+    assert len(frames) == sent

@@ -231,6 +231,32 @@ def test_publishing_while_closed_or_with_a_bad_topic_is_refused(fake: FakeBroker
         t.close()
 
 
+def test_a_batch_is_queued_in_order_under_its_own_packet_ids_or_not_at_all(
+    fake: FakeBroker,
+) -> None:
+    t = _lean(fake.port)
+    t.connect()
+    try:
+        # Execute: a batch of three, then one with a bad topic in it
+        t.publish_many([("b/0", b"zero"), ("b/1", b"one"), ("b/2", b"two")])
+        assert wait_for(lambda: sum(k == PUBLISH for k, _, _ in fake.packets) == 3)
+        with pytest.raises(TransportError, match="invalid topic"):
+            t.publish_many([("b/3", b"three"), ("b/+", b"bad")])
+        t.publish("b/4", b"four")
+        assert wait_for(lambda: sum(k == PUBLISH for k, _, _ in fake.packets) == 4)
+
+        # Assert: QoS 1, distinct packet ids, in order; nothing of the refused batch
+        sent = [(f, b) for k, f, b in fake.packets if k == PUBLISH]
+        assert all(f & 0x06 == 0x02 for f, _ in sent)
+        topics = [b[2 : 2 + int.from_bytes(b[:2], "big")].decode() for _, b in sent]
+        assert topics == ["b/0", "b/1", "b/2", "b/4"]
+        ids = [b[5:7] for _, b in sent]  # after the 2-byte length and the 3-byte topic
+        assert len(set(ids)) == 4
+        assert [b[7:] for _, b in sent] == [b"zero", b"one", b"two", b"four"]
+    finally:
+        t.abort()
+
+
 def test_close_releases_its_sockets_and_the_transport_connects_again(fake: FakeBroker) -> None:
     from pathlib import Path
 
