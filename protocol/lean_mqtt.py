@@ -210,13 +210,15 @@ class LeanMqttTransport(MqttClient):
         Raises:
             TransportError: as :meth:`publish`.
         """
+        if not messages:
+            return  # and the network thread's sleep flag stays as it is
         for topic, payload in messages:
             self._check(topic, payload, qos)
         with self._lock:
             for topic, payload in messages:
                 self._queue(topic, payload, qos, False)
             wake, self._asleep = self._asleep, False
-        if wake and messages:
+        if wake:
             self._wake()
 
     def _check(self, topic: str, payload: bytes, qos: int) -> None:

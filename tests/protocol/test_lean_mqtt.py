@@ -237,7 +237,8 @@ def test_a_batch_is_queued_in_order_under_its_own_packet_ids_or_not_at_all(
     t = _lean(fake.port)
     t.connect()
     try:
-        # Execute: a batch of three, then one with a bad topic in it
+        # Execute: an empty batch, a batch of three, then one with a bad topic in it
+        t.publish_many([])
         t.publish_many([("b/0", b"zero"), ("b/1", b"one"), ("b/2", b"two")])
         assert wait_for(lambda: sum(k == PUBLISH for k, _, _ in fake.packets) == 3)
         with pytest.raises(TransportError, match="invalid topic"):
