@@ -126,7 +126,10 @@ def float_arrays(payload: object, prefix: str) -> Iterator[tuple[str, npt.NDArra
     cls: type = type(payload)
     for name in _field_names(cls):
         value = getattr(payload, name)
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for key, arr in items:
-            if isinstance(arr, np.ndarray) and arr.dtype.kind == "f":
-                yield (f"{prefix}.{name}" + ("" if key is None else f".{key}")), arr
+        if isinstance(value, np.ndarray):  # the common case first: no list, one test a field
+            if value.dtype.kind == "f":
+                yield f"{prefix}.{name}", value
+        elif isinstance(value, dict):
+            for key, arr in value.items():
+                if isinstance(arr, np.ndarray) and arr.dtype.kind == "f":
+                    yield f"{prefix}.{name}.{key}", arr
