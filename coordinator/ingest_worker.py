@@ -222,8 +222,7 @@ class IngestWorker:
             stored = self.store.add_updates_if_open(intake, rows)
             if stored is None:  # the leader closed the step meanwhile: as if none was open
                 self.counts["deferred"] += len(to_store)
-                closed = {id(item) for item in to_store}
-                answered = [item for item in answered if id(item) not in closed]
+                answered = [item for item in answered if not item[2].store]
                 stored = set()
             self.counts["stored"] += len(stored)
             for msg_id in stored:

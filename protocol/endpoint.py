@@ -221,12 +221,7 @@ class Endpoint:
         Raises:
             LimitError, TransportError: as :meth:`send_envelope`.
         """
-        self.send_sealed(topic, self.seal(unsigned), kind=kind, round=round)
-
-    def send_sealed(self, topic: str, frame: bytes, *, kind: str, round: int) -> None:
-        """Publish a frame :meth:`seal` made (its size counted beforehand, say), as
-        :meth:`send_unsigned` does."""
-        self._publish(topic, frame, kind, round, qos=1, retain=False)
+        self.send_many_unsigned([(topic, unsigned)], kind=kind, round=round)
 
     def send_many_unsigned(
         self, messages: Sequence[tuple[str, bytes]], *, kind: str, round: int
@@ -239,10 +234,10 @@ class Endpoint:
     def send_many_sealed(
         self, messages: Sequence[tuple[str, bytes]], *, kind: str, round: int
     ) -> None:
-        """:meth:`send_sealed` each ``(topic, frame)``: the frames that go whole are handed to
+        """Publish each ``(topic, frame)`` of frames :meth:`seal` made (their size counted
+        beforehand, say), as :meth:`send_unsigned` does: the frames that go whole are handed to
         the transport at once (:meth:`Transport.publish_many`) and counted once, then any to
-        chunk go as :meth:`send_sealed` sends them (each to its own topic: no order between
-        topics is promised).
+        chunk go as chunk frames (each to its own topic: no order between topics is promised).
 
         Raises:
             LimitError: a frame exceeds ``limits.max_message`` (raised before any is sent).

@@ -124,6 +124,12 @@ def test_a_batch_is_sealed_sent_whole_or_chunked_and_counted_as_one_by_one_sends
     assert endpoint.traffic.messages[("tx", "ack")] == 3
     whole = sum(len(f) for _, f in frames[:2]) + len(endpoint.sealed(big))
     assert endpoint.traffic.bytes[("tx", "ack")] >= whole
+    one_by_one = Endpoint(t, sender="coord", federation="fed", signer=signer, chunking=policy)
+    for topic, unsigned in batch:
+        one_by_one.send_unsigned(topic, unsigned, kind="ack", round=2)
+    assert one_by_one.traffic.snapshot() == endpoint.traffic.snapshot()
+    assert one_by_one.traffic.messages == endpoint.traffic.messages
+    assert one_by_one.traffic.chunks == endpoint.traffic.chunks
 
     # and a frame over the message cap refuses the batch before anything is sent
     capped = Endpoint(t, sender="coord", federation="fed", limits=Limits(max_message=1024))
