@@ -40,6 +40,7 @@ from protocol.errors import (
     AggregationError,
     EdgeFLError,
     LimitError,
+    ProtocolError,
     ValidationError,
 )
 from protocol.messages import (
@@ -486,7 +487,11 @@ class Coordinator:
             if device_id in replies or device_id in read:  # stored by this engine, or taken
                 continue
             read.add(device_id)
-            body = decode(blob).body
+            try:
+                body = decode(blob).body
+            except ProtocolError as exc:  # its segment damaged since (the store logged why)
+                self.log.error("stored reply of %s unreadable: %s", device_id, exc)
+                continue
             agent = self.agents.get(device_id)
             if not isinstance(body, Reply) or not agent:
                 continue

@@ -5,22 +5,29 @@ Aggregation and the step's completion commit in one transaction (:meth:`Store.co
 so a restarted coordinator resumes the open step with the updates it already has and never
 aggregates an update twice. A step whose aggregation failed is closed as ``failed`` and its
 updates move to ``quarantine`` (:meth:`Store.fail_step`): kept for inspection, never replayed.
+
+The bytes of an update live in a segment file (:mod:`coordinator.segments`), its row here.
+Once a step is done its rows leave ``updates`` and their message ids stay in ``aggregated``
+for :data:`AGGREGATED_STEPS` steps (a resend after a lost ack is acknowledged again), and its
+segments are deleted: the store holds one step of replies, however long the run.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 import time
 import weakref
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coordinator.segments import SEGMENTS_DIR, Segments
 from coordinator.wal import WalCheckpointer
 from protocol.errors import EdgeFLError
 from protocol.payloads import Payload, pack_payloads, unpack_payloads
@@ -98,7 +105,11 @@ CREATE TABLE IF NOT EXISTS steps (idx INTEGER PRIMARY KEY, round INTEGER NOT NUL
     attempt INTEGER NOT NULL, started REAL NOT NULL, finished REAL);
 CREATE TABLE IF NOT EXISTS updates (step INTEGER NOT NULL, device_id TEXT NOT NULL,
     msg_id TEXT NOT NULL, task_id TEXT NOT NULL, envelope BLOB NOT NULL, received REAL NOT NULL,
-    PRIMARY KEY (step, device_id));
+    seg TEXT, seg_offset INTEGER, seg_length INTEGER, PRIMARY KEY (step, device_id));
+-- the replies of done steps, whose rows and payloads are gone: a resend is acknowledged again
+CREATE TABLE IF NOT EXISTS aggregated (msg_id TEXT PRIMARY KEY, step INTEGER NOT NULL,
+    device_id TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS aggregated_by_step ON aggregated (step);
 -- every reply is first checked for a duplicate msg_id: without this, a scan of all updates
 CREATE INDEX IF NOT EXISTS updates_by_msg ON updates (msg_id);
 -- updates of a step whose aggregation failed: kept for a post-mortem, never aggregated again
@@ -122,6 +133,16 @@ BUSY_TIMEOUT_S = 30.0  # ingest workers and the leader take turns at the write l
 CHECKPOINT_S = 0.5
 WAL_SIZE_LIMIT = 64 << 20  # bytes a restarted write-ahead log is truncated back to
 _IN_BATCH = 500  # values per "IN (...)" list (older SQLite builds allow 999 variables)
+#: done steps whose replies' message ids are kept; an agent that resends an older reply after
+#: a lost ack is refused as late instead of acknowledged: it drops the reply either way
+AGGREGATED_STEPS = 64
+_INSERT_UPDATE = (
+    "INSERT OR IGNORE INTO updates (step, device_id, msg_id, task_id, envelope, received, seg, "
+    "seg_offset, seg_length) VALUES (?, ?, ?, ?, x'', ?, ?, ?, ?)"
+)
+_UPDATE_COLUMNS = "device_id, msg_id, envelope, seg, seg_offset, seg_length"
+
+log = logging.getLogger("edgefl.coordinator.store")
 
 
 @dataclass(frozen=True)
@@ -158,6 +179,8 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # an acked update must survive power loss
         self.db.executescript(SCHEMA)
+        self._add_segment_columns()
+        self.segments = Segments(self.path.parent / SEGMENTS_DIR)
         self.checkpointer: WalCheckpointer | None = None
         if checkpoint_s is not None:
             self.db.execute("PRAGMA wal_autocheckpoint=0")
@@ -172,9 +195,19 @@ class Store:
         if self.checkpointer is not None:
             self.checkpointer.stop()
             self.checkpointer = None
+        self.segments.close()
         self.db.close()
         if self.lock is not None:
             self.lock.release()
+
+    def _add_segment_columns(self) -> None:
+        """Give a store written before segments its columns (its rows keep their bytes)."""
+        with self.transaction() as db:  # the write lock: workers open the store at once
+            have = {row[1] for row in db.execute("PRAGMA table_info(updates)")}
+            columns = (("seg", "TEXT"), ("seg_offset", "INTEGER"), ("seg_length", "INTEGER"))
+            for column, kind in columns:
+                if column not in have:
+                    db.execute(f"ALTER TABLE updates ADD COLUMN {column} {kind}")  # names above
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -293,51 +326,63 @@ class Store:
         self, step: int, device_id: str, msg_id: str, task_id: str, envelope: bytes
     ) -> bool:
         """Store an accepted reply; ``False`` if this device already has one for ``step``."""
-        cur = self.db.execute(
-            "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?)",
-            (step, device_id, msg_id, task_id, envelope, time.time()),
-        )
-        return cur.rowcount == 1
+        before = self.db.total_changes
+        self.add_updates([(step, device_id, msg_id, task_id, envelope)])
+        return self.db.total_changes > before
 
     def updates(
         self, step: int, skip: Container[str] = frozenset()
     ) -> list[tuple[str, str, bytes]]:
         """(device_id, msg_id, envelope) of every stored reply of ``step``, in device order,
         but those of the devices in ``skip``, whose envelopes are not even read (the round
-        leader holds the replies it stored itself: a FedAvg-sized step is ~1 MB a device)."""
+        leader holds the replies it stored itself: a FedAvg-sized step is ~1 MB a device).
+        A reply whose bytes cannot be read (a damaged segment, logged) comes as ``b""``."""
         if not skip:
-            return list(
-                self.db.execute(
-                    "SELECT device_id, msg_id, envelope FROM updates WHERE step=? "
-                    "ORDER BY device_id",
-                    (step,),
-                )
+            rows = self.db.execute(
+                f"SELECT {_UPDATE_COLUMNS} FROM updates WHERE step=? ORDER BY device_id", (step,)
             )
+            return self._with_payloads(rows)
         ids = self.db.execute(
             "SELECT device_id FROM updates WHERE step=? ORDER BY device_id", (step,)
         )
         wanted = [d for (d,) in ids if d not in skip]
-        rows: list[tuple[str, str, bytes]] = []
+        found: list[tuple[str, str, bytes]] = []
         for i in range(0, len(wanted), _IN_BATCH):
             part = wanted[i : i + _IN_BATCH]
             marks = ",".join("?" * len(part))
-            rows.extend(
-                self.db.execute(
-                    f"SELECT device_id, msg_id, envelope FROM updates "  # placeholders only
-                    f"WHERE step=? AND device_id IN ({marks})",
-                    (step, *part),
-                )
+            rows = self.db.execute(
+                f"SELECT {_UPDATE_COLUMNS} FROM updates "  # placeholders only
+                f"WHERE step=? AND device_id IN ({marks})",
+                (step, *part),
             )
-        return sorted(rows, key=lambda row: row[0])
+            found.extend(self._with_payloads(rows))
+        return sorted(found, key=lambda row: row[0])
+
+    def _with_payloads(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Rows ``(*head, envelope, seg, seg_offset, seg_length)`` as ``(*head, envelope)``,
+        the envelope read from its segment (``b""``, which no decoder takes, if unreadable:
+        the row still says that its device replied)."""
+        out = []
+        for *head, inline, seg, offset, length in rows:
+            envelope = inline if seg is None else self.segments.read((seg, offset, length)) or b""
+            out.append((*head, envelope))
+        return out
 
     def add_updates(self, rows: list[tuple[int, str, str, str, bytes]]) -> None:
         """Store a batch's accepted replies ``(step, device_id, msg_id, task_id, envelope)`` in
-        one statement (:meth:`add_update`'s, a reply already stored for its step ignored)."""
-        now = time.time()
-        self.db.executemany(
-            "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?)",
-            [(*row, now) for row in rows],
-        )
+        one statement (:meth:`add_update`'s, a reply already stored for its step ignored).
+
+        The envelopes go to this process's segment first, durably; a row that the statement
+        ignores leaves its bytes there unreferenced until the step's segments go."""
+        now, by_step = time.time(), dict[int, list[tuple[int, str, str, str, bytes]]]()
+        for row in rows:
+            by_step.setdefault(row[0], []).append(row)
+        for step, part in by_step.items():
+            refs = self.segments.append(step, [row[4] for row in part])
+            self.db.executemany(
+                _INSERT_UPDATE,
+                [(*row[:4], now, *ref) for row, ref in zip(part, refs, strict=True)],
+            )
 
     def stored_msgs(self, msg_ids: list[str]) -> set[str]:
         """The ones of ``msg_ids`` already stored (:meth:`has_update_msg`), in one query."""
@@ -346,8 +391,9 @@ class Store:
         marks = ",".join("?" * len(msg_ids))
         rows = self.db.execute(
             f"SELECT msg_id FROM updates WHERE msg_id IN ({marks}) "  # placeholders only
-            f"UNION SELECT msg_id FROM quarantine WHERE msg_id IN ({marks})",
-            (*msg_ids, *msg_ids),
+            f"UNION SELECT msg_id FROM quarantine WHERE msg_id IN ({marks}) "
+            f"UNION SELECT msg_id FROM aggregated WHERE msg_id IN ({marks})",
+            (*msg_ids, *msg_ids, *msg_ids),
         )
         return {row[0] for row in rows}
 
@@ -355,21 +401,21 @@ class Store:
         """Whether a reply with this message id is already stored (any step, quarantine too)."""
         row = self.db.execute(  # one statement a reply (both tables are indexed by msg_id)
             "SELECT EXISTS (SELECT 1 FROM updates WHERE msg_id=?) "
-            "OR EXISTS (SELECT 1 FROM quarantine WHERE msg_id=?)",
-            (msg_id, msg_id),
+            "OR EXISTS (SELECT 1 FROM quarantine WHERE msg_id=?) "
+            "OR EXISTS (SELECT 1 FROM aggregated WHERE msg_id=?)",
+            (msg_id, msg_id, msg_id),
         ).fetchone()
         return bool(row[0])
 
     def stored_since(self, step: int, after: int) -> list[tuple[int, str, bytes]]:
         """(rowid, device_id, envelope) of the updates of ``step`` stored after rowid
-        ``after``, in the order they were stored."""
-        return list(
-            self.db.execute(
-                "SELECT rowid, device_id, envelope FROM updates WHERE step=? AND rowid>? "
-                "ORDER BY rowid",
-                (step, after),
-            )
+        ``after``, in the order they were stored (an unreadable one as in :meth:`updates`)."""
+        rows = self.db.execute(
+            "SELECT rowid, device_id, envelope, seg, seg_offset, seg_length FROM updates "
+            "WHERE step=? AND rowid>? ORDER BY rowid",
+            (step, after),
         )
+        return self._with_payloads(rows)
 
     # ----- the intake of ingest workers -----------------------------------------------------
     def set_intake(self, intake: dict[str, Any] | None) -> None:
@@ -452,14 +498,19 @@ class Store:
         )
 
     def clear_updates(self, step: int) -> None:
-        """Drop a failed attempt's updates before the step is retried."""
+        """Drop a failed attempt's updates before the step is retried (their bytes stay in the
+        step's segments, which ingest workers may still be appending to, until it is done)."""
         self.db.execute("DELETE FROM updates WHERE step=?", (step,))
 
     def complete_step(
         self, step: int, status: str, state: dict[str, Payload], metrics_json: str
     ) -> None:
         """Atomically close the step with the new global state and its metrics (one JSON
-        object: the engine encodes a step's record once, for here and ``metrics.jsonl``)."""
+        object: the engine encodes a step's record once, for here and ``metrics.jsonl``).
+
+        A ``done`` step's updates (and any older step's left by a store before segments) keep
+        only their message ids, in ``aggregated``; then their segments go. A ``failed`` one
+        (its quorum missed for good) keeps them for the restart that retries it."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE steps SET status=?, finished=? WHERE idx=?", (status, time.time(), step)
@@ -470,24 +521,49 @@ class Store:
                     (pack_payloads(state), step),
                 )
             db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, metrics_json))
+            if status == "done":
+                db.execute(
+                    "INSERT OR IGNORE INTO aggregated SELECT msg_id, step, device_id "
+                    "FROM updates WHERE step<=?",
+                    (step,),
+                )
+                db.execute("DELETE FROM updates WHERE step<=?", (step,))
+                db.execute("DELETE FROM aggregated WHERE step<=?", (step - AGGREGATED_STEPS,))
+        if status == "done":
+            self.segments.sweep(step)  # after the commit: no row points into them any more
 
     def fail_step(self, step: int, metrics_json: str, reason: str) -> None:
-        """Atomically close a step whose aggregation failed and quarantine its updates.
+        """Atomically close a step whose aggregation failed and quarantine its updates, bytes
+        and all (read out of their segments, which then go).
 
         The global state stays that of the last good step; the moved updates are never
         replayed by a resume (see :meth:`last_closed_step`).
         """
         with self.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO quarantine SELECT step, device_id, msg_id, task_id, "
-                "envelope, received, ? FROM updates WHERE step=?",
-                (reason, step),
+            rows = db.execute(
+                "SELECT step, device_id, msg_id, task_id, received, envelope, seg, seg_offset, "
+                "seg_length FROM updates WHERE step=?",
+                (step,),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(*ids, env, at, reason) for *ids, at, env in self._with_payloads(rows)],
             )
             db.execute("DELETE FROM updates WHERE step=?", (step,))
             db.execute(
                 "UPDATE steps SET status='failed', finished=? WHERE idx=?", (time.time(), step)
             )
             db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, metrics_json))
+        self.segments.sweep(step)
+
+    def aggregated(self, step: int) -> list[tuple[str, str]]:
+        """(device_id, msg_id) of every reply a done ``step`` aggregated, in device order (kept
+        for :data:`AGGREGATED_STEPS` steps)."""
+        return list(
+            self.db.execute(
+                "SELECT device_id, msg_id FROM aggregated WHERE step=? ORDER BY device_id", (step,)
+            )
+        )
 
     def quarantined(self, step: int) -> list[tuple[str, str, str]]:
         """(device_id, msg_id, reason) of every quarantined reply of ``step``."""

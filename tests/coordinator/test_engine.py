@@ -164,7 +164,7 @@ def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, m
     assert [r for r, _ in seen] == [1, 2, 3]  # the final phase has no aggregator
     assert seen[1] == (2, ["agent0", "agent1", "agent2"])
     assert [m["round"] for m in result.metrics] == [1, 2, 3, 4]
-    assert [u[1] for u in second.store.updates(1)] == updates_before
+    assert [m for _, m in second.store.aggregated(1)] == updates_before  # done: ids only
     for a in agents:
         a.close()
 

@@ -215,9 +215,15 @@ def coordinator_cmd(port: int, run_dir: Path) -> list[str]:
 
 
 def stored_updates(run_dir: Path, step: int) -> list[tuple[str, str]]:
+    """The stored replies of ``step``: once it is done they have left ``updates`` for
+    ``aggregated``."""
     try:
         db = sqlite3.connect(f"file:{run_dir / 'state.sqlite'}?mode=ro", uri=True, timeout=5)
-        rows = db.execute("SELECT device_id, msg_id FROM updates WHERE step=?", (step,)).fetchall()
+        rows = db.execute(
+            "SELECT device_id, msg_id FROM updates WHERE step=? UNION ALL "
+            "SELECT device_id, msg_id FROM aggregated WHERE step=?",
+            (step, step),
+        ).fetchall()
         db.close()
         return sorted(rows)
     except sqlite3.Error:

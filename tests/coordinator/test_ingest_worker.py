@@ -4,6 +4,7 @@ nothing stored once the leader has closed the step. Over the in-memory transport
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,28 @@ def test_the_leader_takes_each_stored_reply_once_while_the_step_is_open(setup: S
     assert open_step.outcome.replies[DEVICE] is taken and open_step.read == {DEVICE}
     assert open_step.outstanding == {"dev2"}
     assert intake.poll(open_step) == ([], [])
+
+
+def test_a_stored_reply_whose_segment_was_damaged_is_logged_and_never_aggregated(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: as above; the worker stores DEVICE's reply, then its segment is cut short
+    strategy = create_strategy("fedproto", setup.cfg.algorithm_config(), num_classes=10)
+    engine = Coordinator(setup.cfg, setup.worker.endpoint, setup.store, strategy)
+    engine.agents[DEVICE] = AgentInfo(DEVICE, register())
+    open_step = OpenStep(StepRecord(0, 1, "train", [DEVICE], "open", 0), Step(1, "train"))
+    open_step.sent(DEVICE, Task(task_id("t", 0, 0, DEVICE), "t", 1, "train", 1e12, "fedproto"))
+    intake = WorkerIntake(1, setup.store, Topics())
+    setup.worker.process([(frame(reply(HELD)), setup.topic)])
+    (rel,) = {row[0] for row in setup.store.db.execute("SELECT seg FROM updates")}
+    (setup.store.path.parent / "replies" / rel).write_bytes(b"")
+    # Execute
+    with caplog.at_level(logging.ERROR):
+        engine._take_polled(open_step, intake.poll(open_step))
+    # Assert: the leader goes on; the device replied (no deadline to wait out), nothing taken
+    assert open_step.outcome.replies == {} and open_step.outstanding == set()
+    assert f"stored reply of {DEVICE} unreadable" in caplog.text
+    assert "0 of " in caplog.text  # the segment's own account of what it found
 
 
 def test_a_reply_the_workers_judged_meets_only_the_strategys_own_rules_again(setup: Setup) -> None:

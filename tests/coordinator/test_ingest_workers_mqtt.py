@@ -73,9 +73,15 @@ class SmallFrames(MqttTransport):
 
 
 def stored_rows(cfg: RunConfig) -> list[tuple[int, str, str]]:
+    """Every stored reply: a done step's have left ``updates`` for ``aggregated``."""
     db = sqlite3.connect(Path(cfg.run_dir) / "state.sqlite")
     try:
-        return list(db.execute("SELECT step, device_id, msg_id FROM updates ORDER BY step"))
+        return list(
+            db.execute(
+                "SELECT step, device_id, msg_id FROM updates UNION ALL "
+                "SELECT step, device_id, msg_id FROM aggregated ORDER BY step, device_id"
+            )
+        )
     finally:
         db.close()
 

@@ -35,11 +35,11 @@ def test_the_writer_leaves_checkpoints_to_the_thread(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite", checkpoint_s=3600.0)
     assert store.db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
     assert store.checkpointer is not None
-    # Execute: 1,500 replies in batches: ~4,500 log pages, past SQLite's 1,000-page default
-    store.open_step(StepRecord(0, 1, "train", [], "open", 0))
+    # Execute: 1,500 registrations of ~8.4 KB in batches (replies' bytes go to segments):
+    # ~4,500 log pages, past SQLite's 1,000-page default
     for i in range(0, 1500, 100):
         with store.transaction():
-            store.add_updates(rows(1500)[i : i + 100])
+            store.upsert_agents({f"d{k:04d}": BLOB for k in range(i, i + 100)})
     # Assert: nothing was copied back by the commits; one pass copies everything
     size = (tmp_path / "s.sqlite-wal").stat().st_size
     assert size > 1500 * len(BLOB)
@@ -47,7 +47,7 @@ def test_the_writer_leaves_checkpoints_to_the_thread(tmp_path: Path) -> None:
     assert (busy, copied) == (0, log) and log > 3000
     store.close()
     again = Store(tmp_path / "s.sqlite")
-    assert len(again.updates(0)) == 1500
+    assert len(again.agents()) == 1500
     again.close()
 
 
