@@ -21,7 +21,8 @@ def open_step(store: Store, idx: int, devices: list[str]) -> None:
     store.open_step(StepRecord(idx, idx + 1, "train", devices, "open", 0))
 
 
-def step_dirs(tmp_path: Path) -> list[str]:
+def step_dirs(tmp_path: Path, store: Store) -> list[str]:
+    store.segments.join()  # a sweep's files go on a thread of their own
     return sorted(p.name for p in (tmp_path / SEGMENTS_DIR).iterdir())
 
 
@@ -41,7 +42,7 @@ def test_reply_bytes_live_in_segments_and_only_their_place_in_sqlite(tmp_path: P
         ("a", REPLY),
         ("b", REPLY[::-1]),
     ]
-    assert step_dirs(tmp_path) == ["0"]
+    assert step_dirs(tmp_path, store) == ["0"]
 
 
 def test_a_done_step_keeps_its_message_ids_and_drops_its_rows_and_segments(
@@ -58,7 +59,7 @@ def test_a_done_step_keeps_its_message_ids_and_drops_its_rows_and_segments(
     assert store.stored_msgs(["m1", "m2", "m3"]) == {"m1", "m2"}  # resent: acked again
     assert store.has_update_msg("m2") and not store.has_update_msg("m3")
     assert store.aggregated(0) == [("a", "m1"), ("b", "m2")] and store.aggregated(1) == []
-    assert step_dirs(tmp_path) == ["1"]
+    assert step_dirs(tmp_path, store) == ["1"]
 
 
 def test_a_long_run_keeps_one_step_of_replies_and_a_window_of_ids(tmp_path: Path) -> None:
@@ -75,7 +76,7 @@ def test_a_long_run_keeps_one_step_of_replies_and_a_window_of_ids(tmp_path: Path
     assert store.db.execute("SELECT COUNT(*) FROM updates").fetchone() == (0,)
     kept = store.db.execute("SELECT MIN(step), MAX(step), COUNT(*) FROM aggregated").fetchone()
     assert kept == (6, steps - 1, AGGREGATED_STEPS * len(devices))
-    assert step_dirs(tmp_path) == []
+    assert step_dirs(tmp_path, store) == []
     assert not store.has_update_msg("m5.d0") and store.has_update_msg("m6.d0")
     # the database holds ids, not the run's replies (1,400 of them, 11.8 MB, were kept before)
     store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -89,7 +90,7 @@ def test_a_step_that_missed_quorum_keeps_its_replies_for_the_retry(tmp_path: Pat
 
     store.complete_step(0, "failed", {}, json.dumps({"round": 1, "quorum_met": False}))
 
-    assert store.updates(0) == [("a", "m1", REPLY)] and step_dirs(tmp_path) == ["0"]
+    assert store.updates(0) == [("a", "m1", REPLY)] and step_dirs(tmp_path, store) == ["0"]
     assert store.db.execute("SELECT COUNT(*) FROM aggregated").fetchone() == (0,)
 
 
@@ -105,7 +106,7 @@ def test_a_quarantined_step_keeps_its_bytes_in_sqlite(tmp_path: Path) -> None:
         ("a", "t1", REPLY, "shapes differ"),
         ("b", "t2", b"short", "shapes differ"),
     ]
-    assert step_dirs(tmp_path) == [] and store.stored_msgs(["m1", "m2"]) == {"m1", "m2"}
+    assert step_dirs(tmp_path, store) == [] and store.stored_msgs(["m1", "m2"]) == {"m1", "m2"}
 
 
 def test_an_unreadable_reply_comes_back_empty_with_the_reason_logged(
