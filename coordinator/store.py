@@ -7,9 +7,10 @@ aggregates an update twice. A step whose aggregation failed is closed as ``faile
 updates move to ``quarantine`` (:meth:`Store.fail_step`): kept for inspection, never replayed.
 
 The bytes of an update live in a segment file (:mod:`coordinator.segments`), its row here.
-Once a step is done its rows leave ``updates`` and their message ids stay in ``aggregated``
-for :data:`AGGREGATED_STEPS` steps (a resend after a lost ack is acknowledged again), and its
-segments are deleted: the store holds one step of replies, however long the run.
+Once a step is done (:meth:`Store.retire_done_steps`, as the next one starts) its rows leave
+``updates`` and their message ids stay in ``aggregated`` for :data:`AGGREGATED_STEPS` steps (a
+resend after a lost ack is acknowledged again), and its segments are deleted: the store holds
+about one step of replies, however long the run.
 """
 
 from __future__ import annotations
@@ -507,10 +508,7 @@ class Store:
     ) -> None:
         """Atomically close the step with the new global state and its metrics (one JSON
         object: the engine encodes a step's record once, for here and ``metrics.jsonl``).
-
-        A ``done`` step's updates (and any older step's left by a store before segments) keep
-        only their message ids, in ``aggregated``; then their segments go. A ``failed`` one
-        (its quorum missed for good) keeps them for the restart that retries it."""
+        A done step's replies stay until :meth:`retire_done_steps`."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE steps SET status=?, finished=? WHERE idx=?", (status, time.time(), step)
@@ -521,16 +519,27 @@ class Store:
                     (pack_payloads(state), step),
                 )
             db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?)", (step, metrics_json))
-            if status == "done":
+
+    def retire_done_steps(self) -> None:
+        """Let the replies of every step up to the last done one go, but their message ids:
+        those stay in ``aggregated`` for :data:`AGGREGATED_STEPS` steps (a resend after a lost
+        ack is acknowledged again); then their segments go. Steps close in order, so none up
+        to the last done one is still open; a step that missed its quorum for good ended the
+        run before any later one opened, and keeps its replies for the restart that retries it.
+        Rows left by a store from before segments go the same way."""
+        last = self.last_done_step()
+        pending = self.db.execute("SELECT 1 FROM updates WHERE step<=? LIMIT 1", (last,))
+        if pending.fetchone() is not None:
+            with self.transaction() as db:
                 db.execute(
                     "INSERT OR IGNORE INTO aggregated SELECT msg_id, step, device_id "
                     "FROM updates WHERE step<=?",
-                    (step,),
+                    (last,),
                 )
-                db.execute("DELETE FROM updates WHERE step<=?", (step,))
-                db.execute("DELETE FROM aggregated WHERE step<=?", (step - AGGREGATED_STEPS,))
-        if status == "done":
-            self.segments.sweep(step)  # after the commit: no row points into them any more
+                db.execute("DELETE FROM updates WHERE step<=?", (last,))
+                db.execute("DELETE FROM aggregated WHERE step<=?", (last - AGGREGATED_STEPS,))
+        if last >= 0:
+            self.segments.sweep(last)  # after the commit: no row points into them any more
 
     def fail_step(self, step: int, metrics_json: str, reason: str) -> None:
         """Atomically close a step whose aggregation failed and quarantine its updates, bytes

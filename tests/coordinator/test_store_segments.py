@@ -1,6 +1,7 @@
-"""The store with its replies' bytes in segments: a done step keeps only its message ids and
-its segments go (the store stays one step large), a quorum-failed one keeps everything, a
-quarantined one keeps its bytes in SQLite, and a store written before segments still reads."""
+"""The store with its replies' bytes in segments: a done step, once retired, keeps only its
+message ids and its segments go (the store stays one step large), a quorum-failed one keeps
+everything, a quarantined one keeps its bytes in SQLite, and a store written before segments
+still reads."""
 
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ def test_a_done_step_keeps_its_message_ids_and_drops_its_rows_and_segments(
     store.add_updates([(1, "a", "early", "t", REPLY)])  # the next step's, say a worker's
 
     store.complete_step(0, "done", {}, json.dumps({"round": 1}))
+    kept_until_retired = [u[:2] for u in store.updates(0)]
+    store.retire_done_steps()  # as the engine does once step 1's tasks are out
 
+    assert kept_until_retired == [("a", "m1"), ("b", "m2")]
     assert store.updates(0) == [] and [u[:2] for u in store.updates(1)] == [("a", "early")]
     assert store.stored_msgs(["m1", "m2", "m3"]) == {"m1", "m2"}  # resent: acked again
     assert store.has_update_msg("m2") and not store.has_update_msg("m3")
@@ -72,6 +76,7 @@ def test_a_long_run_keeps_one_step_of_replies_and_a_window_of_ids(tmp_path: Path
         with store.transaction():
             store.add_updates([(idx, d, f"m{idx}.{d}", "t", REPLY) for d in devices])
         store.complete_step(idx, "done", {}, json.dumps({"round": idx + 1}))
+        store.retire_done_steps()
 
     assert store.db.execute("SELECT COUNT(*) FROM updates").fetchone() == (0,)
     kept = store.db.execute("SELECT MIN(step), MAX(step), COUNT(*) FROM aggregated").fetchone()
@@ -89,6 +94,7 @@ def test_a_step_that_missed_quorum_keeps_its_replies_for_the_retry(tmp_path: Pat
     store.add_update(0, "a", "m1", "t", REPLY)
 
     store.complete_step(0, "failed", {}, json.dumps({"round": 1, "quorum_met": False}))
+    store.retire_done_steps()
 
     assert store.updates(0) == [("a", "m1", REPLY)] and step_dirs(tmp_path, store) == ["0"]
     assert store.db.execute("SELECT COUNT(*) FROM aggregated").fetchone() == (0,)
@@ -150,6 +156,7 @@ def test_a_store_written_before_segments_reads_its_replies_and_drops_them_when_d
     # Assert
     assert reopened.updates(0) == [("a", "old", REPLY), ("b", "new", b"segment bytes")]
     store.complete_step(0, "done", {}, json.dumps({"round": 1}))
+    store.retire_done_steps()
     assert store.updates(0) == [] and store.stored_msgs(["old", "new"]) == {"old", "new"}
     reopened.close()
     store.close()
