@@ -35,7 +35,7 @@ from coordinator.replies import (
     task_id,
 )
 from coordinator.runner import UNSIGNED_KINDS, mqtt_client
-from coordinator.store import CHECKPOINT_S, Store
+from coordinator.store import CHECKPOINT_S, Staged, Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.codec import Envelope, encode
 from protocol.endpoint import Endpoint
@@ -163,13 +163,14 @@ class IngestWorker:
         self._refresh()
         self.desk.prefetch([env.msg_id for env, _ in batch if isinstance(env.body, Reply)])
         judged = [j for env, topic in batch if (j := self._judge(env, topic)) is not None]
+        staged = self._stage(judged)  # the bytes, durably, before taking the write lock
         acks = []
         t0 = time.perf_counter()
         with self.store.transaction():
             self.lock_wait_s += time.perf_counter() - t0
             heard = {env.sender: None for env, _, _ in judged if env.sender in self._agents}
             self.store.touch_agents(heard)  # last seen, for `coordinator status`
-            for env, _reply, verdict in self._keep(judged):
+            for env, _reply, verdict in self._keep(judged, staged):
                 frame = self.endpoint.seal(self.ack_frames.unsigned(verdict.ack))
                 acks.append((self.topics.down(env.sender, "ack"), frame))
             self._count_traffic(sum(len(frame) for _, frame in acks))
@@ -204,24 +205,31 @@ class IngestWorker:
             self._count_reject(*verdict.reject)
         return env, env.body, verdict
 
-    def _keep(self, judged: list[Judged]) -> list[Judged]:
-        """Store what the verdicts say (inside the transaction, one statement a batch); the
-        ones to acknowledge."""
+    def _stage(self, judged: list[Judged]) -> list[Staged]:
+        """The replies to store, their bytes written to this worker's segment of the open step
+        (outside the write lock: :meth:`Store.stage_updates`)."""
+        if self._intake is None:
+            return []
+        rows = [
+            (env.sender, env.msg_id, reply.task_id, env.wire or encode(env))
+            for env, reply, verdict in judged
+            if verdict.ack is not None and verdict.store
+        ]
+        return self.store.stage_updates(self._intake["step"], rows) if rows else []
+
+    def _keep(self, judged: list[Judged], staged: list[Staged]) -> list[Judged]:
+        """Store what the verdicts say (``staged``: their rows; inside the transaction, one
+        statement a batch); the ones to acknowledge."""
         intake, answered = self._intake, []
         for item in judged:
             if item[2].ack is None:
                 self.counts["deferred"] += 1
             else:
                 answered.append(item)
-        to_store = [item for item in answered if item[2].store]
-        if intake is not None and to_store:
-            rows = [
-                (env.sender, env.msg_id, reply.task_id, env.wire or encode(env))
-                for env, reply, _ in to_store
-            ]
-            stored = self.store.add_updates_if_open(intake, rows)
+        if intake is not None and staged:
+            stored = self.store.add_updates_if_open(intake, staged)
             if stored is None:  # the leader closed the step meanwhile: as if none was open
-                self.counts["deferred"] += len(to_store)
+                self.counts["deferred"] += len(staged)
                 answered = [item for item in answered if not item[2].store]
                 stored = set()
             self.counts["stored"] += len(stored)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.segments import SEGMENTS_DIR, Segments
+from coordinator.segments import SEGMENTS_DIR, SegmentRef, Segments
 from coordinator.wal import WalCheckpointer
 from protocol.errors import EdgeFLError
 from protocol.payloads import Payload, pack_payloads, unpack_payloads
@@ -37,6 +37,7 @@ __all__ = [
     "LOCK_FILE",
     "RunDirBusyError",
     "RunDirLock",
+    "Staged",
     "StepRecord",
     "Store",
     "pack_payloads",
@@ -142,6 +143,9 @@ _INSERT_UPDATE = (
     "seg_offset, seg_length) VALUES (?, ?, ?, ?, x'', ?, ?, ?, ?)"
 )
 _UPDATE_COLUMNS = "device_id, msg_id, envelope, seg, seg_offset, seg_length"
+#: a reply whose bytes are in a segment and whose row is still to add:
+#: (device_id, msg_id, task_id, where its bytes are)
+Staged = tuple[str, str, str, SegmentRef]
 
 log = logging.getLogger("edgefl.coordinator.store")
 
@@ -371,19 +375,30 @@ class Store:
 
     def add_updates(self, rows: list[tuple[int, str, str, str, bytes]]) -> None:
         """Store a batch's accepted replies ``(step, device_id, msg_id, task_id, envelope)`` in
-        one statement (:meth:`add_update`'s, a reply already stored for its step ignored).
-
-        The envelopes go to this process's segment first, durably; a row that the statement
-        ignores leaves its bytes there unreferenced until the step's segments go."""
-        now, by_step = time.time(), dict[int, list[tuple[int, str, str, str, bytes]]]()
-        for row in rows:
-            by_step.setdefault(row[0], []).append(row)
+        one statement a step (:meth:`add_update`'s, a reply already stored for its step
+        ignored): :meth:`stage_updates`, then :meth:`add_staged`."""
+        by_step: dict[int, list[tuple[str, str, str, bytes]]] = {}
+        for step, device_id, msg_id, task_id, envelope in rows:
+            by_step.setdefault(step, []).append((device_id, msg_id, task_id, envelope))
         for step, part in by_step.items():
-            refs = self.segments.append(step, [row[4] for row in part])
-            self.db.executemany(
-                _INSERT_UPDATE,
-                [(*row[:4], now, *ref) for row, ref in zip(part, refs, strict=True)],
-            )
+            self.add_staged(step, self.stage_updates(step, part))
+
+    def stage_updates(self, step: int, rows: list[tuple[str, str, str, bytes]]) -> list[Staged]:
+        """Write the envelopes of ``rows`` ``(device_id, msg_id, task_id, envelope)`` to this
+        process's segment of ``step``, durably, and say where each one is. Needs no write
+        lock: an ingest worker stages its batch before its transaction, so that its
+        ``fdatasync`` does not hold the other writers up. Bytes whose row is never added stay
+        unreferenced until the step's segments go."""
+        refs = self.segments.append(step, [row[3] for row in rows])
+        return [(*row[:3], ref) for row, ref in zip(rows, refs, strict=True)]
+
+    def add_staged(self, step: int, staged: list[Staged]) -> None:
+        """Add the rows of :meth:`stage_updates` (one statement; a device's second ignored)."""
+        now = time.time()
+        self.db.executemany(
+            _INSERT_UPDATE,
+            [(step, device, msg, task, now, *ref) for device, msg, task, ref in staged],
+        )
 
     def stored_msgs(self, msg_ids: list[str]) -> set[str]:
         """The ones of ``msg_ids`` already stored (:meth:`has_update_msg`), in one query."""
@@ -430,13 +445,11 @@ class Store:
         value = self.get_meta(INTAKE)
         return value if isinstance(value, dict) else None
 
-    def add_updates_if_open(
-        self, intake: dict[str, Any], rows: list[tuple[str, str, str, bytes]]
-    ) -> set[str] | None:
-        """Store a batch's replies ``(device_id, msg_id, task_id, envelope)`` under
-        ``intake``'s step if it is still the open one; ``None`` (nothing stored) if it is not.
-        Returns the message ids stored: a device's first reply of the step (as
-        :meth:`add_update`, a device that already has one keeps it).
+    def add_updates_if_open(self, intake: dict[str, Any], staged: list[Staged]) -> set[str] | None:
+        """Add a batch's replies, staged for ``intake``'s step (:meth:`stage_updates`), if
+        that step is still the open one; ``None`` (nothing added) if it is not. Returns the
+        message ids added: a device's first reply of the step (as :meth:`add_update`, a device
+        that already has one keeps it).
 
         Call inside :meth:`transaction`: the write lock orders it against the leader's
         :meth:`set_intake`, so a reply is stored either before the step closes or not at all.
@@ -445,14 +458,14 @@ class Store:
         if self.intake() != intake:
             return None
         step = intake["step"]
-        have = self._devices_with_update(step, list({row[0]: None for row in rows}))
+        have = self._devices_with_update(step, list({row[0]: None for row in staged}))
         new = []
-        for device_id, msg_id, task_id, envelope in rows:
-            if device_id not in have:
-                have.add(device_id)
-                new.append((step, device_id, msg_id, task_id, envelope))
-        self.add_updates(new)
-        return {row[2] for row in new}
+        for row in staged:
+            if row[0] not in have:
+                have.add(row[0])
+                new.append(row)
+        self.add_staged(step, new)
+        return {row[1] for row in new}
 
     def _devices_with_update(self, step: int, devices: list[str]) -> set[str]:
         """The ones of ``devices`` that have a reply stored for ``step``."""

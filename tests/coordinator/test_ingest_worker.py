@@ -16,7 +16,7 @@ from coordinator.engine import Coordinator, OpenStep
 from coordinator.ingest import WorkerIntake
 from coordinator.ingest_worker import IngestWorker
 from coordinator.replies import task_id
-from coordinator.store import StepRecord, Store
+from coordinator.store import Staged, StepRecord, Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.chunking import split_frame
 from protocol.codec import Envelope, decode, encode
@@ -161,6 +161,23 @@ def test_a_batch_stores_each_devices_first_reply_of_the_step_and_acks_every_one(
     assert setup.worker.counts["acked"] == 3
 
 
+def test_a_batchs_bytes_are_written_before_the_write_lock_is_taken(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the segment's fdatasync outside the transaction: it does not hold the other writers up
+    stage = setup.store.stage_updates
+    locked_while_staging: list[bool] = []
+
+    def spy(step: int, rows: list[tuple[str, str, str, bytes]]) -> list[Staged]:
+        locked_while_staging.append(setup.store.db.in_transaction)
+        return stage(step, rows)
+
+    monkeypatch.setattr(setup.store, "stage_updates", spy)
+    setup.worker.process([(frame(reply(HELD)), setup.topic)])
+
+    assert locked_while_staging == [False] and setup.worker.counts["stored"] == 1
+
+
 def test_the_fleet_is_decoded_once_an_agent_and_again_when_it_registers_again(
     setup: Setup,
 ) -> None:
@@ -249,8 +266,9 @@ def test_nothing_is_stored_or_acknowledged_once_the_leader_closed_the_step(
     # Execute: judged against the step it saw; the store refuses it under the write lock
     judged = setup.worker._judge(env, setup.topic)
     assert judged is not None and judged[2].store
+    staged = setup.worker._stage([judged])
     with setup.store.transaction():
-        kept = setup.worker._keep([judged])
+        kept = setup.worker._keep([judged], staged)
 
     # Assert: no ack (the agent keeps it in its outbox), no row
     assert not kept

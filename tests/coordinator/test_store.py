@@ -41,13 +41,15 @@ def test_a_workers_batch_is_stored_only_while_its_step_is_open(tmp_path: Path) -
     store.set_intake(intake)
     store.add_update(0, "a", "m1", "t1", b"env")
     rows = [("a", "m2", "t1", b"x"), ("b", "m3", "t2", b"y"), ("b", "m4", "t2", b"z")]
+    staged = store.stage_updates(0, rows)  # a worker writes the bytes before the write lock
 
-    stored = store.add_updates_if_open(intake, rows)
+    stored = store.add_updates_if_open(intake, staged)
 
     assert stored == {"m3"}  # a had one already; b's first of the batch
-    assert [u[:2] for u in store.updates(0)] == [("a", "m1"), ("b", "m3")]
+    assert store.updates(0) == [("a", "m1", b"env"), ("b", "m3", b"y")]
     store.set_intake(None)  # the leader closed the step
-    assert store.add_updates_if_open(intake, [("c", "m5", "t3", b"w")]) is None
+    late = store.stage_updates(0, [("c", "m5", "t3", b"w")])
+    assert store.add_updates_if_open(intake, late) is None
     assert [u[0] for u in store.updates(0)] == ["a", "b"]
 
 
