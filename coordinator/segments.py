@@ -68,11 +68,11 @@ class Segments:
             log.error("reply payload at %r: not a segment reference", ref)
             return None
         try:
-            with self._lock:
+            with self._lock:  # a sweep closes these descriptors
                 fd = self._readers.get(rel)
                 if fd is None:
                     fd = self._readers[rel] = os.open(self.root / rel, os.O_RDONLY | os.O_CLOEXEC)
-            data = os.pread(fd, length, offset)
+                data = os.pread(fd, length, offset)
         except OSError as exc:
             log.error("reply payload at %s+%d: %s", rel, offset, exc)
             return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import sqlite3
 import time
@@ -146,8 +145,6 @@ _UPDATE_COLUMNS = "device_id, msg_id, envelope, seg, seg_offset, seg_length"
 #: a reply whose bytes are in a segment and whose row is still to add:
 #: (device_id, msg_id, task_id, where its bytes are)
 Staged = tuple[str, str, str, SegmentRef]
-
-log = logging.getLogger("edgefl.coordinator.store")
 
 
 @dataclass(frozen=True)
