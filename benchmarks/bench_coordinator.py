@@ -283,10 +283,12 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
     acks.close()
 
 
-def worker_main(run_dir: str, port: int, worker: str, out: Any) -> None:
-    """Child process: one ingest worker until the run finishes; reports its figures."""
+def worker_main(run_dir: str, port: int, worker: str, out: Any, imported: Any) -> None:
+    """Child process: one ingest worker until the run finishes; reports its figures.
+    ``imported`` is set once the toolkit is imported (the fleet starts after that)."""
     from coordinator.ingest_worker import run_ingest_worker
 
+    imported.set()
     logging.basicConfig(level=logging.ERROR)
     cpu0 = time.process_time()
     counts = run_ingest_worker(Path(run_dir), "127.0.0.1", port, worker, wait_s=600.0)
@@ -356,12 +358,20 @@ def run_one(
             mqtt_client=client,  # the workers read it from the stored config too
         )
         figures = ctx.Queue()
+        imported = [ctx.Event() for _ in range(ingest_workers)]
         workers = [
-            ctx.Process(target=worker_main, args=(cfg.run_dir, broker.port, f"w{i + 1}", figures))
+            ctx.Process(
+                target=worker_main,
+                args=(cfg.run_dir, broker.port, f"w{i + 1}", figures, imported[i]),
+            )
             for i in range(ingest_workers)
         ]
         for w in workers:
             w.start()  # they wait for the run's store
+        # a fleet does not join within a second of its coordinator's start: the workers'
+        # imports (~1 s of CPU each) would otherwise run on the same cores as the registrations
+        for event in imported:
+            event.wait(120)
         pids = {"broker": broker.pid or 0, "coordinator": os.getpid()}
         pids["consumer"] = consumer.pid or 0
         pids.update({f"w{i + 1}": w.pid or 0 for i, w in enumerate(workers)})
