@@ -111,6 +111,35 @@ def test_a_reply_arriving_while_no_step_is_open_is_deferred_not_refused(tmp_path
         a.close()
 
 
+def test_a_finished_run_keeps_its_replies_ids_and_none_of_their_bytes(tmp_path: Path) -> None:
+    # Prepare: a two-round run; its store noted after step 1 opened (step 0 retired by then)
+    cfg = run_config(tmp_path, rounds=2)
+    broker = MemoryBroker()
+    agents = start_agents(cfg, broker)
+    coord = start_coordinator(cfg, broker)
+    seen: list[tuple[int, int]] = []
+    retire = coord.store.retire_done_steps
+
+    def noted() -> None:
+        retire()
+        open_rows = coord.store.db.execute("SELECT COUNT(*) FROM updates WHERE step=0")
+        seen.append((coord.store.last_done_step(), open_rows.fetchone()[0]))
+
+    coord.store.retire_done_steps = noted  # type: ignore[method-assign]
+    # Execute
+    result = coord.run()
+    # Assert: each step's replies retired once a later step opened, and at the end of the run
+    names = ["agent0", "agent1", "agent2"]
+    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
+    assert seen[:3] == [(-1, 0), (0, 0), (1, 0)] and seen[-1] == (2, 0)
+    assert [[d for d, _ in coord.store.aggregated(i)] for i in range(3)] == [names] * 3
+    assert coord.store.db.execute("SELECT COUNT(*) FROM updates").fetchone() == (0,)
+    coord.store.segments.join()
+    assert list((Path(cfg.run_dir) / "replies").iterdir()) == []
+    for a in agents:
+        a.close()
+
+
 def test_missing_quorum_is_an_explicit_error(tmp_path: Path) -> None:
     cfg = run_config(
         tmp_path,
