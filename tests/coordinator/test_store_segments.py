@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.replies import ReplyDesk
 from coordinator.segments import SEGMENTS_DIR
 from coordinator.store import AGGREGATED_STEPS, StepRecord, Store
+from coordinator.strategies import Step, create_strategy
+from protocol.codec import Envelope
+from protocol.messages import Ack, Reply
+from tests.helpers_runtime import run_config
 
 REPLY = bytes(range(256)) * 33  # ~8.4 KB: a FedProto reply
 
@@ -160,3 +165,29 @@ def test_a_store_written_before_segments_reads_its_replies_and_drops_them_when_d
     assert store.updates(0) == [] and store.stored_msgs(["old", "new"]) == {"old", "new"}
     reopened.close()
     store.close()
+
+
+def test_a_reply_resent_after_its_step_retired_is_acknowledged_until_the_window_ends(
+    tmp_path: Path,
+) -> None:
+    # Prepare: device a's reply of step 0 aggregated and retired; step 1 open
+    store = Store(tmp_path / "s.sqlite")
+    cfg = run_config(tmp_path, "fedproto")
+    desk = ReplyDesk(create_strategy("fedproto", cfg.algorithm_config(), num_classes=10), store)
+    old = Envelope(body=Reply(task_id="t.0.0.a", round=1, phase="train", num_samples=1), sender="a")
+    open_step(store, 0, ["a"])
+    store.add_update(0, "a", old.msg_id, "t.0.0.a", b"bytes")
+    store.complete_step(0, "done", {}, json.dumps({"round": 1}))
+    open_step(store, 1, ["a"])
+    store.retire_done_steps()
+    assert isinstance(old.body, Reply)
+
+    # Execute: the agent never got its ack and sends the reply again
+    resent = desk.judge(old, old.body, Step(2, "train"), "t.1.0.a", None)
+
+    # Assert: acknowledged as stored (the agent drops it from its outbox), not stored again
+    assert resent.ack == Ack(ref_id=old.msg_id, task_id="t.0.0.a") and not resent.store
+    store.db.execute("DELETE FROM aggregated")  # as AGGREGATED_STEPS steps later
+    late = desk.judge(old, old.body, Step(2, "train"), "t.1.0.a", None)
+    assert late.ack is not None and not late.ack.accepted and late.reject is not None
+    assert late.reject[0] == "late"
