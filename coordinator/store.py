@@ -204,12 +204,17 @@ class Store:
 
     def _add_segment_columns(self) -> None:
         """Give a store written before segments its columns (its rows keep their bytes)."""
+        columns = (("seg", "TEXT"), ("seg_offset", "INTEGER"), ("seg_length", "INTEGER"))
+
+        def missing() -> list[tuple[str, str]]:
+            have = {row[1] for row in self.db.execute("PRAGMA table_info(updates)")}
+            return [(name, kind) for name, kind in columns if name not in have]
+
+        if not missing():  # a read: opening a current store takes no write lock
+            return
         with self.transaction() as db:  # the write lock: workers open the store at once
-            have = {row[1] for row in db.execute("PRAGMA table_info(updates)")}
-            columns = (("seg", "TEXT"), ("seg_offset", "INTEGER"), ("seg_length", "INTEGER"))
-            for column, kind in columns:
-                if column not in have:
-                    db.execute(f"ALTER TABLE updates ADD COLUMN {column} {kind}")  # names above
+            for column, kind in missing():
+                db.execute(f"ALTER TABLE updates ADD COLUMN {column} {kind}")  # names above
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
