@@ -134,6 +134,18 @@ class AgentHost:
         finally:
             agents.close()
 
+    def where(self) -> dict[str, Any]:
+        """The node and process this actor runs in (what the driver logs as its placement)."""
+        import socket
+
+        ray = _import_ray()
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
 
 def simulate_ray(
     cfg: RunConfig,
@@ -151,6 +163,8 @@ def simulate_ray(
     started = _connect(ray, options)
     try:
         plan = plan_actors(fleet.num_agents, options, ray.cluster_resources())
+        if options.broker is None:
+            _check_loopback_reaches(ray.nodes(), ray.util.get_node_ip_address())
         with _broker(options) as (host, port):
             return _run(
                 ray, cfg, fleet, options=options, plan=plan, broker=(host, port), logger=logger
@@ -195,13 +209,70 @@ def _broker(options: RayOptions) -> Iterator[tuple[str, int]]:
     if options.broker is not None:
         yield parse_broker(options.broker)
         return
-    if options.address is not None:
-        log.warning("no broker given: actors on other nodes cannot reach 127.0.0.1")
     # Mosquitto moves far more messages per second than the embedded (Python) broker
     broker = MosquittoBroker() if mosquitto_executable() else EmbeddedBroker(port=0)
     with broker:
         log.info("MQTT broker (%s) on %s:%d", type(broker).__name__, broker.host, broker.port)
         yield broker.host, broker.port
+
+
+def _check_loopback_reaches(nodes: list[dict[str, Any]], driver_ip: str) -> None:
+    """Refuse a broker on loopback when a live node of the cluster is another host.
+
+    ``nodes``: ``ray.nodes()``. Nodes on this host (a local instance, or several raylets on
+    one machine) reach 127.0.0.1; an actor elsewhere would only fail to connect, and the run
+    would wait ``wait_agents_s`` for agents that never come.
+
+    Raises:
+        ConfigError: a live node's address is not the driver's.
+    """
+    others = sorted({n["NodeManagerAddress"] for n in nodes if n.get("Alive")} - {driver_ip})
+    if others:
+        raise ConfigError(
+            f"the Ray cluster has nodes on other hosts ({', '.join(others)}) than this one "
+            f"({driver_ip}), which cannot reach a broker started here on 127.0.0.1: give "
+            "--broker HOST[:PORT] that every node reaches"
+        )
+
+
+def _placement(
+    ray: Any, places: list[Any], plan: list[range], *, timeout: float
+) -> list[dict[str, Any]]:
+    """Where each actor runs (``places``: its ``where`` calls), logged one line an actor.
+
+    Waits for every actor to start, at most ``timeout`` seconds, so that an actor that cannot
+    start fails the run here, with its reason.
+
+    Raises:
+        AgentProcessError: an actor failed to start, or not all started within ``timeout``.
+    """
+    from coordinator.demo import AgentProcessError
+
+    try:
+        where: list[dict[str, Any]] = ray.get(places, timeout=timeout)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise AgentProcessError(
+            f"not all of {len(places)} Ray actors started within {timeout:g} s (run.wait_agents_s)"
+        ) from exc
+    except ray.exceptions.RayError as exc:
+        raise AgentProcessError(f"a Ray actor failed to start: {exc}") from exc
+    for block, place in zip(plan, where, strict=True):
+        log.info(
+            "agents %d-%d: Ray node %s (%s, host %s), pid %d",
+            block.start,
+            block.stop - 1,
+            place["node_id"],
+            place["ip"],
+            place["host"],
+            place["pid"],
+        )
+    log.info(
+        "%d agents in %d Ray actors on %d node(s)",
+        plan[-1].stop,
+        len(where),
+        len({p["node_id"] for p in where}),
+    )
+    return where
 
 
 def _run(
@@ -224,21 +295,25 @@ def _run(
         num_cpus=options.actor_cpus, num_gpus=options.actor_gpus
     )
     actors = [host_cls.remote() for _ in plan]
+    # an actor runs its calls in order: ``where`` answers as soon as the actor is up
+    places = [actor.where.remote() for actor in actors]
     pending = [
         actor.run.remote(cfg_data, fleet_data, list(block), broker, options.threads)
         for actor, block in zip(actors, plan, strict=True)
     ]
-    log.info("%d agents in %d Ray actors", fleet.num_agents, len(actors))
-    transport = mqtt_transport(cfg, *broker)
     finished = False
+    transport: Transport | None = None
     try:
+        _placement(ray, places, plan, timeout=cfg.wait_agents_s)
+        transport = mqtt_transport(cfg, *broker)
         result = run_coordinator(
             cfg, transport, logger, health_check=lambda: _check_actors(ray, pending)
         )
         finished = True
         return result
     finally:
-        transport.close()
+        if transport is not None:
+            transport.close()
         if finished and pending:  # the agents saw the run end: time to leave cleanly
             ray.wait(pending, num_returns=len(pending), timeout=FINISH_WAIT_S)
         for actor in actors:
