@@ -255,7 +255,7 @@ def _placement(
             f"not all of {len(places)} Ray actors started within {timeout:g} s (run.wait_agents_s)"
         ) from exc
     except ray.exceptions.RayError as exc:
-        raise AgentProcessError(f"a Ray actor failed to start: {exc}") from exc
+        raise _actor_error(ray, exc, "an actor") from exc
     for block, place in zip(plan, where, strict=True):
         log.info(
             "agents %d-%d: Ray node %s (%s, host %s), pid %d",
@@ -297,10 +297,10 @@ def _run(
     actors = [host_cls.remote() for _ in plan]
     # an actor runs its calls in order: ``where`` answers as soon as the actor is up
     places = [actor.where.remote() for actor in actors]
-    pending = [
-        actor.run.remote(cfg_data, fleet_data, list(block), broker, options.threads)
+    pending = {
+        actor.run.remote(cfg_data, fleet_data, list(block), broker, options.threads): block
         for actor, block in zip(actors, plan, strict=True)
-    ]
+    }
     finished = False
     transport: Transport | None = None
     try:
@@ -315,22 +315,38 @@ def _run(
         if transport is not None:
             transport.close()
         if finished and pending:  # the agents saw the run end: time to leave cleanly
-            ray.wait(pending, num_returns=len(pending), timeout=FINISH_WAIT_S)
+            ray.wait(list(pending), num_returns=len(pending), timeout=FINISH_WAIT_S)
         for actor in actors:
             ray.kill(actor)
 
 
-def _check_actors(ray: Any, pending: list[Any]) -> None:
+def _check_actors(ray: Any, pending: dict[Any, range]) -> None:
     """Fail the run at once when an actor failed, instead of waiting out the deadlines.
 
-    ``pending`` loses the calls that returned, so each is looked at once.
+    ``pending``: each actor's ``run`` call and its agents; it loses the calls that returned, so
+    each is looked at once.
     """
-    from coordinator.demo import AgentProcessError
-
-    done, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+    done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
     for ref in done:
-        pending.remove(ref)
+        block = pending.pop(ref)
         try:
             ray.get(ref)
         except ray.exceptions.RayError as exc:
-            raise AgentProcessError(f"a Ray actor failed before the run finished: {exc}") from exc
+            raise _actor_error(ray, exc, f"agents {block.start}-{block.stop - 1}") from exc
+
+
+def _actor_error(ray: Any, exc: Exception, who: str) -> Exception:
+    """The error to end the run with when the actor of ``who`` failed with ``exc``.
+
+    A toolkit error raised in the actor (a bad partition, an unknown model, missing data) is
+    the same precise error the in-process backend gives, so it is reported by its message;
+    anything else keeps Ray's report, whose traceback is the actor's.
+    """
+    from coordinator.demo import AgentProcessError
+    from protocol.errors import EdgeFLError
+
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, EdgeFLError):
+        log.debug("the Ray actor of %s failed: %s", who, exc)
+        return AgentProcessError(f"the Ray actor of {who} failed: {cause}")
+    return AgentProcessError(f"the Ray actor of {who} failed: {exc}")
