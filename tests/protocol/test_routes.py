@@ -81,7 +81,22 @@ def test_the_cache_starts_over_past_its_bound_and_keeps_answering() -> None:
     routes.add("dev/+/up", "up")
     for i in range(20):
         assert routes.handlers(f"dev/d{i}/up") == ["up"]
-    assert len(routes._state[1]) <= 4
+    assert len(routes._state.cache) <= 4
+
+
+def test_the_remembered_filter_combinations_start_over_past_the_bound_too() -> None:
+    # Prepare: 20 filters, each topic below hits a different one (and all hit the last)
+    routes: Routes[int] = Routes(distinct=False, max_cached=4)
+    for i in range(20):
+        routes.add(f"dev/d{i}/+", i)
+    routes.add("dev/#", 99)
+
+    # Execute / Assert
+    for i in range(20):
+        assert routes.handlers(f"dev/d{i}/up") == [i, 99]
+    assert routes.handlers("dev") == [99]
+    assert routes.handlers("other/d1/up") == []
+    assert len(routes._state.by_hits) <= 4
 
 
 def test_lookups_on_another_thread_while_filters_are_added_see_whole_routes() -> None:
