@@ -6,8 +6,9 @@ a fleet's registration, where every topic is new (one per device), ~22 % of the 
 network thread. Here each filter is compiled (:func:`protocol.topics.compile_filter`, the one
 definition of filter semantics, which :func:`~protocol.topics.matches` uses too) into one
 pattern for all of them (:func:`_combined`), so a new topic costs one C-level match, and the
-answer is remembered per topic (a device's reply topic comes back every round). Handlers come in the order their filters were added
-(property-tested against a plain split-based matcher in ``tests/protocol/test_routes.py``).
+answer is remembered per topic (a device's reply topic comes back every round). Handlers come
+in the order their filters were added (property-tested against a plain split-based matcher in
+``tests/protocol/test_routes.py``).
 """
 
 from __future__ import annotations
