@@ -52,19 +52,6 @@ def ray_instance() -> Iterator[Any]:
         ray.shutdown()
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread, as in each actor: the same kernels, the same float sums."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def simulated(value: Any) -> Any:
     """The metrics without the clock's: what two runs of one seed must agree on."""
     if isinstance(value, dict):

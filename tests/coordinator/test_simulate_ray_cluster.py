@@ -46,19 +46,6 @@ def two_nodes() -> Iterator[Any]:
         cluster.shutdown()
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread, as in each actor: the same kernels, the same float sums."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.network
 @pytest.mark.slow
 def test_actors_spread_over_two_nodes_give_the_inprocess_metrics(
