@@ -40,6 +40,8 @@ FINISH_WAIT_S = 60.0
 # the local instance's object store: the actors exchange only their arguments and the ids of
 # their agents (the models go over MQTT), so a small store spares a shared machine's /dev/shm
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
+# paho clients one process can hold: 3 sockets each below select()'s 1024, with room to spare
+PAHO_AGENTS_PER_PROCESS = 300
 
 
 @dataclass(frozen=True)
@@ -119,12 +121,14 @@ class AgentHost:
         fleet = FleetSpec(**{**fleet_data, "models": tuple(fleet_data["models"])})
         host, port = broker
 
-        def make(device_id: str, will: Will) -> Transport:
-            from protocol.mqtt import MqttTransport
+        from coordinator.runner import mqtt_client
 
+        client = mqtt_client(cfg)  # the run's: lean unless run.mqtt_client says paho
+
+        def make(device_id: str, will: Will) -> Transport:
             # the edge-agent CLI's client id: the same device, the same broker session
             client_id = f"edgefl-{cfg.federation}-{device_id}"
-            return MqttTransport(host=host, port=port, client_id=client_id, will=will)
+            return client(host=host, port=port, client_id=client_id, will=will)
 
         agents = AgentThreads(cfg, fleet, make)
         try:
@@ -163,6 +167,7 @@ def simulate_ray(
     started = _connect(ray, options)
     try:
         plan = plan_actors(fleet.num_agents, options, ray.cluster_resources())
+        _check_client_fits(cfg.mqtt_client, plan)
         if options.broker is None:
             _check_loopback_reaches(ray.nodes(), ray.util.get_node_ip_address())
         with _broker(options) as (host, port):
@@ -214,6 +219,27 @@ def _broker(options: RayOptions) -> Iterator[tuple[str, int]]:
     with broker:
         log.info("MQTT broker (%s) on %s:%d", type(broker).__name__, broker.host, broker.port)
         yield broker.host, broker.port
+
+
+def _check_client_fits(client: str, plan: list[range]) -> None:
+    """Refuse actors with more paho clients than one process can hold.
+
+    paho's network loop uses ``select()``, which takes no socket numbered 1024 or above
+    (``FD_SETSIZE``), and each paho client holds 3 (its socket and a wake-up pair): past ~340
+    clients in one process, new ones connect but never see their CONNACK and old ones drop
+    (paho-mqtt issue #238). The lean client waits with epoll and has no such bound.
+
+    Raises:
+        ConfigError: ``run.mqtt_client`` is paho and an actor has more than
+            :data:`PAHO_AGENTS_PER_PROCESS` agents.
+    """
+    most = max(len(block) for block in plan)
+    if client == "paho" and most > PAHO_AGENTS_PER_PROCESS:
+        raise ConfigError(
+            f"run.mqtt_client=paho: an actor of {most} agents would hold {3 * most} sockets, "
+            f"and paho's select() loop cannot use those numbered 1024 and up: at most "
+            f"{PAHO_AGENTS_PER_PROCESS} agents an actor (--agents-per-actor), or the lean client"
+        )
 
 
 def _check_loopback_reaches(nodes: list[dict[str, Any]], driver_ip: str) -> None:

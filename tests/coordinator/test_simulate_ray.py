@@ -20,7 +20,7 @@ from coordinator.cli import main
 from coordinator.config import load_config
 from coordinator.demo import AgentProcessError
 from coordinator.simulate import FleetSpec, simulate
-from coordinator.simulate_ray import RayOptions, plan_actors
+from coordinator.simulate_ray import RayOptions, _check_client_fits, plan_actors
 from protocol.broker import MosquittoBroker
 from protocol.errors import ConfigError
 from tests.conftest import _missing
@@ -146,6 +146,14 @@ def test_plan_refuses_actors_that_cannot_all_run_at_once() -> None:
         plan_actors(3, RayOptions(agents_per_actor=1), {"CPU": 2.0})
     with pytest.raises(ConfigError, match="0 GPU"):
         plan_actors(2, RayOptions(actor_gpus=1.0), {"CPU": 2.0})
+
+
+def test_actors_of_more_paho_clients_than_a_process_holds_are_refused() -> None:
+    # paho's select() loop takes no socket numbered 1024 and up, at 3 sockets a client
+    with pytest.raises(ConfigError, match=r"paho: an actor of 301 agents .* 903 sockets"):
+        _check_client_fits("paho", [range(0, 301), range(301, 400)])
+    _check_client_fits("paho", [range(0, 300), range(300, 600)])  # raises nothing
+    _check_client_fits("lean", [range(0, 5000)])  # epoll: no such bound
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ in ``test_mqtt.py`` and ``test_tls.py``; here is what only a client of our own c
 from __future__ import annotations
 
 import contextlib
+import os
+import resource
 import socket
 import threading
 import time
@@ -279,3 +281,38 @@ def test_close_releases_its_sockets_and_the_transport_connects_again(fake: FakeB
         assert wait_for(lambda: any(b.startswith(b"\x00\x05again") for _, _, b in fake.packets))
     finally:
         t.close()
+
+
+@pytest.mark.network
+def test_sockets_numbered_past_the_select_limit_still_carry_messages(
+    mosquitto: MosquittoBroker,
+) -> None:
+    # Prepare: take this process's descriptors up to 1024, so the client's sockets (and its
+    # wake-up pair) are numbered where select() cannot go: paho's loop fails there (a Ray
+    # actor holding ~340 paho agents), the lean client's epoll must not
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 1200
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"the hard open-file limit ({hard}) is below {need}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    fillers: list[int] = []
+    client = _lean(mosquitto.port, clean_session=True)
+    try:
+        while not fillers or fillers[-1] < 1024:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        got = Inbox()
+        client.subscribe("far/+", got)
+
+        # Execute
+        client.connect()
+        client.publish("far/1", b"past FD_SETSIZE")
+
+        # Assert
+        assert client._sock is not None and client._sock.fileno() > 1024
+        assert got.wait(1, timeout=10)
+        assert got.items == [("far/1", b"past FD_SETSIZE")]
+    finally:
+        client.close()
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
