@@ -112,7 +112,10 @@ class AgentThreads:
     """
 
     def __init__(self, cfg: RunConfig, fleet: FleetSpec, make: TransportFactory) -> None:
+        from edge_agent.factory import SplitCache
+
         self.cfg, self.fleet, self.make = cfg, fleet, make
+        self.splits = SplitCache()  # the fleet's split, computed once for all our agents
         self.stop = threading.Event()
         self.running: list[tuple[Any, Transport, threading.Thread]] = []
 
@@ -122,7 +125,7 @@ class AgentThreads:
 
         opts = agent_options(self.cfg, self.fleet, index)
         transport = self.make(opts.device_id, agent_will(self.cfg.federation, opts.device_id))
-        agent = build_agent(opts, transport)
+        agent = build_agent(opts, transport, splits=self.splits)
         transport.connect()
         agent.start()
         t = threading.Thread(target=agent.run, args=(self.stop,), name=opts.device_id, daemon=True)

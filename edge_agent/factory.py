@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from edge_agent.agent import AgentSettings, EdgeAgent
 from edge_agent.algorithms import EdgeContext, create_edge_algorithm
 from edge_agent.data import (
     ArrayDataset,
+    FederatedSplit,
     PartitionSpec,
     load_dataset,
     load_partition_file,
@@ -95,19 +97,51 @@ def _tensors(ds: ArrayDataset, device: torch.device) -> TensorData:
     )
 
 
-def _shards(opts: AgentOptions) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset | None]:
+class SplitCache:
+    """The federated splits of one process, computed once for all the agents it runs.
+
+    A device computes its shard from the shared partition spec, the whole split and then its
+    part. A process that runs many simulated agents (the in-process backend, a Ray actor)
+    did that once per agent: O(agents^2), and ~4 minutes to start 500 agents of a
+    1,000-agent mnist5k fleet. Kept by the caller, never module-wide: an ``edge-agent``
+    process must not hold the whole dataset once its shard is cut.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._splits: dict[tuple[object, ...], FederatedSplit] = {}
+
+    def get(self, opts: AgentOptions) -> FederatedSplit:
+        """The split ``opts`` names (its data, and partition spec or file)."""
+        key = (opts.data, opts.data_root, opts.image_size, opts.partition, opts.partition_file)
+        with self._lock:  # agents start one after another: nothing waits here in practice
+            split = self._splits.get(key)
+            if split is None:
+                split = self._splits[key] = _split(opts)
+            return split
+
+
+def _split(opts: AgentOptions) -> FederatedSplit:
     dataset = load_dataset(opts.data, root=opts.data_root, image_size=opts.image_size)
     if opts.partition_file is not None:
-        split = split_from_file(dataset, load_partition_file(opts.partition_file))
-        train, test = split.client(opts.client_index)
-        return train, test, split.global_test if len(split.global_test_indices) else None
-    if opts.partition is None:
+        return split_from_file(dataset, load_partition_file(opts.partition_file))
+    assert opts.partition is not None  # the caller's check
+    return make_federated_split(dataset, opts.partition)
+
+
+def _shards(
+    opts: AgentOptions, splits: SplitCache | None
+) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset | None]:
+    if opts.partition_file is None and opts.partition is None:
+        dataset = load_dataset(opts.data, root=opts.data_root, image_size=opts.image_size)
         rng = np.random.default_rng(opts.seed)
         order = rng.permutation(len(dataset.y))
         cut = int(0.8 * len(order))
         return dataset.subset(order[:cut]), dataset.subset(order[cut:]), None
-    split = make_federated_split(dataset, opts.partition)
+    split = _split(opts) if splits is None else splits.get(opts)
     train, test = split.client(opts.client_index)
+    if opts.partition_file is not None and not len(split.global_test_indices):
+        return train, test, None
     return train, test, split.global_test
 
 
@@ -173,13 +207,15 @@ def build_agent(
     logger: logging.Logger | None = None,
     *,
     signing: SigningKeys | None = None,
+    splits: SplitCache | None = None,
 ) -> EdgeAgent:
     """Load this device's data shard, build its model and algorithm, wire the endpoint.
 
     ``signing``: sign every frame and refuse unsigned ones except the coordinator's will (§7).
+    ``splits``: where a process that builds many agents keeps the split they share.
     """
     device = pick_device(opts.device)
-    train, test, global_test = _shards(opts)
+    train, test, global_test = _shards(opts, splits)
     if opts.classes:
         train, test = map_classes(train, opts.classes), map_classes(test, opts.classes)
         global_test = None if global_test is None else map_classes(global_test, opts.classes)

@@ -456,7 +456,9 @@ class LeanMqttTransport(MqttClient):
                     # right after a write, linger 1 ms awake: a sender in full flow (a step's
                     # tasks, a batch's acks) then queues without waking this thread each time
                     self._asleep = not self._out and not sent
-                    timeout = 1.0 if self._asleep else (0.001 if not self._out else 0.0)
+                    timeout = 0.0 if self._out else 0.001
+                if self._asleep:  # nothing to write: a publish wakes us, else the keepalive
+                    timeout = self._until_keepalive(last_out, ping_sent)
                 events = selector.select(timeout)
                 self._asleep = False
                 for key, _mask in events:
@@ -475,6 +477,14 @@ class LeanMqttTransport(MqttClient):
                     ping_sent = now
         finally:
             selector.close()
+
+    def _until_keepalive(self, last_out: float, ping_sent: float | None) -> float:
+        """Seconds until the keepalive acts: a PINGREQ after half the keepalive of silence,
+        or giving up on an unanswered one after a whole keepalive. An idle client used to wake
+        every second: hundreds of them in one process (a Ray actor's agents) woke hundreds of
+        times a second, each for the GIL."""
+        due = last_out + self.keepalive / 2 if ping_sent is None else ping_sent + self.keepalive
+        return max(0.0, due - time.monotonic()) + 0.01  # a hair past: the checks are strict
 
     def _receive(self, sock: socket.socket | ssl.SSLSocket) -> bool:
         """Read what is there and handle every whole packet; whether anything came."""
