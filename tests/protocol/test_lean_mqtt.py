@@ -316,3 +316,12 @@ def test_sockets_numbered_past_the_select_limit_still_carry_messages(
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_idle_client_sleeps_until_its_keepalive_is_due(fake: FakeBroker) -> None:
+    # an idle client used to wake every second; now only for its keepalive (a publish wakes it)
+    t = _lean(fake.port, keepalive=30)
+    now = time.monotonic()
+    assert 14.9 < t._until_keepalive(last_out=now, ping_sent=None) <= 15.01  # PINGREQ at 15 s
+    assert 29.9 < t._until_keepalive(last_out=now - 20, ping_sent=now) <= 30.01  # its answer
+    assert t._until_keepalive(last_out=now - 16, ping_sent=None) == 0.01  # overdue: at once
