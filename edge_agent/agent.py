@@ -285,9 +285,9 @@ class EdgeAgent:
 
     def _idle_wait(self) -> float:
         """How long the loop may wait for a message: until the next fetch is due, at most
-        ``IDLE_WAIT_S``. An idle agent wakes once a second, not five times: a Ray actor of 500
-        simulated agents woke 2,500 times a second, and under one GIL the wakeups starved the
-        network threads until the broker dropped them for silence."""
+        ``IDLE_WAIT_S``. An idle agent wakes once a second, not five times: a process of 500
+        simulated agents (a Ray actor) woke 2,500 times a second for nothing, each wakeup
+        taking the GIL from the threads with work to do."""
         wait = IDLE_WAIT_S
         if self._waiting:
             now = time.monotonic()
