@@ -261,9 +261,7 @@ def _check_loopback_reaches(nodes: list[dict[str, Any]], driver_ip: str) -> None
         )
 
 
-def _placement(
-    ray: Any, places: list[Any], plan: list[range], *, timeout: float
-) -> list[dict[str, Any]]:
+def _placement(ray: Any, places: list[Any], plan: list[range], *, timeout: float) -> None:
     """Where each actor runs (``places``: its ``where`` calls), logged one line an actor.
 
     Waits for every actor to start, at most ``timeout`` seconds, so that an actor that cannot
@@ -298,7 +296,6 @@ def _placement(
         len(where),
         len({p["node_id"] for p in where}),
     )
-    return where
 
 
 def _run(

@@ -40,14 +40,13 @@ class Routes(Generic[H]):
         self._distinct = distinct
         self._max_cached = max_cached
         self._lock = threading.Lock()  # serialises add(); lookups read one snapshot
-        self._filters: tuple[tuple[str, H], ...] = ()
-        self._state = _Table[H](())
+        self._state = _Table[H]((), ())
 
     def add(self, topic_filter: str, handler: H) -> None:
         """Route topics matching ``topic_filter`` to ``handler`` (after those added before)."""
         with self._lock:
-            self._filters = (*self._filters, (topic_filter, handler))
-            self._state = _Table(self._filters)
+            old = self._state
+            self._state = _Table((*old.filters, topic_filter), (*old.handlers, handler))
 
     def handlers(self, topic: str) -> list[H]:
         """The handlers ``topic`` reaches, in the order they were added (do not modify)."""
@@ -78,9 +77,8 @@ class _Table(Generic[H]):
 
     __slots__ = ("by_hits", "cache", "filters", "handlers", "pattern")
 
-    def __init__(self, routes: tuple[tuple[str, H], ...]) -> None:
-        self.filters = tuple(f for f, _ in routes)
-        self.handlers = tuple(h for _, h in routes)
+    def __init__(self, filters: tuple[str, ...], handlers: tuple[H, ...]) -> None:
+        self.filters, self.handlers = filters, handlers
         self.pattern: re.Pattern[str] | None = None
         self.by_hits: dict[tuple[str | None, ...], list[H]] = {}  # which filters hit -> handlers
         self.cache: dict[str, list[H]] = {}  # topic -> handlers
