@@ -321,9 +321,8 @@ class Coordinator:
                     f"registered within {timeout:.0f} s{self._refusals()}"
                 )
             self._pump(min(0.5, max(0.0, end - time.monotonic())))
-        self.log.info(
-            "%d agents online: %s", len(self._online_agents()), ", ".join(self._online_agents())
-        )
+        online = self._online_agents()
+        self.log.info("%d agents online: %s", len(online), _first(online))
 
     def _wait_for_workers(self, timeout: float) -> None:
         """With ingest workers, wait until ``run.ingest_workers`` of them are online: a reply
@@ -961,3 +960,10 @@ def _shared_names(maps: list[dict[str, Payload]]) -> list[str]:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+def _first(names: list[str], shown: int = REGISTRATIONS_LOGGED) -> str:
+    """``names`` joined, the first ``shown`` of them: the online line of a 10,000-agent fleet
+    was 110 KB."""
+    head = ", ".join(names[:shown])
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"

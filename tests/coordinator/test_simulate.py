@@ -1,12 +1,15 @@
 """Whole runs in one process over the in-memory transport: the same code paths as a fleet."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from coordinator import simulate as simulate_module
 from coordinator.config import load_config
-from coordinator.simulate import FleetSpec, simulate
+from coordinator.simulate import GIL_SLICE_MAX_S, AgentThreads, FleetSpec, gil_slice, simulate
+from protocol.transport import MemoryBroker, MemoryTransport
 
 MODELS = ("cnn_t1", "mlp_s", "cnn_t2")
 
@@ -198,3 +201,34 @@ def test_an_eval_every_below_one_is_refused_with_its_bounds(tmp_path: Path) -> N
 
     with pytest.raises(ConfigError, match=r"eval_every must be in \[1, 1e\+06\]"):
         load_config(None, ["hyper.eval_every=0"], algorithm="fedproto", run_dir=str(tmp_path))
+
+
+def test_the_gil_slice_grows_a_millisecond_an_agent_between_the_default_and_its_cap() -> None:
+    assert gil_slice(1, 0.005) == 0.005  # one agent: CPython's own
+    assert gil_slice(20, 0.005) == pytest.approx(0.020)
+    assert gil_slice(100, 0.005) == pytest.approx(GIL_SLICE_MAX_S)
+    assert gil_slice(10_000, 0.005) == GIL_SLICE_MAX_S
+    assert gil_slice(3, 0.5) == 0.5  # a process that chose a longer one keeps it
+
+
+def test_a_process_hosting_agents_lengthens_its_gil_slice_until_they_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: 5 ms an agent, so three agents ask for 15 ms
+    monkeypatch.setattr(simulate_module, "GIL_SLICE_PER_AGENT_S", 0.005)
+    before = sys.getswitchinterval()
+    broker = MemoryBroker()
+    cfg = load_config(None, [], algorithm="fedproto", rounds=1, run_dir=str(tmp_path))
+    fleet = FleetSpec(num_agents=3, models=MODELS, data="digits", feature_dim=8)
+    agents = AgentThreads(cfg, fleet, lambda cid, will: MemoryTransport(broker, cid, will=will))
+
+    # Execute / Assert: the slice follows the agents started, and is the process's again after
+    try:
+        agents.start(0)
+        assert sys.getswitchinterval() == pytest.approx(max(before, 0.005))
+        agents.start(1)
+        agents.start(2)
+        assert sys.getswitchinterval() == pytest.approx(max(before, 0.015))
+    finally:
+        agents.close()
+    assert sys.getswitchinterval() == before
