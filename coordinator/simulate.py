@@ -33,13 +33,16 @@ __all__ = ["AgentThreads", "FleetSpec", "TransportFactory", "gil_slice", "simula
 # (client_id, will) -> an unconnected transport
 TransportFactory = Callable[[str, Will], Transport]
 
-# The GIL switch interval of a process that hosts many agents (its network threads and agent
-# threads). A thread waiting for the GIL wakes once per interval to ask for it, so at CPython's
-# 5 ms, 100 agents' ~200 threads woke tens of thousands of times a second: on 2 cores, 10 Ray
-# actors of 100 agents spent their CPU in 29 us slices of GIL hand-offs, clients went silent
-# past the broker's keepalive and a round lost 361 of 1,000 replies. 1 ms per agent keeps
-# the wake-ups per second about constant as a process hosts more agents; the cap bounds how
-# long a thread computing in Python keeps the others (a keepalive due) waiting.
+# The GIL switch interval of a process that hosts many agents over the network, each with a
+# network thread that must answer the broker's keepalive. A thread waiting for the GIL wakes
+# once per interval to ask for it, so at CPython's 5 ms, 100 agents' ~200 threads woke tens of
+# thousands of times a second: on 2 cores, 10 Ray actors of 100 agents spent their CPU in
+# ~29 us slices of GIL hand-offs, clients went silent past the broker's keepalive, and the
+# second round reached its deadline with 999 of 1,000 replies after ~600 lost connections.
+# 1 ms per agent keeps the wake-ups per second about constant as a process hosts more agents;
+# the cap bounds how long a thread computing in Python keeps the others waiting. Agents on the
+# in-memory transport have no network threads, and there the longer slice made 300 agents
+# 5-10 % slower (the coordinator's thread waits longer for the GIL): they keep CPython's.
 GIL_SLICE_PER_AGENT_S = 0.001
 GIL_SLICE_MAX_S = 0.1
 
@@ -127,10 +130,14 @@ class AgentThreads:
     through this one class, so both build, start and stop them the same way.
     """
 
-    def __init__(self, cfg: RunConfig, fleet: FleetSpec, make: TransportFactory) -> None:
+    def __init__(
+        self, cfg: RunConfig, fleet: FleetSpec, make: TransportFactory, *, networked: bool = False
+    ) -> None:
+        """``networked``: ``make`` gives network transports (a thread each), and the GIL switch
+        interval grows with the agents started (``gil_slice``) until :meth:`close`."""
         from edge_agent.factory import SplitCache
 
-        self.cfg, self.fleet, self.make = cfg, fleet, make
+        self.cfg, self.fleet, self.make, self.networked = cfg, fleet, make, networked
         self.splits = SplitCache()  # the fleet's split, computed once for all our agents
         self.stop = threading.Event()
         self.running: list[tuple[Any, Transport, threading.Thread]] = []
@@ -148,7 +155,8 @@ class AgentThreads:
         t = threading.Thread(target=agent.run, args=(self.stop,), name=opts.device_id, daemon=True)
         t.start()
         self.running.append((agent, transport, t))
-        sys.setswitchinterval(gil_slice(len(self.running), self._switch_interval))
+        if self.networked:
+            sys.setswitchinterval(gil_slice(len(self.running), self._switch_interval))
 
     def wait(self) -> list[str]:
         """Block until every agent's run ends; the ids of those that saw the run finish."""
@@ -201,7 +209,7 @@ def simulate(
             return transport_factory(client_id, will)
         return MemoryTransport(broker, client_id, will=will)
 
-    agents = AgentThreads(cfg, fleet, make)
+    agents = AgentThreads(cfg, fleet, make, networked=transport_factory is not None)
     coord_transport: Transport | None = None
     try:
         for i in range(fleet.num_agents):

@@ -130,7 +130,7 @@ class AgentHost:
             client_id = f"edgefl-{cfg.federation}-{device_id}"
             return client(host=host, port=port, client_id=client_id, will=will)
 
-        agents = AgentThreads(cfg, fleet, make)
+        agents = AgentThreads(cfg, fleet, make, networked=True)
         try:
             for i in indices:
                 agents.start(i)

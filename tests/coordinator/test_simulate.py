@@ -211,8 +211,9 @@ def test_the_gil_slice_grows_a_millisecond_an_agent_between_the_default_and_its_
     assert gil_slice(3, 0.5) == 0.5  # a process that chose a longer one keeps it
 
 
-def test_a_process_hosting_agents_lengthens_its_gil_slice_until_they_close(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("networked", [True, False])
+def test_a_process_hosting_networked_agents_lengthens_its_gil_slice_until_they_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, networked: bool
 ) -> None:
     # Prepare: 5 ms an agent, so three agents ask for 15 ms
     monkeypatch.setattr(simulate_module, "GIL_SLICE_PER_AGENT_S", 0.005)
@@ -220,15 +221,21 @@ def test_a_process_hosting_agents_lengthens_its_gil_slice_until_they_close(
     broker = MemoryBroker()
     cfg = load_config(None, [], algorithm="fedproto", rounds=1, run_dir=str(tmp_path))
     fleet = FleetSpec(num_agents=3, models=MODELS, data="digits", feature_dim=8)
-    agents = AgentThreads(cfg, fleet, lambda cid, will: MemoryTransport(broker, cid, will=will))
+    agents = AgentThreads(
+        cfg,
+        fleet,
+        lambda cid, will: MemoryTransport(broker, cid, will=will),
+        networked=networked,
+    )
 
-    # Execute / Assert: the slice follows the agents started, and is the process's again after
+    # Execute / Assert: networked, the slice follows the agents started; else it stays the
+    # process's; after close it is the process's again either way
     try:
         agents.start(0)
-        assert sys.getswitchinterval() == pytest.approx(max(before, 0.005))
+        assert sys.getswitchinterval() == pytest.approx(max(before, 0.005) if networked else before)
         agents.start(1)
         agents.start(2)
-        assert sys.getswitchinterval() == pytest.approx(max(before, 0.015))
+        assert sys.getswitchinterval() == pytest.approx(max(before, 0.015) if networked else before)
     finally:
         agents.close()
     assert sys.getswitchinterval() == before
