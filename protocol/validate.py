@@ -74,7 +74,7 @@ def check_class_ids(ids: npt.NDArray[Any], field: str, num_classes: int | None =
 
 # An overflowing sum of squares is an expected outcome of sum_of_squares' callers' shortcuts
 # (they then take their exact path); numpy would print a RuntimeWarning for it
-warnings.filterwarnings("ignore", "overflow encountered in dot", RuntimeWarning, __name__)
+warnings.filterwarnings("ignore", "overflow encountered in matmul", RuntimeWarning, __name__)
 
 
 #: unit roundoff of the dtypes whose np.dot is a BLAS call
@@ -84,9 +84,15 @@ _ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
 def sum_of_squares(arr: npt.NDArray[Any]) -> float:
     """The sum of the squares of every value: one BLAS reduction, no temporary array. NaN and
     inf propagate to it, and values beyond ~1e19 (float32) overflow it to inf, without a
-    warning: a shortcut that finds it not finite takes its exact path."""
+    warning: a shortcut that finds it not finite takes its exact path.
+
+    ``flat @ flat``, not ``np.dot``: both are the same BLAS dot, but ``np.dot`` releases the
+    GIL around it, and winning the GIL back from a busy thread took a switch interval. Beside
+    a thread spinning in Python, ``np.dot`` of 2,048 float32 averaged 1.28 ms and ``@`` 1.7 us
+    (numpy 2.4); in the coordinator its network and engine threads check every reply.
+    """
     flat = arr.reshape(-1)
-    return float(np.dot(flat, flat)) if flat.size else 0.0
+    return float(flat @ flat) if flat.size else 0.0
 
 
 def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:

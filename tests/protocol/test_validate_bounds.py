@@ -46,7 +46,7 @@ EDGE = [
 ]
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in dot:RuntimeWarning")  # see below
+@pytest.mark.filterwarnings("ignore:overflow encountered in matmul:RuntimeWarning")  # see below
 @settings(max_examples=300, deadline=None)
 @given(
     dtype=st.sampled_from([np.float16, np.float32, np.float64]),
