@@ -171,7 +171,8 @@ class AgentThreads:
             t.join(timeout=timeout)
         for _, transport, _ in self.running:
             transport.close()
-        sys.setswitchinterval(self._switch_interval)
+        if self.networked:
+            sys.setswitchinterval(self._switch_interval)
 
 
 def simulate(

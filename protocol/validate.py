@@ -77,7 +77,7 @@ def check_class_ids(ids: npt.NDArray[Any], field: str, num_classes: int | None =
 warnings.filterwarnings("ignore", "overflow encountered in matmul", RuntimeWarning, __name__)
 
 
-#: unit roundoff of the dtypes whose np.dot is a BLAS call
+#: unit roundoff of the dtypes whose dot product is a BLAS call
 _ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
 
 
