@@ -332,14 +332,22 @@ class MqttTransport(MqttClient):
         size = getattr(properties, "MaximumPacketSize", None) if self.protocol == "5" else None
         self.max_packet_size = int(size) if size else None
         self._attempt = 0
-        self._connected = True
         self.log.info("connected to %s (session present: %s)", self.where, self.session_present)
         with self._lock:
             best: dict[str, int] = {}
             for topic_filter, _handler, qos in self._subs:
                 best[topic_filter] = max(qos, best.get(topic_filter, 0))
+            known = len(self._subs)
         if best:  # a broker without our session (restarted, expired) needs them again
             self._send_subscribe(sorted(best.items()), wait=False)
+        # `connected` only once the subscriptions are queued, as the lean client does: a
+        # message published after it is seen then goes out after them. A filter subscribed
+        # meanwhile saw us disconnected and did not send itself: it goes now
+        with self._lock:
+            self._connected = True
+            late = [(topic_filter, qos) for topic_filter, _handler, qos in self._subs[known:]]
+        if late:
+            self._send_subscribe(late, wait=False)
         self._connack.set()
         self._notify_connect(self.session_present)
 
