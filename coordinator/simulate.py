@@ -35,8 +35,8 @@ TransportFactory = Callable[[str, Will], Transport]
 
 # The GIL switch interval of a process that hosts many agents over the network, each with a
 # network thread that must answer the broker's keepalive. A thread waiting for the GIL wakes
-# once per interval to ask for it, so at CPython's 5 ms, 100 agents' ~200 threads woke tens of
-# thousands of times a second: on 2 cores, 10 Ray actors of 100 agents spent their CPU in
+# once per interval to ask for it, so at CPython's 5 ms, 100 agents' ~200 threads ask for up
+# to 40,000 wake-ups a second: on 2 cores, 10 Ray actors of 100 agents spent their CPU in
 # ~29 us slices of GIL hand-offs, clients went silent past the broker's keepalive, and the
 # second round reached its deadline with 999 of 1,000 replies after ~600 lost connections.
 # 1 ms per agent keeps the wake-ups per second about constant as a process hosts more agents;
