@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from coordinator.simulate import agent_options
 from edge_agent import factory
@@ -65,3 +66,18 @@ def test_an_idle_agent_waits_a_second_or_until_its_next_fetch(tmp_path: Path) ->
     assert 0.0 < agent._idle_wait() <= 0.3
     agent._waiting["t"].give_up_at = time.monotonic() - 1  # overdue: no wait at all
     assert agent._idle_wait() == 0.0
+
+
+def test_agents_sharing_a_split_cache_evaluate_on_one_copy_of_the_global_test_set(
+    tmp_path: Path,
+) -> None:
+    splits = SplitCache()
+    first, second = (build(tmp_path / "cached", i, splits) for i in range(2))
+    alone = build(tmp_path / "alone", 0, None)
+
+    def held(agent: Any) -> Any:
+        return agent.algorithm.ctx.global_test.x
+
+    assert held(first).data_ptr() == held(second).data_ptr()  # one copy for the process
+    assert held(alone).data_ptr() != held(first).data_ptr()
+    assert torch.equal(held(alone), held(first))  # the same images either way
