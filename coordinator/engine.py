@@ -43,6 +43,7 @@ from protocol.errors import (
     ProtocolError,
     ValidationError,
 )
+from protocol.logs import listing
 from protocol.messages import (
     REFUSED,
     UNKNOWN_KNOWLEDGE,
@@ -322,7 +323,7 @@ class Coordinator:
                 )
             self._pump(min(0.5, max(0.0, end - time.monotonic())))
         online = self._online_agents()
-        self.log.info("%d agents online: %s", len(online), _first(online))
+        self.log.info("%d agents online: %s", len(online), listing(online, REGISTRATIONS_LOGGED))
 
     def _wait_for_workers(self, timeout: float) -> None:
         """With ingest workers, wait until ``run.ingest_workers`` of them are online: a reply
@@ -960,10 +961,3 @@ def _shared_names(maps: list[dict[str, Payload]]) -> list[str]:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def _first(names: list[str], shown: int = REGISTRATIONS_LOGGED) -> str:
-    """``names`` joined, the first ``shown`` of them: the online line of a 10,000-agent fleet
-    was 110 KB."""
-    head = ", ".join(names[:shown])
-    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"

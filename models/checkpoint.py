@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from protocol.errors import EdgeFLError
+from protocol.logs import listing
 
 if TYPE_CHECKING:
     from models._classifier import Classifier
@@ -472,7 +473,7 @@ def _check_state_dict(
     if not (missing or unexpected or mismatched):
         return
     parts = [
-        f"{len(items)} {label} ({_listing(items)})"
+        f"{len(items)} {label} ({listing(items, 5)})"
         for label, items in (
             ("missing", missing),
             ("unexpected", unexpected),
@@ -485,11 +486,6 @@ def _check_state_dict(
         f"in_chans={spec.in_chans}, feature_dim={spec.feature_dim}, "
         f"input_size={list(spec.input_size)}): " + "; ".join(parts)
     )
-
-
-def _listing(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(items[:limit])
-    return shown if len(items) <= limit else f"{shown}, ... {len(items) - limit} more"
 
 
 def _mapping(obj: object, where: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-__all__ = ["JsonFormatter", "setup_logging"]
+__all__ = ["JsonFormatter", "listing", "setup_logging"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -33,3 +33,11 @@ def setup_logging(level: int | str, fmt: str) -> None:
     logging.basicConfig(
         level=level.upper() if isinstance(level, str) else level, handlers=[handler]
     )
+
+
+def listing(items: list[str], limit: int) -> str:
+    """``items`` joined, the first ``limit`` of them and a count of the rest: a log line or an
+    error message about many things stays short (the online line of 10,000 agents was 110 KB).
+    """
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
