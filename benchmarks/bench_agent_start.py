@@ -51,9 +51,9 @@ def _proc_status(pid: int) -> dict[str, int]:
 
 
 def _retain_running_state(port: int) -> None:
-    from protocol.codec import Envelope, encode
-    from protocol.messages import CoordinatorState
-    from protocol.topics import Topics
+    from protocol.contract.codec import Envelope, encode
+    from protocol.contract.messages import CoordinatorState
+    from protocol.contract.topics import Topics
 
     body = CoordinatorState(
         state="running", run_id="start", algorithm="fedproto", round=1, total_rounds=10
@@ -129,8 +129,8 @@ def synthetic_npz(path: Path, n: int = 200) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     """Print a markdown table: model, family, start-up time (median), RSS and peak."""
+    from coordinator.broker.embedded import MosquittoBroker
     from models import model_info
-    from protocol.broker import MosquittoBroker
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS)

@@ -7,7 +7,8 @@ step has arrived, answer all of them in one burst with realistic FedProto replie
 of the 2-6 classes they hold, ``--dim`` float32 features each: ~8.4 KB at 512), pre-encoded and
 written by a raw-socket MQTT publisher (``bench_ingest.RawMqtt``), so the fleet never limits
 the coordinator. Acks are counted by a raw-socket subscriber; tasks arrive through the lean
-client (``protocol.lean_mqtt``; through paho, ~135 us of CPU a message, receiving 10,000 tasks
+client (``protocol.transport.lean_mqtt``; through paho, ~135 us of CPU a message, receiving 10,000
+tasks
 took the fleet ~6 s, which the fleet-side ``close`` then measured).
 
 In the same run, before each burst to the coordinator (while it idles, waiting for replies),
@@ -114,13 +115,13 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
     import msgpack
     import numpy as np
 
-    from protocol.chunking import DEFAULT_CHUNK_POLICY, split_frame
-    from protocol.codec import Envelope, encode
-    from protocol.endpoint import Endpoint
-    from protocol.lean_mqtt import LeanMqttTransport
-    from protocol.messages import Capabilities, InputSpec, Register, Reply, Status, Task
-    from protocol.payloads import PrototypeSet, TensorMap
-    from protocol.topics import Topics
+    from protocol.contract.chunking import DEFAULT_CHUNK_POLICY, split_frame
+    from protocol.contract.codec import Envelope, encode
+    from protocol.contract.messages import Capabilities, InputSpec, Register, Reply, Status, Task
+    from protocol.contract.payloads import PrototypeSet, TensorMap
+    from protocol.contract.topics import Topics
+    from protocol.transport.endpoint import Endpoint
+    from protocol.transport.lean_mqtt import LeanMqttTransport
 
     logging.basicConfig(level=logging.ERROR)
     topics, twin = Topics(FEDERATION), Topics(TWIN)
@@ -286,7 +287,7 @@ def fleet_main(  # noqa: PLR0915, PLR0917 - one self-contained child process
 def worker_main(run_dir: str, port: int, worker: str, out: Any, imported: Any) -> None:
     """Child process: one ingest worker until the run finishes; reports its figures.
     ``imported`` is set once the toolkit is imported (the fleet starts after that)."""
-    from coordinator.ingest_worker import run_ingest_worker
+    from coordinator.engine.ingest_worker import run_ingest_worker
 
     imported.set()
     logging.basicConfig(level=logging.ERROR)
@@ -321,9 +322,9 @@ def run_one(
     weights_kb: int = 0,
 ) -> dict[str, Any]:
     """One coordinator run with ``n`` fake agents; returns the figures for that N."""
+    from coordinator.broker.embedded import MosquittoBroker
     from coordinator.config import load_config
-    from coordinator.runner import coordinator_will, mqtt_client, run_coordinator
-    from protocol.broker import MosquittoBroker
+    from coordinator.engine.runner import coordinator_will, mqtt_client, run_coordinator
 
     ctx = mp.get_context("spawn")  # the children must not inherit our MQTT threads
     with MosquittoBroker() as broker, tempfile.TemporaryDirectory(dir=store_dir) as tmp:
@@ -421,7 +422,7 @@ def run_one(
 def _time_sends(transport: Any) -> list[tuple[float, str]]:
     """When the coordinator handed each task and ack to its MQTT client (the client's own
     publish, wrapped): the close as the coordinator sees it, without the fleet's reception."""
-    from protocol.transport import Transport
+    from protocol.transport.base import Transport
 
     sends: list[tuple[float, str]] = []
     publish, publish_many = transport.publish, transport.publish_many

@@ -9,7 +9,8 @@ Two parts:
   the ceiling a coordinator could reach on this broker and machine; it is also the fleet's raw
   publisher (pre-encoded frames in one ``sendall``), so the publisher never limits the broker.
 * ``main``: in-process decode throughput of FedProto-sized reply frames through the typed walk
-  (``protocol.codec.decode``, forced) and the lean path (``protocol.lean``), and, with
+  (``protocol.contract.codec.decode``, forced) and the lean path (``protocol.contract.lean``), and,
+  with
   ``--broker``, the raw-publisher -> Mosquitto -> raw-consumer rate for the same frames.
 
 Usage::
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from protocol.mqtt_packets import (
+from protocol.transport.mqtt_packets import (
     CONNACK,
     PUBLISH,
     SUBACK,
@@ -174,10 +175,10 @@ def make_frames(n: int, dim: int, num_classes: int = 10, federation: str = "benc
     """``n`` FedProto-sized reply frames (2-6 classes of ``dim`` floats) with their topics."""
     import numpy as np
 
-    from protocol.codec import Envelope, encode
-    from protocol.messages import Reply
-    from protocol.payloads import PrototypeSet
-    from protocol.topics import Topics
+    from protocol.contract.codec import Envelope, encode
+    from protocol.contract.messages import Reply
+    from protocol.contract.payloads import PrototypeSet
+    from protocol.contract.topics import Topics
 
     rng = np.random.default_rng(0)
     topics = Topics(federation)
@@ -206,7 +207,7 @@ def make_frames(n: int, dim: int, num_classes: int = 10, federation: str = "benc
 
 def decode_rates(frames: list[bytes], repeat: int = 3) -> dict[str, float]:
     """Frames per second through the typed walk and through the lean path."""
-    from protocol import codec
+    from protocol.contract import codec
 
     def typed(data: bytes) -> Any:
         return codec.envelope_from_map(codec.decode_frame_map(data), fast=False)
@@ -231,7 +232,7 @@ def broker_rate(frames: list[tuple[str, bytes]], repeat: int = 3) -> list[float]
     """Replies/s raw publisher -> Mosquitto -> raw consumer (QoS 1), one figure per repeat."""
     import multiprocessing as mp
 
-    from protocol.broker import MosquittoBroker
+    from coordinator.broker.embedded import MosquittoBroker
 
     ctx = mp.get_context("spawn")
     rates = []

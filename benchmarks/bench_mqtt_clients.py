@@ -1,6 +1,7 @@
 """Per-message CPU of the MQTT clients: paho-mqtt, the lean client, and a raw socket probe.
 
-Why the coordinator has a client of its own (``protocol/lean_mqtt.py``): it receives a reply and
+Why the coordinator has a client of its own (``protocol/transport/lean_mqtt.py``): it receives a
+reply and
 sends an ack and a task per device and round. This measures, on one Mosquitto:
 
 * **receive**: a raw publisher writes ``--messages`` QoS 1 frames of ``--size`` bytes in one
@@ -41,8 +42,8 @@ def _thread_cpu() -> float:
 
 
 def _client(kind: str, port: int, name: str) -> Any:
-    from protocol.lean_mqtt import LeanMqttTransport
-    from protocol.mqtt import MqttTransport
+    from protocol.transport.lean_mqtt import LeanMqttTransport
+    from protocol.transport.paho import MqttTransport
 
     cls = MqttTransport if kind == "paho" else LeanMqttTransport
     return cls(client_id=name, port=port, clean_session=True)
@@ -127,7 +128,7 @@ def _counting(n: int, got: threading.Event) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """Alternate the clients ``--repeat`` times and print medians as a markdown table."""
-    from protocol.broker import MosquittoBroker
+    from coordinator.broker.embedded import MosquittoBroker
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=2000)

@@ -31,13 +31,13 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from protocol.broker import EmbeddedBroker, MosquittoBroker, mosquitto_executable
-from protocol.codec import Envelope, decode, encode
-from protocol.endpoint import Endpoint
-from protocol.messages import Ack, Reply
-from protocol.mqtt import MqttTransport
-from protocol.payloads import TensorMap
-from protocol.topics import Topics
+from coordinator.broker.embedded import EmbeddedBroker, MosquittoBroker, mosquitto_executable
+from protocol.contract.codec import Envelope, decode, encode
+from protocol.contract.messages import Ack, Reply
+from protocol.contract.payloads import TensorMap
+from protocol.contract.topics import Topics
+from protocol.transport.endpoint import Endpoint
+from protocol.transport.paho import MqttTransport
 
 SIZES = {"1 KB": 1_000, "100 KB": 100_000, "8 MB": 8_000_000}
 T = Topics("bench")

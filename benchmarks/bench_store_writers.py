@@ -30,7 +30,7 @@ def writer(  # noqa: PLR0917 - a process target takes positional arguments
     path: str, k: int, replies: int, batch: int, go: Any, out: Any
 ) -> None:
     """Child process: store ``replies`` blobs in transactions of ``batch``."""
-    from coordinator.store import Store
+    from coordinator.store.database import Store
 
     store = Store(path)
     blob = os.urandom(8450)

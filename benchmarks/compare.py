@@ -1,6 +1,6 @@
 """Every registered algorithm on the same splits: the one table of issue 20 §4.
 
-Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the
 coordinator's endpoint counted.
 

@@ -197,7 +197,7 @@ def _execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[st
     import torch
 
     from coordinator.config import load_config
-    from coordinator.simulate import FleetSpec, simulate
+    from coordinator.sim.simulate import FleetSpec, simulate
     from edge_agent.data import load_partition_file
     from models.families import family_models
 
@@ -278,7 +278,7 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
     import torch
 
     from coordinator.config import load_config
-    from coordinator.simulate import FleetSpec, simulate
+    from coordinator.sim.simulate import FleetSpec, simulate
     from coordinator.strategies.baselines import FedProtoStrategy
     from models.families import family_models
 

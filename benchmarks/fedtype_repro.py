@@ -1,6 +1,6 @@
 """FedType at CPU scale: the reproduction of ``shared/specs/fedtype.md`` §10 (issue 16 §3).
 
-Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the
 coordinator's endpoint counted.
 

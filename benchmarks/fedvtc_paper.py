@@ -10,7 +10,7 @@ accuracy on the held-out global test set before and after fine-tuning, the noise
 (the same pre-fine-tuning model fine-tuned on uniform noise with the same labels) and the
 synthetic-only probe.
 
-Agents run as threads of one process over the in-memory transport (``coordinator.simulate``)
+Agents run as threads of one process over the in-memory transport (``coordinator.sim.simulate``)
 on ``--device`` (``auto``: CUDA when torch sees a GPU) with mixed precision on CUDA. The run
 directory is durable: an interrupted run resumes where it stopped when the same command is run
 again (the coordinator's store and each agent's checkpoint); a finished run's summary is kept
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from fedvtc_repro import summarize
 
     from coordinator.config import read_layers
-    from coordinator.lifecycle import resolve_config
-    from coordinator.simulate import FleetSpec, simulate
+    from coordinator.ops.lifecycle import resolve_config
+    from coordinator.sim.simulate import FleetSpec, simulate
     from edge_agent.factory import pick_device
     from models.families import family_models
 

@@ -1,6 +1,6 @@
 """FedVTC at CPU scale: an honest reproduction on real MNIST digits (issue 5 §2).
 
-Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the
 coordinator's endpoint counted. Setting: ``mnist5k`` at 28x28, the paper's MNIST VTC generator
 (p = 980 -> 20x7x7), a heterogeneous fleet (family ``tiny``: two MLPs, three small CNNs, each

@@ -1,6 +1,6 @@
 """Felo / Velo at CPU scale: the reproduction of ``shared/specs/felo_velo.md`` §9.
 
-Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the
 coordinator's endpoint counted.
 
@@ -228,7 +228,7 @@ def _patch_cvae_singletons() -> None:
     with the BatchNorm layers in eval mode (running statistics) and count it."""
     from torch import nn
 
-    import coordinator.velo_cvae as vc
+    import coordinator.strategies.felo.cvae as vc
 
     if getattr(vc.cvae_loss_fn, "_singleton_patch", False):
         return

@@ -6,7 +6,7 @@ One implementation of what a grid of simulated runs needs:
   appended to after every run and resumed from: a run whose spec (the dict that determines it)
   is already among ``runs`` is skipped, a run that raised is kept under ``failures`` with its
   traceback and retried by the next invocation;
-* one run: a :class:`SimRun` executed through :func:`coordinator.simulate.simulate` (the
+* one run: a :class:`SimRun` executed through :func:`coordinator.sim.simulate.simulate` (the
   in-memory transport, the same code paths as a real fleet) with a per-step deadline and a
   torch thread count;
 * reading the step records: the final step, train steps, per-round bytes as the coordinator's
@@ -207,8 +207,8 @@ class SimRun:
         return values
 
     def fleet(self) -> Any:
-        """The :class:`~coordinator.simulate.FleetSpec` of the run."""
-        from coordinator.simulate import FleetSpec
+        """The :class:`~coordinator.sim.simulate.FleetSpec` of the run."""
+        from coordinator.sim.simulate import FleetSpec
 
         return FleetSpec(
             num_agents=self.clients,
@@ -230,7 +230,7 @@ def simulate_run(run: SimRun, threads: int) -> tuple[list[Record], float]:
     import coordinator.strategies  # noqa: F401 - registers every server half
     import edge_agent.algorithms  # noqa: F401 - registers every edge half
     from coordinator.config import load_config
-    from coordinator.simulate import simulate
+    from coordinator.sim.simulate import simulate
 
     torch.set_num_threads(threads)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{run.run_id}-"))
@@ -264,7 +264,7 @@ def client_test_sizes(run: SimRun) -> list[int]:
     """Each client's own test-split size, from the partition spec :func:`simulate` hands its
     agents (the weights of a sample-weighted personalised accuracy)."""
     from coordinator.config import load_config
-    from coordinator.simulate import agent_options
+    from coordinator.sim.simulate import agent_options
     from edge_agent.data import load_dataset, make_federated_split
 
     cfg = load_config(None, [], **run.config_values(Path(tempfile.gettempdir())))

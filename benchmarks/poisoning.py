@@ -1,6 +1,6 @@
 """One poisoning agent out of 10 against each aggregation option (issue 19).
 
-Every run goes through :func:`coordinator.simulate.simulate` (the in-memory transport, the same
+Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet). The attacker is not in the product: it is :class:`PoisonTransport`,
 a transport that rewrites its own device's ``train`` replies on the way out, i.e. a compromised
 device that runs the honest agent and sends whatever it likes. Its replies are finite and within
@@ -57,11 +57,11 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codec import decode, encode
-from protocol.messages import Knowledge, Reply, Task
-from protocol.payloads import Payload, PrototypeSet, TensorMap
-from protocol.transport import Handler, MemoryBroker, MemoryTransport, Transport, Will
-from protocol.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT
+from protocol.contract.codec import decode, encode
+from protocol.contract.messages import Knowledge, Reply, Task
+from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
+from protocol.contract.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT
+from protocol.transport.base import Handler, MemoryBroker, MemoryTransport, Transport, Will
 
 logging.basicConfig(level=logging.ERROR)
 
@@ -209,7 +209,7 @@ def run_spec(args: argparse.Namespace, algorithm: str, option: str, attacked: bo
 def execute(spec: dict[str, Any], deadline: float) -> dict[str, Any]:
     """One simulation; the honest agents' final accuracies."""
     from coordinator.config import load_config
-    from coordinator.simulate import FleetSpec, simulate
+    from coordinator.sim.simulate import FleetSpec, simulate
 
     run_dir = Path(tempfile.mkdtemp(prefix="poisoning-"))
     broker = MemoryBroker()

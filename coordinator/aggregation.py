@@ -24,9 +24,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.payloads import TensorMap
 from protocol.errors import AggregationError
-from protocol.payloads import TensorMap
 
 __all__ = [
     "MEAN",

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from protocol.logs import setup_logging
 
 if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
+    from coordinator.broker.embedded import EmbeddedBroker
     from coordinator.config import RunConfig
-    from coordinator.engine import RunResult
-    from coordinator.lifecycle import RunInfo
-    from protocol.broker import EmbeddedBroker
-    from protocol.credentials import Credentials
+    from coordinator.engine.core import RunResult
+    from coordinator.ops.lifecycle import RunInfo
+    from protocol.security.credentials import Credentials
 
 __all__ = ["build_parser", "main"]
 
@@ -141,7 +141,7 @@ def _partition_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _credential_options(p: argparse.ArgumentParser) -> None:
-    from protocol.credentials import add_arguments
+    from protocol.security.credentials import add_arguments
 
     add_arguments(p)
 
@@ -331,7 +331,7 @@ def _resolve(
     ``unused`` are decided by the command itself: giving one is an error, not silently ignored.
     """
     from coordinator.config import read_layers
-    from coordinator.lifecycle import resolve_config
+    from coordinator.ops.lifecycle import resolve_config
     from protocol.errors import ConfigError
 
     data = read_layers(
@@ -358,8 +358,8 @@ def _resolve(
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from coordinator.demo import describe_algorithm, summarize
-    from coordinator.engine import RunResult
+    from coordinator.engine.core import RunResult
+    from coordinator.sim.demo import describe_algorithm, summarize
 
     creds = _serve_credentials(args)
     cfg, info = _resolve(
@@ -374,7 +374,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     spawn = _worker_options(args, cfg) if args.spawn_workers else None
     if info is not None and info.outcome == "finished":
-        from coordinator.store import Store
+        from coordinator.store.database import Store
 
         print(f"run {cfg.run_dir} is finished ({info.steps_done} steps); nothing to do")
         store = Store(Path(cfg.run_dir) / "state.sqlite")
@@ -394,7 +394,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _interrupted(args: argparse.Namespace, cfg: RunConfig) -> None:
-    from coordinator.lifecycle import read_run
+    from coordinator.ops.lifecycle import read_run
 
     if read_run(cfg.run_dir) is None:  # stopped before the run started: nothing was kept
         print("\ncoordinator: stopped before the run started", file=sys.stderr)
@@ -417,8 +417,8 @@ def _resume_command(argv: list[str], run_dir: str) -> str:
 
 def _serve_credentials(args: argparse.Namespace) -> Credentials:
     """Broker credentials from --kit/--credentials/EDGEFL_* (never stored with the run)."""
-    from protocol.credentials import load_credentials
     from protocol.errors import ConfigError
+    from protocol.security.credentials import load_credentials
 
     creds = load_credentials(kit=args.kit, credentials_file=args.credentials)
     if creds.kit is not None and creds.kit.role != "coordinator":
@@ -456,7 +456,7 @@ def _fleet_broker(args: argparse.Namespace) -> EmbeddedBroker | None:
     its ``mosquitto.conf`` says unless ``--listen`` / ``--port`` say otherwise."""
     if args.broker_dir is None:
         return None
-    from protocol.broker import BrokerFiles, EmbeddedBroker
+    from coordinator.broker.embedded import BrokerFiles, EmbeddedBroker
 
     files = BrokerFiles.open(args.broker_dir)
     port, host = files.listener()
@@ -473,11 +473,11 @@ def _serve_run(
 ) -> RunResult:
     """The run over ``cfg.broker``; over the embedded broker when there is none; over the
     embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``."""
-    from coordinator.runner import SENDER
-    from protocol.broker import EmbeddedBroker
-    from protocol.credentials import load_signing
+    from coordinator.broker.embedded import EmbeddedBroker
+    from coordinator.engine.runner import SENDER
     from protocol.errors import ConfigError
-    from protocol.mqtt import parse_broker
+    from protocol.security.credentials import load_signing
+    from protocol.transport.paho import parse_broker
 
     if cfg.ingest_workers and (fleet_broker is not None or not cfg.broker):
         raise ConfigError(
@@ -522,8 +522,8 @@ def _run_over(
     options), its ingest workers started here for the run's duration."""
     from contextlib import AbstractContextManager, nullcontext
 
-    from coordinator.ingest_worker import spawned_workers
-    from coordinator.runner import mqtt_transport, run_coordinator
+    from coordinator.engine.ingest_worker import spawned_workers
+    from coordinator.engine.runner import mqtt_transport, run_coordinator
 
     options = creds.transport_options() if creds is not None else {}
     transport = mqtt_transport(cfg, host, port, **options)
@@ -617,7 +617,7 @@ def demo_feature_dim(algorithm: str, data: str, given: int | None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from coordinator.demo import DemoSpec, run_demo
+    from coordinator.sim.demo import DemoSpec, run_demo
 
     cfg = _demo_config(args)
     if args.partition_file is not None:  # a count mismatch fails before agents start
@@ -636,7 +636,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from coordinator.simulate import FleetSpec, simulate
+    from coordinator.sim.simulate import FleetSpec, simulate
     from models.families import family_models
 
     ray = _ray_spec(args)  # misplaced Ray flags fail before anything starts
@@ -662,7 +662,7 @@ def _simulate(args: argparse.Namespace) -> int:
         device=args.device,
         **_split_fields(args),
     )
-    from coordinator.demo import summarize
+    from coordinator.sim.demo import summarize
 
     if args.threads:
         import torch
@@ -678,7 +678,7 @@ _RAY_FLAGS = ("ray_address", "agents_per_actor", "actor_cpus", "actor_gpus", "br
 
 
 def _ray_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~coordinator.simulate_ray.RayOptions` of ``--backend ray`` (else None)."""
+    """The :class:`~coordinator.sim.ray_backend.RayOptions` of ``--backend ray`` (else None)."""
     from protocol.errors import ConfigError
 
     given = [f"--{k.replace('_', '-')}" for k in _RAY_FLAGS if getattr(args, k) is not None]
@@ -686,7 +686,7 @@ def _ray_spec(args: argparse.Namespace) -> Any:
         if given:
             raise ConfigError(f"{', '.join(given)}: only with --backend ray")
         return None
-    from coordinator.simulate_ray import RayOptions
+    from coordinator.sim.ray_backend import RayOptions
 
     return RayOptions(
         address=args.ray_address,
@@ -745,7 +745,7 @@ def _partition(args: argparse.Namespace) -> int:
 
 def _provision(args: argparse.Namespace) -> int:
     """``provision init|add|revoke``: what was written, and what to do with it."""
-    from coordinator import provision as pv
+    from coordinator.ops import provision as pv
 
     if args.step == "revoke":
         broker_dir = pv.revoke_devices(args.out, args.ids)
@@ -790,7 +790,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _selected_runs(args: argparse.Namespace) -> list[RunInfo]:
-    from coordinator.lifecycle import list_runs, read_run
+    from coordinator.ops.lifecycle import list_runs, read_run
     from protocol.errors import ConfigError
 
     if args.run_dir is None:
@@ -853,7 +853,7 @@ def _stop(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from coordinator.store import lock_holder
+    from coordinator.store.database import lock_holder
 
     running = [r for r in _selected_runs(args) if r.pid and r.pid > 0]
     for r in running:
@@ -890,10 +890,10 @@ def _config_cmd(args: argparse.Namespace) -> int:
 
 
 def _ingest_worker(args: argparse.Namespace) -> int:
-    from coordinator.ingest_worker import run_ingest_worker
-    from coordinator.runner import SENDER
-    from protocol.credentials import load_signing
-    from protocol.mqtt import parse_broker
+    from coordinator.engine.ingest_worker import run_ingest_worker
+    from coordinator.engine.runner import SENDER
+    from protocol.security.credentials import load_signing
+    from protocol.transport.paho import parse_broker
 
     creds = _serve_credentials(args)
     signing = load_signing(creds, SENDER, enabled=not args.no_signing)

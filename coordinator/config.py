@@ -25,7 +25,7 @@ from typing import Any
 from protocol.algorithms import AlgorithmConfig, config_type
 from protocol.algorithms.base import _coerce
 from protocol.errors import ConfigError
-from protocol.signing import DEFAULT_WINDOW
+from protocol.security.signing import DEFAULT_WINDOW
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,7 +79,8 @@ class RunConfig:
     # 0: this process takes the replies. N: N `coordinator ingest-worker` processes take them
     # through an MQTT shared subscription and store them; this process leads the rounds
     ingest_workers: int = 0
-    # the coordinator's MQTT client: "lean" (protocol.lean_mqtt, MQTT 3.1.1 over a socket of
+    # the coordinator's MQTT client: "lean" (protocol.transport.lean_mqtt, MQTT 3.1.1 over a socket
+    # of
     # our own: ~5x less CPU a message than paho, benchmarks/bench_mqtt_clients.py) or "paho"
     mqtt_client: str = "lean"
     hyper: dict[str, Any] = field(default_factory=dict)

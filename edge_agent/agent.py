@@ -24,15 +24,13 @@ from typing import Any
 import torch
 
 from edge_agent.algorithms import EdgeAlgorithm
+from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
 from edge_agent.progress import TerminalProgress
-from edge_agent.shared import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
 from edge_agent.state import AgentState
 from edge_agent.trainer import evaluate
 from models.checkpoint import Checkpoint, ModelSpec, load_checkpoint, save_checkpoint
-from protocol.codec import Envelope
-from protocol.endpoint import Endpoint
-from protocol.errors import EdgeFLError, ValidationError
-from protocol.messages import (
+from protocol.contract.codec import Envelope
+from protocol.contract.messages import (
     REFUSED,
     UNKNOWN_KNOWLEDGE,
     Ack,
@@ -48,7 +46,9 @@ from protocol.messages import (
     Status,
     Task,
 )
-from protocol.topics import COORDINATOR_ID, Topics
+from protocol.contract.topics import COORDINATOR_ID, Topics
+from protocol.errors import EdgeFLError, ValidationError
+from protocol.transport.endpoint import Endpoint
 
 __all__ = ["AgentSettings", "EdgeAgent"]
 

@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _credential_options(p: argparse.ArgumentParser) -> None:
-    from protocol.credentials import ENV, add_arguments
+    from protocol.security.credentials import ENV, add_arguments
 
     add_arguments(p)
     p.add_argument("--username", default=None, help=f"MQTT username (or ${ENV['username']})")
@@ -192,8 +192,8 @@ EXIT_GAVE_UP = 4  # the run ended before its last round (the coordinator gave up
 def _run(args: argparse.Namespace) -> int:
     import socket
 
-    from protocol.mqtt import parse_broker
-    from protocol.topics import validate_id
+    from protocol.contract.topics import validate_id
+    from protocol.transport.paho import parse_broker
 
     args.creds = _credentials(args)
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
@@ -219,8 +219,8 @@ def _credentials(args: argparse.Namespace) -> Any:
 
     Fills ``args.device_id``, ``args.federation`` and ``args.broker`` where they were not given.
     """
-    from protocol.credentials import ENV, load_credentials
     from protocol.errors import ConfigError
+    from protocol.security.credentials import ENV, load_credentials
 
     if args.password is not None:
         raise ConfigError(
@@ -253,17 +253,17 @@ def _credentials(args: argparse.Namespace) -> Any:
 
 def _signing(args: argparse.Namespace, device_id: str) -> Any:
     """The kit's signing keys (``None``: frames unsigned); ``--no-signing`` turns them off."""
-    from protocol.credentials import load_signing
+    from protocol.security.credentials import load_signing
 
     return load_signing(args.creds, device_id, enabled=not args.no_signing)
 
 
 def _transport(args: argparse.Namespace, device_id: str) -> Any:
-    from protocol.codec import Envelope, encode
-    from protocol.messages import Status
-    from protocol.mqtt import MqttTransport, parse_broker
-    from protocol.topics import Topics
-    from protocol.transport import Will
+    from protocol.contract.codec import Envelope, encode
+    from protocol.contract.messages import Status
+    from protocol.contract.topics import Topics
+    from protocol.transport.base import Will
+    from protocol.transport.paho import MqttTransport, parse_broker
 
     host, port = parse_broker(args.broker)
     status = Envelope(body=Status(state="offline"), sender=device_id, federation=args.federation)
@@ -334,9 +334,9 @@ def _coordinator_state(args: argparse.Namespace, transport: Any, stop: threading
     """
     import queue
 
+    from protocol.contract.messages import CoordinatorState
+    from protocol.contract.topics import Topics
     from protocol.errors import ProtocolError
-    from protocol.messages import CoordinatorState
-    from protocol.topics import Topics
 
     states: queue.Queue[CoordinatorState] = queue.Queue()
     # its own replay cache: the agent's endpoint receives the same retained state again
@@ -381,10 +381,10 @@ def _trusted_state(data: bytes, verifier: Any) -> Any:
     Raises:
         ProtocolError: undecodable, badly signed, stale or replayed.
     """
-    from protocol.codec import decode_frame_map, envelope_from_map
+    from protocol.contract.codec import decode_frame_map, envelope_from_map
+    from protocol.contract.messages import CoordinatorState
+    from protocol.contract.topics import COORDINATOR_ID
     from protocol.errors import SignatureError, ValidationError
-    from protocol.messages import CoordinatorState
-    from protocol.topics import COORDINATOR_ID
 
     obj = decode_frame_map(data)
     signed = "sm" in obj

@@ -30,13 +30,13 @@ from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import create_model
 from models.checkpoint import ModelSpec
-from protocol.endpoint import Endpoint
+from protocol.contract.messages import CoordinatorState
 from protocol.errors import ConfigError
-from protocol.messages import CoordinatorState
-from protocol.transport import Transport
+from protocol.transport.base import Transport
+from protocol.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from protocol.credentials import SigningKeys
+    from protocol.security.credentials import SigningKeys
 
 __all__ = [
     "UNSIGNED_KINDS",

@@ -10,7 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from protocol.codec import Envelope, decode, encode
+from protocol.contract.codec import Envelope, decode, encode
 from protocol.errors import ProtocolError
 
 __all__ = ["AgentState", "atomic_write"]

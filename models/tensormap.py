@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.payloads import TensorMap
 from protocol.errors import ValidationError
-from protocol.payloads import TensorMap
 
 __all__ = ["load_tensormap", "module_to_tensormap"]
 

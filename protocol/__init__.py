@@ -1,19 +1,8 @@
 """The wire contract of edgefl: messages, payloads, codec, topics and transports (no torch)."""
 
-from protocol.chunking import ChunkPolicy
-from protocol.codec import Envelope, Limits, decode, encode
-from protocol.endpoint import Endpoint, TrafficCounter
-from protocol.errors import (
-    ConfigError,
-    DecodeError,
-    EdgeFLError,
-    LimitError,
-    ProtocolError,
-    SignatureError,
-    TransportError,
-    ValidationError,
-)
-from protocol.messages import (
+from protocol.contract.chunking import ChunkPolicy
+from protocol.contract.codec import Envelope, Limits, decode, encode
+from protocol.contract.messages import (
     MESSAGE_TYPES,
     Ack,
     Capabilities,
@@ -29,10 +18,21 @@ from protocol.messages import (
     Status,
     Task,
 )
-from protocol.payloads import FeatureLogitSet, ImageVectorPairs, PrototypeSet, TensorMap
-from protocol.signing import HmacSigner, Signer, Verifier
-from protocol.topics import Topics
-from protocol.transport import MemoryBroker, MemoryTransport, Transport, Will
+from protocol.contract.payloads import FeatureLogitSet, ImageVectorPairs, PrototypeSet, TensorMap
+from protocol.contract.topics import Topics
+from protocol.errors import (
+    ConfigError,
+    DecodeError,
+    EdgeFLError,
+    LimitError,
+    ProtocolError,
+    SignatureError,
+    TransportError,
+    ValidationError,
+)
+from protocol.security.signing import HmacSigner, Signer, Verifier
+from protocol.transport.base import MemoryBroker, MemoryTransport, Transport, Will
+from protocol.transport.endpoint import Endpoint, TrafficCounter
 
 __all__ = [
     "MESSAGE_TYPES",

@@ -1,7 +1,8 @@
 """Fixtures shared by every test suite: real brokers for the ``network`` tests.
 
 ``mosquitto`` starts Debian's mosquitto on a free loopback port for one test (about 15 ms)
-and yields a :class:`protocol.broker.MosquittoBroker` (``.host``, ``.port``, ``.stop()``,
+and yields a :class:`coordinator.broker.embedded.MosquittoBroker` (``.host``, ``.port``,
+``.stop()``,
 ``.start()`` to restart on the same port). ``embedded_broker`` does the same with the
 in-process amqtt broker. ``mosquitto_tls`` runs mosquitto with what ``coordinator provision``
 wrote (mutual TLS, per-device ACL) for the devices in :data:`TLS_DEVICES`; ``fleet_broker``
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.broker import (
+from coordinator.broker.embedded import (
     BrokerFiles,
     EmbeddedBroker,
     MosquittoBroker,
@@ -126,7 +127,7 @@ def provisioned_fleet(*, broker_user: str = "") -> Iterator[Path]:
     """A fleet provisioned by ``coordinator provision`` for :data:`TLS_DEVICES` whose broker
     listens on a free loopback port (``ProvisionSpec.port``); deleted afterwards."""
     pytest.importorskip("cryptography")
-    from coordinator.provision import ProvisionSpec, provision
+    from coordinator.ops.provision import ProvisionSpec, provision
 
     # not pytest's tmp_path (mode 0700): mosquitto, started as root, drops to its own user and
     # must still reach broker/; it also gets the server key, as `--broker-user` does in production

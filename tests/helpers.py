@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from coordinator.broker.embedded import free_port
 from coordinator.strategies import AgentInfo
-from protocol.broker import free_port
-from protocol.messages import Capabilities, InputSpec, Register
+from protocol.contract.messages import Capabilities, InputSpec, Register
 
 if TYPE_CHECKING:  # torch is imported where an edge test needs it, not by every suite
     import torch

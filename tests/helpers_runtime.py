@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from coordinator.config import RunConfig, load_config
-from coordinator.engine import Coordinator
-from coordinator.runner import coordinator_will, make_coordinator
-from coordinator.simulate import FleetSpec, agent_options, agent_will
+from coordinator.engine.core import Coordinator
+from coordinator.engine.runner import coordinator_will, make_coordinator
+from coordinator.sim.simulate import FleetSpec, agent_options, agent_will
 from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
-from protocol.credentials import ENV
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.security.credentials import ENV
+from protocol.transport.base import MemoryBroker, MemoryTransport
 
 FLEET = FleetSpec(
     num_agents=3,

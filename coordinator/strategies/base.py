@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 from coordinator.aggregation import MEAN, RobustRule, aggregate_maps
 from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
 from protocol.algorithms.base import AveragingConfig
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.messages import Register, Reply
+from protocol.contract.payloads import FeatureLogitSet, Payload, PrototypeSet, TensorMap
+from protocol.contract.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT, check_max_abs, float_arrays
+from protocol.contract.wire import WireModel
 from protocol.errors import AdmissionError, ConfigError, ValidationError
-from protocol.messages import Register, Reply
-from protocol.payloads import FeatureLogitSet, Payload, PrototypeSet, TensorMap
-from protocol.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT, check_max_abs, float_arrays
-from protocol.wire import WireModel
 
 if TYPE_CHECKING:  # the coordinator never imports torch unless a strategy trains
     import torch

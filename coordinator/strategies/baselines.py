@@ -9,9 +9,9 @@ import numpy as np
 from coordinator.aggregation import MEAN, RobustRule, reduce_by_class, weighted_mean
 from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
 from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
+from protocol.contract.messages import Register, Reply
+from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
 from protocol.errors import AdmissionError, AggregationError, ValidationError
-from protocol.messages import Register, Reply
-from protocol.payloads import Payload, PrototypeSet, TensorMap
 
 __all__ = ["FedAvgStrategy", "FedProtoStrategy", "LocalStrategy", "mean_prototypes"]
 

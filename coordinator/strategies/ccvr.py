@@ -4,7 +4,7 @@ Plan: the training rounds (FedAvg's aggregation), ``upload_stats`` (every agent,
 model: per-class feature statistics up), ``final`` (the calibrated model down). After
 ``upload_stats``, :func:`global_class_stats` combines the agents' statistics and ``server_train``
 samples virtual features and fine-tunes the global model's head on them
-(``coordinator/ccvr_server.py``, through the one server fit loop).
+(``coordinator/strategies/head_training.py``, through the one server fit loop).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from coordinator.strategies.base import (
 )
 from coordinator.strategies.baselines import FedAvgStrategy
 from protocol.algorithms.ccvr import CCVRConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import ClassStats, TensorMap
 from protocol.errors import AggregationError, ValidationError
-from protocol.messages import Reply
-from protocol.payloads import ClassStats, TensorMap
 
 __all__ = ["CCVRStrategy", "global_class_stats"]
 
@@ -129,7 +129,9 @@ class CCVRStrategy(FedAvgStrategy):
         self._pending = None
         if self.weights is None or not set(HEAD_KEYS) <= set(self.weights.tensors):
             raise AggregationError(f"ccvr: the global model has no {HEAD_KEYS} to calibrate")
-        from coordinator.ccvr_server import calibrate_head  # torch only on the server's path
+        from coordinator.strategies.head_training import (
+            calibrate_head,  # torch only on the server's path
+        )
         from models.fit import FitError
 
         head = TensorMap({k.split(".")[1]: self.weights.tensors[k] for k in HEAD_KEYS})

@@ -12,9 +12,9 @@ from __future__ import annotations
 from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
 from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms.fd import FDConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import Payload, PrototypeSet
 from protocol.errors import ValidationError
-from protocol.messages import Reply
-from protocol.payloads import Payload, PrototypeSet
 
 __all__ = ["FDStrategy"]
 

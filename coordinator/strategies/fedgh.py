@@ -2,7 +2,8 @@
 
 ``aggregate`` keeps every (client prototype, class) pair of the round; ``server_train`` continues
 training the global head ``Linear(D, C)`` on them with cross-entropy
-(``coordinator/ccvr_server.py:fit_head``, the one server fit loop); ``configure`` sends it down
+(``coordinator/strategies/head_training.py:fit_head``, the one server fit loop); ``configure``
+sends it down
 as ``weights`` (the state dict of the agents' classifier), which each agent loads before
 training.
 """
@@ -19,11 +20,11 @@ from coordinator.strategies.base import (
     Strategy,
     register_strategy,
 )
-from coordinator.strategies.fedtgp import prototype_pairs, screen_metrics
+from coordinator.strategies.fedtgp.strategy import prototype_pairs, screen_metrics
 from protocol.algorithms.fedgh import FedGHConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
 from protocol.errors import AggregationError
-from protocol.messages import Reply
-from protocol.payloads import Payload, PrototypeSet, TensorMap
 
 __all__ = ["FedGHStrategy"]
 
@@ -65,7 +66,7 @@ class FedGHStrategy(Strategy[FedGHConfig]):
             return {}
         vectors, labels = self._pending
         self._pending = None
-        from coordinator.ccvr_server import fit_head  # torch only on the server's path
+        from coordinator.strategies.head_training import fit_head  # torch only on the server's path
         from models.fit import FitError
 
         cfg = self.config

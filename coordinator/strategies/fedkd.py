@@ -1,5 +1,5 @@
 """FedKD, server half: FedAvg of the mentees, as FML averages its memes, over SVD-compressed
-uploads and downloads (the paper's §3.3, ``protocol.lowrank``).
+uploads and downloads (the paper's §3.3, ``protocol.contract.lowrank``).
 
 Only the shared mentee travels; the coordinator refuses an agent whose input differs from the
 fleet's (:class:`FMLStrategy`). Each upload's factors are checked and multiplied out before it
@@ -16,9 +16,9 @@ from typing import Any
 from coordinator.strategies.base import AgentInfo, Step, register_strategy
 from coordinator.strategies.fml import FMLStrategy
 from protocol.algorithms.fedkd import FedKDConfig
-from protocol.lowrank import compress, is_compressed, restore
-from protocol.messages import Reply
-from protocol.payloads import Payload, TensorMap
+from protocol.contract.lowrank import compress, is_compressed, restore
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import Payload, TensorMap
 
 __all__ = ["FedKDStrategy"]
 

@@ -17,9 +17,9 @@ from typing import cast
 from coordinator.strategies.base import AgentInfo, Step, admit_one_input, register_strategy
 from coordinator.strategies.baselines import FedAvgStrategy
 from protocol.algorithms.fedtype import FedTypeConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Reply
-from protocol.payloads import TensorMap
 
 __all__ = ["FedTypeStrategy"]
 

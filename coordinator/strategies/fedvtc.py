@@ -19,9 +19,9 @@ from coordinator.strategies.base import (
 )
 from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms.fedvtc import FedVTCConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Reply
-from protocol.payloads import Payload, PrototypeSet, TensorMap
 
 __all__ = ["FedVTCStrategy"]
 

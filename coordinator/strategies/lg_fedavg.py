@@ -14,9 +14,9 @@ from typing import Any
 from coordinator.strategies.base import AgentInfo, Step, register_strategy
 from coordinator.strategies.baselines import FedAvgStrategy
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Reply
-from protocol.payloads import TensorMap
 
 __all__ = ["LGFedAvgStrategy", "SharedModuleStrategy", "tensor_layout"]
 

@@ -24,9 +24,9 @@ from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
 from models import Classifier
 from models.checkpoint import Checkpoint, HeadSpec, ModelSpec
 from protocol.algorithms import TrainConfig, config_type
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload
 from protocol.errors import ConfigError, ProtocolError
-from protocol.messages import Task
-from protocol.payloads import Payload
 
 __all__ = [
     "EDGE_ALGORITHMS",

@@ -15,15 +15,15 @@ from edge_agent.algorithms.base import (
 )
 from edge_agent.algorithms.lg_fedavg import fresh_copy
 from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
-from edge_agent.knowledge import ClassMeans, class_prototypes, prototype_scores, prototype_table
+from edge_agent.class_stats import ClassMeans, class_prototypes, prototype_scores, prototype_table
 from edge_agent.seeding import derived_seed
 from edge_agent.trainer import TensorData, TrainStats, evaluate
 from models.checkpoint import HeadSpec
 from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, PrototypeSet
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import Payload, PrototypeSet
 
 __all__ = ["FedAvgEdge", "FedProtoEdge", "LocalEdge"]
 

@@ -14,9 +14,9 @@ from edge_agent.algorithms.baselines import FedAvgEdge
 from edge_agent.trainer import TensorData
 from models import Classifier
 from protocol.algorithms.ccvr import CCVRConfig
-from protocol.arrays import Encoding
-from protocol.messages import Task
-from protocol.payloads import ClassStats
+from protocol.contract.arrays import Encoding
+from protocol.contract.messages import Task
+from protocol.contract.payloads import ClassStats
 
 __all__ = ["CCVREdge", "class_stats"]
 

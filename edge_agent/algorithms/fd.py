@@ -18,11 +18,11 @@ from edge_agent.algorithms.base import (
     PhaseResult,
     register_edge_algorithm,
 )
-from edge_agent.knowledge import prototype_table
+from edge_agent.class_stats import prototype_table
 from protocol.algorithms.fd import FDConfig
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, PrototypeSet
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import Payload, PrototypeSet
 
 __all__ = ["FDEdge", "fd_kd_loss"]
 

@@ -19,9 +19,9 @@ from edge_agent.algorithms.base import EdgeContext, SharedModule, register_edge_
 from edge_agent.algorithms.weights import WeightExchangeEdge, load_tensormap
 from models.feature_gen import feature_generator
 from protocol.algorithms.fedgen import FedGenConfig
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.payloads import Payload, TensorMap
 from protocol.errors import ValidationError
-from protocol.payloads import Payload, TensorMap
 
 __all__ = ["FedGenEdge", "build_generator"]
 

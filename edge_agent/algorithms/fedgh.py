@@ -7,9 +7,9 @@ from torch import nn
 
 from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
 from edge_agent.algorithms.weights import WeightExchangeEdge
-from edge_agent.knowledge import class_prototypes
+from edge_agent.class_stats import class_prototypes
 from protocol.algorithms.fedgh import FedGHConfig
-from protocol.payloads import Payload
+from protocol.contract.payloads import Payload
 
 __all__ = ["FedGHEdge"]
 

@@ -9,7 +9,8 @@ maps the mentee's features onto the mentor's (never sent). The summed loss is
 one hidden term sends each part the gradient of its own loss (mentor: ``h_t``; mentee and
 ``W_h``: ``W_h h_s``), so each group's optimiser steps on its own objective.
 
-The mentee travels SVD-compressed both ways (``protocol.lowrank``): a received one is checked
+The mentee travels SVD-compressed both ways (``protocol.contract.lowrank``): a received one is
+checked
 and multiplied out before it is loaded; the upload keeps ``svd_energy(round)`` of each matrix.
 """
 
@@ -23,9 +24,9 @@ from edge_agent.algorithms.fml import SharedModelEdge, mutual_kl
 from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup
 from protocol.algorithms.fedkd import FedKDConfig
-from protocol.lowrank import compress, restore
-from protocol.messages import Task
-from protocol.payloads import Payload, TensorMap
+from protocol.contract.lowrank import compress, restore
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, TensorMap
 
 __all__ = ["FedKDEdge", "adaptive_kd_loss"]
 

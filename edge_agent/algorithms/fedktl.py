@@ -30,11 +30,11 @@ from models import Classifier
 from models.checkpoint import HeadSpec
 from models.ktl import arcface_logits
 from protocol.algorithms.fedktl import SETUP_KEYS, FedKTLConfig, setup_digest
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.messages import Task
+from protocol.contract.payloads import ImageVectorPairs, Payload, PrototypeSet, TensorMap
+from protocol.contract.validate import check_class_ids
 from protocol.errors import ConfigError, ValidationError
-from protocol.messages import Task
-from protocol.payloads import ImageVectorPairs, Payload, PrototypeSet, TensorMap
-from protocol.validate import check_class_ids
 
 __all__ = ["FedKTLEdge", "extractor_output", "unit_prototypes"]
 

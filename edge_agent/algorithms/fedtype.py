@@ -53,10 +53,10 @@ from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models import Classifier, create_model
 from models.checkpoint import Checkpoint, HeadSpec, ModelSpec
 from protocol.algorithms.fedtype import FedTypeConfig
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.messages import Task
+from protocol.contract.payloads import TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import TensorMap
 
 __all__ = ["FedTypeEdge", "backward_kd", "forward_kd", "symmetric_kd"]
 

@@ -27,13 +27,13 @@ from edge_agent.algorithms.base import (
 )
 from edge_agent.algorithms.fedvtc_diagnostics import final_diagnostics, round_diagnostics
 from edge_agent.algorithms.weights import load_tensormap, module_to_tensormap
-from edge_agent.knowledge import class_prototypes, prototype_table
+from edge_agent.class_stats import class_prototypes, prototype_table
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models.vtc import VTCGenerator, vtc_for
 from protocol.algorithms.fedvtc import FedVTCConfig
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import Payload, PrototypeSet, TensorMap
 
 __all__ = ["FedVTCEdge", "tc_losses", "tc_terms"]
 

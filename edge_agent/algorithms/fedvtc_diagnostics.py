@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from edge_agent.knowledge import class_prototypes
+from edge_agent.class_stats import class_prototypes
 from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData, evaluate, train_epochs
 

@@ -23,10 +23,10 @@ from edge_agent.algorithms.base import (
     register_edge_algorithm,
 )
 from edge_agent.algorithms.weights import WeightExchangeEdge
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.messages import Task
+from protocol.contract.payloads import FeatureLogitSet, Payload
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import FeatureLogitSet, Payload
 
 __all__ = ["FeatureLogitEdge", "FedHeEdge", "FeloEdge", "VeloEdge", "felo_kd_loss"]
 

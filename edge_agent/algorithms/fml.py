@@ -29,8 +29,8 @@ from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models import Classifier, create_model
 from models.checkpoint import ModelSpec
 from protocol.algorithms.fml import FMLConfig, SharedModelConfig
-from protocol.arrays import Encoding
-from protocol.messages import Task
+from protocol.contract.arrays import Encoding
+from protocol.contract.messages import Task
 
 __all__ = ["FMLEdge", "SharedModelEdge", "mutual_kl"]
 

@@ -16,7 +16,7 @@ from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
 from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
 from edge_agent.seeding import derived_seed
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
 
 __all__ = ["LGFedAvgEdge", "fresh_copy"]
 

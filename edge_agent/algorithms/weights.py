@@ -12,9 +12,9 @@ from torch import nn
 from edge_agent.algorithms.base import EdgeAlgorithm, SharedModule
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms import TrainConfig
-from protocol.arrays import Encoding
+from protocol.contract.arrays import Encoding
+from protocol.contract.payloads import Payload, TensorMap
 from protocol.errors import ValidationError
-from protocol.payloads import Payload, TensorMap
 
 __all__ = ["WeightExchangeEdge", "load_tensormap", "module_to_tensormap"]
 

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from protocol.contract.wire import WireModel
 from protocol.errors import ConfigError, ValidationError
-from protocol.wire import WireModel
 
 __all__ = [
     "CONFIG_TYPES",
@@ -42,7 +42,8 @@ Scalar = bool | int | float | str
 class PayloadSpec:
     """One named payload a reply carries: its key, its payload class and whether it must be there.
 
-    ``kind`` is a class from :mod:`protocol.payloads` (``PrototypeSet``, ``TensorMap``, ...).
+    ``kind`` is a class from :mod:`protocol.contract.payloads` (``PrototypeSet``, ``TensorMap``,
+    ...).
     """
 
     key: str

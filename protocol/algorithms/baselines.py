@@ -11,7 +11,7 @@ from protocol.algorithms.base import (
     TrainConfig,
     register_config,
 )
-from protocol.payloads import PrototypeSet, TensorMap
+from protocol.contract.payloads import PrototypeSet, TensorMap
 
 __all__ = ["FedAvgConfig", "FedProtoConfig", "LocalConfig"]
 

@@ -18,7 +18,7 @@ from typing import ClassVar, Literal
 
 from protocol.algorithms.base import PayloadSpec, register_config
 from protocol.algorithms.baselines import FedAvgConfig
-from protocol.payloads import ClassStats, TensorMap
+from protocol.contract.payloads import ClassStats, TensorMap
 
 __all__ = ["CCVRConfig"]
 

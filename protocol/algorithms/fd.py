@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
-from protocol.payloads import PrototypeSet
+from protocol.contract.payloads import PrototypeSet
 
 __all__ = ["FDConfig"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
-from protocol.payloads import TensorMap
+from protocol.contract.payloads import TensorMap
 
 __all__ = ["FedGenConfig"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import PayloadSpec, ScreeningConfig, register_config
-from protocol.payloads import PrototypeSet
+from protocol.contract.payloads import PrototypeSet
 
 __all__ = ["FedGHConfig"]
 

@@ -13,7 +13,7 @@ are wrong; ``h`` are the models' features and ``W_h`` a local linear map between
 
 Training defaults are HtFLlib's (``clientkd``): plain SGD at lr 0.01 for all three parts,
 batch 10, one local epoch, gradient norms clipped at 10. The exchanged mentee travels
-SVD-compressed both ways (the paper's §3.3, ``protocol.lowrank``): at training round t the
+SVD-compressed both ways (the paper's §3.3, ``protocol.contract.lowrank``): at training round t the
 factors keep ``svd_energy(t)`` of each matrix's squared norm, ramping linearly from
 ``svd_energy_start`` (0.95) to ``svd_energy_end`` (0.98) over the run's rounds, as in the paper
 and HtFLlib.

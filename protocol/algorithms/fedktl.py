@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from protocol.algorithms.base import PayloadSpec, ScreeningConfig, register_config
-from protocol.payloads import PrototypeSet
+from protocol.contract.payloads import PrototypeSet
 
 __all__ = ["SETUP_KEYS", "FedKTLConfig", "setup_digest"]
 

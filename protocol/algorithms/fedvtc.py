@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
-from protocol.payloads import PrototypeSet, TensorMap
+from protocol.contract.payloads import PrototypeSet, TensorMap
 
 __all__ = ["FedVTCConfig"]
 

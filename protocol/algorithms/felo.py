@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import AveragingConfig, PayloadSpec, ScreeningConfig, register_config
-from protocol.payloads import FeatureLogitSet, TensorMap
+from protocol.contract.payloads import FeatureLogitSet, TensorMap
 
 __all__ = ["FedHeConfig", "FeloConfig", "VeloConfig"]
 

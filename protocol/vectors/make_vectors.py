@@ -29,10 +29,10 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from protocol.arrays import Encoding, decode_array, encode_array
-from protocol.chunking import split_frame
-from protocol.codec import SCHEMA_VERSION, Envelope, encode, envelope_from_map
-from protocol.messages import (
+from protocol.contract.arrays import Encoding, decode_array, encode_array
+from protocol.contract.chunking import split_frame
+from protocol.contract.codec import SCHEMA_VERSION, Envelope, encode, envelope_from_map
+from protocol.contract.messages import (
     Ack,
     Capabilities,
     ChunkRequest,
@@ -50,14 +50,14 @@ from protocol.messages import (
     Task,
     payloads_digest,
 )
-from protocol.payloads import (
+from protocol.contract.payloads import (
     ClassStats,
     FeatureLogitSet,
     ImageVectorPairs,
     PrototypeSet,
     TensorMap,
 )
-from protocol.signing import HmacSigner
+from protocol.security.signing import HmacSigner
 
 __all__ = ["VECTOR_DIR", "array_from_json", "envelope_from_json", "envelope_to_json"]
 
@@ -377,7 +377,7 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
 
 def _ed25519_vector(ack: Envelope) -> tuple[bytes, dict[str, Any]] | None:
     try:
-        from protocol.signing import Ed25519Signer
+        from protocol.security.signing import Ed25519Signer
 
         signer = Ed25519Signer("coordinator", ED25519_SEED)
     except Exception:  # cryptography not installed: keep the stored vector as it is
@@ -407,7 +407,7 @@ def rebuild(description: dict[str, Any]) -> bytes:
     key = base64.b64decode((sig.get("key") or sig["private_seed"])["base64"])
     make: Callable[[str, bytes], Any] = HmacSigner
     if sig["algorithm"] == "ed25519":
-        from protocol.signing import Ed25519Signer
+        from protocol.security.signing import Ed25519Signer
 
         make = Ed25519Signer
     return make(sig["kid"], key).sign(frame)  # type: ignore[no-any-return]

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from coordinator.aggregation import weighted_mean
+from protocol.contract.payloads import TensorMap
 from protocol.errors import AggregationError
-from protocol.payloads import TensorMap
 
 
 def tm(w: float, tracked: int) -> TensorMap:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from coordinator.broker.embedded import free_port
 from coordinator.cli import build_parser, main
-from protocol.broker import free_port
 
 HEAVY = ("torch", "torchvision", "onnx", "onnxruntime")
 

@@ -14,15 +14,15 @@ from coordinator.aggregation import (
     screen_by_class,
     weighted_mean,
 )
-from coordinator.knowledge import KnowledgeTable
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from coordinator.strategies.baselines import mean_prototypes
-from coordinator.strategies.felo import robust_means
+from coordinator.strategies.felo.strategy import robust_means
+from coordinator.strategies.felo.table import KnowledgeTable
 from protocol.algorithms import config_type
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import FeatureLogitSet, PrototypeSet, TensorMap
+from protocol.contract.validate import MAX_ABS_FEATURE
 from protocol.errors import AggregationError, ConfigError
-from protocol.messages import Reply
-from protocol.payloads import FeatureLogitSet, PrototypeSet, TensorMap
-from protocol.validate import MAX_ABS_FEATURE
 
 MEDIAN = RobustRule("median")
 TRIM = RobustRule("trimmed_mean", trim_fraction=0.25)

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.simulate import agent_options
+from coordinator.sim.simulate import agent_options
 from edge_agent.factory import build_agent
 from protocol.algorithms import config_type
-from protocol.codec import Envelope, decode
-from protocol.messages import Ack, ErrorReply, Register, Reply, Task
-from protocol.payloads import PrototypeSet
-from protocol.topics import Topics
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.contract.codec import Envelope, decode
+from protocol.contract.messages import Ack, ErrorReply, Register, Reply, Task
+from protocol.contract.payloads import PrototypeSet
+from protocol.contract.topics import Topics
+from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 
@@ -124,7 +124,7 @@ def test_a_repeated_running_state_does_not_register_again_and_a_lost_session_is_
     tmp_path: Path,
 ) -> None:
     # Issue 20 §5: registering again on `running` made the coordinator resend round 1's task.
-    from protocol.messages import CoordinatorState
+    from protocol.contract.messages import CoordinatorState
 
     def state(kind: str, run_id: str = "r1") -> CoordinatorState:
         return CoordinatorState(

@@ -11,7 +11,7 @@ from edge_agent.cli import main
 from edge_agent.data import load_dataset
 from edge_agent.factory import AgentOptions, build_agent, map_classes
 from protocol.errors import ConfigError
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.transport.base import MemoryBroker, MemoryTransport
 
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -73,7 +73,7 @@ def test_a_class_the_federation_does_not_declare_is_a_one_line_error(
 
 def test_an_agent_without_classes_adopts_the_runs_and_its_own_list_wins() -> None:
     from edge_agent.cli import _adopt, build_parser
-    from protocol.messages import CoordinatorState
+    from protocol.contract.messages import CoordinatorState
 
     state = CoordinatorState(
         state="running", run_id="r", algorithm="fedavg", round=0, total_rounds=1, classes=[*DIGITS]

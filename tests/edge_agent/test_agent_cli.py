@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from coordinator.broker.embedded import free_port
 from edge_agent.cli import main
-from protocol.broker import free_port
 
 
 def test_help_does_not_import_torch() -> None:

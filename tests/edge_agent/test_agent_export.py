@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.simulate import agent_options
+from coordinator.sim.simulate import agent_options
 from edge_agent.factory import build_agent
 from protocol.algorithms.fedtype import FedTypeConfig
-from protocol.codec import Envelope
-from protocol.messages import Task
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.contract.codec import Envelope
+from protocol.contract.messages import Task
+from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 

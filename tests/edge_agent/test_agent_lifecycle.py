@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from edge_agent.cli import EXIT_GAVE_UP, EXIT_REFUSED, main
-from protocol.codec import Envelope
-from protocol.endpoint import Endpoint
-from protocol.messages import REFUSED, CoordinatorState, ErrorReply, Register
-from protocol.mqtt import MqttTransport
-from protocol.topics import Topics
-from protocol.transport import MemoryBroker
+from protocol.contract.codec import Envelope
+from protocol.contract.messages import REFUSED, CoordinatorState, ErrorReply, Register
+from protocol.contract.topics import Topics
+from protocol.transport.base import MemoryBroker
+from protocol.transport.endpoint import Endpoint
+from protocol.transport.paho import MqttTransport
 from tests.edge_agent.test_agent import make
 
 T = Topics()

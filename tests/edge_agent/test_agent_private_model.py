@@ -7,11 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from coordinator.simulate import agent_options
+from coordinator.sim.simulate import agent_options
 from edge_agent.agent import PRIVATE_ARCH
 from edge_agent.factory import build_agent
-from protocol.messages import Register
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.contract.messages import Register
+from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 

@@ -14,14 +14,13 @@ import msgpack
 import numpy as np
 import pytest
 
-from coordinator.simulate import agent_options
+from coordinator.sim.simulate import agent_options
 from edge_agent.algorithms.base import PhaseResult
 from edge_agent.factory import build_agent
-from edge_agent.shared import FetchPolicy, KnowledgeCache, merge
+from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, merge
 from protocol.algorithms import config_type
-from protocol.codec import Envelope, decode, encode
-from protocol.errors import ValidationError
-from protocol.messages import (
+from protocol.contract.codec import Envelope, decode, encode
+from protocol.contract.messages import (
     UNKNOWN_KNOWLEDGE,
     ErrorReply,
     Fetch,
@@ -29,9 +28,10 @@ from protocol.messages import (
     Reply,
     Task,
 )
-from protocol.payloads import PrototypeSet
-from protocol.topics import COORDINATOR_ID, Topics
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.contract.payloads import PrototypeSet
+from protocol.contract.topics import COORDINATOR_ID, Topics
+from protocol.errors import ValidationError
+from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 TOPICS = Topics()

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.simulate import agent_options
+from coordinator.sim.simulate import agent_options
 from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
-from protocol.codec import Envelope, encode
-from protocol.credentials import SigningKeys
-from protocol.endpoint import Endpoint
+from protocol.contract.codec import Envelope, encode
+from protocol.contract.messages import CoordinatorState, Register
+from protocol.contract.topics import Topics
 from protocol.errors import ValidationError
-from protocol.messages import CoordinatorState, Register
-from protocol.signing import HmacSigner
-from protocol.topics import Topics
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.security.credentials import SigningKeys
+from protocol.security.signing import HmacSigner
+from protocol.transport.base import MemoryBroker, MemoryTransport
+from protocol.transport.endpoint import Endpoint
 from tests.helpers_runtime import FLEET, run_config
 
 T = Topics()

@@ -12,8 +12,8 @@ from edge_agent.algorithms.ccvr import CCVREdge
 from edge_agent.algorithms.weights import module_to_tensormap
 from models import Classifier, create_model
 from protocol.algorithms.ccvr import CCVRConfig
-from protocol.messages import Task
-from protocol.payloads import ClassStats
+from protocol.contract.messages import Task
+from protocol.contract.payloads import ClassStats
 
 C, D = 3, 4
 

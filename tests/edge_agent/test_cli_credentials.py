@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import main as coordinator_main
-from coordinator.provision import ProvisionSpec, provision
+from coordinator.ops.provision import ProvisionSpec, provision
 from edge_agent.cli import build_parser
 from edge_agent.cli import main as agent_main
-from protocol.credentials import ENV
+from protocol.security.credentials import ENV
 
 
 @pytest.fixture(scope="module")

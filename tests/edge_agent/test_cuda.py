@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from coordinator.simulate import simulate
+from coordinator.sim.simulate import simulate
 from edge_agent.trainer import TensorData, train_epochs
 from models import create_model
 from protocol.algorithms.baselines import LocalConfig

@@ -14,9 +14,9 @@ import coordinator.strategies.fd  # noqa: F401  (registers the server half)
 from edge_agent.algorithms.fd import FDEdge, fd_kd_loss
 from models import create_model
 from protocol.algorithms.fd import FDConfig
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, PrototypeSet
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import Payload, PrototypeSet
 
 C = 3
 

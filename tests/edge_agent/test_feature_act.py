@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from coordinator.simulate import agent_options
+from coordinator.sim.simulate import agent_options
 from edge_agent.factory import build_agent
 from models.checkpoint import ModelSpec
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from helpers import edge_algorithm, edge_context
 
-import coordinator.strategies.fedgen  # noqa: F401  (registers both halves)
+import coordinator.strategies.fedgen.strategy  # noqa: F401  (registers both halves)
 from edge_agent.algorithms.fedgen import FedGenEdge, build_generator
 from edge_agent.algorithms.weights import module_to_tensormap
 from models import create_model
 from protocol.algorithms.fedgen import FedGenConfig
-from protocol.messages import Task
-from protocol.payloads import TensorMap
+from protocol.contract.messages import Task
+from protocol.contract.payloads import TensorMap
 
 C, D, NOISE = 3, 4, 5
 

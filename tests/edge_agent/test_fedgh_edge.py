@@ -13,9 +13,9 @@ import coordinator.strategies.fedgh  # noqa: F401  (registers both halves)
 from edge_agent.algorithms.fedgh import FedGHEdge
 from models import create_model
 from protocol.algorithms.fedgh import FedGHConfig
+from protocol.contract.messages import Task
+from protocol.contract.payloads import PrototypeSet, TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import PrototypeSet, TensorMap
 
 C, D = 3, 4
 

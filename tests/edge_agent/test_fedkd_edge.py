@@ -15,9 +15,9 @@ import coordinator.strategies.fedkd  # noqa: F401  (registers the server half)
 from edge_agent.algorithms.fedkd import FedKDEdge, adaptive_kd_loss
 from models import create_model
 from protocol.algorithms.fedkd import FedKDConfig
-from protocol.lowrank import compress, is_compressed
-from protocol.messages import Task
-from protocol.payloads import TensorMap
+from protocol.contract.lowrank import compress, is_compressed
+from protocol.contract.messages import Task
+from protocol.contract.payloads import TensorMap
 
 C = 3
 KL = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)  # KL([.75,.25] || [.5,.5])

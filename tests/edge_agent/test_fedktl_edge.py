@@ -13,21 +13,21 @@ import torch
 import torch.nn.functional as F
 from helpers import edge_context
 
-import coordinator.strategies.fedktl
+import coordinator.strategies.fedktl.strategy
 import edge_agent.algorithms.fedktl  # noqa: F401  (registers both halves)
-from coordinator.ktl_server import make_setup
+from coordinator.strategies.fedktl.server import make_setup
 from edge_agent.algorithms.fedktl import FedKTLEdge, extractor_output
 from models import Classifier, create_model
 from models.checkpoint import Checkpoint, save_checkpoint
 from models.ktl import arcface_logits
 from protocol.algorithms.fedktl import FedKTLConfig, setup_digest
+from protocol.contract.messages import Task
+from protocol.contract.payloads import ImageVectorPairs, Payload, TensorMap
 from protocol.errors import ConfigError, ValidationError
-from protocol.messages import Task
-from protocol.payloads import ImageVectorPairs, Payload, TensorMap
 
 C, KP, H = 4, 6, 5  # classes (= K), K', latent size
 
-_ = coordinator.strategies.fedktl
+_ = coordinator.strategies.fedktl.strategy
 
 
 def make_edge(seed: int = 0) -> FedKTLEdge:

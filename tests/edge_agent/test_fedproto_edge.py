@@ -12,12 +12,12 @@ from helpers import edge_algorithm, edge_context
 
 import coordinator.strategies.baselines  # noqa: F401  (registers both halves)
 from edge_agent.algorithms.baselines import FedProtoEdge
-from edge_agent.knowledge import class_prototypes
+from edge_agent.class_stats import class_prototypes
 from edge_agent.trainer import evaluate
 from models import create_model
 from protocol.algorithms.baselines import FedProtoConfig
-from protocol.messages import Task
-from protocol.payloads import PrototypeSet
+from protocol.contract.messages import Task
+from protocol.contract.payloads import PrototypeSet
 
 C, D = 3, 4
 

@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from helpers import edge_algorithm, edge_context
 
-import coordinator.strategies.fedtgp  # noqa: F401  (registers both halves)
+import coordinator.strategies.fedtgp.strategy  # noqa: F401  (registers both halves)
 from edge_agent.algorithms.fedtgp import FedTGPEdge
 from models import create_model
 from protocol.algorithms.fedtgp import FedTGPConfig
-from protocol.messages import Task
-from protocol.payloads import PrototypeSet
+from protocol.contract.messages import Task
+from protocol.contract.payloads import PrototypeSet
 
 C, D = 3, 2
 

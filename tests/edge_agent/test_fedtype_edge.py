@@ -18,8 +18,8 @@ from edge_agent.algorithms.fedtype import FedTypeEdge
 from models import Classifier, create_model
 from models.checkpoint import save_checkpoint
 from protocol.algorithms.fedtype import FedTypeConfig
-from protocol.messages import Task
-from protocol.payloads import Payload, TensorMap
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, TensorMap
 
 assert coordinator.strategies.fedtype  # both halves registered (test_strategies checks pairs)
 C = 4

@@ -14,8 +14,8 @@ from edge_agent.algorithms.fedvtc import FedVTCEdge
 from edge_agent.trainer import ParamGroup, TensorData, train_epochs
 from models import create_model
 from protocol.algorithms.fedvtc import FedVTCConfig
-from protocol.messages import Task
-from protocol.payloads import Payload, PrototypeSet
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, PrototypeSet
 
 C, P = 4, 64  # classes; latent p = 64 -> the toy 16x2x2 VTC at 8x8
 HELD = (0, 2)  # the client's classes; 1 and 3 are absent

@@ -14,9 +14,9 @@ from edge_agent.algorithms.felo import FeloEdge, felo_kd_loss
 from edge_agent.trainer import TensorData
 from models import Classifier, create_model
 from protocol.algorithms.felo import FeloConfig
+from protocol.contract.messages import Task
+from protocol.contract.payloads import FeatureLogitSet, Payload, TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import FeatureLogitSet, Payload, TensorMap
 
 C, D = 3, 4
 KL = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)  # KL([.75,.25] || [.5,.5])

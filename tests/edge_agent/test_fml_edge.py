@@ -16,8 +16,8 @@ from edge_agent.algorithms.fml import FMLEdge, mutual_kl
 from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fml import FMLConfig
-from protocol.messages import Task
-from protocol.payloads import Payload, TensorMap
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, TensorMap
 
 C = 3
 KL = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)  # KL([.75,.25] || [.5,.5])

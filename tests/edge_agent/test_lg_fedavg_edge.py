@@ -13,9 +13,9 @@ from edge_agent.algorithms.lg_fedavg import LGFedAvgEdge
 from edge_agent.trainer import TensorData
 from models import Classifier, create_model
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
+from protocol.contract.messages import Task
+from protocol.contract.payloads import Payload, TensorMap
 from protocol.errors import ValidationError
-from protocol.messages import Task
-from protocol.payloads import Payload, TensorMap
 
 C, D = 3, 4
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.simulate import agent_options
+from coordinator.sim.simulate import agent_options
 from edge_agent import factory
 from edge_agent.agent import IDLE_WAIT_S
 from edge_agent.factory import SplitCache, build_agent
-from edge_agent.shared import Waiting
-from protocol.transport import MemoryBroker, MemoryTransport
+from edge_agent.knowledge_cache import Waiting
+from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 

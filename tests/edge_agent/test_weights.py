@@ -15,8 +15,8 @@ from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import Classifier, create_model
 from protocol.algorithms.baselines import FedAvgConfig
-from protocol.messages import Task
-from protocol.transport import MemoryBroker, MemoryTransport
+from protocol.contract.messages import Task
+from protocol.transport.base import MemoryBroker, MemoryTransport
 
 
 def fedavg_task(**cfg: object) -> Task:

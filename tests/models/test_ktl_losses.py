@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import coordinator.strategies.fedktl
+import coordinator.strategies.fedktl.strategy
 import edge_agent.algorithms.fedktl  # noqa: F401  (registers both halves)
-from coordinator.ktl_server import make_setup, to_input_spec
+from coordinator.strategies.fedktl.server import make_setup, to_input_spec
 from models.ktl import arcface_logits, median_bandwidths, mmd2_rbf, rbf_kernel
 from protocol.algorithms.fedktl import setup_digest
 from protocol.errors import ConfigError
 
-_ = coordinator.strategies.fedktl
+_ = coordinator.strategies.fedktl.strategy
 
 
 def test_arcface_loss_matches_hand_computed_value() -> None:

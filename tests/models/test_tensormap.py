@@ -9,8 +9,8 @@ import torch
 
 from models import create_model
 from models.tensormap import load_tensormap, module_to_tensormap
+from protocol.contract.payloads import TensorMap
 from protocol.errors import ValidationError
-from protocol.payloads import TensorMap
 
 
 def test_tensormap_round_trip_carries_bn_buffers_exactly() -> None:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from protocol.contract.payloads import ClassStats
 from protocol.errors import ValidationError
-from protocol.payloads import ClassStats
 
 
 def stats(**change: object) -> ClassStats:

@@ -1,0 +1,223 @@
+"""Many agents in one process, same code paths as a real fleet (``coordinator simulate``).
+
+Agents run in threads over the in-memory transport by default, or over a real broker when one
+is given; ``backend="ray"`` spreads them over Ray actors (``coordinator.sim.ray_backend``). Each
+agent computes its own shard from the shared partition spec, exactly as separate ``edge-agent``
+processes do.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from coordinator.config import RunConfig
+from coordinator.engine.core import RunResult
+from coordinator.engine.runner import coordinator_will, run_coordinator
+from protocol.contract.codec import Envelope, encode
+from protocol.contract.messages import Status
+from protocol.contract.topics import Topics
+from protocol.errors import ConfigError
+from protocol.transport.base import MemoryBroker, MemoryTransport, Transport, Will
+
+if TYPE_CHECKING:
+    from coordinator.sim.ray_backend import RayOptions
+
+__all__ = ["AgentThreads", "FleetSpec", "TransportFactory", "gil_slice", "simulate"]
+
+# (client_id, will) -> an unconnected transport
+TransportFactory = Callable[[str, Will], Transport]
+
+# The GIL switch interval of a process that hosts many agents over the network, each with a
+# network thread that must answer the broker's keepalive. A thread waiting for the GIL wakes
+# once per interval to ask for it, so at CPython's 5 ms, 100 agents' ~200 threads ask for up
+# to 40,000 wake-ups a second: on 2 cores, 10 Ray actors of 100 agents spent their CPU in
+# ~29 us slices of GIL hand-offs, clients went silent past the broker's keepalive, and the
+# second round reached its deadline with 999 of 1,000 replies after ~600 lost connections.
+# 1 ms per agent keeps the wake-ups per second about constant as a process hosts more agents;
+# the cap bounds how long a thread computing in Python keeps the others waiting. Agents on the
+# in-memory transport have no network threads, and there the longer slice made 300 agents
+# 5-10 % slower (the coordinator's thread waits longer for the GIL): they keep CPython's.
+GIL_SLICE_PER_AGENT_S = 0.001
+GIL_SLICE_MAX_S = 0.1
+
+
+def gil_slice(agents: int, default: float) -> float:
+    """The switch interval for a process hosting ``agents`` agents (never below ``default``)."""
+    return max(default, min(GIL_SLICE_MAX_S, agents * GIL_SLICE_PER_AGENT_S))
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """The simulated devices: architectures, data and its partition."""
+
+    num_agents: int
+    models: tuple[str, ...]
+    # the rest by keyword only: a field added in the middle silently shifted positional
+    # callers (a global test size of 200 became an image size of 200)
+    _: KW_ONLY
+    data: str = "digits"
+    partition: str = "dirichlet:0.5"
+    feature_dim: int | None = 64
+    feature_act: str | None = None  # "relu" after the projection
+    image_size: int | None = None
+    global_test_size: int = 360
+    test_fraction: float = 0.2  # share of each client's samples kept as its local test set
+    min_size: int = 10  # fewest samples (train + test) a Dirichlet partition gives a client
+    partition_seed: int | None = None  # seed of the split (None: the run's seed)
+    # a split file (train_idx_K / test_idx_K [/ global_test_idx]); replaces the four above
+    partition_file: str | None = None
+    eval_every: int = 1  # agents evaluate every N-th training round (and the final step)
+    export: bool = False
+    device: str = "cpu"  # where every simulated agent trains: cpu, cuda[:N] or auto
+    data_root: str | None = None  # torchvision-style datasets read from local files
+
+
+def agent_will(federation: str, device_id: str) -> Will:
+    """Retained ``offline`` status for an agent's last will."""
+    return Will(
+        Topics(federation).status(device_id),
+        encode(Envelope(body=Status(state="offline"), sender=device_id, federation=federation)),
+    )
+
+
+def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
+    """The :class:`~edge_agent.factory.AgentOptions` of simulated device ``index``."""
+    from edge_agent.data import PartitionSpec, parse_partition
+    from edge_agent.factory import AgentOptions
+
+    device_id = f"agent{index}"
+    spec = PartitionSpec(
+        **parse_partition(fleet.partition),
+        num_clients=fleet.num_agents,
+        seed=cfg.seed if fleet.partition_seed is None else fleet.partition_seed,
+        min_size=fleet.min_size,
+        test_fraction=fleet.test_fraction,
+        global_test_size=fleet.global_test_size,
+    )
+    run_dir = Path(cfg.run_dir)
+    return AgentOptions(
+        device_id=device_id,
+        algorithm=cfg.algorithm,
+        model=fleet.models[index % len(fleet.models)],
+        feature_dim=fleet.feature_dim,
+        feature_act=fleet.feature_act,
+        data=fleet.data,
+        image_size=fleet.image_size,
+        partition=spec,
+        partition_file=None if fleet.partition_file is None else Path(fleet.partition_file),
+        client_index=index,
+        federation=cfg.federation,
+        state_dir=run_dir / "agents" / device_id,
+        export_dir=run_dir / "export" / device_id if fleet.export else None,
+        device=fleet.device,
+        data_root=fleet.data_root,
+        seed=cfg.seed,
+        eval_every=fleet.eval_every,
+        classes=cfg.classes,  # what a real agent adopts from the coordinator's state
+    )
+
+
+class AgentThreads:
+    """Simulated agents of this process, each in its own thread over its own transport.
+
+    The in-process backend and each Ray actor (``coordinator.sim.ray_backend``) run their agents
+    through this one class, so both build, start and stop them the same way.
+    """
+
+    def __init__(
+        self, cfg: RunConfig, fleet: FleetSpec, make: TransportFactory, *, networked: bool = False
+    ) -> None:
+        """``networked``: ``make`` gives network transports (a thread each), and the GIL switch
+        interval grows with the agents started (``gil_slice``) until :meth:`close`."""
+        from edge_agent.factory import SplitCache
+
+        self.cfg, self.fleet, self.make, self.networked = cfg, fleet, make, networked
+        self.splits = SplitCache()  # the fleet's split, computed once for all our agents
+        self.stop = threading.Event()
+        self.running: list[tuple[Any, Transport, threading.Thread]] = []
+        self._switch_interval = sys.getswitchinterval()  # the process's own, back at close
+
+    def start(self, index: int) -> None:
+        """Build simulated device ``index``, connect it and run it in a thread."""
+        from edge_agent.factory import build_agent
+
+        opts = agent_options(self.cfg, self.fleet, index)
+        transport = self.make(opts.device_id, agent_will(self.cfg.federation, opts.device_id))
+        agent = build_agent(opts, transport, splits=self.splits)
+        transport.connect()
+        agent.start()
+        t = threading.Thread(target=agent.run, args=(self.stop,), name=opts.device_id, daemon=True)
+        t.start()
+        self.running.append((agent, transport, t))
+        if self.networked:
+            sys.setswitchinterval(gil_slice(len(self.running), self._switch_interval))
+
+    def wait(self) -> list[str]:
+        """Block until every agent's run ends; the ids of those that saw the run finish."""
+        for _, _, t in self.running:
+            t.join()
+        return [a.settings.device_id for a, _, _ in self.running if a.finished.is_set()]
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the agents and disconnect them."""
+        self.stop.set()
+        for _, _, t in self.running:
+            t.join(timeout=timeout)
+        for _, transport, _ in self.running:
+            transport.close()
+        if self.networked:
+            sys.setswitchinterval(self._switch_interval)
+
+
+def simulate(
+    cfg: RunConfig,
+    fleet: FleetSpec,
+    *,
+    transport_factory: TransportFactory | None = None,
+    logger: logging.Logger | None = None,
+    backend: Literal["inprocess", "ray"] = "inprocess",
+    ray: RayOptions | None = None,
+) -> RunResult:
+    """Run ``cfg`` with ``fleet.num_agents`` simulated agents; returns the coordinator's result.
+
+    ``backend="inprocess"`` runs the agents in threads of this process; by default all parties
+    share one :class:`MemoryBroker`, ``transport_factory(client_id, will) -> Transport`` selects
+    a real broker. ``backend="ray"`` runs them in Ray actors over MQTT, set up by ``ray``
+    (:class:`~coordinator.sim.ray_backend.RayOptions`).
+    """
+    if fleet.partition_file is not None:  # a count mismatch fails before any agent starts
+        from edge_agent.data import load_partition_file
+
+        load_partition_file(fleet.partition_file, num_clients=fleet.num_agents)
+    if backend == "ray":
+        from coordinator.sim.ray_backend import RayOptions, simulate_ray
+
+        if transport_factory is not None:
+            raise ConfigError("transport_factory: the Ray backend connects its actors over MQTT")
+        return simulate_ray(cfg, fleet, ray or RayOptions(), logger=logger)
+    if backend != "inprocess":
+        raise ConfigError(f"backend: expected 'inprocess' or 'ray', got {backend!r}")
+    broker = MemoryBroker()
+
+    def make(client_id: str, will: Will) -> Transport:
+        if transport_factory is not None:
+            return transport_factory(client_id, will)
+        return MemoryTransport(broker, client_id, will=will)
+
+    agents = AgentThreads(cfg, fleet, make, networked=transport_factory is not None)
+    coord_transport: Transport | None = None
+    try:
+        for i in range(fleet.num_agents):
+            agents.start(i)
+        coord_transport = make("coordinator", coordinator_will(cfg))
+        return run_coordinator(cfg, coord_transport, logger)
+    finally:
+        agents.close()
+        if coord_transport is not None:
+            coord_transport.close()

@@ -1,0 +1,136 @@
+"""Felo's and Velo's server-side knowledge table: class-wise feature and logit means.
+
+Every uploaded (client, class) mean is one *entry*. The window (spec §8-D3) decides which
+entries are kept: ``history_fifo`` (the paper's "server dataset" and the authors' code: every
+entry, at most ``cap`` per class, oldest dropped first), ``latest_per_client`` (a K x C table of
+the freshest entries) or ``current_round`` (only the last aggregated round). The per-class
+server knowledge is the mean over kept entries, and Velo's CVAE trains on the same entries'
+features, so Velo - Felo is not confounded by stale data.
+
+Entries are numpy arrays and persist as one :class:`TensorMap` (no pickle); clients are keyed by
+a 63-bit hash of their device id, since only equality of clients matters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from protocol.contract.payloads import FeatureLogitSet, TensorMap
+from protocol.errors import ValidationError
+
+__all__ = ["KnowledgeTable", "Window", "client_key"]
+
+Window = Literal["history_fifo", "latest_per_client", "current_round"]
+_FIELDS = ("cls", "client", "round", "features", "logits", "counts")
+
+
+def client_key(device_id: str) -> int:
+    """A stable 63-bit integer for a device id (fits the int64 entry column)."""
+    return int.from_bytes(hashlib.blake2b(device_id.encode(), digest_size=8).digest(), "big") >> 1
+
+
+@dataclass
+class KnowledgeTable:
+    """Entries of class-wise means, pruned to a window; per-class means on demand."""
+
+    num_classes: int
+    window: Window = "history_fifo"
+    cap: int = 5000
+    count_weighted: bool = False
+
+    def __post_init__(self) -> None:
+        self.cls = np.zeros(0, np.int64)
+        self.client = np.zeros(0, np.int64)
+        self.round = np.zeros(0, np.int64)
+        self.counts = np.zeros(0, np.int64)
+        self.features: npt.NDArray[np.float32] = np.zeros((0, 0), np.float32)
+        self.logits: npt.NDArray[np.float32] = np.zeros((0, self.num_classes), np.float32)
+
+    def __len__(self) -> int:
+        return int(self.cls.size)
+
+    @property
+    def feature_dim(self) -> int | None:
+        """The federation's feature size, fixed by the first entry (None before)."""
+        return int(self.features.shape[1]) if len(self) else None
+
+    def add(self, round_: int, uploads: list[tuple[str, FeatureLogitSet]]) -> None:
+        """Append one round's uploads, then prune to the window."""
+        for device_id, s in uploads:
+            m = int(s.class_ids.size)
+            if not m:
+                continue
+            dim = self.feature_dim
+            if dim is not None and s.features.shape[1] != dim:
+                raise ValidationError("knowledge.features", f"dimension {dim}", s.features.shape[1])
+            self.cls = np.concatenate([self.cls, s.class_ids.astype(np.int64)])
+            self.client = np.concatenate([self.client, np.full(m, client_key(device_id))])
+            self.round = np.concatenate([self.round, np.full(m, round_, np.int64)])
+            self.counts = np.concatenate([self.counts, s.counts.astype(np.int64)])
+            feats = s.features if dim is not None else s.features.reshape(m, -1)
+            self.features = np.concatenate([self.features.reshape(-1, feats.shape[1]), feats])
+            self.logits = np.concatenate([self.logits, s.logits])
+        self._prune(round_)
+
+    def _prune(self, round_: int) -> None:
+        n = len(self)
+        if self.window == "current_round":
+            keep = self.round == round_
+        elif self.window == "latest_per_client":
+            keep = np.zeros(n, bool)
+            seen: set[tuple[int, int]] = set()
+            for i in range(n - 1, -1, -1):  # newest first: the last upload of a pair wins
+                pair = (int(self.client[i]), int(self.cls[i]))
+                if pair not in seen:
+                    seen.add(pair)
+                    keep[i] = True
+        else:  # history_fifo: the newest ``cap`` entries of each class
+            keep = np.zeros(n, bool)
+            for c in np.unique(self.cls):
+                keep[np.nonzero(self.cls == c)[0][-self.cap :]] = True
+        self._select(keep)
+
+    def _select(self, keep: npt.NDArray[np.bool_]) -> None:
+        for name in _FIELDS:
+            setattr(self, name, getattr(self, name)[keep])
+
+    def means(self, encoding: Literal["raw", "f16"] = "raw") -> FeatureLogitSet | None:
+        """Per-class mean feature and logit over kept entries (plain, or count-weighted);
+        ``counts`` are the samples behind each class. None while the table is empty."""
+        if not len(self):
+            return None
+        ids = np.unique(self.cls)
+        w = self.counts.astype(np.float64) if self.count_weighted else np.ones(len(self))
+        feats = np.zeros((ids.size, self.features.shape[1]), np.float64)
+        logits = np.zeros((ids.size, self.num_classes), np.float64)
+        counts = np.zeros(ids.size, np.int64)
+        for j, c in enumerate(ids):
+            rows = self.cls == c
+            wr = w[rows] / max(w[rows].sum(), 1e-12)
+            feats[j] = wr @ self.features[rows].astype(np.float64)
+            logits[j] = wr @ self.logits[rows].astype(np.float64)
+            counts[j] = self.counts[rows].sum()
+        counts = np.minimum(counts, np.iinfo(np.int32).max)
+        return FeatureLogitSet(ids, feats, logits, counts, encoding=encoding)  # type: ignore[arg-type]
+
+    # ----- persistence ----------------------------------------------------------------------
+    def to_tensormap(self) -> TensorMap:
+        """All kept entries as named arrays (exact: raw encoding)."""
+        return TensorMap({name: getattr(self, name) for name in _FIELDS})
+
+    def load_tensormap(self, state: TensorMap) -> None:
+        """Restore entries saved by :meth:`to_tensormap`."""
+        t = state.tensors
+        missing = [f for f in _FIELDS if f not in t]
+        if missing:
+            raise ValidationError("state.knowledge", f"arrays {list(_FIELDS)}", missing)
+        self.cls, self.client, self.round, self.counts = (
+            t[f].astype(np.int64) for f in ("cls", "client", "round", "counts")
+        )
+        self.features = t["features"].astype(np.float32).reshape(self.cls.size, -1)
+        self.logits = t["logits"].astype(np.float32).reshape(self.cls.size, self.num_classes)

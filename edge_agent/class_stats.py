@@ -1,0 +1,74 @@
+"""Class-wise statistics of a model over local data (prototypes, feature and logit means)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from edge_agent.trainer import TensorData
+from models import Classifier
+from protocol.contract.arrays import Encoding
+from protocol.contract.payloads import PrototypeSet
+
+__all__ = ["ClassMeans", "class_prototypes", "prototype_scores", "prototype_table"]
+
+
+class ClassMeans:
+    """Per-class sums and counts of feature vectors, turned into a :class:`PrototypeSet`."""
+
+    def __init__(self, num_classes: int, dim: int, device: torch.device) -> None:
+        self.sums = torch.zeros(num_classes, dim, device=device)
+        self.counts = torch.zeros(num_classes, dtype=torch.long, device=device)
+
+    def add(self, features: Tensor, y: Tensor) -> None:
+        """Count ``features`` ([B, D], detached) under their labels ``y`` ([B])."""
+        self.sums.index_add_(0, y, features.float())
+        self.counts += torch.bincount(y, minlength=self.counts.shape[0])
+
+    def prototypes(self, encoding: Encoding = "raw") -> PrototypeSet:
+        """The mean feature of every class counted at least once."""
+        present = (self.counts > 0).nonzero().flatten()
+        means = self.sums[present] / self.counts[present].unsqueeze(1).float()
+        return PrototypeSet(
+            class_ids=present.cpu().numpy(),
+            vectors=means.cpu().numpy(),
+            counts=self.counts[present].cpu().numpy(),
+            encoding=encoding,
+        )
+
+
+@torch.no_grad()
+def class_prototypes(
+    model: Classifier,
+    data: TensorData,
+    num_classes: int,
+    batch_size: int = 256,
+    encoding: Encoding = "raw",
+) -> PrototypeSet:
+    """Mean feature per class present in ``data`` (eval mode, whole local set)."""
+    was_training = model.training
+    model.eval()
+    means = ClassMeans(num_classes, model.num_features, data.x.device)
+    for x, y in data.batches(batch_size, None, shuffle=False):
+        means.add(model.forward_features(x), y)
+    model.train(was_training)
+    return means.prototypes(encoding)
+
+
+def prototype_table(
+    protos: PrototypeSet, num_classes: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Dense ``[C, D]`` table and ``[C]`` validity mask from a sparse prototype set."""
+    table = torch.zeros(num_classes, protos.dim, device=device)
+    valid = torch.zeros(num_classes, dtype=torch.bool, device=device)
+    if protos.class_ids.size:
+        ids = torch.as_tensor(protos.class_ids, dtype=torch.long, device=device)
+        table[ids] = torch.as_tensor(protos.vectors, device=device)
+        valid[ids] = True
+    return table, valid
+
+
+def prototype_scores(features: Tensor, table: Tensor, valid: Tensor) -> Tensor:
+    """Negative squared distance to each class prototype; invalid classes never win."""
+    d = torch.cdist(features.float(), table.float()).pow(2)
+    return (-d).masked_fill(~valid.unsqueeze(0), -1e9)

@@ -1,0 +1,85 @@
+"""``coordinator.engine.replies.AckFrames``: acks spliced from a template are the acks ``encode``
+makes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.engine.replies import AckFrames
+from protocol.contract.codec import decode, encode
+from protocol.contract.messages import Ack
+from protocol.security.signing import HmacSigner, Verifier
+from protocol.transport.base import MemoryBroker, MemoryTransport
+from protocol.transport.endpoint import Endpoint
+
+SIGNER = HmacSigner("coordinator", b"k" * 32)
+IDS = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=80)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _endpoint(signed: bool = False) -> Endpoint:
+    t = MemoryTransport(MemoryBroker(), "coord")
+    t.connect()
+    signer = SIGNER if signed else None
+    return Endpoint(t, sender="coordinator", federation="fed", signer=signer)
+
+
+@given(ref_id=IDS, task_id=IDS)
+def test_an_accepted_ack_is_the_frame_encode_makes_of_its_envelope(
+    ref_id: str, task_id: str
+) -> None:
+    frames = AckFrames(_endpoint())
+    ack = Ack(ref_id=ref_id, task_id=task_id)
+    frame = frames.unsigned(ack)
+    env = decode(frame)
+    assert env.body == ack
+    assert (env.sender, env.federation, env.round) == ("coordinator", "fed", 0)
+    assert frame == encode(replace(env, wire=b""))  # canonical: byte for byte encode's
+
+
+@pytest.mark.parametrize(
+    "ack",
+    [
+        Ack(ref_id="m1", task_id="t1", accepted=False, reason="late or unknown task"),
+        Ack(ref_id="m1"),  # no task id: the field is left out of the frame
+    ],
+)
+def test_refusals_and_acks_without_a_task_are_encoded_as_usual(ack: Ack) -> None:
+    frames = AckFrames(_endpoint())
+    env = decode(frames.unsigned(ack))
+    assert env.body == ack
+    assert frames._template is None  # never made for these
+
+
+def test_each_frame_has_its_own_message_id_and_the_template_is_renewed_with_age() -> None:
+    clock = Clock()
+    frames = AckFrames(_endpoint(), max_age_s=1.0, clock=clock)
+    first, second = (decode(frames.unsigned(Ack(ref_id=f"m{i}", task_id="t"))) for i in (1, 2))
+    assert first.msg_id != second.msg_id
+    assert first.ts == second.ts  # one template
+    template = frames._template
+    clock.now += 0.5
+    frames.unsigned(Ack(ref_id="m3", task_id="t"))
+    assert frames._template is template
+    clock.now += 0.6  # 1.1 s after it was made: a fresh timestamp for the replay window
+    later = decode(frames.unsigned(Ack(ref_id="m4", task_id="t")))
+    assert frames._template is not template
+    assert later.ts >= first.ts
+
+
+def test_a_sealed_spliced_ack_verifies_as_the_coordinators() -> None:
+    endpoint = _endpoint(signed=True)
+    frame = endpoint.seal(AckFrames(endpoint).unsigned(Ack(ref_id="m1", task_id="t1")))
+    env = Verifier({"coordinator": SIGNER.verify_key()}).verify(frame)
+    assert env.body == Ack(ref_id="m1", task_id="t1")

@@ -1,0 +1,88 @@
+"""``coordinator demo`` end to end: its defaults (FedKTL on MNIST 5k), real agent processes over
+the embedded broker, the finalisation phase and verified ONNX bundles; and its summary table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coordinator.cli import main
+from coordinator.config import RunConfig
+from coordinator.engine.core import RunResult
+from coordinator.sim.demo import AgentProcessError, DemoSpec, run_demo, summarize
+
+
+def test_default_demo_runs_fedktl_to_verified_onnx(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "demo"
+    code = main(
+        [
+            "demo",
+            "--agents",
+            "2",
+            "--rounds",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--log-level",
+            "ERROR",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # the comparison table's pick (docs/results.md), FedKTL: training rounds, then the final step
+    assert [s["phase"] for s in steps] == ["train", "final"]
+    assert "algorithm fedktl" in out
+    final = steps[-1]["agents"]
+    assert sorted(final) == ["agent0", "agent1"]
+    assert all(0.0 <= a["acc_global"] <= 1.0 for a in final.values())
+    for dev in final:
+        manifest = json.loads((run_dir / "export" / dev / "manifest.json").read_text())
+        assert manifest["files"][0]["verification"]["passed"] is True
+    assert out.count("| verified |") == 2
+    assert "| **mean** |" in out
+
+
+def test_demo_stops_with_the_log_of_an_agent_process_that_died(tmp_path: Path) -> None:
+    # one agent gets an unknown architecture and exits at start-up; without the check the
+    # coordinator would wait wait_agents_s (an hour here) for it to register
+    cfg = RunConfig(algorithm="local", rounds=1, run_dir=str(tmp_path / "run"), wait_agents_s=3600)
+    spec = DemoSpec(agents=2, models=("mlp_s", "no_such_model"), data="digits", export=False)
+    with pytest.raises(AgentProcessError) as err:
+        run_demo(cfg, spec)
+    text = str(err.value)
+    assert "agent1 exited with code" in text
+    assert "unknown model 'no_such_model'" in text  # the agent's own message, from its log
+    assert str(tmp_path / "run" / "logs" / "agent1.log") in text
+
+
+def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
+    metrics = [
+        {
+            "phase": "train",
+            "agents": {"a": {"acc_local": 0.5, "acc_global": 0.2}, "b": {"acc_local": 0.7}},
+        },
+        {
+            "phase": "final",
+            "agents": {
+                "a": {"arch": "mlp_s", "acc_local": 0.6, "acc_global": 0.4},
+                "b": {"arch": "cnn_t1", "acc_local": 0.8, "acc_global": 0.6},
+            },
+        },
+    ]
+    text = summarize(RunResult(run_id="r", steps=2, metrics=metrics, rejected={}), tmp_path)
+    # global at round 1 is known for one agent only: its mean is that agent's value
+    assert "| **mean** | | 60.0% -> 70.0% | 20.0% -> 50.0% | |" in text
+
+
+def test_the_demo_feature_size_is_the_flag_then_the_algorithms_then_the_datasets() -> None:
+    from coordinator.cli import demo_feature_dim
+
+    assert demo_feature_dim("fedktl", "mnist5k", None) == 10  # its ETF head: K = C
+    assert demo_feature_dim("fedvtc", "mnist5k", None) == 980  # its generator's latent
+    assert demo_feature_dim("fedproto", "digits", None) == 64
+    assert demo_feature_dim("fedktl", "mnist5k", 32) == 32

@@ -1,0 +1,121 @@
+"""FedGH server half: one SGD step of the global head by hand from fake replies, validation
+against the head's input size, and a short whole run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import fake_agent
+
+import coordinator.strategies.fedgh
+import edge_agent.algorithms.fedgh  # noqa: F401  (registers both halves)
+from coordinator.config import load_config
+from coordinator.sim.simulate import FleetSpec, simulate
+from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
+from protocol.algorithms.fedgh import FedGHConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import PrototypeSet, TensorMap
+from protocol.errors import AggregationError, ValidationError
+
+C = 2
+
+
+def agent(device_id: str, classes: list[int]) -> AgentInfo:
+    return fake_agent(device_id, "fedgh", dict.fromkeys(classes, 5), num_classes=C)
+
+
+def protos(ids: list[int], vecs: list[list[float]]) -> PrototypeSet:
+    return PrototypeSet(np.array(ids), np.array(vecs, np.float32), np.full(len(ids), 5, np.int32))
+
+
+def reply(p: PrototypeSet) -> Reply:
+    return Reply(task_id="t", round=1, phase="train", num_samples=10, payloads={"protos": p})
+
+
+def strategy(**hyper: object) -> coordinator.strategies.fedgh.FedGHStrategy:
+    s = create_strategy("fedgh", FedGHConfig().replace(**hyper), num_classes=C, seed=0)
+    assert isinstance(s, coordinator.strategies.fedgh.FedGHStrategy)
+    return s
+
+
+A, B = agent("a", [0]), agent("b", [1])
+
+
+def test_one_sgd_step_of_the_head_on_the_uploaded_prototypes() -> None:
+    # Prepare: a zero head, one prototype per agent, one step (batch >= 2 pairs)
+    s = strategy(server_lr=0.1)
+    s.load_state_dict({"head": TensorMap({"weight": np.zeros((C, 2)), "bias": np.zeros(C)})})
+    # Execute
+    s.aggregate(
+        Step(1, "train"),
+        [(A, reply(protos([0], [[1.0, 0.0]]))), (B, reply(protos([1], [[0.0, 2.0]])))],
+    )
+    metrics = s.server_train(Step(1, "train"), ServerContext.for_step(0, 0, "cpu"))
+    # Assert: softmax 1/2 each; grad W = mean_i (p_i - onehot_i) x_i^T = [[-.25, .5], [.25, -.5]]
+    assert metrics["head_steps"] == 1
+    assert s.head is not None
+    np.testing.assert_allclose(
+        s.head.tensors["weight"], [[0.025, -0.05], [-0.025, 0.05]], atol=1e-7
+    )
+    np.testing.assert_allclose(s.head.tensors["bias"], [0.0, 0.0], atol=1e-7)
+    sent = s.configure(Step(2, "train"), A)["weights"]
+    assert sent is s.head
+
+
+def test_first_head_is_seeded_and_replies_must_fit_it() -> None:
+    heads = []
+    for _ in range(2):
+        s = strategy()
+        s.aggregate(
+            Step(1, "train"),
+            [
+                (A, reply(protos([0], [[1.0, 0.0, 1.0]]))),
+                (B, reply(protos([1], [[0.0, 1.0, 0.0]]))),
+            ],
+        )
+        s.server_train(Step(1, "train"), ServerContext.for_step(5, 0, "cpu"))
+        assert s.head is not None and s.head.tensors["weight"].shape == (C, 3)
+        heads.append(s.head.tensors["weight"])
+    np.testing.assert_array_equal(heads[0], heads[1])
+    with pytest.raises(ValidationError, match="dimension 3"):
+        s.validate(Step(2, "train"), A, reply(protos([0], [[1.0, 1.0]])))
+    with pytest.raises(ValidationError, match="classes the agent registered"):
+        s.validate(Step(2, "train"), A, reply(protos([1], [[1.0, 1.0, 1.0]])))
+
+
+def test_prototypes_of_different_sizes_in_one_round_fail_the_aggregation() -> None:
+    s = strategy()
+    with pytest.raises(AggregationError, match="dimensions differ"):
+        s.aggregate(
+            Step(1, "train"),
+            [(A, reply(protos([0], [[1.0]]))), (B, reply(protos([1], [[1.0, 2.0]])))],
+        )
+
+
+def test_fedgh_runs_end_to_end_over_the_in_memory_transport(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        ["hyper.local_epochs=1"],
+        algorithm="fedgh",
+        rounds=2,
+        run_dir=str(tmp_path / "fedgh"),
+        min_agents=3,
+        deadline_s=120.0,
+        run_id="test-fedgh",
+    )
+    fleet = FleetSpec(
+        num_agents=3,
+        models=("cnn_t1", "mlp_s", "cnn_t2"),
+        data="digits",
+        partition="dirichlet:0.5",
+        feature_dim=32,
+        global_test_size=200,
+    )
+    result = simulate(cfg, fleet)
+    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
+    assert result.metrics[0]["aggregate"]["head_steps"] > 0
+    assert result.metrics[1]["bytes"]["tx.task"] > result.metrics[0]["bytes"]["tx.task"]  # head
+    final = result.metrics[-1]["agents"].values()
+    assert all(np.isfinite(a["acc_global"]) and 0.0 <= a["acc_global"] <= 1.0 for a in final)

@@ -1,0 +1,160 @@
+"""FedTGP server half: the adaptive margin and the contrastive loss against hand-computed values,
+the generator's prototypes from fake replies, replay after a restart, and a short whole run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import fake_agent
+from torch import Tensor, nn
+
+import coordinator.strategies.fedtgp.strategy
+import edge_agent.algorithms.fedtgp  # noqa: F401  (registers both halves)
+from coordinator.config import load_config
+from coordinator.sim.simulate import FleetSpec, simulate
+from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
+from coordinator.strategies.fedtgp.server import acl_loss
+from coordinator.strategies.fedtgp.strategy import adaptive_margin
+from protocol.algorithms.fedtgp import FedTGPConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import PrototypeSet
+from protocol.errors import ValidationError
+
+C = 4
+
+
+def agent(device_id: str, classes: list[int]) -> AgentInfo:
+    return fake_agent(device_id, "fedtgp", dict.fromkeys(classes, 5), num_classes=C)
+
+
+def protos(ids: list[int], vecs: list[list[float]]) -> PrototypeSet:
+    return PrototypeSet(np.array(ids), np.array(vecs, np.float32), np.full(len(ids), 5, np.int32))
+
+
+def reply(p: PrototypeSet) -> Reply:
+    return Reply(task_id="t", round=1, phase="train", num_samples=10, payloads={"protos": p})
+
+
+def strategy(**hyper: object) -> coordinator.strategies.fedtgp.strategy.FedTGPStrategy:
+    s = create_strategy("fedtgp", FedTGPConfig().replace(**hyper), num_classes=C, seed=0)
+    assert isinstance(s, coordinator.strategies.fedtgp.strategy.FedTGPStrategy)
+    return s
+
+
+def test_margin_is_the_largest_nearest_class_gap_capped_by_the_threshold() -> None:
+    # gaps: class 0 -> 1 (to class 2), class 1 -> sqrt(18) (to class 2), class 2 -> 1
+    means = protos([0, 1, 2], [[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])
+    assert adaptive_margin(means, 100.0) == pytest.approx(math.sqrt(18.0))
+    assert adaptive_margin(means, 2.0) == 2.0
+    assert adaptive_margin(protos([1], [[1.0, 1.0]]), 7.0) == 7.0  # one class: the threshold
+
+
+class _Fixed(nn.Module):
+    def __init__(self, centers: Tensor) -> None:
+        super().__init__()
+        self.centers = centers
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.centers[ids]
+
+
+def test_acl_loss_adds_the_margin_to_the_own_class_distance() -> None:
+    centers = torch.tensor([[0.0, 0.0], [3.0, 4.0]])
+    batch = (torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+    terms = acl_loss(2, margin=1.0)(_Fixed(centers), batch, torch.Generator())
+    # distances [0, 5]; logits -[0 + 1, 5] -> CE = log(1 + e^-4)
+    assert terms["loss"].item() == pytest.approx(math.log1p(math.exp(-4.0)), rel=1e-5)
+
+
+def test_aggregate_keeps_every_client_prototype_and_the_margin_of_their_means() -> None:
+    s = strategy()
+    a, b = agent("a", [0, 1]), agent("b", [1])
+    s.aggregate(
+        Step(1, "train"),
+        [
+            (a, reply(protos([0, 1], [[0.0, 0.0], [2.0, 0.0]]))),
+            (b, reply(protos([1], [[4.0, 0.0]]))),
+        ],
+    )
+    assert s._pending is not None
+    vectors, labels, margin = s._pending
+    assert labels.tolist() == [0, 1, 1] and vectors.shape == (3, 2)
+    assert margin == pytest.approx(3.0)  # class means [0, 0] and [3, 0]
+
+
+def separable_round(
+    s: coordinator.strategies.fedtgp.strategy.FedTGPStrategy,
+) -> list[tuple[AgentInfo, Reply]]:
+    a, b = agent("a", [0, 1]), agent("b", [1, 2])
+    return [
+        (a, reply(protos([0, 1], [[5.0, 0.0, 0.0], [0.0, 5.0, 0.0]]))),
+        (b, reply(protos([1, 2], [[0.0, 4.0, 1.0], [0.0, 0.0, 5.0]]))),
+    ]
+
+
+def test_server_train_generates_separable_prototypes_for_uploaded_classes_only() -> None:
+    s = strategy(server_epochs=200, server_lr=0.1)
+    replies = separable_round(s)
+    s.aggregate(Step(1, "train"), replies)
+    metrics = s.server_train(Step(1, "train"), ServerContext.for_step(0, 0, "cpu"))
+    assert metrics["tgp_steps"] == 200  # 4 prototypes, batch 10: one step per epoch
+    assert s.protos is not None
+    assert s.protos.class_ids.tolist() == [0, 1, 2]  # class 3: nobody uploaded it
+    assert s.protos.dim == 3
+    table = s.protos.vectors
+    for _, r in replies:  # every client prototype is nearest to its own class's prototype
+        p = r.payloads["protos"]
+        assert isinstance(p, PrototypeSet)
+        d = ((p.vectors[:, None, :] - table[None]) ** 2).sum(-1)
+        assert d.argmin(1).tolist() == [s.protos.class_ids.tolist().index(c) for c in p.class_ids]
+    # the next round's tasks carry them; a reply of another dimension is refused
+    assert s.configure(Step(2, "train"), agent("a", [0]))["protos"] is s.protos
+    with pytest.raises(ValidationError, match="dimension 3"):
+        s.validate(Step(2, "train"), agent("a", [0]), reply(protos([0], [[1.0, 1.0]])))
+
+
+def test_a_replayed_step_trains_the_same_prototypes() -> None:
+    first = strategy(server_epochs=5)
+    first.aggregate(Step(1, "train"), separable_round(first))
+    first.server_train(Step(1, "train"), ServerContext.for_step(3, 0, "cpu"))
+    saved = first.state_dict()
+    runs = []
+    for _ in range(2):
+        s = strategy(server_epochs=5)
+        s.load_state_dict(saved)
+        s.aggregate(Step(2, "train"), separable_round(s))
+        s.server_train(Step(2, "train"), ServerContext.for_step(3, 1, "cpu"))
+        assert s.protos is not None
+        runs.append(s.protos.vectors)
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert not np.array_equal(runs[0], first.protos.vectors if first.protos else None)
+
+
+def test_fedtgp_runs_end_to_end_over_the_in_memory_transport(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        ["hyper.local_epochs=1", "hyper.server_epochs=5"],
+        algorithm="fedtgp",
+        rounds=2,
+        run_dir=str(tmp_path / "fedtgp"),
+        min_agents=3,
+        deadline_s=120.0,
+        run_id="test-fedtgp",
+    )
+    fleet = FleetSpec(
+        num_agents=3,
+        models=("cnn_t1", "mlp_s", "cnn_t2"),
+        data="digits",
+        partition="dirichlet:0.5",
+        feature_dim=32,
+        global_test_size=200,
+    )
+    result = simulate(cfg, fleet)
+    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
+    assert result.metrics[1]["aggregate"]["tgp_steps"] > 0
+    final = result.metrics[-1]["agents"].values()
+    assert all(np.isfinite(a["acc_global"]) and 0.0 <= a["acc_global"] <= 1.0 for a in final)

@@ -1,0 +1,86 @@
+"""Felo/Velo's knowledge table under each window (spec §8-D3), against hand-computed means."""
+
+import numpy as np
+import pytest
+
+from coordinator.strategies.felo.table import KnowledgeTable
+from protocol.contract.payloads import FeatureLogitSet
+from protocol.errors import ValidationError
+
+C = 3
+
+
+def upload(classes: list[int], value: float, counts: list[int] | None = None) -> FeatureLogitSet:
+    m = len(classes)
+    return FeatureLogitSet(
+        np.array(classes, np.int32),
+        np.full((m, 2), value, np.float32),
+        np.full((m, C), -value, np.float32),
+        np.array(counts or [1] * m, np.int32),
+    )
+
+
+def test_history_averages_every_entry_and_keeps_the_newest_cap_per_class() -> None:
+    # Prepare
+    t = KnowledgeTable(C, "history_fifo", cap=2)
+    # Execute
+    t.add(1, [("a", upload([0, 1], 1.0)), ("b", upload([0], 3.0))])
+    t.add(2, [("a", upload([0], 8.0))])
+    means = t.means()
+    # Assert: class 0 keeps its two newest entries (3, 8); class 1 its only one; class 2 none
+    assert means is not None
+    assert means.class_ids.tolist() == [0, 1]
+    np.testing.assert_allclose(means.features[:, 0], [5.5, 1.0])
+    np.testing.assert_allclose(means.logits[:, 0], [-5.5, -1.0])
+
+
+def test_latest_per_client_overwrites_a_clients_older_entry() -> None:
+    t = KnowledgeTable(C, "latest_per_client")
+    t.add(1, [("a", upload([0], 1.0)), ("b", upload([0], 3.0))])
+    t.add(2, [("a", upload([0], 5.0))])
+    means = t.means()
+    assert means is not None
+    np.testing.assert_allclose(means.features[0], [4.0, 4.0])  # mean of a's 5 and b's 3
+    assert len(t) == 2
+
+
+def test_current_round_keeps_only_the_last_round() -> None:
+    t = KnowledgeTable(C, "current_round")
+    t.add(1, [("a", upload([0, 2], 1.0))])
+    t.add(2, [("b", upload([0], 7.0))])
+    means = t.means()
+    assert means is not None
+    assert means.class_ids.tolist() == [0]  # class 2 was only reported in round 1
+    np.testing.assert_allclose(means.features[0], [7.0, 7.0])
+
+
+def test_count_weighted_means_weight_entries_by_samples() -> None:
+    t = KnowledgeTable(C, count_weighted=True)
+    t.add(1, [("a", upload([1], 1.0, [3])), ("b", upload([1], 5.0, [1]))])
+    means = t.means()
+    assert means is not None
+    np.testing.assert_allclose(means.features[0], [2.0, 2.0])  # (3*1 + 1*5) / 4
+    assert means.counts.tolist() == [4]
+
+
+def test_empty_table_has_no_knowledge_and_round_trips() -> None:
+    t = KnowledgeTable(C)
+    assert t.means() is None
+    t.add(1, [("a", upload([], 0.0))])
+    assert t.means() is None
+    t.add(2, [("a", upload([2], 2.0))])
+    restored = KnowledgeTable(C)
+    restored.load_tensormap(t.to_tensormap())
+    a, b = t.means(), restored.means()
+    assert a is not None and b is not None
+    np.testing.assert_array_equal(a.features, b.features)
+    np.testing.assert_array_equal(a.logits, b.logits)
+
+
+def test_a_feature_dimension_other_than_the_tables_is_refused() -> None:
+    t = KnowledgeTable(C)
+    t.add(1, [("a", upload([0], 1.0))])
+    bad = FeatureLogitSet(np.array([1]), np.zeros((1, 5)), np.zeros((1, C)), np.array([1]))
+    with pytest.raises(ValidationError, match="dimension 2"):
+        t.add(2, [("b", bad)])
+    assert len(t) == 1  # nothing half-added

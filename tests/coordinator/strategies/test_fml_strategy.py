@@ -1,0 +1,81 @@
+"""FML server half with fake replies (sample-weighted meme, one input spec, layout checks) and
+one short run over the in-memory transport with private models of three architectures."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import fake_agent
+
+import coordinator.strategies.fml  # noqa: F401  (registers the server half)
+import edge_agent.algorithms.fml  # noqa: F401  (registers the edge half)
+from coordinator.config import load_config
+from coordinator.sim.simulate import FleetSpec, simulate
+from coordinator.strategies import AgentInfo, Step, create_strategy
+from protocol.algorithms.fml import FMLConfig
+from protocol.contract.messages import Reply
+from protocol.contract.payloads import TensorMap
+from protocol.errors import AdmissionError, ValidationError
+
+C = 3
+
+
+def agent(device_id: str, arch: str, size: int = 8, algorithm: str = "fml") -> AgentInfo:
+    counts = {0: 5, 1: 5}
+    return fake_agent(
+        device_id, algorithm, counts, num_classes=C, arch=arch, input_spec=(1, size, size)
+    )
+
+
+def meme(value: float, shape: tuple[int, ...] = (2, 2)) -> TensorMap:
+    return TensorMap({"w": np.full(shape, value, np.float32), "n": np.array(4, np.int64)})
+
+
+def reply(w: TensorMap, n: int) -> Reply:
+    return Reply(task_id="t", round=1, phase="train", num_samples=n, payloads={"weights": w})
+
+
+A, B = agent("a", "mlp_s"), agent("b", "cnn_t1")
+
+
+def test_memes_average_by_sample_count_across_private_architectures() -> None:
+    s = create_strategy("fml", FMLConfig(), num_classes=C)
+    s.admit(B, [A])
+    replies = [(A, reply(meme(1.0), 10)), (B, reply(meme(4.0), 20))]
+    s.aggregate(Step(1, "train"), replies)
+    sent = s.configure(Step(2, "train"), A)["weights"]
+    assert isinstance(sent, TensorMap)
+    np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), 3.0))  # (10 + 80) / 30
+    assert int(sent.tensors["n"]) == 4  # integer buffers: the maximum
+
+
+def test_another_input_is_refused_at_admission_and_another_meme_at_upload() -> None:
+    s = create_strategy("fml", FMLConfig(), num_classes=C)
+    with pytest.raises(AdmissionError, match="1x16x16"):
+        s.admit(agent("x", "mlp_s", size=16), [A])
+    s.validate(Step(1, "train"), A, reply(meme(1.0), 10))
+    with pytest.raises(ValidationError, match="first upload"):
+        s.validate(Step(1, "train"), B, reply(meme(1.0, (3,)), 10))
+
+
+def test_fml_runs_end_to_end(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        ["hyper.batch_size=32"],
+        algorithm="fml",
+        rounds=2,
+        run_dir=str(tmp_path / "fml"),
+        min_agents=3,
+        deadline_s=120.0,
+        run_id="test-fml",
+    )
+    fleet = FleetSpec(3, ("cnn_t1", "mlp_s", "cnn_t2"), feature_dim=32, global_test_size=200)
+    result = simulate(cfg, fleet)
+    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
+    for m in result.metrics:
+        accs = [a["acc_global"] for a in m["agents"].values()]
+        assert len(accs) == 3 and all(np.isfinite(accs))
+    assert result.metrics[0]["aggregate"]["aggregated"] == 3
+    for a in result.metrics[1]["agents"].values():  # the meme's accuracy, received and trained
+        assert 0.0 <= a["global_shared_acc"] <= 1.0 and 0.0 <= a["shared_acc"] <= 1.0
+    assert result.metrics[1]["bytes"]["tx.task"] > result.metrics[0]["bytes"]["tx.task"]
