@@ -1,4 +1,4 @@
-"""Every registered algorithm on the same splits: the one table of issue 20 §4.
+"""Every registered algorithm on the same splits, in one table.
 
 Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the
@@ -22,10 +22,10 @@ Usage::
 
     python benchmarks/compare.py --quick --jobs 2   # digits, seed 0, 10 rounds
     python benchmarks/compare.py --jobs 2           # the full grid
-    python benchmarks/compare.py --quick --table-only   # rewrite docs/results.md only
+    python benchmarks/compare.py --quick --table-only   # rewrite docs/results/common.md only
 
 ``--quick`` results go to ``benchmarks/results/compare_quick.json``, the full grid's to
-``benchmarks/results/compare.json``; both write ``docs/results.md`` (``--md``).
+``benchmarks/results/compare.json``; both write ``docs/results/common.md`` (``--md``).
 
 Results are appended to ``--out`` after every run; a rerun skips runs already there with the
 same settings, so an interrupted grid resumes. A run that raises is recorded under
@@ -173,7 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.set_defaults(md=None)
     args = ap.parse_args(argv)
     if args.md is None:  # the results pages: one recipe for every row, and each row's own
-        args.md = Path("docs/results.md" if args.train == "common" else "docs/results_own.md")
+        page = "common" if args.train == "common" else "own"
+        args.md = Path(f"docs/results/{page}.md")
     preset = QUICK if args.quick else FULL
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -498,7 +499,7 @@ def page(
     skipped: dict[str, str] | None = None,
     planned: list[dict[str, Any]] | None = None,
 ) -> str:
-    """docs/results.md: settings, one table per (data, alpha), failures, how to rerun."""
+    """docs/results/common.md: settings, one table per (data, alpha), failures, how to rerun."""
     label = "quick (smoke) setting" if args.quick else "full grid"
     codes = sorted({str(r.get("code")) for r in runs})
     hosts = sorted({str(r.get("host", "not recorded")) for r in runs})
@@ -599,13 +600,13 @@ COMMON_TEXT = [
     "one epoch per round, no weight decay (`--train common`, `COMMON_TRAIN` in "
     "`benchmarks/compare.py`), so rows differ only in what the algorithms exchange and what "
     "they do with it; every other setting is the algorithm's own default (its paper's; "
-    "`coordinator config --defaults`, `docs/baselines.md`).",
+    "`coordinator config --defaults`, `docs/algorithms/baselines.md`).",
     "",
 ]
 OWN_TEXT = [
     "Each algorithm runs with its own config's defaults (its paper's; `coordinator config "
-    "--defaults`, `docs/baselines.md`), so optimiser, batch size and local epochs differ "
-    "between rows (Adam for Felo, Velo, FedHe and FedType; five epochs for FedVTC and "
+    "--defaults`, `docs/algorithms/baselines.md`), so optimiser, batch size and local epochs "
+    "differ between rows (Adam for Felo, Velo, FedHe and FedType; five epochs for FedVTC and "
     "FedType; momentum 0.9 and batch 32 for `local` and FedProto): a row's lead may be its "
     "recipe's, not its exchange's. `--train common` gives every row one recipe.",
     "",
@@ -641,7 +642,7 @@ def rerun_text() -> list[str]:
         "",
         "```bash",
         "python benchmarks/compare.py --jobs 2 --threads 1 "
-        "--out benchmarks/results/compare.json --md docs/results.md",
+        "--out benchmarks/results/compare.json --md docs/results/common.md",
         "```",
         "",
         f"digits and MNIST-5k (28x28), Dir 0.1 and 1.0, seeds 0-2, {FULL['rounds']} rounds "
