@@ -48,7 +48,7 @@ def new_share_group(store: Store) -> str:
     with read access to nothing of it *join* a share group: the broker then hands that member
     its turn of the replies and its ACL refuses to deliver them, so they are lost (measured on
     Mosquitto 2.0.11 with the provisioned ACL: a device in the group took 3 of 6 replies,
-    and none arrived anywhere; ``tests/coordinator/test_provision_broker.py``)."""
+    and none arrived anywhere; ``tests/coordinator/ops/test_provision_broker.py``)."""
     group = f"{GROUP}-{secrets.token_hex(16)}"
     store.set_meta(SHARE_GROUP_KEY, group)
     return group

@@ -9,7 +9,7 @@ type checks on the msgpack map, arrays as zero-copy, read-only :func:`numpy.from
 the received bytes, and the payload checks (shapes, finiteness, class ids, counts) done once,
 vectorised, before the frozen dataclass is filled in without running its checks again.
 
-Contract (tested in ``tests/protocol/test_lean_*.py``): :func:`decode_body` returns a body
+Contract (tested in ``tests/protocol/contract/test_lean_*.py``): :func:`decode_body` returns a body
 *only* when the typed path would accept the same map and build an equal message; for anything
 else, valid or not, it returns ``None`` and the caller runs the typed path, which accepts it or
 raises its precise :class:`~protocol.errors.ValidationError`. So the lean path can never accept

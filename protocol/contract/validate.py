@@ -113,7 +113,7 @@ def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:
     if max(float(arr.max()), -float(arr.min())) <= bound:
         return
     # any NaN refuses the array (np.nanmax, used here until stop 31, skipped NaN beside
-    # other values: [1.0, nan] passed; found by tests/protocol/test_validate_bounds.py)
+    # other values: [1.0, nan] passed; found by tests/protocol/contract/test_validate_bounds.py)
     peak = float("nan") if np.isnan(arr).any() else float(np.abs(arr).max())
     if not peak <= bound:  # also catches NaN
         raise ValidationError(field, f"|value| <= {bound:.0f}", f"|value| up to {peak:.3g}")

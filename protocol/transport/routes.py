@@ -9,7 +9,7 @@ definition of filter semantics, which :func:`~protocol.contract.topics.matches` 
 pattern for all of them (:func:`_combined`), so a new topic costs one C-level match, and the
 answer is remembered per topic (a device's reply topic comes back every round). Handlers come
 in the order their filters were added (property-tested against a plain split-based matcher in
-``tests/protocol/test_routes.py``).
+``tests/protocol/transport/test_routes.py``).
 """
 
 from __future__ import annotations

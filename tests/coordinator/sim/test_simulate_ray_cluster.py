@@ -17,13 +17,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from tests.coordinator.test_simulate_ray import run, simulated
 
 from coordinator.broker.embedded import MosquittoBroker
 from coordinator.sim.demo import AgentProcessError
 from coordinator.sim.ray_backend import RayOptions, _check_loopback_reaches, _placement
 from protocol.errors import ConfigError
 from tests.conftest import _missing
+from tests.coordinator.sim.test_simulate_ray import run, simulated
 
 
 @pytest.fixture(scope="module")
