@@ -141,7 +141,7 @@ def _partition_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _credential_options(p: argparse.ArgumentParser) -> None:
-    from protocol.security.credentials import add_arguments
+    from protocol.security.flags import add_arguments
 
     add_arguments(p)
 
@@ -476,7 +476,7 @@ def _serve_run(
     from coordinator.broker.embedded import EmbeddedBroker
     from coordinator.engine.runner import SENDER
     from protocol.errors import ConfigError
-    from protocol.security.credentials import load_signing
+    from protocol.security.keys import load_signing
     from protocol.transport.paho import parse_broker
 
     if cfg.ingest_workers and (fleet_broker is not None or not cfg.broker):
@@ -892,7 +892,7 @@ def _config_cmd(args: argparse.Namespace) -> int:
 def _ingest_worker(args: argparse.Namespace) -> int:
     from coordinator.engine.ingest_worker import run_ingest_worker
     from coordinator.engine.runner import SENDER
-    from protocol.security.credentials import load_signing
+    from protocol.security.keys import load_signing
     from protocol.transport.paho import parse_broker
 
     creds = _serve_credentials(args)

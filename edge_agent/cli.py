@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _credential_options(p: argparse.ArgumentParser) -> None:
-    from protocol.security.credentials import ENV, add_arguments
+    from protocol.security.credentials import ENV
+    from protocol.security.flags import add_arguments
 
     add_arguments(p)
     p.add_argument("--username", default=None, help=f"MQTT username (or ${ENV['username']})")
@@ -253,7 +254,7 @@ def _credentials(args: argparse.Namespace) -> Any:
 
 def _signing(args: argparse.Namespace, device_id: str) -> Any:
     """The kit's signing keys (``None``: frames unsigned); ``--no-signing`` turns them off."""
-    from protocol.security.credentials import load_signing
+    from protocol.security.keys import load_signing
 
     return load_signing(args.creds, device_id, enabled=not args.no_signing)
 

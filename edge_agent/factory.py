@@ -36,7 +36,7 @@ from protocol.transport.base import Transport
 from protocol.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from protocol.security.credentials import SigningKeys
+    from protocol.security.keys import SigningKeys
 
 __all__ = [
     "UNSIGNED_KINDS",

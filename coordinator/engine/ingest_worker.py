@@ -45,7 +45,7 @@ from protocol.transport.base import Will
 from protocol.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from protocol.security.credentials import SigningKeys
+    from protocol.security.keys import SigningKeys
 
 __all__ = [
     "IngestWorker",

@@ -21,7 +21,7 @@ from protocol.transport.base import Transport, Will
 from protocol.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from protocol.security.credentials import SigningKeys
+    from protocol.security.keys import SigningKeys
     from protocol.transport.lean_mqtt import LeanMqttTransport
     from protocol.transport.paho import MqttTransport
 

@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from coordinator.ops import pki
 from protocol.contract.topics import COORDINATOR_ID, PREFIX, validate_id
 from protocol.errors import ConfigError, ValidationError
-from protocol.security.credentials import Kit, write_kit
+from protocol.security.kit import Kit, write_kit
 
 __all__ = [
     "COORDINATOR_ID",

@@ -19,7 +19,7 @@ from protocol.contract.codec import Envelope, encode
 from protocol.contract.messages import CoordinatorState, Register
 from protocol.contract.topics import Topics
 from protocol.errors import ValidationError
-from protocol.security.credentials import SigningKeys
+from protocol.security.keys import SigningKeys
 from protocol.security.signing import HmacSigner
 from protocol.transport.base import MemoryBroker, MemoryTransport
 from protocol.transport.endpoint import Endpoint

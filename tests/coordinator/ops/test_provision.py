@@ -22,7 +22,8 @@ from coordinator.ops.provision import (
     revoke_devices,
 )
 from protocol.errors import ConfigError
-from protocol.security.credentials import load_signer, load_verify_keys, read_kit
+from protocol.security.keys import load_signer, load_verify_keys
+from protocol.security.kit import read_kit
 
 DEVICES = ("cam-1", "cam-2")
 

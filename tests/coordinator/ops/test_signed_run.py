@@ -24,7 +24,8 @@ from coordinator.ops.provision import ProvisionSpec, provision
 from protocol.contract.codec import Envelope, decode, decode_frame_map, encode
 from protocol.contract.messages import CoordinatorState, Reply, Status
 from protocol.contract.topics import Topics
-from protocol.security.credentials import ENV, SigningKeys, load_credentials, load_signer
+from protocol.security.credentials import ENV, load_credentials
+from protocol.security.keys import SigningKeys, load_signer
 from protocol.security.signing import HmacSigner, Verifier
 from protocol.transport.base import MemoryBroker, MemoryTransport
 from protocol.transport.endpoint import Endpoint

@@ -11,7 +11,9 @@ import pytest
 
 from coordinator.ops.provision import ProvisionSpec, provision
 from protocol.errors import ConfigError
-from protocol.security.credentials import ENV, KeyDirectory, load_credentials, load_signer, read_kit
+from protocol.security.credentials import ENV, load_credentials
+from protocol.security.keys import KeyDirectory, load_signer
+from protocol.security.kit import read_kit
 
 
 @pytest.fixture(scope="module")

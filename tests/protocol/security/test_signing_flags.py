@@ -17,7 +17,8 @@ from protocol.contract.codec import Envelope, encode
 from protocol.contract.messages import Ack, Status
 from protocol.contract.topics import Topics
 from protocol.errors import ConfigError
-from protocol.security.credentials import Credentials, load_signing
+from protocol.security.credentials import Credentials
+from protocol.security.keys import load_signing
 from protocol.security.signing import HmacSigner, Verifier
 from protocol.transport.base import MemoryBroker, MemoryTransport
 from protocol.transport.endpoint import Endpoint
