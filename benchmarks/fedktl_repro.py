@@ -53,6 +53,7 @@ from typing import Any
 import experiment
 from experiment.summary import best_round, by_method, paired_rows, steps_failed
 from harness import (
+    IMAGE_SIZE,
     SimRun,
     ci95,
     ci_cell,
@@ -71,9 +72,8 @@ logging.basicConfig(level=logging.ERROR)
 
 PRESET = experiment.load_preset("fedktl")
 METHODS = PRESET.arms
-CONTROLS = tuple(PRESET.report["controls"])  # what transfer must beat
+CONTROLS = tuple(PRESET.other["report"]["controls"])  # what transfer must beat
 PAIRS = PRESET.pairs()  # paired comparisons (a - b) reported per setting
-DATA = {"digits": None, "mnist5k": 28}  # name: image_size
 # the server phase's diagnostics kept per round (spec §10 mechanics)
 KTL_KEYS = ("ktl_mmd", "ktl_mse", "ktl_kernel_xy", "ktl_centroid_dist_min", "ktl_classes")
 ACCS = ("acc_global", "acc_local")
@@ -81,7 +81,7 @@ ACCS = ("acc_global", "acc_local")
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     """The script's own options (defaults: benchmarks/presets/fedktl.toml)."""
-    ap.add_argument("--data", choices=sorted(DATA))
+    ap.add_argument("--data", choices=sorted(IMAGE_SIZE))
     ap.add_argument("--clients", type=int)
     ap.add_argument("--family", help="models.families name")
     ap.add_argument("--rounds", type=int, help="T (spec §10: 100)")
@@ -131,7 +131,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     run = SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        image_size=DATA[spec["data"]],
+        image_size=IMAGE_SIZE[spec["data"]],
         deadline_s=args.deadline,
         run_id="fedktl-repro",
     )

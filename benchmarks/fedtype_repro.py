@@ -61,6 +61,7 @@ from typing import Any
 import experiment
 from experiment.summary import by_method, bytes_by_kind, paired_rows, per_arch, steps_failed
 from harness import (
+    IMAGE_SIZE,
     SimRun,
     final_step,
     mean_cell,
@@ -79,7 +80,6 @@ PRESET = experiment.load_preset("fedtype")
 METHODS = PRESET.arms
 # headline paired comparisons (a - b), percentage points, on the private models' accuracy
 PAIRS = PRESET.pairs()
-DATA = {"digits": None, "mnist5k": 28}  # name: image_size
 # per-agent metrics averaged over a round's participants and kept per round in the JSON
 ROUND_KEYS = (
     "acc_local",
@@ -96,7 +96,7 @@ ROUND_KEYS = (
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     """The script's own options (defaults: benchmarks/presets/fedtype.toml)."""
-    ap.add_argument("--data", choices=sorted(DATA))
+    ap.add_argument("--data", choices=sorted(IMAGE_SIZE))
     ap.add_argument("--clients", type=int, help="N")
     ap.add_argument("--family", help="models.families name")
     ap.add_argument("--proxy", help="proxy architecture (registry name)")
@@ -155,7 +155,7 @@ def param_counts(names: list[str], data: str) -> dict[str, int]:
     """Parameters of each architecture at the data's input (1 channel, 10 classes)."""
     from models import create_model
 
-    size = DATA[data] or 8
+    size = IMAGE_SIZE[data] or 8
     out = {}
     for n in sorted(set(names)):
         m = create_model(n, num_classes=10, in_chans=1, feature_dim=None, input_size=size)
@@ -170,7 +170,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         spec,
         models=tuple(models),
         feature_dim=None,
-        image_size=DATA[spec["data"]],
+        image_size=IMAGE_SIZE[spec["data"]],
         deadline_s=args.deadline,
         max_retries=1,
         run_id="fedtype-repro",

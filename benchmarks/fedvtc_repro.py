@@ -60,7 +60,7 @@ METHODS = PRESET.arms
 # float16 variants and the float32 method each is paired with (same seeds)
 F16_PAIRS = PRESET.pairs("f16_pairs")
 # methods with the noise control and the probe, in the paired and diagnostics tables
-DIAG_METHODS = tuple(PRESET.report["diag_methods"])
+DIAG_METHODS = tuple(PRESET.other["report"]["diag_methods"])
 # per-round diagnostics kept in the JSON (means over the agents of that round)
 ROUND_KEYS = (
     "diag_ce",

@@ -50,7 +50,7 @@ from experiment.summary import (
     per_arch,
     steps_failed,
 )
-from harness import SimRun, final_step, mean_of, mean_sd, simulate_run, train_steps
+from harness import IMAGE_SIZE, SimRun, final_step, mean_of, mean_sd, simulate_run, train_steps
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
 # per run instead
@@ -59,12 +59,11 @@ logging.basicConfig(level=logging.ERROR)
 PRESET = experiment.load_preset("felo")
 METHODS = PRESET.arms
 PAIRS = PRESET.pairs()  # headline paired comparisons (a - b), percentage points
-DATA = {"digits": None, "mnist5k": 28}  # name: image_size
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     """The script's own options (defaults: benchmarks/presets/felo.toml)."""
-    ap.add_argument("--data", choices=sorted(DATA))
+    ap.add_argument("--data", choices=sorted(IMAGE_SIZE))
     ap.add_argument("--clients", type=int, help="K")
     ap.add_argument("--family", help="models.families name")
     ap.add_argument("--feature-dim", type=int)
@@ -196,7 +195,7 @@ def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, A
     run = SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        image_size=DATA[spec["data"]],
+        image_size=IMAGE_SIZE[spec["data"]],
         deadline_s=deadline,
         max_retries=1,
         run_id="felo-repro",

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "IMAGE_SIZE",
     "T975",
     "SimRun",
     "add_grid_args",
@@ -70,6 +71,9 @@ __all__ = [
 Record = dict[str, Any]
 ROOT = Path(__file__).resolve().parent.parent
 
+# the datasets the grids run on: name -> image side the agents resize to (None: the dataset's
+# own, 8x8 for digits), in the order tables show them
+IMAGE_SIZE: dict[str, int | None] = {"digits": None, "mnist5k": 28}
 # two-sided 95 % Student t quantiles by degrees of freedom (the normal 1.96 beyond the table)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 

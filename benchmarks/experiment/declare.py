@@ -32,31 +32,31 @@ class Arm:
 @dataclass(frozen=True)
 class Preset:
     """A ``benchmarks/presets/<name>.toml`` file: ``[settings]`` (the command line's defaults,
-    by argparse ``dest``), ``[arms.<method>]`` (in the file's order), ``[report]`` (what the
-    tables compare: pairs, controls, ...) and ``[presets.<name>]`` (settings that a named
-    preset, ``--preset NAME``, puts over ``[settings]``)."""
+    by argparse ``dest``), ``[arms.<method>]`` (in the file's order), ``[presets.<name>]``
+    (settings that a named preset, ``--preset NAME``, puts over ``[settings]``) and any other
+    tables the script reads (``other``; ``[report]``: what its tables compare)."""
 
     name: str
     settings: dict[str, Any]
     arms: dict[str, Arm]
-    report: dict[str, Any]
     named: dict[str, dict[str, Any]]
+    other: dict[str, Any]
 
     def pairs(self, key: str = "pairs") -> tuple[tuple[str, str], ...]:
-        """``report[key]`` as (a, b) pairs: the paired differences ``a - b`` a table shows."""
-        return tuple((str(a), str(b)) for a, b in self.report.get(key, []))
+        """``[report]``'s ``key`` as (a, b) pairs: the paired differences ``a - b`` a table
+        shows."""
+        return tuple((str(a), str(b)) for a, b in self.other["report"][key])
 
 
 def load_preset(name: str, folder: Path = PRESETS) -> Preset:
     """Read ``folder/<name>.toml``."""
     doc = tomllib.loads((folder / f"{name}.toml").read_text())
-    arms = {method: Arm(**arm) for method, arm in doc.get("arms", {}).items()}
     return Preset(
         name=name,
-        settings=dict(doc.get("settings", {})),
-        arms=arms,
-        report=dict(doc.get("report", {})),
-        named=dict(doc.get("presets", {})),
+        settings=doc.pop("settings", {}),
+        arms={method: Arm(**arm) for method, arm in doc.pop("arms", {}).items()},
+        named=doc.pop("presets", {}),
+        other=doc,
     )
 
 
