@@ -522,10 +522,13 @@ def ci95(vals: list[float]) -> tuple[float, float]:
     return mean, t * statistics.stdev(vals) / math.sqrt(len(vals))
 
 
-def ci_cell(vals: list[float], scale: float = 100.0) -> str:
-    """``+mean [+low, +high]`` of ``vals`` times ``scale`` (95 % t interval)."""
+def ci_cell(vals: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """``+mean [+low, +high]`` of ``vals`` times ``scale`` (95 % t interval); one value alone
+    has no interval."""
     mean, half = ci95([scale * v for v in vals])
-    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
+    if len(vals) < 2:
+        return f"{mean:+.{digits}f}"
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
 
 
 def by_seed(runs: Iterable[Record]) -> dict[int, Record]:
