@@ -15,8 +15,9 @@ One implementation of what a grid of simulated runs needs:
   intervals, markdown written to a file;
 * :func:`code_label`: the git HEAD the runs came from.
 
-The scripts keep their own run specs, summaries and tables; a spec is any JSON-able dict, and
-its identity in a results file is :func:`spec_key`. Nothing here imports torch at import time.
+A script declares its grid as an ``experiment.Experiment`` (``benchmarks/experiment/``), whose
+one main runs it with these parts; a spec is any JSON-able dict, and its identity in a results
+file is :func:`spec_key`. Nothing here imports torch at import time.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ __all__ = [
     "client_test_sizes",
     "code_label",
     "final_step",
-    "grid_main",
     "group_by",
     "guarded",
     "load_results",
@@ -324,8 +324,12 @@ def add_grid_args(
 def _fmt_head(t0: float, spec: Record) -> str:
     alpha = spec.get("alpha")
     where = f" a={alpha:g}" if isinstance(alpha, (int, float)) else ""
-    method = spec.get("method", spec.get("algorithm", "?"))
-    return f"[{time.time() - t0:7.0f}s] {method:15s}{where} seed={spec.get('seed')}"
+    return f"[{time.time() - t0:7.0f}s] {_method(spec):15s}{where} seed={spec.get('seed')}"
+
+
+def _method(spec: Record) -> str:
+    """A spec's row name: its method, else its algorithm."""
+    return str(spec.get("method", spec.get("algorithm", "?")))
 
 
 def run_grid(
@@ -385,38 +389,12 @@ def run_grid(
     return runs, failures
 
 
-def grid_main(
-    args: argparse.Namespace,
-    specs: list[Record],
-    execute: Callable[[Record], Record],
-    *,
-    describe: Callable[[Record], str],
-    tables: Callable[[list[Record]], str],
-    dirty: bool = False,
-) -> None:
-    """A grid script's main: unless ``--table-only``, run what ``--out`` lacks
-    (:func:`run_grid`, ``--jobs`` processes when the script has the option, else in this
-    process; labelled ``--code`` or :func:`code_label`); then print ``tables(runs)``, the
-    failures, and write the tables to ``--md``."""
-    runs, failures = load_results(args.out)
-    if not args.table_only:
-        code = getattr(args, "code", None) or code_label(dirty=dirty)
-        jobs = getattr(args, "jobs", 0)
-        runs, failures = run_grid(args.out, specs, execute, describe=describe, jobs=jobs, code=code)
-    text = tables(runs)
-    print(text)
-    if failures:
-        print(failure_line(args.out, failures))
-    write_markdown(args.md, text)
-
-
 def failure_line(out: Path, failures: list[Record]) -> str:
     """``N failed runs recorded in OUT: method/a0.1/s0, ...`` (empty when there are none)."""
     if not failures:
         return ""
     names = ", ".join(
-        f"{f['spec'].get('method')}/a{f['spec'].get('alpha')}/s{f['spec'].get('seed')}"
-        for f in failures
+        f"{_method(f['spec'])}/a{f['spec'].get('alpha')}/s{f['spec'].get('seed')}" for f in failures
     )
     return f"{len(failures)} failed runs recorded in {out}: {names}"
 
