@@ -702,7 +702,7 @@ def tables(results: experiment.Results) -> str:
 
 
 EXPERIMENT = experiment.Experiment(
-    description=__doc__.split("\n\n")[0],
+    description=__doc__ or "",
     preset=PRESET,
     plan=plan,
     execute=execute,
@@ -716,10 +716,5 @@ EXPERIMENT = experiment.Experiment(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs, then print the page and write it to ``--md``."""
-    experiment.main(EXPERIMENT, argv)
-
-
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

@@ -326,7 +326,7 @@ def _describe(r: dict[str, Any]) -> str:
 
 
 EXPERIMENT = experiment.Experiment(
-    description=__doc__.split("\n\n")[0],
+    description=__doc__ or "",
     preset=PRESET,
     spec=run_spec,
     execute=execute,

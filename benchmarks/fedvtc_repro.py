@@ -410,7 +410,7 @@ def _describe(r: dict[str, Any]) -> str:
 
 
 EXPERIMENT = experiment.Experiment(
-    description=__doc__.split("\n\n")[0],
+    description=__doc__ or "",
     preset=PRESET,
     spec=run_spec,
     execute=execute,
@@ -422,10 +422,5 @@ EXPERIMENT = experiment.Experiment(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs of the grid, then print (and optionally write) the tables."""
-    experiment.main(EXPERIMENT, argv)
-
-
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

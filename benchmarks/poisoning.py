@@ -318,7 +318,7 @@ def _describe(r: dict[str, Any]) -> str:
 
 
 EXPERIMENT = experiment.Experiment(
-    description=__doc__.split("\n\n")[0],
+    description=__doc__ or "",
     preset=PRESET,
     plan=plan,
     execute=execute,
@@ -330,10 +330,5 @@ EXPERIMENT = experiment.Experiment(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing cells of the grid, then print (and write) the table."""
-    experiment.main(EXPERIMENT, argv)
-
-
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

@@ -83,7 +83,7 @@ class Experiment:
     ``prepare(args)`` runs before anything is read (a split to export, files to merge).
     """
 
-    description: str
+    description: str  # the script's docstring (--help shows its first paragraph)
     preset: Preset
     execute: Callable[[Record, argparse.Namespace], Record]
     describe: Callable[[Record], str]

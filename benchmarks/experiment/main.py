@@ -22,7 +22,7 @@ def parse_args(experiment: Experiment, argv: list[str] | None = None) -> argpars
     chosen = first.parse_known_args(argv)[0].preset
 
     ap = argparse.ArgumentParser(
-        description=experiment.description,
+        description=experiment.description.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument(
