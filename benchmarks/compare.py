@@ -24,7 +24,9 @@ Usage::
     python benchmarks/compare.py --jobs 2           # the full grid
     python benchmarks/compare.py --quick --table-only   # rewrite docs/results/common.md only
 
-``--quick`` results go to ``benchmarks/results/compare_quick.json``, the full grid's to
+Settings, the smoke and full grids (``--quick`` = ``--preset quick``), the common training
+recipe and what each algorithm needs: ``benchmarks/presets/compare.toml``. ``--quick`` results
+go to ``benchmarks/results/compare_quick.json``, the full grid's to
 ``benchmarks/results/compare.json``; both write ``docs/results/common.md`` (``--md``).
 
 Results are appended to ``--out`` after every run; a rerun skips runs already there with the
@@ -35,7 +37,6 @@ same settings, so an interrupted grid resumes. A run that raises is recorded und
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 import platform
@@ -45,63 +46,41 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import experiment
+from experiment.summary import steps_failed
 from harness import (
+    IMAGE_SIZE,
     SimRun,
-    add_grid_args,
     client_test_sizes,
-    code_label,
-    failure_line,
     final_step,
     group_by,
-    load_results,
     mean_sd,
     merge_results,
     personalised_accuracy,
-    run_grid,
     simulate_run,
     spec_key,
     step_bytes,
     train_steps,
-    write_markdown,
 )
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
 # per run instead
 logging.basicConfig(level=logging.ERROR)
 
-DATA = {"digits": None, "mnist5k": 28}  # name: image_size
-GLOBAL_TEST = {"digits": 360, "mnist5k": 1000}
-FEATURE_DIM = 64
-# What an algorithm needs beyond its config's defaults to run in this setting at all, and why.
-# "feature_dim" replaces the fleet's feature dimension (per dataset where it depends on it).
-NEEDS: dict[str, dict[str, Any]] = {
-    # FedKTL's ETF head: the agents' features are the K = C = 10 ETF dimensions (fedktl.md §10)
-    "fedktl": {"feature_dim": {"digits": 10, "mnist5k": 10}},
-    # FedVTC's generator reads the prototypes as its latent: p = 64 (16x2x2) at 8x8, the
-    # paper's p = 980 (20x7x7) at 28x28 (models/vtc.py)
-    "fedvtc": {"feature_dim": {"digits": 64, "mnist5k": 980}},
-    # the default proxy is the paper's resnet18; the spec §10 CPU proxy (fedtype_repro.py)
-    "fedtype": {"hyper": {"proxy_model": "mlp_xs"}},
-}
+PRESET = experiment.load_preset("compare")
+GLOBAL_TEST: dict[str, int] = PRESET.other["global_test"]
+FEATURE_DIM: int = PRESET.other["fleet"]["feature_dim"]
+# what an algorithm needs beyond its config's defaults to run in this setting at all
+NEEDS: dict[str, dict[str, Any]] = PRESET.other["needs"]
 # Scheduled first (in this order) so that a pool of runs ends together instead of waiting on one
 # slow run started last: their seconds per round on digits, 20 clients, were 2-10x the others'
 # (FedVTC trains its generator on every client, Velo a CVAE and FedKTL its adapter on the server).
 SLOW_FIRST = ("fedvtc", "velo", "fedtgp", "fedktl", "fedkd", "fedgen", "fedtype")
-# One local-training recipe for every row (``--train common``): HtFLlib's (plain SGD, lr 0.01,
-# batch 10, one epoch per round), so that rows differ only in what the algorithms exchange and
-# do with it. ``--train own`` keeps each config's defaults (its paper's: Adam for the Felo
-# family and FedType, five epochs for FedVTC and FedType, momentum 0.9 for local and FedProto).
-COMMON_TRAIN: dict[str, Any] = {
-    "optimizer": "sgd",
-    "lr": 0.01,
-    "momentum": 0.0,
-    "weight_decay": 0.0,
-    "batch_size": 10,
-    "local_epochs": 1,
-}
-QUICK: dict[str, Any] = {"data": ["digits"], "seeds": [0], "rounds": 10}
-DEFAULT_ALPHAS = [0.1, 1.0]
-FULL: dict[str, Any] = {"data": ["digits", "mnist5k"], "seeds": [0, 1, 2], "rounds": 50}
+# one local-training recipe for every row (``--train common``)
+COMMON_TRAIN: dict[str, Any] = PRESET.other["common_train"]
+QUICK: dict[str, Any] = PRESET.named["quick"]
+FULL: dict[str, Any] = PRESET.named["full"]
+DEFAULT_ALPHAS: list[float] = PRESET.settings["alphas"]
 
 
 def registered() -> list[str]:
@@ -121,28 +100,24 @@ def not_applicable(algorithm: str, family: str) -> str | None:
     return None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line; ``--quick`` fills in the smoke setting, the defaults are the full grid."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/compare.toml)."""
     ap.add_argument("--quick", action="store_true", help=f"smoke setting: {QUICK}")
     ap.add_argument("--algorithms", nargs="+", default=None, help="default: all registered")
-    ap.add_argument("--data", nargs="+", default=None, choices=sorted(DATA))
-    ap.add_argument("--alphas", nargs="+", type=float, default=DEFAULT_ALPHAS, help="Dirichlet")
-    ap.add_argument("--seeds", nargs="+", type=int, default=None)
+    ap.add_argument("--data", nargs="+", default=None, choices=sorted(IMAGE_SIZE))
+    ap.add_argument("--alphas", nargs="+", type=float, help="Dirichlet")
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--family", default="tiny", help="models.families name")
-    ap.add_argument("--wait-agents", type=float, default=120.0, help="registration wait (s)")
+    ap.add_argument("--clients", type=int)
+    ap.add_argument("--family", help="models.families name")
+    ap.add_argument("--wait-agents", type=float, help="registration wait (s)")
     ap.add_argument(
         "--train",
         choices=("common", "own"),
-        default="common",
         help="common: one local-training recipe for every algorithm (HtFLlib's: SGD lr 0.01, "
         "batch 10, 1 epoch); own: each algorithm's config defaults",
     )
     ap.add_argument(
         "--device",
-        default="cpu",
         help="where agents and server-side training run (cpu, cuda); recorded with each run, "
         "not part of its identity: the same spec on another device is the same run",
     )
@@ -169,9 +144,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="algorithm settings over the recipe (TOML literals), for an ablation: the rows are "
         "named ALGORITHM[KEY=VALUE,...]; write them to their own --out and --md",
     )
-    add_grid_args(ap, None, deadline=900.0)
-    ap.set_defaults(md=None)
-    args = ap.parse_args(argv)
+
+
+def finish_args(args: argparse.Namespace) -> None:
+    """``--quick`` fills in the smoke setting, else the full grid fills in what is left open;
+    ``--out`` and ``--md`` default to the recipe's and the setting's own files."""
+    args.quick = args.quick or args.preset == "quick"
     if args.md is None:  # the results pages: one recipe for every row, and each row's own
         page = "common" if args.train == "common" else "own"
         args.md = Path(f"docs/results/{page}.md")
@@ -184,7 +162,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.out = (
             Path("benchmarks/results") / f"{name}{'_own' if args.train == 'own' else ''}.json"
         )
-    return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the defaults of benchmarks/presets/compare.toml."""
+    return experiment.parse_args(EXPERIMENT, argv)
 
 
 def run_spec(
@@ -225,31 +207,24 @@ def ablation(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def execute(
-    spec: dict[str, Any],
-    threads: int,
-    deadline: float,
-    wait: float,
-    *,
-    device: str = "cpu",
-    server_device: str | None = None,
-) -> dict[str, Any]:
-    """Run one simulation, its agents on ``device`` and the coordinator's server-side training
-    on ``server_device`` (default: ``device``), and reduce its step records to the table's
-    figures."""
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Run one simulation, its agents on ``--device`` and the coordinator's server-side
+    training on ``--server-device`` (default: ``--device``), and reduce its step records to the
+    table's figures."""
     from models.families import family_models
 
+    device, server_device = args.device, args.server_device
     run = SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        image_size=DATA[spec["data"]],
-        deadline_s=deadline,
-        wait_agents_s=wait,
+        image_size=IMAGE_SIZE[spec["data"]],
+        deadline_s=args.deadline,
+        wait_agents_s=args.wait_agents,
         run_id="compare",
         device=device,
         server_device=server_device,
     )
-    steps, wall = simulate_run(run, threads)
+    steps, wall = simulate_run(run, args.threads)
     summary = summarize(steps, client_test_sizes(run))
     host = f"{platform.node()} ({os.cpu_count()} CPUs)"
     where = {"device": device, "server_device": server_device or device}
@@ -262,7 +237,7 @@ def schedule(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def rank(spec: dict[str, Any]) -> tuple[int, int]:
         alg = spec["algorithm"]
         slow = SLOW_FIRST.index(alg) if alg in SLOW_FIRST else len(SLOW_FIRST)
-        return (-list(DATA).index(spec["data"]), slow)
+        return (-list(IMAGE_SIZE).index(spec["data"]), slow)
 
     return sorted(specs, key=rank)
 
@@ -288,7 +263,7 @@ def summarize(steps: list[dict[str, Any]], test_sizes: list[int]) -> dict[str, A
         "bytes_run": sum(step_bytes(s, d, progress=False) for s in steps for d in ("tx", "rx")),
         "s_per_round": statistics.fmean(float(s["duration_s"]) for s in train),
         "rounds_done": len(train),
-        "steps_failed": sum(1 for s in steps if s.get("status") == "failed"),
+        "steps_failed": steps_failed(steps),
         # agent tasks that failed while the step still met its quorum
         "tasks_failed": sum(len(s.get("failed") or {}) for s in steps),
         "per_round": [
@@ -390,7 +365,7 @@ def overall_section(
     wins: Counter[str] = Counter()
     ranks: dict[str, list[int]] = {alg: [] for alg in everywhere}
     for table in tables:
-        ranked = {alg: table[alg] for alg in everywhere}
+        ranked = {alg: table[alg] for alg in sorted(everywhere)}  # ties: by name, every run
         best = {key: _best(ranked, key) for key in ("acc_personal", "acc_global")}
         if best["acc_personal"] == best["acc_global"] and best["acc_personal"] is not None:
             wins[best["acc_personal"]] += 1
@@ -524,7 +499,7 @@ def page(
 
     settings = group_by(runs + fails + (planned or []), where)
     done = {spec_key(r["spec"]) for r in runs}
-    for data, alpha in sorted(settings, key=lambda k: (list(DATA).index(k[0]), k[1])):
+    for data, alpha in sorted(settings, key=lambda k: (list(IMAGE_SIZE).index(k[0]), k[1])):
         mine = [r for r in runs if where(r) == (data, alpha)]
         theirs = [f for f in fails if where(f) == (data, alpha)]
         missing = [
@@ -664,7 +639,7 @@ def demo_default() -> str:
 def whole_grid(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with the preset's datasets, alphas and seeds added to its own (in order)."""
     preset = QUICK if args.quick else FULL
-    data = [d for d in DATA if d in {*preset["data"], *args.data}]
+    data = [d for d in IMAGE_SIZE if d in {*preset["data"], *args.data}]
     alphas = sorted({*DEFAULT_ALPHAS, *args.alphas})
     seeds = sorted({*preset["seeds"], *args.seeds})
     return argparse.Namespace(**{**vars(args), "data": data, "alphas": alphas, "seeds": seeds})
@@ -678,67 +653,69 @@ def _describe(r: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs, then print the page and write it to ``--doc``."""
-    args = parse_args(argv)
+def prepare(args: argparse.Namespace) -> None:
+    """Merge ``--merge`` files into ``--out``; refuse algorithms that are not registered."""
     for other in args.merge:
         print(f"{merge_results(args.out, other)} runs added from {other}")
-    runs, failures = load_results(args.out)
-    names = args.algorithms or registered()
-    unknown = sorted(set(names) - set(registered()))
+    unknown = sorted(set(args.algorithms or []) - set(registered()))
     if unknown:
         sys.exit(f"unknown algorithms {unknown}; registered: {registered()}")
-    # The page is the one table: every registered algorithm in this setting, whichever of them
-    # this call runs (an ablation's page: just its rows). A call for a few algorithms used to
-    # rewrite the page with only theirs.
-    shown = names if args.hyper else registered()
+
+
+def grid(
+    args: argparse.Namespace, algorithms: list[str], at: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """The specs of ``algorithms`` (those that apply to the fleet) over ``at``'s datasets,
+    alphas and seeds."""
+    return [
+        run_spec(args, alg, data, alpha, seed)
+        for data in at.data
+        for alpha in at.alphas
+        for seed in at.seeds
+        for alg in algorithms
+        if not_applicable(alg, args.family) is None
+    ]
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """This call's runs, MNIST-5k and the slow algorithms first."""
+    return schedule(grid(args, args.algorithms or registered(), args))
+
+
+def tables(results: experiment.Results) -> str:
+    """The page: every registered algorithm in this setting, whichever of them this call runs
+    (an ablation's page: just its rows), and every dataset, alpha and seed of the preset's
+    grid (a call for MNIST-5k alone keeps the digits tables)."""
+    args = results.args
+    shown = (args.algorithms or registered()) if args.hyper else registered()
     skipped = {a: why for a in shown if (why := not_applicable(a, args.family))}
-    # ...and every dataset, alpha and seed of the preset's grid: a call for MNIST-5k alone
-    # rewrote it without the digits tables
     page_args = args if args.hyper else whole_grid(args)
-
-    def grid(algorithms: list[str], at: argparse.Namespace) -> list[dict[str, Any]]:
-        return [
-            run_spec(args, alg, data, alpha, seed)
-            for data in at.data
-            for alpha in at.alphas
-            for seed in at.seeds
-            for alg in algorithms
-            if alg not in skipped
-        ]
-
-    specs, page_specs = grid(names, args), grid(shown, page_args)
-    if not args.table_only:
-        execute_one = functools.partial(
-            execute,
-            threads=args.threads,
-            deadline=args.deadline,
-            wait=args.wait_agents,
-            device=args.device,
-            server_device=args.server_device,
-        )
-        runs, failures = run_grid(
-            args.out,
-            schedule(specs),
-            execute_one,
-            describe=_describe,
-            jobs=args.jobs,
-            code=args.code or code_label(dirty=True),
-        )
+    page_specs = grid(args, shown, page_args)
     # the page states one setting (a results file may hold more: other rounds, seeds, recipes)
     planned = {spec_key(s) for s in page_specs}
-    text = page(
+    return page(
         page_args,
-        [r for r in runs if spec_key(r["spec"]) in planned],
-        [f for f in failures if spec_key(f["spec"]) in planned],
+        [r for r in results.runs if spec_key(r["spec"]) in planned],
+        [f for f in results.failures if spec_key(f["spec"]) in planned],
         skipped,
         page_specs,
     )
-    print(text)
-    if failures:
-        print(failure_line(args.out, failures))
-    write_markdown(args.md, text)
+
+
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    plan=plan,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+    finish_args=finish_args,
+    prepare=prepare,
+    dirty=True,
+    deadline=900.0,
+)
 
 
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

@@ -32,32 +32,35 @@ Usage::
     python benchmarks/fedktl_repro.py --out benchmarks/results/fedktl_digits.json \\
         --md benchmarks/results/fedktl_digits.md
     python benchmarks/fedktl_repro.py --global-test 1200 --out benchmarks/results/fedktl_digits.json
+    python benchmarks/fedktl_repro.py --preset mnist5k
     python benchmarks/fedktl_repro.py --out benchmarks/results/fedktl_digits.json --table-only
 
-Results are appended to ``--out`` after every run; a rerun skips runs already there with the
-same settings, so an interrupted grid resumes. A run that raises is recorded under
-``failures`` (with its traceback) and retried by the next invocation.
+Settings, arms and compared pairs: ``benchmarks/presets/fedktl.toml`` (``--preset mnist5k``,
+``--preset mnist5k_scarce``: the MNIST-5k grids). Results are appended to ``--out`` after every
+run; a rerun skips runs already there with the same settings, so an interrupted grid resumes. A
+run that raises is recorded under ``failures`` (with its traceback) and retried by the next
+invocation.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import math
 import statistics
 from typing import Any
 
-import harness
+import experiment
+from experiment.summary import best_round, by_method, paired_rows, steps_failed
 from harness import (
+    IMAGE_SIZE,
     SimRun,
-    add_grid_args,
     ci95,
     ci_cell,
     final_step,
-    grid_main,
     mean_of,
     mean_sd,
+    paired_diffs,
     simulate_run,
     step_bytes,
     train_steps,
@@ -67,74 +70,33 @@ from harness import (
 # per run instead
 logging.basicConfig(level=logging.ERROR)
 
-METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "local": ("local", {}),
-    "fedproto": ("fedproto", {"proto_weight": 0.1}),
-    # plain cross-entropy at lr 0.01 is far from converged in T = 25 rounds (ArcFace's s = 64
-    # scales the logits' gradients): the same baselines at lr 0.1
-    "local_lr01": ("local", {"lr": 0.1}),
-    "fedproto_lr01": ("fedproto", {"proto_weight": 0.1, "lr": 0.1}),
-    "fedktl": ("fedktl", {}),
-    "mu0": ("fedktl", {"mu": 0.0}),
-    "no_mse": ("fedktl", {"mse_weight": 0.0}),
-    "no_mmd": ("fedktl", {"mmd_weight": 0.0}),
-    "ctl_derange": ("fedktl", {"control": "derangement"}),
-    "ctl_noise": ("fedktl", {"control": "noise_images"}),
-    "ctl_random": ("fedktl", {"control": "random_latents"}),
-    "fedktl_cppn": ("fedktl", {"generator": "cppn"}),
-}
-CONTROLS = ("mu0", "ctl_derange", "ctl_noise", "ctl_random")  # what transfer must beat
-# paired comparisons (a - b) reported per setting
-PAIRS: tuple[tuple[str, str], ...] = (
-    ("fedktl", "mu0"),
-    ("fedktl", "ctl_derange"),
-    ("fedktl", "ctl_noise"),
-    ("fedktl", "ctl_random"),
-    ("fedktl", "local"),
-    ("fedktl", "fedproto"),
-    ("mu0", "local"),
-    ("no_mse", "mu0"),
-    ("no_mmd", "mu0"),
-    ("ctl_derange", "mu0"),
-    ("ctl_noise", "mu0"),
-    ("ctl_random", "mu0"),
-    ("fedktl_cppn", "mu0"),
-    ("fedktl", "fedktl_cppn"),
-    ("fedproto", "local"),
-    ("fedktl", "local_lr01"),
-    ("fedktl", "fedproto_lr01"),
-    ("fedproto_lr01", "local_lr01"),
-)
-DATA = {"digits": None, "mnist5k": 28}  # name: image_size
+PRESET = experiment.load_preset("fedktl")
+METHODS = PRESET.arms
+CONTROLS = tuple(PRESET.other["report"]["controls"])  # what transfer must beat
+PAIRS = PRESET.pairs()  # paired comparisons (a - b) reported per setting
 # the server phase's diagnostics kept per round (spec §10 mechanics)
 KTL_KEYS = ("ktl_mmd", "ktl_mse", "ktl_kernel_xy", "ktl_centroid_dist_min", "ktl_classes")
 ACCS = ("acc_global", "acc_local")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line; defaults are the digits grid of docs/fedktl.md."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=sorted(METHODS))
-    ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0], help="Dirichlet")
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    ap.add_argument("--data", default="digits", choices=sorted(DATA))
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--family", default="ktl_tiny", help="models.families name")
-    ap.add_argument("--rounds", type=int, default=25, help="T (spec §10: 100)")
-    ap.add_argument("--epochs", type=int, default=1, help="local epochs per round (paper: 1)")
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--batch-size", type=int, default=10)
-    ap.add_argument("--mu", type=float, default=50.0)
-    ap.add_argument("--generator", default="dcgan_face", choices=["dcgan_face", "cppn"])
-    ap.add_argument("--server-epochs", type=int, default=20, help="E_S (paper: 100)")
-    ap.add_argument("--global-test", type=int, default=360, help="held out first, stratified")
-    add_grid_args(ap, "benchmarks/results/fedktl_digits.json", jobs=False, deadline=1800.0)
-    return ap.parse_args(argv)
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/fedktl.toml)."""
+    ap.add_argument("--data", choices=sorted(IMAGE_SIZE))
+    ap.add_argument("--clients", type=int)
+    ap.add_argument("--family", help="models.families name")
+    ap.add_argument("--rounds", type=int, help="T (spec §10: 100)")
+    ap.add_argument("--epochs", type=int, help="local epochs per round (paper: 1)")
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--mu", type=float)
+    ap.add_argument("--generator", choices=["dcgan_face", "cppn"])
+    ap.add_argument("--server-epochs", type=int, help="E_S (paper: 100)")
+    ap.add_argument("--global-test", type=int, help="held out first, stratified")
 
 
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
     """Everything that determines one run (also its identity in the results file)."""
-    algorithm, extra = METHODS[method]
+    arm = METHODS[method]
     hyper: dict[str, Any] = {
         "local_epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -142,14 +104,14 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
         "momentum": 0.0,
         "grad_clip": 100.0,
     }
-    if algorithm == "fedktl":
+    if arm.algorithm == "fedktl":
         hyper.update(
             mu=args.mu, generator=args.generator, server_epochs=args.server_epochs, etf_dim=10
         )
-    hyper.update(extra)
+    hyper.update(arm.hyper)
     return {
         "method": method,
-        "algorithm": algorithm,
+        "algorithm": arm.algorithm,
         "data": args.data,
         "family": args.family,
         "alpha": alpha,
@@ -162,18 +124,18 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a summary."""
     from models.families import family_models
 
     run = SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        image_size=DATA[spec["data"]],
-        deadline_s=deadline,
+        image_size=IMAGE_SIZE[spec["data"]],
+        deadline_s=args.deadline,
         run_id="fedktl-repro",
     )
-    steps, wall = simulate_run(run, threads)
+    steps, wall = simulate_run(run, args.threads)
     return {"spec": spec, "wall_s": wall, **summarize(steps)}
 
 
@@ -183,9 +145,8 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     train = train_steps(steps)
     out: dict[str, Any] = {key: mean_of(agents, key) for key in ACCS}
     for key in ACCS:
-        vals = [s[f"mean_{key}"] for s in train if s.get(f"mean_{key}") is not None]
-        out[f"best_{key}"] = max(vals) if vals else None
-    out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
+        out[f"best_{key}"] = best_round(train, key)
+    out["steps_failed"] = steps_failed(steps)
     # bytes as counted by the coordinator's endpoint: tx = to agents (down), rx = from them (up)
     out["rounds"] = [
         {
@@ -216,13 +177,6 @@ def _setting_name(key: Setting) -> str:
     return f"{data}, global test {global_test}, Dir({alpha:g}), T={rounds}, {family}"
 
 
-def paired_diffs(
-    by_method: dict[str, list[dict[str, Any]]], a: str, b: str, key: str
-) -> list[float]:
-    """Per-seed ``a - b`` of ``key`` (same seed = same partition, inits and test sets)."""
-    return harness.paired_diffs(by_method.get(a, []), by_method.get(b, []), key)
-
-
 def traffic(rs: list[dict[str, Any]]) -> tuple[float, float, float, float]:
     """Bytes per agent: round 1 down, later rounds down and up (means), and the whole run's
     total, means over runs. Round 1's record holds two tasks and two replies per agent for
@@ -242,17 +196,15 @@ def traffic(rs: list[dict[str, Any]]) -> tuple[float, float, float, float]:
     )
 
 
-def tables(runs: list[dict[str, Any]]) -> str:
+def tables(results: experiment.Results) -> str:
     """Markdown, one block per setting: accuracies, bytes, mechanics, paired differences."""
     settings: dict[Setting, list[dict[str, Any]]] = {}
-    for r in runs:
+    for r in results.runs:
         settings.setdefault(_setting(r), []).append(r)
     lines: list[str] = []
     for key in sorted(settings, key=lambda k: (k[0], k[1], -k[2], k[3:])):
-        by_method: dict[str, list[dict[str, Any]]] = {}
-        for r in settings[key]:
-            by_method.setdefault(r["spec"]["method"], []).append(r)
-        order = [m for m in METHODS if m in by_method]
+        groups = by_method(settings[key])
+        order = [m for m in METHODS if m in groups]
         lines += [
             f"### {_setting_name(key)}",
             "",
@@ -267,7 +219,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for m in order:
-            g = by_method[m]
+            g = groups[m]
             first, down, up, total = traffic(g)
             lines.append(
                 f"| {m} | {len(g)} | {mean_sd([r['acc_global'] for r in g])} | "
@@ -277,15 +229,15 @@ def tables(runs: list[dict[str, Any]]) -> str:
                 f"{up:,.0f} | {total / 1e3:,.0f} | "
                 f"{statistics.fmean(r['wall_s'] for r in g):.0f} |"
             )
-        lines += mechanics(by_method, order) + paired(by_method) + [""]
+        lines += mechanics(groups, order) + paired(groups) + [""]
     return "\n".join(lines) + "\n"
 
 
-def mechanics(by_method: dict[str, list[dict[str, Any]]], order: list[str]) -> list[str]:
+def mechanics(groups: dict[str, list[dict[str, Any]]], order: list[str]) -> list[str]:
     """The last round's server diagnostics (means over seeds) of the FedKTL rows."""
     rows = []
     for m in order:
-        lasts = [r["rounds"][-1] for r in by_method[m] if r["rounds"]]
+        lasts = [r["rounds"][-1] for r in groups[m] if r["rounds"]]
         if not any("ktl_mmd" in x for x in lasts):
             continue
         cells = []
@@ -306,23 +258,16 @@ def mechanics(by_method: dict[str, list[dict[str, Any]]], order: list[str]) -> l
     ]
 
 
-def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
+def paired(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Paired per-seed differences with 95 % t intervals, and the transfer verdict."""
-    rows = []
-    for a, b in PAIRS:
-        dg = paired_diffs(by_method, a, b, "acc_global")
-        dl = paired_diffs(by_method, a, b, "acc_local")
-        if not dg:
-            continue
-        wins = sum(1 for x in dg if x > 0)
-        rows.append(f"| {a} − {b} | {len(dg)} | {ci_cell(dg)} | {ci_cell(dl)} | {wins}/{len(dg)} |")
+    rows = paired_rows(groups, PAIRS, ACCS, ci_cell, wins="acc_global")
     if not rows:
         return []
     verdict = []
     for key in ACCS:
         beats = []
         for c in CONTROLS:
-            d = paired_diffs(by_method, "fedktl", c, key)
+            d = paired_diffs(groups.get("fedktl", []), groups.get(c, []), key)
             if len(d) >= 2:
                 mean, half = ci95(d)
                 beats.append((c, mean - half > 0))
@@ -352,18 +297,18 @@ def _describe(r: dict[str, Any]) -> str:
     return f"global={r['acc_global']:.3f} local={r['acc_local']:.3f} wall={r['wall_s']:.0f}s"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs of the grid one at a time, then print (and write) the tables."""
-    args = parse_args(argv)
-    specs = [
-        run_spec(args, m, alpha, seed)
-        for alpha in args.alphas
-        for seed in args.seeds
-        for m in args.methods
-    ]
-    execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
-    grid_main(args, specs, execute_one, describe=_describe, tables=tables)
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    spec=run_spec,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+    jobs=False,
+    deadline=1800.0,
+)
 
 
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

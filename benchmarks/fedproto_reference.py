@@ -1,6 +1,6 @@
 """FedProto at reference strength (issue 20 §2): ours against HtFLlib's settings.
 
-Setting (HtFLlib's defaults, ``docs/baselines.md`` "HtFLlib preset"): MNIST-5k at 28x28, 20
+Setting (HtFLlib's defaults, ``docs/algorithms/baselines.md`` "HtFLlib preset"): MNIST-5k at 28x28, 20
 clients, Dirichlet(alpha) label skew, plain SGD lr 0.01 without momentum, batch 10, 1 local
 epoch, full participation, FedProto lambda 10 and prediction by the nearest global prototype.
 The split is made once per alpha with ``--split-seed`` and written as a partition file
@@ -19,112 +19,49 @@ Usage::
         --methods local fedproto --out benchmarks/results/fedproto_reference.json \\
         --md benchmarks/results/fedproto_reference.md
 
-Results are appended to ``--out`` after every run; a rerun skips runs already there.
+Settings, arms and compared pairs: ``benchmarks/presets/fedproto_reference.toml``. Results are
+appended to ``--out`` after every run; a rerun skips runs already there, and a run that raised
+is recorded under ``failures`` and retried by the next invocation.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import math
 import shutil
-import statistics
-import sys
 import tempfile
 import time
-import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+import experiment
+from experiment.summary import paired_rows, steps_failed
+from harness import ROOT, ci_cell, mean_sd
+
 logging.basicConfig(level=logging.ERROR)
 
-ROOT = Path(__file__).resolve().parent.parent
-# HtFLlib's client optimiser (clientbase: SGD without momentum), batch 10, one epoch
-_SGD = {"lr": 0.01, "momentum": 0.0, "batch_size": 10, "local_epochs": 1, "optimizer": "sgd"}
-_PROTO = {"proto_weight": 10.0, "predict": "prototype"}
-_LOADER = {"batch_order": "fixed", "drop_last": True}
-# method -> (algorithm, hyper overrides, fleet overrides)
-METHODS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "local": ("local", {}, {}),
-    "local_relu": ("local", {}, {"feature_act": "relu"}),
-    "fedproto": ("fedproto", _PROTO, {}),  # the product's default start (shared_init = head)
-    # the start (issue 20 §2): none = each agent its own (before the fix); architecture =
-    # HtFLlib's (one start per architecture); head = that plus one head for the whole fleet
-    "fedproto_noshare": ("fedproto", {**_PROTO, "shared_init": "none"}, {}),
-    "fedproto_arch": ("fedproto", {**_PROTO, "shared_init": "architecture"}, {}),
-    "fedproto_headinit": ("fedproto", {**_PROTO, "shared_init": "head"}, {}),
-    "fedproto_relu": ("fedproto", _PROTO, {"feature_act": "relu"}),
-    "fedproto_head": ("fedproto", {**_PROTO, "predict": "head"}, {}),
-    # prototypes averaged over the features the local epoch computed (HtFLlib's clientproto)
-    "fedproto_tp": ("fedproto", {**_PROTO, "proto_source": "training"}, {}),
-    "fedproto_relu_tp": (
-        "fedproto",
-        {**_PROTO, "proto_source": "training"},
-        {"feature_act": "relu"},
-    ),
-    # HtFLlib's loader: one fixed order (unshuffled over a split shuffled once), last partial
-    # batch dropped (clientbase.load_train_data)
-    "local_loader": ("local", _LOADER, {}),
-    "fedproto_loader": ("fedproto", {**_PROTO, **_LOADER}, {}),
-    # diagnosis: HtFLlib's feature size (512) and a lambda scaled to our 64
-    "local_d512": ("local", {}, {"feature_dim": 512}),
-    "fedproto_d512": ("fedproto", _PROTO, {"feature_dim": 512}),
-    "fedproto_lam1": ("fedproto", {**_PROTO, "proto_weight": 1.25}, {}),
-    "fedproto_l0_head": ("fedproto", {"proto_weight": 0.0, "predict": "head"}, {}),
-    "fedproto_l0": ("fedproto", {**_PROTO, "proto_weight": 0.0}, {}),
-    "fedproto_d512_head": ("fedproto", {**_PROTO, "predict": "head"}, {"feature_dim": 512}),
-    # the trunk's own features, no projection: with --family homo_cnn2, HtFLlib's networks
-    # (FedAvgCNN, 512-d non-negative features)
-    "local_native": ("local", {}, {"feature_dim": None}),
-    "fedproto_native": ("fedproto", _PROTO, {"feature_dim": None}),
-}
-# which pairs the tables difference (a - b)
-PAIRS = (
-    ("fedproto", "local"),
-    ("fedproto_noshare", "local"),
-    ("fedproto_arch", "local"),
-    ("fedproto_headinit", "local"),
-    ("fedproto", "fedproto_noshare"),
-    ("fedproto_relu", "local_relu"),
-    ("fedproto_relu", "local"),
-    ("fedproto_tp", "local"),
-    ("fedproto_tp", "fedproto"),
-    ("fedproto_relu_tp", "local_relu"),
-    ("fedproto_head", "local"),
-    ("fedproto_loader", "local_loader"),
-    ("local_loader", "local"),
-    ("fedproto_d512", "local_d512"),
-    ("fedproto_native", "local_native"),
-)
+PRESET = experiment.load_preset("fedproto_reference")
+METHODS = PRESET.arms
+SGD: dict[str, Any] = PRESET.other["sgd"]  # every arm's hyperparameters start here
+PAIRS = PRESET.pairs()  # which pairs the tables difference (a - b)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--methods", nargs="+", default=["local", "fedproto"], choices=sorted(METHODS))
-    ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds")
-    ap.add_argument("--split-seed", type=int, default=1, help="seed of the exported split")
-    ap.add_argument("--data", default="mnist5k")
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--family", default="tiny", help="models.families name")
-    ap.add_argument("--feature-dim", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--test-fraction", type=float, default=0.25, help="HtFLlib: train ratio 0.75")
-    ap.add_argument("--min-size", type=int, default=40, help="HtFLlib: batch / (1 - 0.75)")
-    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/fedproto_reference.toml)."""
+    ap.add_argument("--split-seed", type=int, help="seed of the exported split")
+    ap.add_argument("--data")
+    ap.add_argument("--clients", type=int)
+    ap.add_argument("--family", help="models.families name")
+    ap.add_argument("--feature-dim", type=int)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--test-fraction", type=float, help="HtFLlib: train ratio 0.75")
+    ap.add_argument("--min-size", type=int, help="HtFLlib: batch / (1 - 0.75)")
     ap.add_argument(
-        "--device",
-        default="cpu",
-        help="where the agents train (cpu, cuda); not part of a run's identity",
+        "--device", help="where the agents train (cpu, cuda); not part of a run's identity"
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/fedproto_reference.json")
-    ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
-    ap.add_argument("--table-only", action="store_true")
-    ap.add_argument("--tag", default="", help="label kept in the spec (e.g. the code version)")
+    ap.add_argument("--tag", help="label kept in the spec (e.g. the code version)")
     ap.add_argument(
         "--probe",
         default=None,
@@ -132,7 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead of the grid: the global prototypes' geometry per round with this "
         "shared_init (first alpha, seed 0, --rounds rounds)",
     )
-    return ap.parse_args(argv)
 
 
 def split_path(args: argparse.Namespace, alpha: float) -> Path:
@@ -165,13 +101,23 @@ def ensure_split(args: argparse.Namespace, alpha: float) -> Path:
     return save_partition_file(path, make_federated_split(load_dataset(args.data), spec))
 
 
+def prepare(args: argparse.Namespace) -> None:
+    """Export the splits the grid runs on (once, before its runs start in parallel)."""
+    if not args.table_only:
+        for alpha in args.alphas:
+            ensure_split(args, alpha)
+
+
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
     """Everything that determines one run (also its identity in the results file)."""
-    algorithm, hyper, fleet = METHODS[method]
+    arm = METHODS[method]
+    fleet = dict(arm.fleet)
+    if fleet.pop("native_features", False):  # the trunk's own features, no projection
+        fleet["feature_dim"] = None
     return {
         "method": method,
-        "algorithm": algorithm,
-        "hyper": {**_SGD, **hyper},
+        "algorithm": arm.algorithm,
+        "hyper": {**SGD, **arm.hyper},
         "fleet": fleet,
         "data": args.data,
         "family": args.family,
@@ -185,15 +131,8 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[str, Any]:
-    """One simulation, reduced to its accuracies (or the error)."""
-    try:
-        return _execute(spec, threads, device)
-    except BaseException as exc:
-        return {"spec": spec, "error": f"{type(exc).__name__}: {exc}", "tb": traceback.format_exc()}
-
-
-def _execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[str, Any]:
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One simulation on the split file, reduced to its accuracies."""
     import torch
 
     from coordinator.config import load_config
@@ -201,7 +140,7 @@ def _execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[st
     from edge_agent.data import load_partition_file
     from models.families import family_models
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(args.threads)
     split = ROOT / spec["split"]
     sizes = [len(t) for t in load_partition_file(split).test]
     run_dir = Path(tempfile.mkdtemp(prefix="fedproto-ref-"))
@@ -214,7 +153,7 @@ def _execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[st
             run_dir=str(run_dir),
             min_agents=spec["clients"],
             seed=spec["seed"],
-            deadline_s=600.0,
+            deadline_s=args.deadline,
             max_retries=1,
             run_id="fedproto-ref",
         ).replace(hyper=spec["hyper"])
@@ -225,7 +164,7 @@ def _execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[st
             data=spec["data"],
             partition_file=str(split),
             global_test_size=0,
-            device=device,
+            device=args.device,
             **{"feature_dim": spec["feature_dim"], **spec["fleet"]},
         )
         t0 = time.time()
@@ -233,7 +172,7 @@ def _execute(spec: dict[str, Any], threads: int, device: str = "cpu") -> dict[st
         wall = time.time() - t0
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return {"spec": spec, "wall_s": wall, "device": device, **summarize(result.metrics, sizes)}
+    return {"spec": spec, "wall_s": wall, "device": args.device, **summarize(result.metrics, sizes)}
 
 
 def _weighted(agents: dict[str, Any], sizes: list[int], key: str = "acc_local") -> float | None:
@@ -265,7 +204,7 @@ def summarize(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
         "best_received": max(got) if len(got) > 1 else None,
         "curve": curve,
         "curve_received": received,
-        "steps_failed": sum(1 for s in steps if s.get("status") == "failed"),
+        "steps_failed": steps_failed(steps),
     }
 
 
@@ -311,12 +250,13 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
         return out
 
     FedProtoStrategy.aggregate = aggregate  # type: ignore[method-assign]
+    hyper = {**SGD, **METHODS["fedproto"].hyper}
     run_dir = Path(tempfile.mkdtemp(prefix="fedproto-probe-"))
     try:
         cfg = load_config(
             None, [], algorithm="fedproto", rounds=args.rounds, run_dir=str(run_dir),
             min_agents=args.clients, seed=0, run_id="fedproto-probe",
-        ).replace(hyper={**_SGD, **_PROTO, "shared_init": shared_init})  # fmt: skip
+        ).replace(hyper={**hyper, "shared_init": shared_init})  # fmt: skip
         fleet = FleetSpec(
             num_agents=args.clients,
             models=tuple(family_models(args.family, args.clients)),
@@ -332,45 +272,15 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
     return rows
 
 
-# ----- results and tables ---------------------------------------------------------------------
-def load(path: Path) -> list[dict[str, Any]]:
-    """Runs already in ``path``."""
-    return json.loads(path.read_text())["runs"] if path.is_file() else []
+# ----- tables ---------------------------------------------------------------------------------
+_ms = functools.partial(mean_sd, digits=2)
+_ci = functools.partial(ci_cell, digits=2)
 
 
-def save(path: Path, runs: list[dict[str, Any]]) -> None:
-    """Write all runs with the commands that produced them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    commands = json.loads(path.read_text()).get("commands", []) if path.is_file() else []
-    cmd = "python " + " ".join(sys.argv)
-    if cmd not in commands:
-        commands.append(cmd)
-    path.write_text(json.dumps({"commands": commands, "runs": runs}, indent=1) + "\n")
-
-
-# two-sided 95% t quantiles by degrees of freedom
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def _ms(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    sd = statistics.stdev(xs) * 100 if len(xs) > 1 else 0.0
-    return f"{statistics.fmean(xs) * 100:.2f} ± {sd:.2f}"
-
-
-def _ci(d: list[float]) -> str:
-    if len(d) < 2:
-        return f"{d[0] * 100:+.2f}" if d else "-"
-    m, sd = statistics.fmean(d) * 100, statistics.stdev(d) * 100
-    h = _T95.get(len(d) - 1, 1.96) * sd / math.sqrt(len(d))
-    return f"{m:+.2f} [{m - h:+.2f}, {m + h:+.2f}]"
-
-
-def tables(runs: list[dict[str, Any]]) -> str:
+def tables(results: experiment.Results) -> str:
     """Markdown: one block per (alpha, rounds, tag): accuracy table and paired differences."""
     groups: dict[tuple[float, int, str], dict[str, dict[int, dict[str, Any]]]] = {}
-    for r in runs:
+    for r in results.runs:
         s = r["spec"]
         key = (s["alpha"], s["rounds"], s.get("tag", ""))
         groups.setdefault(key, {}).setdefault(s["method"], {})[s["seed"]] = r
@@ -390,18 +300,13 @@ def tables(runs: list[dict[str, Any]]) -> str:
         ]
         for m in (m for m in METHODS if m in by):
             rs = list(by[m].values())
-            rec = [r.get("best_received") for r in rs]
             out.append(
                 f"| {m} | {len(rs)} | {_ms([r['acc'] for r in rs])} | "
                 f"{_ms([r['last_round'] for r in rs])} | {_ms([r['best'] for r in rs])} | "
-                f"{_ms([x for x in rec if x is not None])} |"
+                f"{_ms([r.get('best_received') for r in rs])} |"
             )
-        rows = []
-        for a, b in PAIRS:
-            if a in by and b in by:
-                seeds = sorted(set(by[a]) & set(by[b]))
-                d = {k: [by[a][s][k] - by[b][s][k] for s in seeds] for k in ("acc", "best")}
-                rows.append(f"| {a} − {b} | {len(seeds)} | {_ci(d['acc'])} | {_ci(d['best'])} |")
+        methods = {m: list(seeds.values()) for m, seeds in by.items()}
+        rows = paired_rows(methods, PAIRS, ("acc", "best"), _ci)
         if rows:
             out += [
                 "",
@@ -416,48 +321,30 @@ def tables(runs: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _describe(r: dict[str, Any]) -> str:
+    return f"final {100 * r['acc']:.2f} best {100 * r['best']:.2f} ({r['wall_s']:.0f} s)"
+
+
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    spec=run_spec,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+    prepare=prepare,
+)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs, then print (and optionally write) the tables."""
-    args = parse_args(argv)
+    """Run the missing runs, then print (and optionally write) the tables; or, with
+    ``--probe``, the prototype geometry of one run."""
+    args = experiment.parse_args(EXPERIMENT, argv)
     if args.probe is not None:
         probe(args, args.alphas[0], args.probe)
         return
-    runs = load(args.out)
-    if not args.table_only:
-        for alpha in args.alphas:
-            ensure_split(args, alpha)
-        done = {json.dumps(r["spec"], sort_keys=True) for r in runs}
-        todo = [
-            spec
-            for alpha in args.alphas
-            for seed in args.seeds
-            for m in args.methods
-            if json.dumps(spec := run_spec(args, m, alpha, seed), sort_keys=True) not in done
-        ]
-        print(f"{len(todo)} runs to do, {len(runs)} in {args.out}", flush=True)
-        t0 = time.time()
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(execute, s, args.threads, args.device) for s in todo]
-            for fut in as_completed(futures):
-                r = fut.result()
-                s = r["spec"]
-                if "error" in r:
-                    print(f"FAILED {s['method']} a={s['alpha']:g} seed {s['seed']}: {r['error']}")
-                    print(r["tb"], file=sys.stderr)
-                    continue
-                runs.append(r)
-                save(args.out, runs)
-                print(
-                    f"[{time.time() - t0:6.0f}s] {s['method']:14s} a={s['alpha']:g} "
-                    f"seed {s['seed']}: final {100 * r['acc']:.2f} best {100 * r['best']:.2f} "
-                    f"({r['wall_s']:.0f} s)",
-                    flush=True,
-                )
-    text = tables(runs)
-    print(text)
-    if args.md is not None:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(text)
+    experiment.run(EXPERIMENT, args)
 
 
 if __name__ == "__main__":

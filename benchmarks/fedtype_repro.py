@@ -44,30 +44,29 @@ Usage::
         --out benchmarks/results/fedtype_digits.json --md benchmarks/results/fedtype_digits.md
     python benchmarks/fedtype_repro.py --out benchmarks/results/fedtype_digits.json --table-only
 
-Results are appended to ``--out`` after every run; a rerun skips runs already there with the
-same settings, so an interrupted grid resumes. A run that raises is recorded under ``failures``
-(with its traceback) and retried by the next invocation.
+Settings, arms and compared pairs: ``benchmarks/presets/fedtype.toml`` (``--preset mnist5k``:
+the MNIST-5k grid). Results are appended to ``--out`` after every run; a rerun skips runs
+already there with the same settings, so an interrupted grid resumes. A run that raises is
+recorded under ``failures`` (with its traceback) and retried by the next invocation.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import math
 import statistics
 from typing import Any
 
+import experiment
+from experiment.summary import by_method, bytes_by_kind, paired_rows, per_arch, steps_failed
 from harness import (
+    IMAGE_SIZE,
     SimRun,
-    add_grid_args,
-    by_seed,
     final_step,
-    grid_main,
     mean_cell,
     mean_of,
     mean_sd,
-    paired_diffs,
     simulate_run,
     step_bytes,
     train_steps,
@@ -77,58 +76,10 @@ from harness import (
 # small calibration splits at every epoch); the grid prints a line per run instead
 logging.basicConfig(level=logging.ERROR)
 
-METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "fedtype": ("fedtype", {}),
-    "fedtype_topk": ("fedtype", {"bkd": "topk", "top_k": 3}),
-    "fedtype_sym": ("fedtype", {"bkd": "symmetric"}),
-    "fedtype_eta1": ("fedtype", {"eta_mode": "one"}),
-    "fedtype_glam": ("fedtype", {"g_fn": "constant"}),
-    "fedtype_k5": ("fedtype", {"raps_k_reg": 5}),
-    # BKD variants of §4.3 (diagnostics: the printed sum over S pushes the private model to
-    # spread its mass over every label of S; pairwise only asks each to beat the labels outside)
-    "fedtype_pairwise": ("fedtype", {"bkd_form": "pairwise"}),
-    "fedtype_meanset": ("fedtype", {"bkd_reduction": "mean_over_set"}),
-    # control: FedType with BKD never applied. theta = 0.001 needs k = ceil(0.999 (n + 1)) <= n
-    # calibration samples, i.e. n >= 999, so every epoch is skipped (§9-11): the private model
-    # trains on CE alone on exactly FedType's D_i (the local-only model at FedType's data split)
-    "fedtype_nobkd": ("fedtype", {"theta": 0.001, "measure_coverage": False}),
-    "fml": ("fedtype", {"bkd": "symmetric", "val_fraction": 0.01, "measure_coverage": False}),
-    "local": ("local", {}),
-    "fedavg_proxy": ("fedavg", {}),
-}
-GRID = [
-    "fedtype",
-    "fedtype_topk",
-    "fedtype_sym",
-    "fedtype_eta1",
-    "fedtype_glam",
-    "fml",
-    "local",
-    "fedavg_proxy",
-]
-FEDTYPE_ONLY = ("proxy_model", "val_fraction", "raps_k_reg", "theta", "raps_lambda")
+PRESET = experiment.load_preset("fedtype")
+METHODS = PRESET.arms
 # headline paired comparisons (a - b), percentage points, on the private models' accuracy
-PAIRS: tuple[tuple[str, str], ...] = (
-    ("fedtype", "local"),
-    ("fedtype", "fml"),
-    ("fedtype", "fedtype_sym"),
-    ("fedtype", "fedtype_topk"),
-    ("fedtype", "fedtype_eta1"),
-    ("fedtype", "fedtype_glam"),
-    ("fedtype", "fedtype_k5"),
-    ("fedtype", "fedtype_nobkd"),
-    ("fedtype_sym", "fedtype_nobkd"),
-    ("fedtype_pairwise", "fedtype_nobkd"),
-    ("local", "fedtype_nobkd"),
-    ("fedtype_pairwise", "fedtype"),
-    ("fedtype_meanset", "fedtype"),
-    ("fedtype_pairwise", "local"),
-    ("fedtype_pairwise", "fml"),
-    ("fedtype_sym", "local"),
-    ("fml", "local"),
-    ("fml", "fedtype_sym"),
-)
-DATA = {"digits": None, "mnist5k": 28}  # name: image_size
+PAIRS = PRESET.pairs()
 # per-agent metrics averaged over a round's participants and kept per round in the JSON
 ROUND_KEYS = (
     "acc_local",
@@ -143,32 +94,26 @@ ROUND_KEYS = (
 )
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line; defaults are spec §10's toy setting on digits."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--methods", nargs="+", default=GRID, choices=sorted(METHODS))
-    ap.add_argument("--alphas", nargs="+", type=float, default=[0.5], help="Dirichlet alpha")
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--data", default="digits", choices=sorted(DATA))
-    ap.add_argument("--clients", type=int, default=10, help="N")
-    ap.add_argument("--family", default="fedtype_tiny", help="models.families name")
-    ap.add_argument("--proxy", default="mlp_xs", help="proxy architecture (registry name)")
-    ap.add_argument("--rounds", type=int, default=40, help="T (paper: 100)")
-    ap.add_argument("--fraction", type=float, default=0.5, help="participation (paper: 0.2)")
-    ap.add_argument("--epochs", type=int, default=5, help="R, local epochs per participation")
-    ap.add_argument("--lr", type=float, default=1e-3, help="Adam lr (paper: 1e-4, §10: 1e-3)")
-    ap.add_argument("--weight-decay", type=float, default=1e-4)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--val-fraction", type=float, default=0.25, help="6:2:2 split (§10)")
-    ap.add_argument("--k-reg", type=int, default=2, help="kappa_reg (paper 5; §10: 5 or 2)")
-    ap.add_argument("--global-test", type=int, default=360)
-    add_grid_args(ap, "benchmarks/results/fedtype_digits.json")
-    return ap.parse_args(argv)
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/fedtype.toml)."""
+    ap.add_argument("--data", choices=sorted(IMAGE_SIZE))
+    ap.add_argument("--clients", type=int, help="N")
+    ap.add_argument("--family", help="models.families name")
+    ap.add_argument("--proxy", help="proxy architecture (registry name)")
+    ap.add_argument("--rounds", type=int, help="T (paper: 100)")
+    ap.add_argument("--fraction", type=float, help="participation (paper: 0.2)")
+    ap.add_argument("--epochs", type=int, help="R, local epochs per participation")
+    ap.add_argument("--lr", type=float, help="Adam lr (paper: 1e-4, §10: 1e-3)")
+    ap.add_argument("--weight-decay", type=float)
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--val-fraction", type=float, help="6:2:2 split (§10)")
+    ap.add_argument("--k-reg", type=int, help="kappa_reg (paper 5; §10: 5 or 2)")
+    ap.add_argument("--global-test", type=int)
 
 
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
     """Everything that determines one run (also its identity in the results file)."""
-    algorithm, extra = METHODS[method]
+    algorithm = METHODS[method].algorithm
     hyper: dict[str, Any] = {
         "local_epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -178,7 +123,7 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
     if algorithm == "fedtype":
         hyper.update(proxy_model=args.proxy, val_fraction=args.val_fraction, raps_k_reg=args.k_reg)
-    hyper.update(extra)
+    hyper.update(METHODS[method].hyper)
     return {
         "method": method,
         "algorithm": algorithm,
@@ -210,7 +155,7 @@ def param_counts(names: list[str], data: str) -> dict[str, int]:
     """Parameters of each architecture at the data's input (1 channel, 10 classes)."""
     from models import create_model
 
-    size = DATA[data] or 8
+    size = IMAGE_SIZE[data] or 8
     out = {}
     for n in sorted(set(names)):
         m = create_model(n, num_classes=10, in_chans=1, feature_dim=None, input_size=size)
@@ -218,19 +163,19 @@ def param_counts(names: list[str], data: str) -> dict[str, int]:
     return out
 
 
-def execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
     models = fleet_models(spec)
     run = SimRun.from_spec(
         spec,
         models=tuple(models),
         feature_dim=None,
-        image_size=DATA[spec["data"]],
-        deadline_s=deadline,
+        image_size=IMAGE_SIZE[spec["data"]],
+        deadline_s=args.deadline,
         max_retries=1,
         run_id="fedtype-repro",
     )
-    steps, wall = simulate_run(run, threads)
+    steps, wall = simulate_run(run, args.threads)
     out = {"spec": spec, "wall_s": wall, **summarize(steps)}
     out["params"] = param_counts([*models, spec["proxy"]], spec["data"])
     return out
@@ -255,15 +200,9 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
             for d, a in sorted(last["agents"].items())
         },
     }
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for a in agents:
-        groups.setdefault(str(a.get("arch")), []).append(a)
-    out["per_arch"] = {
-        arch: {k: mean_of(g, k) for k in ("acc_local", "acc_global")}
-        for arch, g in sorted(groups.items())
-    }
+    out["per_arch"] = per_arch(agents, ("acc_local", "acc_global"))
     train = train_steps(steps)
-    out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
+    out["steps_failed"] = steps_failed(steps)
     reps = [a for s in train for a in s["agents"].values()]
     out["participations"] = len(reps)
     for k in ("mean_eta", "mean_set_size", "mean_private_set_size", "g_mean"):
@@ -283,18 +222,10 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"{key}_first_q"] = mean_of(early, key)
         out[f"{key}_last_q"] = mean_of(late, key)
     # bytes as counted by the coordinator's endpoint (tx = to agents, rx = from them)
-    by_kind: dict[str, int] = {}
-    train_tx = train_rx = 0
-    for s in steps:
-        for k, v in s["bytes"].items():
-            by_kind[k] = by_kind.get(k, 0) + int(v)
-            if s["phase"] == "train":
-                if k.startswith("tx"):
-                    train_tx += int(v)
-                elif k.startswith("rx"):
-                    train_rx += int(v)
-    out["bytes_by_kind"] = by_kind
-    out["bytes_total"] = sum(by_kind.values())
+    train_tx = sum(step_bytes(s, "tx") for s in train)
+    train_rx = sum(step_bytes(s, "rx") for s in train)
+    out["bytes_by_kind"] = bytes_by_kind(steps)
+    out["bytes_total"] = sum(out["bytes_by_kind"].values())
     # per client per round = per participation of a train step
     out["bytes_down_per_part"] = train_tx / max(len(reps), 1)
     out["bytes_up_per_part"] = train_rx / max(len(reps), 1)
@@ -321,19 +252,17 @@ def _setting(r: dict[str, Any]) -> tuple[str, float, int, float]:
     return (s["data"], s["alpha"], s["rounds"], s["fraction"])
 
 
-def tables(runs: list[dict[str, Any]]) -> str:
+def tables(results: experiment.Results) -> str:
     """Markdown, one block per setting: accuracies, conformal statistics, bytes, pairs."""
     settings: dict[tuple[str, float, int, float], list[dict[str, Any]]] = {}
-    for r in runs:
+    for r in results.runs:
         settings.setdefault(_setting(r), []).append(r)
     lines: list[str] = []
     for key in sorted(settings, key=lambda k: (k[0], -k[1], k[2:])):
         data, alpha, rounds, fraction = key
         rs = settings[key]
-        by_method: dict[str, list[dict[str, Any]]] = {}
-        for r in rs:
-            by_method.setdefault(r["spec"]["method"], []).append(r)
-        order = [m for m in METHODS if m in by_method]
+        groups = by_method(rs)
+        order = [m for m in METHODS if m in groups]
         lines += [
             f"### {data}, Dir({alpha:g}), T={rounds}, participation {fraction:g}",
             "",
@@ -349,7 +278,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for m in order:
-            g = by_method[m]
+            g = groups[m]
             if m == "fedavg_proxy":
                 # p_g^T: own test splits (global proxy column), global test set (p_g: ...)
                 pg = mean_sd([r["acc_global"] for r in g])
@@ -366,7 +295,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
                 + " | ".join(cells)
                 + f" | {statistics.fmean(r['wall_s'] for r in g):.0f} |"
             )
-        conf = [m for m in order if METHODS[m][0] == "fedtype"]
+        conf = [m for m in order if METHODS[m].algorithm == "fedtype"]
         if conf:
             lines += [
                 "",
@@ -381,7 +310,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
                 "|---|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for m in conf:
-                g = by_method[m]
+                g = groups[m]
                 lines.append(
                     f"| {m} | {mean_cell([r['mean_eta'] for r in g])} | "
                     f"{mean_cell([r['mean_eta_first_q'] for r in g])} -> "
@@ -408,7 +337,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "|---|" + "---|" * len(archs),
         ]
         for m in order:
-            g = by_method[m]
+            g = groups[m]
             cells = []
             for a in archs:
                 vals = [r["per_arch"][a]["acc_local"] for r in g if a in r["per_arch"]]
@@ -437,7 +366,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|",
         ]
         for m in order:
-            g = by_method[m]
+            g = groups[m]
             lines.append(
                 f"| {m} | {mean_cell([r['bytes_down_per_part'] for r in g], 0)} | "
                 f"{mean_cell([r['bytes_up_per_part'] for r in g], 0)} | "
@@ -445,7 +374,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
                 f"{mean_cell([r.get('bytes_up_last') for r in g], 0)} | "
                 f"{statistics.fmean(r['bytes_total'] for r in g) / 1e3:,.0f} |"
             )
-        lines += [*paired(by_method), ""]
+        lines += [*paired(groups), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -454,25 +383,14 @@ def _arch_head(arch: str, params: dict[str, int]) -> str:
     return f"{arch} ({params[arch]:,})" if arch in params else f"{arch} (not disclosed)"
 
 
-def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
+def paired(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Per-seed paired differences (same seed = same partition, init and participants)."""
-    rows = []
-    for a, b in PAIRS:
-        if a not in by_method or b not in by_method:
-            continue
-        seeds = len(set(by_seed(by_method[a])) & set(by_seed(by_method[b])))
-        if not seeds:
-            continue
-        cols = [
-            mean_sd(paired_diffs(by_method[a], by_method[b], key))
-            for key in ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc")
-        ]
-        wins = sum(1 for x in paired_diffs(by_method[a], by_method[b], "acc_local") if x > 0)
-        rows.append(f"| {a} − {b} | {seeds} | " + " | ".join(cols) + f" | {wins}/{seeds} |")
+    keys = ("acc_local", "acc_global", "proxy_acc", "global_proxy_acc")
+    rows = paired_rows(groups, PAIRS, keys, mean_sd, wins="acc_local")
     # FedType's own ordering claim: private > proxy > global, per seed
     order_rows = []
-    for m, g in by_method.items():
-        if METHODS[m][0] != "fedtype":
+    for m, g in groups.items():
+        if METHODS[m].algorithm != "fedtype":
             continue
         pp = [r["acc_local"] - r["proxy_acc"] for r in g]
         pg = [r["proxy_acc"] - r["global_proxy_acc"] for r in g]
@@ -513,18 +431,17 @@ def _describe(r: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs of the grid, then print (and optionally write) the tables."""
-    args = parse_args(argv)
-    specs = [
-        run_spec(args, m, alpha, seed)
-        for alpha in args.alphas
-        for seed in args.seeds
-        for m in args.methods
-    ]
-    execute_one = functools.partial(execute, threads=args.threads, deadline=args.deadline)
-    grid_main(args, specs, execute_one, describe=_describe, tables=tables, dirty=True)
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    spec=run_spec,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+    dirty=True,
+)
 
 
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

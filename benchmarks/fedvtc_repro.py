@@ -22,9 +22,9 @@ Methods (``--methods``):
   copies and do not change the fine-tuned model).
 * ``fedvtc_recal``: ``fedvtc`` + re-estimated generator BatchNorm statistics after averaging.
 * ``fedvtc_fix``: ``fedvtc`` + the deviations of ``--fix`` (default ``model_tc_weight=0.01``:
-  L_tc weighted 0.01 in the model's step A only; see docs/fedvtc.md).
+  L_tc weighted 0.01 in the model's step A only; see docs/algorithms/fedvtc.md).
 * ``fedvtc_combo``: ``fedvtc`` + three deviations together (chosen on a one-seed scan, see
-  docs/fedvtc.md "Combined deviations"): ``model_tc_weight=0.1``, BN re-estimation of the
+  docs/algorithms/fedvtc.md "Combined deviations"): ``model_tc_weight=0.1``, BN re-estimation of the
   averaged generator, and sigma held at 0.1 (``sd_init=0.1``, ``sd_max=0.1``).
 
 Usage::
@@ -33,87 +33,34 @@ Usage::
         --md benchmarks/results/fedvtc_repro.md
     python benchmarks/fedvtc_repro.py --out benchmarks/results/fedvtc_repro.json --table-only
 
-Results are appended to ``--out`` after every run; a rerun skips runs already there with the
-same settings, so an interrupted grid resumes. A run that raises is recorded under
+Settings, arms and the pairs of the tables: ``benchmarks/presets/fedvtc.toml`` (``--preset
+seeded``, ``--preset fixed``: the grids of docs/algorithms/fedvtc.md). Results are appended to ``--out``
+after every run; a rerun skips runs already there with the same settings, so an interrupted
+grid resumes. A run that raises is recorded under
 ``failures`` (with its traceback) and retried by the next invocation.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import statistics
 from typing import Any
 
-from harness import (
-    SimRun,
-    add_grid_args,
-    by_seed,
-    grid_main,
-    mean_of,
-    mean_sd,
-    simulate_run,
-)
+import experiment
+from experiment.summary import bytes_by_phase
+from harness import SimRun, by_seed, mean_of, mean_sd, simulate_run
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
 # per run instead
 logging.basicConfig(level=logging.ERROR)
 
-METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "local": ("local", {}),
-    "fedproto": ("fedproto", {"proto_weight": 1.0}),
-    "fedvtc_le": ("fedvtc", {"use_dm": False, "diagnostics": True}),
-    "fedvtc": ("fedvtc", {"diagnostics": True}),
-    "fedvtc_f16": ("fedvtc", {"proto_encoding": "f16"}),
-    # the paper's method without clipping at the grid's lr (the failure mode clipping prevents)
-    "fedvtc_noclip": ("fedvtc", {"diagnostics": True, "grad_clip": 0.0}),
-    "fedvtc_recal": ("fedvtc", {"diagnostics": True, "generator_bn_recalibrate": True}),
-    "fedvtc_fix": ("fedvtc", {"diagnostics": True}),
-    "fedvtc_combo": (
-        "fedvtc",
-        {
-            "diagnostics": True,
-            "model_tc_weight": 0.1,
-            "generator_bn_recalibrate": True,
-            "sd_init": 0.1,
-            "sd_max": 0.1,
-        },
-    ),
-    "fedvtc_combo_every": (
-        "fedvtc",
-        {
-            "diagnostics": True,
-            "generator_exchange": "every_round",
-            "model_tc_weight": 0.1,
-            "generator_bn_recalibrate": True,
-            "sd_init": 0.1,
-            "sd_max": 0.1,
-        },
-    ),
-    "fedvtc_combo_f16": (
-        "fedvtc",
-        {
-            "proto_encoding": "f16",
-            "model_tc_weight": 0.1,
-            "generator_bn_recalibrate": True,
-            "sd_init": 0.1,
-            "sd_max": 0.1,
-        },
-    ),
-}
+PRESET = experiment.load_preset("fedvtc")
+METHODS = PRESET.arms
 # float16 variants and the float32 method each is paired with (same seeds)
-F16_PAIRS = (("fedvtc", "fedvtc_f16"), ("fedvtc_combo", "fedvtc_combo_f16"))
+F16_PAIRS = PRESET.pairs("f16_pairs")
 # methods with the noise control and the probe, in the paired and diagnostics tables
-DIAG_METHODS = (
-    "fedvtc_le",
-    "fedvtc",
-    "fedvtc_noclip",
-    "fedvtc_fix",
-    "fedvtc_recal",
-    "fedvtc_combo",
-    "fedvtc_combo_every",
-)
+DIAG_METHODS = tuple(PRESET.other["report"]["diag_methods"])
 # per-round diagnostics kept in the JSON (means over the agents of that round)
 ROUND_KEYS = (
     "diag_ce",
@@ -145,17 +92,8 @@ FINAL_KEYS = (
 )
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line; defaults are the grid reported in docs/fedvtc.md."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--methods",
-        nargs="+",
-        default=["local", "fedproto", "fedvtc_le", "fedvtc", "fedvtc_f16", "fedvtc_fix"],
-        choices=sorted(METHODS),
-    )
-    ap.add_argument("--alphas", nargs="+", type=float, default=[0.1, 1.0])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/fedvtc.toml)."""
     ap.add_argument(
         "--f16-seeds",
         nargs="+",
@@ -163,37 +101,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="seeds for fedvtc_f16 (default: all of --seeds)",
     )
-    ap.add_argument("--clients", type=int, default=10, help="K (all participate every round)")
-    ap.add_argument("--family", default="tiny", help="models.families name")
-    ap.add_argument("--rounds", type=int, default=10, help="T (paper: 100)")
-    ap.add_argument("--epochs", type=int, default=1, help="E (paper: 5)")
-    ap.add_argument("--lr", type=float, default=0.01, help="eta for everything (paper: 1e-4)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--grad-clip", type=float, default=10.0)
+    ap.add_argument("--clients", type=int, help="K (all participate every round)")
+    ap.add_argument("--family", help="models.families name")
+    ap.add_argument("--rounds", type=int, help="T (paper: 100)")
+    ap.add_argument("--epochs", type=int, help="E (paper: 5)")
+    ap.add_argument("--lr", type=float, help="eta for everything (paper: 1e-4)")
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--grad-clip", type=float)
     ap.add_argument(
         "--grad-clip-mode",
         choices=["split", "joint"],
-        default="split",
         help="FedVTC: clip head/extractor and psi/sigma apart (split) or together (joint, "
         "the behaviour before issue 17)",
     )
     ap.add_argument(
         "--generator-mode-step-a",
         choices=["train", "eval"],
-        default="train",
         help="FedVTC: psi's mode in step A (eval = the behaviour before issue 17)",
     )
-    ap.add_argument("--synthetic-per-class", type=int, default=50, help="S (paper: 500)")
-    ap.add_argument("--finetune-epochs", type=int, default=5, help="FT rounds (paper: 5)")
-    ap.add_argument("--global-test", type=int, default=1000)
-    ap.add_argument(
-        "--fix",
-        nargs="*",
-        default=["model_tc_weight=0.01"],
-        help="hyper KEY=VALUE pairs that fedvtc_fix adds",
-    )
-    add_grid_args(ap, "benchmarks/results/fedvtc_repro.json", deadline=None, code=False)
-    return ap.parse_args(argv)
+    ap.add_argument("--synthetic-per-class", type=int, help="S (paper: 500)")
+    ap.add_argument("--finetune-epochs", type=int, help="FT rounds (paper: 5)")
+    ap.add_argument("--global-test", type=int)
+    ap.add_argument("--fix", nargs="*", help="hyper KEY=VALUE pairs that fedvtc_fix adds")
 
 
 def _value(text: str) -> Any:
@@ -205,16 +134,21 @@ def _value(text: str) -> Any:
     return {"true": True, "false": False}.get(text, text)
 
 
-def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
-    """Everything that determines one run (also its identity in the results file)."""
-    algorithm, extra = METHODS[method]
+def run_spec(
+    args: argparse.Namespace, method: str, alpha: float, seed: int
+) -> dict[str, Any] | None:
+    """Everything that determines one run (also its identity in the results file); None for a
+    float16 method at a seed ``--f16-seeds`` leaves out."""
+    if method.endswith("_f16") and args.f16_seeds is not None and seed not in args.f16_seeds:
+        return None
+    algorithm = METHODS[method].algorithm
     hyper: dict[str, Any] = {
         "local_epochs": args.epochs,
         "batch_size": args.batch_size,
         "lr": args.lr,
         "momentum": 0.0,
         "grad_clip": args.grad_clip,
-        **extra,
+        **METHODS[method].hyper,
     }
     if algorithm == "fedvtc":
         hyper.update(
@@ -241,7 +175,7 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
     from models.families import family_models
 
@@ -254,7 +188,7 @@ def execute(spec: dict[str, Any], threads: int) -> dict[str, Any]:
         deadline_s=7200.0,
         run_id="repro",
     )
-    steps, wall = simulate_run(run, threads)
+    steps, wall = simulate_run(run, args.threads)
     return {"spec": spec, "wall_s": wall, **summarize(steps, spec["T"])}
 
 
@@ -272,12 +206,10 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
     )
     out.update({k: mean_of(agents, k) for k in FINAL_KEYS if mean_of(agents, k) is not None})
     # bytes as counted by the coordinator's endpoint per step (tx = to agents, rx = from them)
-    phases: dict[str, dict[str, int]] = {}
-    for s in steps:
-        phase = "extra_rounds" if s["phase"] == "train" and s["round"] > T else s["phase"]
-        bucket = phases.setdefault(phase, {})
-        for k, v in s["bytes"].items():
-            bucket[k] = bucket.get(k, 0) + int(v)
+    phases = bytes_by_phase(
+        steps,
+        lambda s: "extra_rounds" if s["phase"] == "train" and s["round"] > T else s["phase"],
+    )
     out["bytes_by_phase"] = phases
     out["bytes_total"] = sum(sum(b.values()) for b in phases.values())
     out["rounds"] = [
@@ -298,10 +230,10 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
 
 
 # ----- tables ---------------------------------------------------------------------------------
-def tables(runs: list[dict[str, Any]]) -> str:
+def tables(results: experiment.Results) -> str:
     """Markdown: accuracy/control table per (method, alpha) and a traffic table per method."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in runs:
+    for r in results.runs:
         groups.setdefault((r["spec"]["method"], r["spec"]["alpha"]), []).append(r)
     order = [m for m in METHODS if any(k[0] == m for k in groups)]
     lines = [
@@ -477,20 +409,18 @@ def _describe(r: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs of the grid, then print (and optionally write) the tables."""
-    args = parse_args(argv)
-    f16 = args.f16_seeds
-    specs = [
-        run_spec(args, m, alpha, seed)
-        for alpha in args.alphas
-        for seed in args.seeds
-        for m in args.methods
-        if not (m.endswith("_f16") and f16 is not None and seed not in f16)
-    ]
-    execute_one = functools.partial(execute, threads=args.threads)
-    grid_main(args, specs, execute_one, describe=_describe, tables=tables)
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    spec=run_spec,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+    deadline=None,
+    code=False,
+)
 
 
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

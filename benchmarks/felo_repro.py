@@ -26,7 +26,9 @@ Usage::
         --out benchmarks/results/felo_digits.json --md benchmarks/results/felo_digits.md
     python benchmarks/felo_repro.py --out benchmarks/results/felo_digits.json --table-only
 
-Results are appended to ``--out`` after every run; a rerun skips runs already there with the
+Settings, arms and compared pairs: ``benchmarks/presets/felo.toml`` (``--preset mnist5k``: the
+MNIST-5k grid; ``--preset encoding``: the weight encodings). Results are appended to ``--out``
+after every run; a rerun skips runs already there with the
 same settings, so an interrupted grid resumes. A run that raises is recorded under
 ``failures`` (with its traceback) and retried by the next invocation.
 """
@@ -34,141 +36,56 @@ same settings, so an interrupted grid resumes. A run that raises is recorded und
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import statistics
 from typing import Any
 
-from harness import (
-    SimRun,
-    add_grid_args,
-    by_seed,
-    final_step,
-    grid_main,
-    mean_of,
-    mean_sd,
-    paired_diffs,
-    simulate_run,
-    train_steps,
+import experiment
+from experiment.summary import (
+    by_method,
+    bytes_by_kind,
+    bytes_by_phase,
+    late_mean,
+    paired_rows,
+    per_arch,
+    steps_failed,
 )
+from harness import IMAGE_SIZE, SimRun, final_step, mean_of, mean_sd, simulate_run, train_steps
 
 # the in-process transport's agents and the coordinator log per step; the grid prints a line
 # per run instead
 logging.basicConfig(level=logging.ERROR)
 
-_CE = {"kd_weight": 0.0}
-_FEDHE = {"use_features": False, "use_logits": True}
-_FEAT = {"use_features": True, "use_logits": False}
-_ON = {"same_arch_avg": True}
-_OFF = {"same_arch_avg": False}
-
-METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "local": ("local", {}),
-    "ce_avg": ("felo", {**_CE, **_ON}),  # group FedAvg
-    "ce_noavg": ("felo", {**_CE, **_OFF}),  # local-only through the Felo path
-    "fedhe_avg": ("felo", {**_FEDHE, **_ON}),
-    "fedhe_noavg": ("felo", {**_FEDHE, **_OFF}),  # the authors' FedHe
-    "feat_avg": ("felo", {**_FEAT, **_ON}),
-    "feat_noavg": ("felo", {**_FEAT, **_OFF}),
-    "felo_avg": ("felo", {**_ON}),  # Felo as in the paper
-    # the group weights both ways as float16 / per-tensor int8 (issue 14: bytes vs accuracy)
-    "felo_avg_f16": ("felo", {**_ON, "weight_encoding": "f16"}),
-    "felo_avg_i8": ("felo", {**_ON, "weight_encoding": "i8"}),
-    "felo_noavg": ("felo", {**_OFF}),  # Felo as in the authors' code
-    "velo_avg": ("velo", {**_ON}),
-    "velo_noavg": ("velo", {**_OFF}),
-    # Table 4: CVAE training interval (velo_avg is interval 1)
-    "velo_avg_int2": ("velo", {**_ON, "cvae_interval": 2}),
-    "velo_avg_int5": ("velo", {**_ON, "cvae_interval": 5}),
-    "velo_avg_int10": ("velo", {**_ON, "cvae_interval": 10}),
-    # sensitivity: the CVAE with the principled ELBO (§8-D6) instead of the code's loss, and
-    # the fresh K x C knowledge table (§8-D3, the window of the spec §9 prototype)
-    "velo_avg_elbo": ("velo", {**_ON, "cvae_loss": "elbo"}),
-    "felo_avg_latest": ("felo", {**_ON, "knowledge_window": "latest_per_client"}),
-    "velo_avg_latest": ("velo", {**_ON, "knowledge_window": "latest_per_client"}),
-    # Table 2 (homogeneous family): plain FedAvg of all weights
-    "fedavg": ("fedavg", {}),
-    # the registered names with their own defaults (checks that config == registered variant)
-    "fedhe_registered": ("fedhe", {}),
-}
-GRID = [
-    "local",
-    "ce_avg",
-    "fedhe_avg",
-    "fedhe_noavg",
-    "feat_avg",
-    "feat_noavg",
-    "felo_avg",
-    "felo_noavg",
-    "velo_avg",
-    "velo_noavg",
-    "ce_noavg",
-]
-# headline paired comparisons (a - b), percentage points
-PAIRS: tuple[tuple[str, str], ...] = (
-    ("felo_avg", "ce_avg"),
-    ("felo_avg", "fedhe_avg"),
-    ("felo_noavg", "fedhe_noavg"),
-    ("velo_avg", "felo_avg"),
-    ("velo_noavg", "felo_noavg"),
-    ("fedhe_avg", "ce_avg"),
-    ("feat_avg", "ce_avg"),
-    ("felo_avg", "feat_avg"),
-    ("ce_avg", "local"),
-    ("felo_avg", "felo_noavg"),
-    ("velo_avg", "velo_noavg"),
-    ("fedhe_avg", "fedhe_noavg"),
-    ("fedhe_noavg", "local"),
-    ("felo_noavg", "local"),
-    ("velo_noavg", "local"),
-    ("ce_noavg", "local"),
-    ("felo_avg", "fedavg"),
-    ("velo_avg", "fedavg"),
-    ("velo_avg_int2", "velo_avg"),
-    ("velo_avg_int5", "velo_avg"),
-    ("velo_avg_int10", "velo_avg"),
-    ("velo_avg_elbo", "velo_avg"),
-    ("velo_avg_elbo", "felo_avg"),
-    ("felo_avg_latest", "felo_avg"),
-    ("velo_avg_latest", "felo_avg_latest"),
-    ("felo_avg_latest", "ce_avg"),
-)
-DATA = {
-    # name: (image_size, feature_dim default)
-    "digits": (None, 32),
-    "mnist5k": (28, 32),
-}
+PRESET = experiment.load_preset("felo")
+METHODS = PRESET.arms
+PAIRS = PRESET.pairs()  # headline paired comparisons (a - b), percentage points
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line; defaults are spec §9's grid on digits."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--methods", nargs="+", default=GRID, choices=sorted(METHODS))
-    ap.add_argument("--alphas", nargs="+", type=float, default=[0.5], help="Dirichlet alpha")
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--data", default="digits", choices=sorted(DATA))
-    ap.add_argument("--clients", type=int, default=10, help="K")
-    ap.add_argument("--family", default="tiny_felo", help="models.families name")
-    ap.add_argument("--feature-dim", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=60, help="T (paper: 100)")
-    ap.add_argument("--fraction", type=float, default=0.5, help="participation (paper: 0.2)")
-    ap.add_argument("--epochs", type=int, default=1, help="local epochs per participation")
-    ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--kd-weight", type=float, default=0.5, help="alpha of Eq. (1)")
-    ap.add_argument("--warmup-fraction", type=float, default=0.05, help="0.05*60 = 3 rounds")
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/felo.toml)."""
+    ap.add_argument("--data", choices=sorted(IMAGE_SIZE))
+    ap.add_argument("--clients", type=int, help="K")
+    ap.add_argument("--family", help="models.families name")
+    ap.add_argument("--feature-dim", type=int)
+    ap.add_argument("--rounds", type=int, help="T (paper: 100)")
+    ap.add_argument("--fraction", type=float, help="participation (paper: 0.2)")
+    ap.add_argument("--epochs", type=int, help="local epochs per participation")
+    ap.add_argument("--lr", type=float, help="Adam learning rate")
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--kd-weight", type=float, help="alpha of Eq. (1)")
+    ap.add_argument("--warmup-fraction", type=float, help="0.05*60 = 3 rounds")
     ap.add_argument(
         "--window",
         default=None,
         choices=["history_fifo", "latest_per_client", "current_round"],
         help="knowledge_window (default: the algorithm's, history_fifo)",
     )
-    ap.add_argument("--cvae-z", type=int, default=16)
-    ap.add_argument("--cvae-embed", type=int, default=16)
-    ap.add_argument("--cvae-hidden", type=int, default=64)
-    ap.add_argument("--cvae-epochs", type=int, default=10)
-    ap.add_argument("--cvae-batch", type=int, default=50)
-    ap.add_argument("--global-test", type=int, default=360)
+    ap.add_argument("--cvae-z", type=int)
+    ap.add_argument("--cvae-embed", type=int)
+    ap.add_argument("--cvae-hidden", type=int)
+    ap.add_argument("--cvae-epochs", type=int)
+    ap.add_argument("--cvae-batch", type=int)
+    ap.add_argument("--global-test", type=int)
     ap.add_argument(
         "--cvae-singleton-workaround",
         action="store_true",
@@ -177,13 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "encoder's BatchNorm in eval mode (running statistics); each run records how often "
         "it fired (cvae_singleton_batches). Off by default.",
     )
-    add_grid_args(ap, "benchmarks/results/felo_digits.json")
-    return ap.parse_args(argv)
 
 
 def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
     """Everything that determines one run (also its identity in the results file)."""
-    algorithm, extra = METHODS[method]
+    arm = METHODS[method]
+    algorithm = arm.algorithm
     hyper: dict[str, Any] = {
         "local_epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -202,7 +118,7 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
             cvae_epochs=args.cvae_epochs,
             cvae_batch_size=args.cvae_batch,
         )
-    hyper.update(extra)
+    hyper.update(arm.hyper)
     return {
         "method": method,
         "algorithm": algorithm,
@@ -260,11 +176,10 @@ def _patch_cvae_singletons() -> None:
     vc.cvae_loss_fn = patched
 
 
-def execute(
-    spec: dict[str, Any], threads: int, deadline: float, workaround: bool = False
-) -> dict[str, Any]:
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
-    if workaround and spec["algorithm"] == "velo":
+    threads, deadline = args.threads, args.deadline
+    if args.cvae_singleton_workaround and spec["algorithm"] == "velo":
         _patch_cvae_singletons()
         _SINGLETONS[0] = 0
         r = _execute(spec, threads, deadline)
@@ -280,7 +195,7 @@ def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, A
     run = SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
-        image_size=DATA[spec["data"]][0],
+        image_size=IMAGE_SIZE[spec["data"]],
         deadline_s=deadline,
         max_retries=1,
         run_id="felo-repro",
@@ -307,30 +222,15 @@ def summarize(steps: list[dict[str, Any]], T: int) -> dict[str, Any]:
             for d, a in sorted(last["agents"].items())
         },
     }
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for a in agents:
-        groups.setdefault(str(a.get("arch")), []).append(a)
-    out["per_arch"] = {
-        arch: {"acc_global": mean_of(g, "acc_global"), "acc_local": mean_of(g, "acc_local")}
-        for arch, g in sorted(groups.items())
-    }
+    out["per_arch"] = per_arch(agents, ("acc_global", "acc_local"))
     train = train_steps(steps)
-    out["steps_failed"] = sum(1 for s in steps if s.get("status") == "failed")
-    half = [s for s in train if s["round"] >= T / 2]
+    out["steps_failed"] = steps_failed(steps)
     for key in ("acc_global", "acc_local"):
-        vals = [s[f"mean_{key}"] for s in half if s.get(f"mean_{key}") is not None]
-        out[f"half_{key}"] = statistics.fmean(vals) if vals else None
+        out[f"half_{key}"] = late_mean(train, key, T / 2)
     # bytes as counted by the coordinator's endpoint (tx = to agents, rx = from them)
-    by_kind: dict[str, int] = {}
-    by_phase: dict[str, dict[str, int]] = {}
-    for s in steps:
-        bucket = by_phase.setdefault(s["phase"], {})
-        for k, v in s["bytes"].items():
-            by_kind[k] = by_kind.get(k, 0) + int(v)
-            bucket[k] = bucket.get(k, 0) + int(v)
-    out["bytes_by_kind"] = by_kind
-    out["bytes_by_phase"] = by_phase
-    out["bytes_total"] = sum(by_kind.values())
+    out["bytes_by_kind"] = bytes_by_kind(steps)
+    out["bytes_by_phase"] = bytes_by_phase(steps)
+    out["bytes_total"] = sum(out["bytes_by_kind"].values())
     out["participations"] = sum(len(s["agents"]) for s in train)
     out["rounds"] = [
         {
@@ -360,19 +260,17 @@ def _kb(n: float) -> str:
     return f"{n / 1e3:,.0f}"
 
 
-def tables(runs: list[dict[str, Any]]) -> str:
+def tables(results: experiment.Results) -> str:
     """Markdown, one block per setting: accuracies, per-group, bytes, paired differences."""
     settings: dict[tuple[str, str, float, int, float], list[dict[str, Any]]] = {}
-    for r in runs:
+    for r in results.runs:
         settings.setdefault(_setting(r), []).append(r)
     lines: list[str] = []
     # heterogeneous family first, larger alpha (milder skew) first
     for key in sorted(settings, key=lambda k: (k[0], k[1] != "tiny_felo", k[1], -k[2], k[3:])):
         rs = settings[key]
-        by_method: dict[str, list[dict[str, Any]]] = {}
-        for r in rs:
-            by_method.setdefault(r["spec"]["method"], []).append(r)
-        order = [m for m in METHODS if m in by_method]
+        groups = by_method(rs)
+        order = [m for m in METHODS if m in groups]
         lines += [
             f"### {_setting_name(key)}",
             "",
@@ -384,7 +282,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|---|---|",
         ]
         for m in order:
-            g = by_method[m]
+            g = groups[m]
             lines.append(
                 f"| {m} | {g[0]['spec']['algorithm']} | {len(g)} | "
                 f"{mean_sd([r['acc_global'] for r in g])} | "
@@ -402,7 +300,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "|---|" + "---|" * len(archs),
         ]
         for m in order:
-            g = by_method[m]
+            g = groups[m]
             cells = []
             for a in archs:
                 vals = [r["per_arch"][a]["acc_global"] for r in g if a in r["per_arch"]]
@@ -418,33 +316,20 @@ def tables(runs: list[dict[str, Any]]) -> str:
             "|---|" + "---|" * (len(kinds) + 2),
         ]
         for m in order:
-            g = by_method[m]
+            g = groups[m]
             cells = [_kb(statistics.fmean(r["bytes_by_kind"].get(k, 0) for r in g)) for k in kinds]
             tot = statistics.fmean(r["bytes_total"] for r in g)
             per = statistics.fmean(r["bytes_total"] / max(r["participations"], 1) for r in g)
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {_kb(tot)} | {per / 1e3:.1f} |")
-        lines += [*paired(by_method), ""]
+        lines += [*paired(groups), ""]
     return "\n".join(lines) + "\n"
 
 
-def paired(by_method: dict[str, list[dict[str, Any]]]) -> list[str]:
+def paired(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Per-seed paired differences (same seed = same partition, init and participants)."""
-    rows = []
-    pairs = list(PAIRS) + [
-        (m, "local") for m in by_method if m != "local" and (m, "local") not in PAIRS
-    ]
-    for a, b in pairs:
-        if a not in by_method or b not in by_method:
-            continue
-        seeds = len(set(by_seed(by_method[a])) & set(by_seed(by_method[b])))
-        if not seeds:
-            continue
-        cols = [
-            mean_sd(paired_diffs(by_method[a], by_method[b], key))
-            for key in ("acc_global", "acc_local", "half_acc_global", "half_acc_local")
-        ]
-        wins = sum(1 for x in paired_diffs(by_method[a], by_method[b], "acc_global") if x > 0)
-        rows.append(f"| {a} − {b} | {seeds} | " + " | ".join(cols) + f" | {wins}/{seeds} |")
+    extra = [(m, "local") for m in groups if m != "local" and (m, "local") not in PAIRS]
+    keys = ("acc_global", "acc_local", "half_acc_global", "half_acc_local")
+    rows = paired_rows(groups, [*PAIRS, *extra], keys, mean_sd, wins="acc_global")
     if not rows:
         return []
     return [
@@ -471,23 +356,17 @@ def _describe(r: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs of the grid, then print (and optionally write) the tables."""
-    args = parse_args(argv)
-    specs = [
-        run_spec(args, m, alpha, seed)
-        for alpha in args.alphas
-        for seed in args.seeds
-        for m in args.methods
-    ]
-    execute_one = functools.partial(
-        execute,
-        threads=args.threads,
-        deadline=args.deadline,
-        workaround=args.cvae_singleton_workaround,
-    )
-    grid_main(args, specs, execute_one, describe=_describe, tables=tables, dirty=True)
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    spec=run_spec,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+    dirty=True,
+)
 
 
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

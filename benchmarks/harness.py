@@ -15,8 +15,9 @@ One implementation of what a grid of simulated runs needs:
   intervals, markdown written to a file;
 * :func:`code_label`: the git HEAD the runs came from.
 
-The scripts keep their own run specs, summaries and tables; a spec is any JSON-able dict, and
-its identity in a results file is :func:`spec_key`. Nothing here imports torch at import time.
+A script declares its grid as an ``experiment.Experiment`` (``benchmarks/experiment/``), whose
+one main runs it with these parts; a spec is any JSON-able dict, and its identity in a results
+file is :func:`spec_key`. Nothing here imports torch at import time.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "IMAGE_SIZE",
     "T975",
     "SimRun",
     "add_grid_args",
@@ -48,7 +50,6 @@ __all__ = [
     "client_test_sizes",
     "code_label",
     "final_step",
-    "grid_main",
     "group_by",
     "guarded",
     "load_results",
@@ -70,6 +71,9 @@ __all__ = [
 Record = dict[str, Any]
 ROOT = Path(__file__).resolve().parent.parent
 
+# the datasets the grids run on: name -> image side the agents resize to (None: the dataset's
+# own, 8x8 for digits), in the order tables show them
+IMAGE_SIZE: dict[str, int | None] = {"digits": None, "mnist5k": 28}
 # two-sided 95 % Student t quantiles by degrees of freedom (the normal 1.96 beyond the table)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 
@@ -320,8 +324,12 @@ def add_grid_args(
 def _fmt_head(t0: float, spec: Record) -> str:
     alpha = spec.get("alpha")
     where = f" a={alpha:g}" if isinstance(alpha, (int, float)) else ""
-    method = spec.get("method", spec.get("algorithm", "?"))
-    return f"[{time.time() - t0:7.0f}s] {method:15s}{where} seed={spec.get('seed')}"
+    return f"[{time.time() - t0:7.0f}s] {_method(spec):15s}{where} seed={spec.get('seed')}"
+
+
+def _method(spec: Record) -> str:
+    """A spec's row name: its method, else its algorithm."""
+    return str(spec.get("method", spec.get("algorithm", "?")))
 
 
 def run_grid(
@@ -381,38 +389,12 @@ def run_grid(
     return runs, failures
 
 
-def grid_main(
-    args: argparse.Namespace,
-    specs: list[Record],
-    execute: Callable[[Record], Record],
-    *,
-    describe: Callable[[Record], str],
-    tables: Callable[[list[Record]], str],
-    dirty: bool = False,
-) -> None:
-    """A grid script's main: unless ``--table-only``, run what ``--out`` lacks
-    (:func:`run_grid`, ``--jobs`` processes when the script has the option, else in this
-    process; labelled ``--code`` or :func:`code_label`); then print ``tables(runs)``, the
-    failures, and write the tables to ``--md``."""
-    runs, failures = load_results(args.out)
-    if not args.table_only:
-        code = getattr(args, "code", None) or code_label(dirty=dirty)
-        jobs = getattr(args, "jobs", 0)
-        runs, failures = run_grid(args.out, specs, execute, describe=describe, jobs=jobs, code=code)
-    text = tables(runs)
-    print(text)
-    if failures:
-        print(failure_line(args.out, failures))
-    write_markdown(args.md, text)
-
-
 def failure_line(out: Path, failures: list[Record]) -> str:
     """``N failed runs recorded in OUT: method/a0.1/s0, ...`` (empty when there are none)."""
     if not failures:
         return ""
     names = ", ".join(
-        f"{f['spec'].get('method')}/a{f['spec'].get('alpha')}/s{f['spec'].get('seed')}"
-        for f in failures
+        f"{_method(f['spec'])}/a{f['spec'].get('alpha')}/s{f['spec'].get('seed')}" for f in failures
     )
     return f"{len(failures)} failed runs recorded in {out}: {names}"
 
@@ -518,10 +500,13 @@ def ci95(vals: list[float]) -> tuple[float, float]:
     return mean, t * statistics.stdev(vals) / math.sqrt(len(vals))
 
 
-def ci_cell(vals: list[float], scale: float = 100.0) -> str:
-    """``+mean [+low, +high]`` of ``vals`` times ``scale`` (95 % t interval)."""
+def ci_cell(vals: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """``+mean [+low, +high]`` of ``vals`` times ``scale`` (95 % t interval); one value alone
+    has no interval."""
     mean, half = ci95([scale * v for v in vals])
-    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
+    if len(vals) < 2:
+        return f"{mean:+.{digits}f}"
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
 
 
 def by_seed(runs: Iterable[Record]) -> dict[int, Record]:

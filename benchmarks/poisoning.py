@@ -38,14 +38,15 @@ Usage::
         --out benchmarks/results/poisoning.json --md benchmarks/results/poisoning.md
     python benchmarks/poisoning.py --out benchmarks/results/poisoning.json --table-only
 
-Results are appended to ``--out`` after every run; a rerun skips runs already there.
+Settings and options: ``benchmarks/presets/poisoning.toml``. Results are appended to ``--out``
+after every run; a rerun skips runs already there, and a run that raised is recorded under
+``failures`` and retried by the next invocation.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import shutil
 import statistics
@@ -55,7 +56,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import experiment
 import numpy as np
+from harness import mean_sd
 
 from protocol.contract.codec import decode, encode
 from protocol.contract.messages import Knowledge, Reply, Task
@@ -66,20 +69,9 @@ from protocol.transport.base import Handler, MemoryBroker, MemoryTransport, Tran
 logging.basicConfig(level=logging.ERROR)
 
 ATTACKER = "agent9"
-OPTIONS: dict[str, dict[str, Any]] = {
-    "mean": {},
-    "median": {"aggregation": "median"},
-    "trimmed_mean": {"aggregation": "trimmed_mean", "trim_fraction": 0.1},
-    "clip": {"clip_norm": 2.0},
-    # tighter settings, run for FedAvg only (the attacked runs above still lose 8-15 points)
-    "trimmed_mean_0.2": {"aggregation": "trimmed_mean", "trim_fraction": 0.2},
-    "clip_1": {"clip_norm": 1.0},
-    # servers that train on the individual uploads (FedTGP's generator, FedGH's head): outlier
-    # uploads of a class left out of the server's training, 3 median distances from its median
-    "screen": {"upload_screen": 3.0},
-    "median_screen": {"aggregation": "median", "upload_screen": 3.0},
-}
-ALGORITHMS = ("fedavg", "fedproto", "fedtgp", "fedgh")
+PRESET = experiment.load_preset("poisoning")
+# aggregation option -> what it sets over the algorithm's config
+OPTIONS: dict[str, dict[str, Any]] = PRESET.other["options"]
 SCALE = 10.0  # the sign-flipped update's factor
 Attack = Callable[[dict[str, Payload], dict[str, Payload]], dict[str, Payload]]
 
@@ -116,6 +108,7 @@ ATTACKS: dict[str, Attack] = {
     "fedtgp": flip_prototypes,
     "fedgh": flip_prototypes,
 }
+ALGORITHMS = tuple(ATTACKS)
 
 
 def applies(algorithm: str, option: str) -> bool:
@@ -171,26 +164,20 @@ class PoisonTransport(MemoryTransport):
         super().publish(topic, payload, qos=qos, retain=retain)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line; defaults keep the grid small (a shared 2-core machine)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
-    ap.add_argument("--options", nargs="+", default=list(OPTIONS)[:4], choices=sorted(OPTIONS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
-    ap.add_argument("--model", default="cnn_t1", help="every agent's architecture")
-    ap.add_argument("--alpha", type=float, default=0.5, help="Dirichlet label skew")
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--deadline", type=float, default=900.0, help="per-step deadline (s)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/poisoning.json"))
-    ap.add_argument("--md", type=Path, default=None, help="write the markdown table here")
-    ap.add_argument("--table-only", action="store_true")
-    return ap.parse_args(argv)
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/poisoning.toml)."""
+    ap.add_argument("--algorithms", nargs="+", choices=ALGORITHMS)
+    ap.add_argument("--options", nargs="+", choices=sorted(OPTIONS))
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--epochs", type=int, help="local epochs per round")
+    ap.add_argument("--model", help="every agent's architecture")
+    ap.add_argument("--alpha", type=float, help="Dirichlet label skew")
+    ap.add_argument("--clients", type=int)
 
 
-def run_spec(args: argparse.Namespace, algorithm: str, option: str, attacked: bool, seed: int):
+def run_spec(
+    args: argparse.Namespace, algorithm: str, option: str, attacked: bool, seed: int
+) -> dict[str, Any]:
     """Everything that determines one run (also its identity in the results file)."""
     return {
         "algorithm": algorithm,
@@ -206,10 +193,26 @@ def run_spec(args: argparse.Namespace, algorithm: str, option: str, attacked: bo
     }
 
 
-def execute(spec: dict[str, Any], deadline: float) -> dict[str, Any]:
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every seed, algorithm and option that applies to it, clean and attacked."""
+    return [
+        run_spec(args, algorithm, option, attacked, seed)
+        for seed in args.seeds
+        for algorithm in args.algorithms
+        for option in args.options
+        if applies(algorithm, option)
+        for attacked in (False, True)
+    ]
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """One simulation; the honest agents' final accuracies."""
+    import torch
+
     from coordinator.config import load_config
     from coordinator.sim.simulate import FleetSpec, simulate
+
+    torch.set_num_threads(args.threads)
 
     run_dir = Path(tempfile.mkdtemp(prefix="poisoning-"))
     broker = MemoryBroker()
@@ -231,7 +234,7 @@ def execute(spec: dict[str, Any], deadline: float) -> dict[str, Any]:
             min_agents=spec["clients"],
             seed=spec["seed"],
             fraction=1.0,
-            deadline_s=deadline,
+            deadline_s=args.deadline,
             max_retries=1,
             num_classes=10,
             run_id="poisoning",
@@ -268,17 +271,9 @@ def _mean(values: list[Any]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def mean_sd(values: list[float | None]) -> str:
-    """``mean ± sd`` in percent (``–`` without values)."""
-    vals = [100 * v for v in values if v is not None]
-    if not vals:
-        return "–"
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{statistics.fmean(vals):.1f} ± {sd:.1f}"
-
-
-def table(runs: list[dict[str, Any]]) -> str:
+def tables(results: experiment.Results) -> str:
     """Markdown: one row per (algorithm, option), clean vs attacked accuracy."""
+    runs = results.runs
     cells: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
     for r in runs:
         s = r["spec"]
@@ -286,6 +281,8 @@ def table(runs: list[dict[str, Any]]) -> str:
     specs = [r["spec"] for r in runs]
     setting = sorted({(s["rounds"], s["epochs"], s["model"], s["alpha"]) for s in specs})
     lines = [
+        "# One poisoning agent out of 10",
+        "",
         "Honest agents' mean accuracy in % (mean ± sd over seeds) after the `final` step: "
         "`agent0`..`agent8` on their own test splits (local) and on the 360-image global test "
         "set (global). clean: all 10 agents honest; attacked: `agent9` poisons every `train` "
@@ -313,37 +310,25 @@ def table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing cells of the grid, then print (and write) the table."""
-    args = parse_args(argv)
-    done = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
-    if not args.table_only:
-        import torch
+def _describe(r: dict[str, Any]) -> str:
+    return (
+        f"attacked={r['spec']['attacked']} option={r['spec']['option']}: "
+        f"local {r['acc_local']} global {r['acc_global']} ({r['wall_s']:.0f} s)"
+    )
 
-        torch.set_num_threads(args.threads)
-        have = [r["spec"] for r in done["runs"]]
-        for seed in args.seeds:
-            for algorithm in args.algorithms:
-                for option in (o for o in args.options if applies(algorithm, o)):
-                    for attacked in (False, True):
-                        spec = run_spec(args, algorithm, option, attacked, seed)
-                        if spec in have:
-                            continue
-                        out = execute(spec, args.deadline)
-                        done["runs"].append(out)
-                        args.out.parent.mkdir(parents=True, exist_ok=True)
-                        args.out.write_text(json.dumps(done, indent=1) + "\n")
-                        print(
-                            f"{algorithm} {option} attacked={attacked} seed={seed}: "
-                            f"local {out['acc_local']} global {out['acc_global']} "
-                            f"({out['wall_s']:.0f} s)",
-                            flush=True,
-                        )
-    md = table(done["runs"])
-    print(md)
-    if args.md is not None:
-        args.md.write_text("# One poisoning agent out of 10\n\n" + md)
+
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    plan=plan,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+    jobs=False,
+    deadline=900.0,
+)
 
 
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

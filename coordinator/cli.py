@@ -552,7 +552,7 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 
 
 # The demo's defaults; --algorithm, --rounds, --data and --set override every value. The
-# algorithm is the comparison table's pick (docs/results.md, "Overall": FedKTL, best on both
+# algorithm is the comparison table's pick (docs/results/common.md, "Overall": FedKTL, best on both
 # metrics in both digits settings and the best personalised accuracy in both MNIST-5k ones, 20
 # clients, 50 rounds, one training recipe). The demo's own setting is far smaller (4 agent
 # processes, Dir 0.5, 8 rounds, local_epochs 2, lr 0.05), and there FedKTL shows no gain over
@@ -564,7 +564,7 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 #   digits (8x8):    fedktl 95.8% / 63.9% (seeds 0-1: 95.7/64.0, 95.8/63.7), local-only
 #                    94.9% / 64.9% (seeds 0-1: 94.0/64.0, 95.7/65.8; 93.9 / 67.4 over 0-2),
 #                    fedproto 94.5% / 63.8%, fedvtc 75.1% / 59.1%
-# fedvtc here carries the three deviations that make its generator work (docs/fedvtc.md,
+# fedvtc here carries the three deviations that make its generator work (docs/algorithms/fedvtc.md,
 # "Combined deviations"; with the paper's settings it scores 22.1% / 14.0% on digits, seed 0).
 # On mnist5k it gives every device the best accuracy on all classes (global, +3.5 points over
 # local-only, no seed below it) and costs accuracy on the device's own skewed label mix (local,
@@ -572,7 +572,7 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 DEMO_DEFAULTS = {"algorithm": "fedktl", "rounds": 8, "data": "mnist5k"}
 # feature size per dataset: mnist5k uses the paper's MNIST generator (980 = 20x7x7 latent)
 DEMO_FEATURE_DIM = {"digits": 64, "mnist5k": 980}
-# ...except where the algorithm fixes it: FedKTL's ETF head needs K = C = 10 (docs/fedktl.md)
+# ...except where the algorithm fixes it: FedKTL's ETF head needs K = C = 10 (docs/algorithms/fedktl.md)
 DEMO_ALGORITHM_FEATURE_DIM = {"fedktl": 10}
 _DEMO_TRAINING = ["hyper.local_epochs=2", "hyper.lr=0.05"]
 DEMO_HYPER = {
@@ -583,7 +583,7 @@ DEMO_HYPER = {
     # the Felo family defaults to Adam 1e-3 (the authors' code); the demo keeps every algorithm
     # on the same SGD settings so its table compares the exchange, not the optimiser
     **{name: [*_DEMO_TRAINING, "hyper.optimizer=sgd"] for name in ("felo", "velo", "fedhe")},
-    # FedVTC: the `fedvtc_combo` deviations (docs/fedvtc.md) on top of the issue-17 defaults
+    # FedVTC: the `fedvtc_combo` deviations (docs/algorithms/fedvtc.md) on top of the issue-17 defaults
     # (per-part clipping, psi in train mode in step A). Re-chosen from the fixed grid
     # (benchmarks/results/fedvtc_fixed.md, 3 seeds): final 62.8 / 71.5 at Dir 0.1 / 1.0 vs
     # 27.3 / 27.7 for the paper's settings with the same fixes and 27.7 / 53.5 for local-only

@@ -9,7 +9,7 @@ has run it since 1.14, TensorRT 8.6+ parses it, and per-channel QDQ quantisation
 The dynamo exporter (``torch.export`` + onnxscript) is the default: it exports every registry
 model here and matches PyTorch as closely as the legacy TorchScript exporter, which torch 2.9+
 deprecates with a removal warning. Legacy stays available (much faster to export, needs only
-``onnx``). Figures per model are in docs/export.md.
+``onnx``). Figures per model are in docs/howto/export-onnx.md.
 """
 
 from __future__ import annotations

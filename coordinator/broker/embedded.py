@@ -11,7 +11,7 @@ Both listen on ``127.0.0.1`` unless given another ``host``. Given a broker direc
 rules as the generated Mosquitto config does: mutual TLS with the fleet's CA and CRL, the
 certificate's CN as username, and the ``acl`` file (:mod:`coordinator.broker.plugins`). Without
 one it authenticates nobody and warns when it listens on a non-loopback interface (issue 19,
-``docs/security.md``).
+``docs/concepts/security.md``).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class EmbeddedBroker:
             self.log.warning(
                 "embedded MQTT broker listens on %s:%d without authentication: anyone who can "
                 "reach it can read and steer the fleet; use Mosquitto with TLS and per-device "
-                "ACLs on a network (docs/security.md)",
+                "ACLs on a network (docs/concepts/security.md)",
                 self.host,
                 self.port,
             )

@@ -8,7 +8,7 @@ the run's SQLite store and acknowledge it. The leader (the engine) opens and clo
 before; it tells the workers which step is open through the store (:meth:`Store.set_intake`)
 and takes what they stored by polling the store (every ``POLL_S``, while the step is open). A
 chunked reply never reaches a worker: its chunks travel on the reply's chunk topic, which the
-leader subscribes to itself. Design and figures: ``docs/scaling.md``.
+leader subscribes to itself. Design and figures: ``docs/howto/run-at-scale.md``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ round leader opened (read from the run's store), stores the valid ones as receiv
 store, commits, and only then acknowledges them: the contract of the in-process path, in
 another process with its own GIL. The round leader (``coordinator serve`` with
 ``run.ingest_workers`` = N) reads them from the store when the step closes
-(``coordinator/engine/ingest.py``; design: ``docs/scaling.md``).
+(``coordinator/engine/ingest.py``; design: ``docs/howto/run-at-scale.md``).
 """
 
 from __future__ import annotations

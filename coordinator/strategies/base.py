@@ -8,7 +8,7 @@ new global state (:meth:`aggregate`), what the server trains between steps
 (:meth:`server_train`, given a :class:`ServerContext`), and how its state is saved
 (:meth:`state_dict`).
 
-The seams were drawn against all five seed algorithms (see ``docs/strategy-seams.md``).
+The seams were drawn against all five seed algorithms (see ``docs/howto/add-an-algorithm.md``).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ Aggregator = Callable[[Step, list[tuple[AgentInfo, Reply]]], dict[str, float]]
 class Strategy(Generic[C]):
     """Base strategy: no knowledge exchanged; subclasses fill the hooks.
 
-    Value bounds (``docs/security.md``): every float a reply carries is finite by construction
+    Value bounds (``docs/concepts/security.md``): every float a reply carries is finite by construction
     of the payloads; :meth:`check_prototypes` and :meth:`check_values` also refuse magnitudes
     no honest model produces, so that one accepted reply cannot make the global state useless.
     """

@@ -207,7 +207,7 @@ class TrainConfig(AlgorithmConfig):
 @dataclass(frozen=True)
 class AveragingConfig(TrainConfig):
     """Settings of every algorithm whose server averages uploads (weights, prototypes, logits,
-    features): how the uploads of a round are combined (issue 19, ``docs/security.md``).
+    features): how the uploads of a round are combined (issue 19, ``docs/concepts/security.md``).
 
     The coordinator alone reads these; they travel in the task config like every field.
     """

@@ -51,7 +51,7 @@ class FedProtoConfig(AveragingConfig):
     proto_encoding: Literal["raw", "f16"] = "raw"
     predict: Literal["head", "prototype"] = "head"  # prototype: nearest global prototype
     # the prototypes' dimension (the agents' --feature-dim); 0: fixed by the first valid reply
-    # of round 1, which a forger answering first could choose (docs/security.md)
+    # of round 1, which a forger answering first could choose (docs/concepts/security.md)
     feature_dim: int = 0
     # the agents' common start (issue 20 §2). "architecture": agents of one architecture start
     # from the same weights (HtFLlib seeds every client's model alike), so their class means

@@ -1,4 +1,4 @@
-"""FD / FedDistill hyperparameters (Jeong et al. 2018; see docs/baselines.md).
+"""FD / FedDistill hyperparameters (Jeong et al. 2018; see docs/algorithms/baselines.md).
 
 Only per-class mean logits travel: each agent uploads the mean logit of every class it trained
 on (from the training forward passes), the coordinator averages them per class over the

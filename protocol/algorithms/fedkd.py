@@ -1,5 +1,5 @@
 """FedKD hyperparameters (Wu et al. 2022, "Communication-efficient federated learning via
-knowledge distillation"; see docs/baselines.md).
+knowledge distillation"; see docs/algorithms/baselines.md).
 
 Like FML, each device co-trains its private model (the mentor, never sent) with a copy of one
 small shared model (the mentee, ``shared_model``), and only the mentee is averaged. FedKD's

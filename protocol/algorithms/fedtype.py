@@ -1,4 +1,4 @@
-"""FedType hyperparameters (``shared/specs/fedtype.md``; see docs/fedtype.md).
+"""FedType hyperparameters (``shared/specs/fedtype.md``; see docs/algorithms/fedtype.md).
 
 Only a small proxy model, identical on every device, travels: the global proxy down, the
 trained proxy up, averaged by sample count exactly as FedAvg averages a model (so this config

@@ -1,9 +1,9 @@
-"""FedVTC's hyperparameters (paper values where the paper gives them; see docs/fedvtc.md).
+"""FedVTC's hyperparameters (paper values where the paper gives them; see docs/algorithms/fedvtc.md).
 
 Defaults follow the spec's decisions: SD stored as log-sigma, masked prototypes until a class
 has a global one, class-balanced loss reduction, per-mini-batch A/B alternation, gradient
 clipping at 10 per part (head, extractor, psi, sigma: the paper has no clipping; at lr 0.01 the
-features collapse without it, see docs/fedvtc.md), psi in train mode while step A runs.
+features collapse without it, see docs/algorithms/fedvtc.md), psi in train mode while step A runs.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class FedVTCConfig(AveragingConfig):
     sd_max: float = 10.0
     proto_encoding: Literal["raw", "f16"] = "raw"
     # the prototypes' dimension (the agents' --feature-dim); 0: fixed by the first valid reply
-    # of round 1, which a forger answering first could choose (docs/security.md)
+    # of round 1, which a forger answering first could choose (docs/concepts/security.md)
     feature_dim: int = 0
     generator_encoding: Literal["raw", "f16"] = "raw"
     finetune_source: Literal["generator", "noise"] = "generator"  # "noise" = the control
@@ -86,7 +86,7 @@ class FedVTCConfig(AveragingConfig):
     # started from the same weights (FedAvg's premise). True: each client re-initialises psi from
     # ``generator_seed`` before its first generator step. False: psi keeps the per-client random
     # init it got at agent start, the toolkit's behaviour before this flag (averaging then yields
-    # a near-constant image; see docs/fedvtc.md).
+    # a near-constant image; see docs/algorithms/fedvtc.md).
     shared_generator_init: bool = True
     generator_seed: int = 0
     # Deviation (off = paper): after loading the averaged psi, re-estimate its BatchNorm running

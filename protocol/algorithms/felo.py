@@ -1,4 +1,4 @@
-"""Felo, Velo and FedHe hyperparameters (``shared/specs/felo_velo.md``; see docs/felo_velo.md).
+"""Felo, Velo and FedHe hyperparameters (``shared/specs/felo_velo.md``; see docs/algorithms/felo_velo.md).
 
 One config family, three registered names, so the halves share code through configuration:
 
@@ -47,7 +47,7 @@ class _FeatureLogitConfig(AveragingConfig):
     knowledge_encoding: Literal["raw", "f16"] = "raw"
     weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # group weights, both ways
     # the uploaded features' dimension (the agents' --feature-dim); 0: fixed by the first valid
-    # reply of round 1, which a forger answering first could choose (docs/security.md)
+    # reply of round 1, which a forger answering first could choose (docs/concepts/security.md)
     feature_dim: int = 0
     # the coordinator keeps up to history_cap entries per class (issue 19)
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {

@@ -1,5 +1,5 @@
 """LG-FedAvg hyperparameters (Liang et al. 2020, "Think locally, act globally"; see
-docs/baselines.md).
+docs/algorithms/baselines.md).
 
 Only the head (the classifier mapping features to logits) travels and is averaged by sample
 count, exactly as FedAvg averages a whole model, so this config extends :class:`FedAvgConfig`

@@ -94,7 +94,7 @@ class Topics:
 
     def ingest(self, worker: str) -> str:
         """An ingest worker's presence (``online``, will ``offline``), retained; the round
-        leader resends the open tasks when one goes (``docs/scaling.md``)."""
+        leader resends the open tasks when one goes (``docs/howto/run-at-scale.md``)."""
         return f"{self.base}/coord/ingest/{validate_id(worker, 'worker')}"
 
     def chunk_topic(self, topic: str) -> str:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # its own imports
 
+import experiment
+
 from benchmarks import compare
 
 
@@ -100,8 +102,9 @@ def test_a_call_for_some_algorithms_keeps_every_algorithm_on_the_page(tmp_path: 
     ]  # fmt: skip
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     harness.save_results(out, runs, [])
-    compare.main(["--data", "digits", "--seeds", "0", "--alphas", "1.0", "--algorithms",
-                  "fedproto", "--table-only", "--out", str(out), "--md", str(md)])  # fmt: skip
+    argv = ["--data", "digits", "--seeds", "0", "--alphas", "1.0", "--algorithms", "fedproto",
+            "--table-only", "--out", str(out), "--md", str(md)]  # fmt: skip
+    experiment.main(compare.EXPERIMENT, argv)
     text = md.read_text()
     assert "| `local` | 1 | " in text and "| `fedproto` | 1 | " in text
     assert "| `fedtgp` | 0 | not run yet" in text
@@ -143,11 +146,12 @@ def test_the_overall_pick_is_best_on_both_in_most_settings_then_by_mean_rank() -
 def test_a_call_for_one_dataset_or_seed_keeps_the_whole_grid_on_the_page(tmp_path: Path) -> None:
     import harness
 
-    # a call for MNIST-5k alone rewrote docs/results.md without its digits tables
+    # a call for MNIST-5k alone rewrote docs/results/common.md without its digits tables
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     harness.save_results(out, [], [])
-    compare.main(["--data", "mnist5k", "--seeds", "1", "--algorithms", "local", "--table-only",
-                  "--out", str(out), "--md", str(md)])  # fmt: skip
+    argv = ["--data", "mnist5k", "--seeds", "1", "--algorithms", "local", "--table-only",
+            "--out", str(out), "--md", str(md)]  # fmt: skip
+    experiment.main(compare.EXPERIMENT, argv)
     text = md.read_text()
     for data in ("digits", "mnist5k"):
         for alpha in ("0.1", "1.0"):

@@ -1,4 +1,4 @@
-"""FedKTL, server half (``shared/specs/fedktl.md`` §3; see docs/fedktl.md).
+"""FedKTL, server half (``shared/specs/fedktl.md`` §3; see docs/algorithms/fedktl.md).
 
 Before round 1 (:meth:`FedKTLStrategy.plan`) the pretrained generator is loaded and validated,
 and the set-up (ETF ``[K, C]``, fixed projection h') is drawn from the run seed; its SHA-256

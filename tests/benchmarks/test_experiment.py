@@ -1,0 +1,235 @@
+"""The one experiment main: presets as defaults, a resumable grid, tables; and the benchmark
+scripts' declarations (each preset file matches its script's options, each committed results
+page regenerates from its results file)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))  # the scripts' own imports (harness, experiment)
+
+import experiment  # noqa: E402
+import harness  # noqa: E402
+from experiment.summary import (  # noqa: E402
+    best_round,
+    bytes_by_kind,
+    bytes_by_phase,
+    late_mean,
+    paired_rows,
+    per_arch,
+    steps_failed,
+)
+
+Record = dict[str, Any]
+
+PRESET = """
+[settings]
+alphas = [0.5]
+seeds = [0, 1]
+rounds = 3
+
+[presets.long]
+rounds = 9
+seeds = [0, 1, 2]
+
+[arms.base]
+algorithm = "local"
+
+[arms.better]
+algorithm = "local"
+hyper = { lr = 0.1 }
+
+[arms.boom]
+algorithm = "local"
+
+[report]
+pairs = [["better", "base"]]
+"""
+CALLS: list[Record] = []
+
+
+def fake_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> Record | None:
+    if method == "better" and seed == 2:
+        return None  # a cell the script leaves out
+    arm = EXPERIMENT_PRESET().arms[method]
+    return {"method": method, "alpha": alpha, "seed": seed, "rounds": args.rounds, **arm.hyper}
+
+
+def fake_execute(spec: Record, args: argparse.Namespace) -> Record:
+    CALLS.append(spec)
+    if spec["method"] == "boom":
+        raise RuntimeError("exploded")
+    return {"spec": spec, "acc": 0.5 + (0.1 if spec["method"] == "better" else 0.0) * spec["seed"]}
+
+
+def fake_tables(results: experiment.Results) -> str:
+    groups = {m: [r for r in results.runs if r["spec"]["method"] == m] for m in ("base", "better")}
+    rows = paired_rows(groups, [("better", "base")], ("acc",), harness.ci_cell, wins="acc")
+    return f"planned {len(results.specs)}\n" + "\n".join(rows) + "\n"
+
+
+_PRESET_DIR: list[Path] = []
+
+
+def EXPERIMENT_PRESET() -> experiment.Preset:  # noqa: N802 - reads like the scripts' PRESET
+    return experiment.load_preset("fake", _PRESET_DIR[0])
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> experiment.Experiment:
+    (tmp_path / "fake.toml").write_text(PRESET)
+    _PRESET_DIR[:] = [tmp_path]
+    CALLS.clear()
+
+    def add_args(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--rounds", type=int)
+
+    return experiment.Experiment(
+        description="a fake grid",
+        preset=EXPERIMENT_PRESET(),
+        spec=fake_spec,
+        execute=fake_execute,
+        describe=lambda r: f"acc={r['acc']}",
+        tables=fake_tables,
+        add_args=add_args,
+        jobs=False,
+    )
+
+
+def test_settings_are_defaults_a_named_preset_goes_over_them_and_the_command_line_over_both(
+    fake: experiment.Experiment,
+) -> None:
+    args = experiment.parse_args(fake, [])
+    assert (args.rounds, args.seeds, args.alphas) == (3, [0, 1], [0.5])
+    assert args.methods == ["base", "better", "boom"]  # every arm, in the file's order
+    args = experiment.parse_args(fake, ["--preset", "long", "--seeds", "4"])
+    assert (args.rounds, args.seeds) == (9, [4])
+    with pytest.raises(SystemExit):
+        experiment.parse_args(fake, ["--methods", "unknown"])
+
+
+def test_a_setting_without_an_option_is_refused(
+    fake: experiment.Experiment, tmp_path: Path
+) -> None:
+    (tmp_path / "fake.toml").write_text(PRESET.replace("rounds = 3", "round = 3"))
+    typo = experiment.Experiment(**{**vars(fake), "preset": EXPERIMENT_PRESET()})
+    with pytest.raises(ValueError, match="round"):
+        experiment.parse_args(typo, [])
+
+
+def test_main_runs_the_grid_resumes_it_and_writes_the_tables(
+    fake: experiment.Experiment, tmp_path: Path
+) -> None:
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    argv = ["--preset", "long", "--out", str(out), "--md", str(md), "--code", "abc"]
+    results = experiment.main(fake, argv)
+    # alphas x seeds x methods, less the cell the spec leaves out
+    assert [(s["method"], s["seed"]) for s in results.specs] == [
+        ("base", 0), ("better", 0), ("boom", 0),
+        ("base", 1), ("better", 1), ("boom", 1),
+        ("base", 2), ("boom", 2),
+    ]  # fmt: skip
+    assert len(CALLS) == 8
+    runs, failures = harness.load_results(out)
+    assert len(runs) == 5 and all(r["code"] == "abc" for r in runs)
+    assert [f["spec"]["method"] for f in failures] == ["boom"] * 3
+    # better - base: +0.0 at seed 0, +0.1 at seed 1 (seed 2 has no `better`): 2 seeds, 1 win
+    assert md.read_text() == "planned 8\n| better − base | 2 | +5.0 [-58.5, +68.5] | 1/2 |\n"
+
+    CALLS.clear()  # the next call runs only what failed
+    experiment.main(fake, argv)
+    assert [s["method"] for s in CALLS] == ["boom"] * 3
+    assert harness.load_results(out)[0] == runs
+
+    CALLS.clear()
+    experiment.main(fake, [*argv, "--table-only"])
+    assert CALLS == []
+    assert json.loads(out.read_text())["commands"]
+
+
+# ----- the shared reductions --------------------------------------------------------------------
+def test_round_reductions_pick_the_best_and_the_late_rounds_means() -> None:
+    train: list[Record] = [
+        {"round": 1, "mean_acc": 0.2},
+        {"round": 2, "mean_acc": 0.9},
+        {"round": 3, "mean_acc": None},
+        {"round": 4, "mean_acc": 0.4},
+    ]
+    assert best_round(train, "acc") == 0.9
+    assert late_mean(train, "acc", 2) == pytest.approx(0.65)
+    assert late_mean(train, "acc", 5) is None
+    assert best_round([], "acc") is None
+    assert steps_failed([{"status": "failed"}, {"status": "done"}, {}]) == 1
+
+
+def test_per_arch_and_bytes_group_and_sum() -> None:
+    agents: list[Record] = [
+        {"arch": "mlp", "acc": 0.5},
+        {"arch": "cnn", "acc": 0.9},
+        {"arch": "mlp", "acc": 0.7},
+    ]
+    assert per_arch(agents, ("acc",)) == {"cnn": {"acc": 0.9}, "mlp": {"acc": pytest.approx(0.6)}}
+    steps: list[Record] = [
+        {"phase": "train", "round": 1, "bytes": {"tx.task": 10, "rx.reply": 4}},
+        {"phase": "train", "round": 2, "bytes": {"tx.task": 5}},
+        {"phase": "final", "round": 2, "bytes": {"tx.task": 1}},
+    ]
+    assert bytes_by_kind(steps) == {"tx.task": 16, "rx.reply": 4}
+    by_phase = {"train": {"tx.task": 15, "rx.reply": 4}, "final": {"tx.task": 1}}
+    assert bytes_by_phase(steps) == by_phase
+    late = bytes_by_phase(steps, lambda s: "late" if s["round"] > 1 else "early")
+    assert late == {"early": {"tx.task": 10, "rx.reply": 4}, "late": {"tx.task": 6}}
+
+
+# ----- the scripts' declarations ----------------------------------------------------------------
+SCRIPTS = (
+    "fedktl_repro",
+    "felo_repro",
+    "fedtype_repro",
+    "fedvtc_repro",
+    "fedproto_reference",
+    "poisoning",
+    "compare",
+)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_preset_setting_is_an_option_of_its_script(name: str) -> None:
+    script = importlib.import_module(name)
+    for preset in [None, *script.PRESET.named]:
+        argv = [] if preset is None else ["--preset", preset]
+        args = experiment.parse_args(script.EXPERIMENT, argv)
+        assert args.out is not None and args.seeds
+        assert experiment.plan(script.EXPERIMENT, args)
+
+
+# (script, results file, page, arguments): each committed page, regenerated
+PAGES = (
+    ("fedktl_repro", "fedktl_digits.json", "fedktl_digits.md", []),
+    ("fedktl_repro", "fedktl_mnist5k.json", "fedktl_mnist5k.md", []),
+    ("felo_repro", "felo_digits.json", "felo_digits.md", []),
+    ("felo_repro", "felo_encoding.json", "felo_encoding.md", []),
+    ("fedtype_repro", "fedtype_digits.json", "fedtype_digits.md", []),
+    ("fedvtc_repro", "fedvtc_seeded.json", "fedvtc_seeded.md", []),
+    ("fedproto_reference", "fedproto_reference.json", "fedproto_reference.md", []),
+    ("poisoning", "poisoning.json", "poisoning.md", []),
+)
+
+
+@pytest.mark.parametrize(("name", "results", "page", "extra"), PAGES)
+def test_a_committed_page_regenerates_from_its_results_file(
+    name: str, results: str, page: str, extra: list[str], tmp_path: Path
+) -> None:
+    script = importlib.import_module(name)
+    md = tmp_path / page
+    out = BENCH / "results" / results
+    experiment.main(script.EXPERIMENT, ["--out", str(out), "--md", str(md), "--table-only", *extra])
+    assert md.read_text() == (BENCH / "results" / page).read_text()
