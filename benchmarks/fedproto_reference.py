@@ -1,6 +1,7 @@
 """FedProto at reference strength (issue 20 §2): ours against HtFLlib's settings.
 
-Setting (HtFLlib's defaults, ``docs/algorithms/baselines.md`` "HtFLlib preset"): MNIST-5k at 28x28, 20
+Setting (HtFLlib's defaults, ``docs/algorithms/baselines.md`` "HtFLlib preset"): MNIST-5k at 28x28,
+20
 clients, Dirichlet(alpha) label skew, plain SGD lr 0.01 without momentum, batch 10, 1 local
 epoch, full participation, FedProto lambda 10 and prediction by the nearest global prototype.
 The split is made once per alpha with ``--split-seed`` and written as a partition file

@@ -34,7 +34,8 @@ Usage::
     python benchmarks/fedvtc_repro.py --out benchmarks/results/fedvtc_repro.json --table-only
 
 Settings, arms and the pairs of the tables: ``benchmarks/presets/fedvtc.toml`` (``--preset
-seeded``, ``--preset fixed``: the grids of docs/algorithms/fedvtc.md). Results are appended to ``--out``
+seeded``, ``--preset fixed``: the grids of docs/algorithms/fedvtc.md). Results are appended to
+``--out``
 after every run; a rerun skips runs already there with the same settings, so an interrupted
 grid resumes. A run that raises is recorded under
 ``failures`` (with its traceback) and retried by the next invocation.

@@ -5,7 +5,8 @@ proxies, FML/FedKD's shared models and LG-FedAvg's heads are all a weighted mean
 One function, one rule for integer buffers: they are counters such as BatchNorm's
 ``num_batches_tracked``, whose mean is meaningless, so the aggregate takes the maximum.
 
-Robust variants (issue 19, ``docs/concepts/security.md`` "Robust aggregation") replace that mean when a
+Robust variants (issue 19, ``docs/concepts/security.md`` "Robust aggregation") replace that mean
+when a
 run's config asks for one (:class:`RobustRule`, from ``AveragingConfig``): the coordinate-wise
 median, the coordinate-wise trimmed mean, and an optional norm bound applied before either. They
 take the same tensor maps (:func:`aggregate_maps`) or one vector per upload (:func:`reduce_rows`,

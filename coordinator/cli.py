@@ -572,7 +572,8 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 DEMO_DEFAULTS = {"algorithm": "fedktl", "rounds": 8, "data": "mnist5k"}
 # feature size per dataset: mnist5k uses the paper's MNIST generator (980 = 20x7x7 latent)
 DEMO_FEATURE_DIM = {"digits": 64, "mnist5k": 980}
-# ...except where the algorithm fixes it: FedKTL's ETF head needs K = C = 10 (docs/algorithms/fedktl.md)
+# ...except where the algorithm fixes it: FedKTL's ETF head needs K = C = 10
+# (docs/algorithms/fedktl.md)
 DEMO_ALGORITHM_FEATURE_DIM = {"fedktl": 10}
 _DEMO_TRAINING = ["hyper.local_epochs=2", "hyper.lr=0.05"]
 DEMO_HYPER = {
@@ -583,7 +584,8 @@ DEMO_HYPER = {
     # the Felo family defaults to Adam 1e-3 (the authors' code); the demo keeps every algorithm
     # on the same SGD settings so its table compares the exchange, not the optimiser
     **{name: [*_DEMO_TRAINING, "hyper.optimizer=sgd"] for name in ("felo", "velo", "fedhe")},
-    # FedVTC: the `fedvtc_combo` deviations (docs/algorithms/fedvtc.md) on top of the issue-17 defaults
+    # FedVTC: the `fedvtc_combo` deviations (docs/algorithms/fedvtc.md) on top of the issue-17
+    # defaults
     # (per-part clipping, psi in train mode in step A). Re-chosen from the fixed grid
     # (benchmarks/results/fedvtc_fixed.md, 3 seeds): final 62.8 / 71.5 at Dir 0.1 / 1.0 vs
     # 27.3 / 27.7 for the paper's settings with the same fixes and 27.7 / 53.5 for local-only

@@ -5,7 +5,8 @@ themselves go to ``RUN_DIR/replies/<step>/<pid>-<token>.seg``, a file only this 
 appends to. Kept in SQLite, an 8-12 KB reply is written twice (its write-ahead log pages, then
 the checkpoint's copy into the database) through four overflow pages, ~45 us of CPU a reply
 on this project's VM against ~20 us here, and a finished step's rows cost ~0.5 s to delete at
-10,000 agents; a segment directory goes with one ``rmtree``. Figures: ``docs/howto/run-at-scale.md``.
+10,000 agents; a segment directory goes with one ``rmtree``. Figures:
+``docs/howto/run-at-scale.md``.
 
 Durability: :meth:`Segments.append` returns only after ``fdatasync`` (and, for a new file or
 step directory, an ``fsync`` of the directory that names it), and the store commits the rows

@@ -13,7 +13,8 @@ copies what it can), and the writing connections turn their automatic checkpoint
 Durability is unchanged: a commit is durable once its log frames are synced
 (``synchronous=FULL``); a checkpoint only moves them. The log restarts from its beginning
 once a checkpoint has copied all of it, so it stays about one burst long
-(``journal_size_limit`` truncates it back after a larger one). Figures: ``docs/howto/run-at-scale.md``.
+(``journal_size_limit`` truncates it back after a larger one). Figures:
+``docs/howto/run-at-scale.md``.
 """
 
 from __future__ import annotations

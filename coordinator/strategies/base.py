@@ -123,7 +123,8 @@ Aggregator = Callable[[Step, list[tuple[AgentInfo, Reply]]], dict[str, float]]
 class Strategy(Generic[C]):
     """Base strategy: no knowledge exchanged; subclasses fill the hooks.
 
-    Value bounds (``docs/concepts/security.md``): every float a reply carries is finite by construction
+    Value bounds (``docs/concepts/security.md``): every float a reply carries is finite by
+    construction
     of the payloads; :meth:`check_prototypes` and :meth:`check_values` also refuse magnitudes
     no honest model produces, so that one accepted reply cannot make the global state useless.
     """

@@ -1,4 +1,5 @@
-"""FedKTL hyperparameters and set-up digest (``shared/specs/fedktl.md``; see docs/algorithms/fedktl.md).
+"""FedKTL hyperparameters and set-up digest (``shared/specs/fedktl.md``; see
+docs/algorithms/fedktl.md).
 
 Defaults are the spec's: the client trains with ArcFace (s = 64, m = 0.5) on a fixed simplex-ETF
 head plus ``mu * L^M``, by plain SGD (lr 0.01, batch 10, clip 100); the server aligns the feature

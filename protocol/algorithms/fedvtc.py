@@ -1,4 +1,5 @@
-"""FedVTC's hyperparameters (paper values where the paper gives them; see docs/algorithms/fedvtc.md).
+"""FedVTC's hyperparameters (paper values where the paper gives them; see
+docs/algorithms/fedvtc.md).
 
 Defaults follow the spec's decisions: SD stored as log-sigma, masked prototypes until a class
 has a global one, class-balanced loss reduction, per-mini-batch A/B alternation, gradient

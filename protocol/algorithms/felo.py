@@ -1,4 +1,5 @@
-"""Felo, Velo and FedHe hyperparameters (``shared/specs/felo_velo.md``; see docs/algorithms/felo_velo.md).
+"""Felo, Velo and FedHe hyperparameters (``shared/specs/felo_velo.md``; see
+docs/algorithms/felo_velo.md).
 
 One config family, three registered names, so the halves share code through configuration:
 

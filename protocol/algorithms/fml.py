@@ -1,4 +1,5 @@
-"""FML hyperparameters (Shen et al. 2020, "Federated Mutual Learning"; see docs/algorithms/baselines.md).
+"""FML hyperparameters (Shen et al. 2020, "Federated Mutual Learning"; see
+docs/algorithms/baselines.md).
 
 Each device holds its private model (its own architecture, never sent) and a copy of a shared
 "meme" model, one small architecture for the whole fleet (``shared_model``, a registry name).

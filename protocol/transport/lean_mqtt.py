@@ -1,6 +1,7 @@
 """MQTT 3.1.1 over a socket of our own: the coordinator's transport at fleet scale.
 
-Why not paho here (``benchmarks/bench_mqtt_clients.py``, 2-core VM, ``docs/howto/run-at-scale.md``): paho
+Why not paho here (``benchmarks/bench_mqtt_clients.py``, 2-core VM,
+``docs/howto/run-at-scale.md``): paho
 spends 133-136 us of CPU to receive one 8.5 KB QoS 1 message and 146-151 us to publish one
 500-byte QoS 1 message, per message, under the GIL; this client, which parses every packet of a
 read at once and writes whatever has queued in one call, spends 25-37 us and 26-31 us, close

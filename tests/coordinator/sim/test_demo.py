@@ -34,7 +34,8 @@ def test_default_demo_runs_fedktl_to_verified_onnx(
     out = capsys.readouterr().out
     assert code == 0, out
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # the comparison table's pick (docs/results/common.md), FedKTL: training rounds, then the final step
+    # the comparison table's pick (docs/results/common.md), FedKTL: training rounds, then the final
+    # step
     assert [s["phase"] for s in steps] == ["train", "final"]
     assert "algorithm fedktl" in out
     final = steps[-1]["agents"]

@@ -52,7 +52,8 @@ def test_an_algorithms_own_size_settings_are_bounded(algorithm: str, key: str, v
     config_type(algorithm).from_dict({})  # the defaults are inside the bounds
 
 
-# docs/concepts/security.md item 7: every algorithm's own sizes, epochs and counts are bounded, so a task
+# docs/concepts/security.md item 7: every algorithm's own sizes, epochs and counts are bounded, so
+# a task
 # (or a run config) asking for more is a ConfigError naming the key, never executed
 @pytest.mark.parametrize(
     ("algorithm", "key", "value"),
