@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.algorithms import AlgorithmConfig, config_type
-from protocol.algorithms.base import _coerce
+from protocol.algorithms.base import config_value
 from protocol.errors import ConfigError
 from protocol.security.signing import DEFAULT_WINDOW
 
@@ -269,7 +269,7 @@ def build_config(data: dict[str, dict[str, Any]], base: dict[str, Any] | None = 
 
 def _coerce_run(key: str, value: Any, hint: Any) -> Any:
     if key != "classes":
-        return _coerce(value, hint, f"run.{key}")
+        return config_value(hint, value, f"run.{key}")
     if isinstance(value, str):  # --set run.classes=cat,dog
         value = [] if not value.strip() else [n.strip() for n in value.split(",")]
     if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from protocol.errors import EdgeFLError
+from protocol.contract.wire import from_plain
+from protocol.errors import EdgeFLError, ValidationError
 from protocol.logs import listing
 
 if TYPE_CHECKING:
@@ -60,18 +61,20 @@ FORMAT = "edgefl.checkpoint/1"
 HeadType = Literal["logits", "prototype", "cosine"]
 HEAD_TYPES: tuple[str, ...] = get_args(HeadType)
 
-# Known meta keys and their types. Missing keys are allowed (an exporter fills blanks), but a
-# present key of the wrong type is an error: it would end up wrong in the ONNX metadata.
-_META_TYPES: dict[str, type] = {
-    "algorithm": str,
-    "round": int,
-    "federation": str,
-    "run_id": str,
-    "device_id": str,
-    "class_names": list,
-    "toolkit_version": str,
-    "metrics": dict,
+# Known meta keys, their types and, where the decoder's own is not used, a mismatch's wording.
+# Missing keys are allowed (an exporter fills blanks), but a present key of the wrong type is an
+# error: it would end up wrong in the ONNX metadata.
+_META_TYPES: dict[str, tuple[Any, str | None]] = {
+    "algorithm": (str, None),
+    "round": (int, None),
+    "federation": (str, None),
+    "run_id": (str, None),
+    "device_id": (str, None),
+    "class_names": (list[str], "a list of str"),
+    "toolkit_version": (str, None),
+    "metrics": (dict[str, object], None),  # numbers, NaN allowed: checked below
 }
+_MAP = dict[str, object]  # a map with string keys, its values checked by the caller
 _PLAIN = (str, int, float, bool, type(None))
 
 
@@ -131,14 +134,11 @@ class ModelSpec:
             "std",
             "feature_act",
         )
-        return cls.from_dict(
-            {
-                "name": model.model_name,
-                **{k: kw.pop(k, None) for k in known},
-                "model_args": kw,
-            },
-            where="model",
-        )
+        spec = {"name": model.model_name, **{k: kw.pop(k, None) for k in known}}
+        for key in ("input_size", "mean", "std"):  # from_dict reads the stored form: lists
+            if isinstance(spec[key], tuple):
+                spec[key] = list(spec[key])
+        return cls.from_dict({**spec, "model_args": kw}, where="model")
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``create_model(self.name, **kwargs)``."""
@@ -170,35 +170,36 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, obj: object, where: str) -> ModelSpec:
         """Parse and validate the ``"model"`` entry (``where`` prefixes error messages)."""
-        d = _mapping(obj, where)
-        size = _get(d, "input_size", (list, tuple), where)
-        if len(size) != 2 or not all(_is_int(v) and v >= 1 for v in size):
+        d = _typed(_MAP, obj, where)
+        size = _get(d, "input_size", tuple[int, ...], where, "[h, w] positive ints")
+        if len(size) != 2 or min(size) < 1:
             raise CheckpointError(
-                f"{where}.input_size: expected [h, w] positive ints, got {size!r}"
+                f"{where}.input_size: expected [h, w] positive ints, got {d['input_size']!r}"
             )
-        feature_dim = _get(d, "feature_dim", (int, type(None)), where)
-        if feature_dim is not None and (not _is_int(feature_dim) or feature_dim < 1):
+        feature_dim = _get(d, "feature_dim", int | None, where, "an int >= 1 or None")
+        if feature_dim is not None and feature_dim < 1:
             raise CheckpointError(
                 f"{where}.feature_dim: expected an int >= 1 or None, got {feature_dim!r}"
             )
-        model_args = _mapping(d.get("model_args", {}), f"{where}.model_args")
+        model_args = _typed(_MAP, d.get("model_args", {}), f"{where}.model_args")
         for key, value in model_args.items():
             if not isinstance(value, (*_PLAIN, list, tuple)):
                 raise CheckpointError(
                     f"{where}.model_args.{key}: expected a plain value, got {type(value).__name__}"
                 )
+        name = _get(d, "name", str, where)
+        if not name:
+            raise CheckpointError(f"{where}.name: expected a non-empty str")
         return cls(
-            name=_nonempty_str(_get(d, "name", str, where), f"{where}.name"),
-            num_classes=_int_at_least(
-                _get(d, "num_classes", int, where), 0, f"{where}.num_classes"
-            ),
-            in_chans=_int_at_least(_get(d, "in_chans", int, where), 1, f"{where}.in_chans"),
+            name=name,
+            num_classes=_int_at_least(d, "num_classes", 0, where),
+            in_chans=_int_at_least(d, "in_chans", 1, where),
             feature_dim=feature_dim,
-            input_size=(int(size[0]), int(size[1])),
-            mean=_floats(d.get("mean"), f"{where}.mean"),
-            std=_floats(d.get("std"), f"{where}.std"),
-            feature_act=_opt_str(d.get("feature_act"), f"{where}.feature_act"),
-            model_args=dict(model_args),
+            input_size=size,
+            mean=_typed(tuple[float, ...] | None, d.get("mean"), f"{where}.mean"),
+            std=_typed(tuple[float, ...] | None, d.get("std"), f"{where}.std"),
+            feature_act=_typed(str | None, d.get("feature_act"), f"{where}.feature_act"),
+            model_args=model_args,
         )
 
 
@@ -274,13 +275,13 @@ class HeadSpec:
     @classmethod
     def from_dict(cls, obj: object, where: str) -> HeadSpec:
         """Parse and validate the ``"head"`` entry."""
-        d = _mapping(obj, where)
+        d = _typed(_MAP, obj, where)
         kind = _get(d, "type", str, where)
         if kind == "logits":
             return cls(type="logits")
         if kind in HEAD_TYPES:
-            _get(d, "prototypes", Tensor, where)
-            _get(d, "valid", Tensor, where)
+            for key in ("prototypes", "valid"):
+                _tensor(_get(d, key, object, where), f"{where}.{key}")
         try:
             return cls(type=kind, prototypes=d.get("prototypes"), valid=d.get("valid"))
         except CheckpointError as exc:
@@ -349,7 +350,7 @@ class Checkpoint:
     @classmethod
     def from_dict(cls, obj: object, where: str = "checkpoint") -> Checkpoint:
         """Parse and validate the on-disk structure."""
-        d = _mapping(obj, where)
+        d = _typed(_MAP, obj, where)
         tag = d.get("format")
         if tag != FORMAT:
             raise CheckpointError(
@@ -357,10 +358,10 @@ class Checkpoint:
                 "(not an edgefl agent checkpoint?)"
             )
         return cls(
-            model_spec=ModelSpec.from_dict(_get(d, "model", dict, where), f"{where}.model"),
-            state_dict=_tensor_map(_get(d, "state_dict", dict, where), f"{where}.state_dict"),
-            head=HeadSpec.from_dict(_get(d, "head", dict, where), f"{where}.head"),
-            meta=_check_meta(_get(d, "meta", dict, where), f"{where}.meta"),
+            model_spec=ModelSpec.from_dict(_get(d, "model", object, where), f"{where}.model"),
+            state_dict=_tensor_map(_get(d, "state_dict", object, where), f"{where}.state_dict"),
+            head=HeadSpec.from_dict(_get(d, "head", object, where), f"{where}.head"),
+            meta=_check_meta(_get(d, "meta", object, where), f"{where}.meta"),
             extra=_tensor_map(d.get("extra", {}), f"{where}.extra"),
         )
 
@@ -488,76 +489,51 @@ def _check_state_dict(
     )
 
 
-def _mapping(obj: object, where: str) -> dict[str, Any]:
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{where}: expected a dict, got {type(obj).__name__}")
-    bad = [k for k in obj if not isinstance(k, str)]
-    if bad:
-        raise CheckpointError(f"{where}: keys must be str, got {bad[0]!r}")
-    return obj
+def _typed(tp: Any, value: object, where: str, expected: str | None = None) -> Any:
+    """``value`` as type ``tp`` by the one typed decoder
+    (:func:`protocol.contract.wire.from_plain`); a
+    mismatch is a :class:`CheckpointError`, worded ``expected`` where that is given."""
+    try:
+        return from_plain(tp, value, where)
+    except ValidationError as exc:
+        if expected is None:
+            raise CheckpointError(str(exc)) from None
+        raise CheckpointError(f"{where}: expected {expected}, got {_describe(value)}") from None
 
 
-def _get(d: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str) -> Any:
+def _get(d: Mapping[str, Any], key: str, tp: Any, where: str, expected: str | None = None) -> Any:
+    """``d[key]`` as type ``tp`` (see :func:`_typed`); a missing key is an error."""
     if key not in d:
         raise CheckpointError(f"{where}: missing key {key!r}")
-    value = d[key]
-    wanted = types if isinstance(types, tuple) else (types,)
-    if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
-        names = " or ".join("None" if t is type(None) else t.__name__ for t in wanted)
-        raise CheckpointError(f"{where}.{key}: expected {names}, got {_describe(value)}")
+    return _typed(tp, d[key], f"{where}.{key}", expected)
+
+
+def _int_at_least(d: Mapping[str, Any], key: str, minimum: int, where: str) -> int:
+    value: int = _get(d, key, int, where)
+    if value < minimum:
+        raise CheckpointError(f"{where}.{key}: expected an int >= {minimum}, got {value!r}")
     return value
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_at_least(value: int, minimum: int, where: str) -> int:
-    if not _is_int(value) or value < minimum:
-        raise CheckpointError(f"{where}: expected an int >= {minimum}, got {value!r}")
+def _tensor(value: object, where: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise CheckpointError(f"{where}: expected a tensor, got {_describe(value)}")
     return value
-
-
-def _nonempty_str(value: str, where: str) -> str:
-    if not value:
-        raise CheckpointError(f"{where}: expected a non-empty str")
-    return value
-
-
-def _opt_str(value: object, where: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise CheckpointError(f"{where}: expected str or None, got {_describe(value)}")
-    return value
-
-
-def _floats(value: object, where: str) -> tuple[float, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-    ):
-        raise CheckpointError(f"{where}: expected a list of floats or None, got {value!r}")
-    return tuple(float(v) for v in value)
 
 
 def _tensor_map(obj: object, where: str) -> dict[str, Tensor]:
-    d = _mapping(obj, where)
+    d: dict[str, Tensor] = _typed(_MAP, obj, where)
     for key, value in d.items():
-        if not isinstance(value, Tensor):
-            raise CheckpointError(f"{where}[{key!r}]: expected a tensor, got {_describe(value)}")
+        _tensor(value, f"{where}[{key!r}]")
     return d
 
 
 def _check_meta(obj: object, where: str) -> dict[str, Any]:
-    d = _mapping(obj, where)
-    for key, kind in _META_TYPES.items():
+    d: dict[str, Any] = _typed(_MAP, obj, where)
+    for key, (tp, expected) in _META_TYPES.items():
         if key in d:
-            _get(d, key, kind, where)
-    names = d.get("class_names", [])
-    if not all(isinstance(n, str) for n in names):
-        raise CheckpointError(f"{where}.class_names: expected a list of str")
-    metrics = d.get("metrics", {})
-    for name, value in _mapping(metrics, f"{where}.metrics").items():
+            _typed(tp, d[key], f"{where}.{key}", expected)
+    for name, value in d.get("metrics", {}).items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise CheckpointError(
                 f"{where}.metrics.{name}: expected a float, got {_describe(value)}"

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from edge_agent.data.partition import SCHEME_NAMES, Scheme
-from protocol.errors import ConfigError
+from protocol.contract.wire import from_plain
+from protocol.errors import ConfigError, ValidationError
 
 __all__ = ["PartitionFields", "PartitionSpec", "make_partition_spec", "parse_partition"]
 
@@ -44,10 +45,7 @@ class PartitionSpec:
     global_test_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.scheme not in SCHEME_NAMES:
-            raise ConfigError(
-                f"partition.scheme: expected one of {', '.join(SCHEME_NAMES)}, got {self.scheme!r}"
-            )
+        _checked("scheme", self.scheme, Scheme, f"one of {', '.join(SCHEME_NAMES)}")
         for name, low in (
             ("classes_per_client", 1),
             ("num_clients", 1),
@@ -55,13 +53,11 @@ class PartitionSpec:
             ("min_size", 0),
             ("global_test_size", 0),
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"partition.{name}: expected an int >= {low}, got {value!r}")
-        alpha = _number("alpha", self.alpha)
-        if not (math.isfinite(alpha) and alpha > 0):
+            _checked(name, getattr(self, name), int, f"an int >= {low}", low.__le__)  # low <= v
+        alpha = _checked("alpha", self.alpha, float, "a number")
+        if not alpha > 0:
             raise ConfigError(f"partition.alpha: expected a finite number > 0, got {alpha!r}")
-        fraction = _number("test_fraction", self.test_fraction)
+        fraction = _checked("test_fraction", self.test_fraction, float, "a number")
         if not 0.0 <= fraction < 1.0:
             raise ConfigError(
                 f"partition.test_fraction: expected a number in [0, 1), got {fraction!r}"
@@ -88,10 +84,19 @@ class PartitionSpec:
         return cls(**dict(data))
 
 
-def _number(name: str, value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ConfigError(f"partition.{name}: expected a number, got {value!r}")
-    return float(value)
+def _checked(
+    name: str, value: object, tp: Any, expected: str, ok: Callable[[Any], bool] = lambda _v: True
+) -> Any:
+    """``value`` as type ``tp`` (:func:`protocol.contract.wire.from_plain`: no bool for an int,
+    finite
+    floats) where ``ok`` holds for it, else a :class:`ConfigError` saying ``expected``."""
+    try:
+        typed = from_plain(tp, value, f"partition.{name}")
+        if ok(typed):
+            return typed
+    except ValidationError:
+        pass
+    raise ConfigError(f"partition.{name}: expected {expected}, got {value!r}")
 
 
 class PartitionFields(TypedDict, total=False):

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from protocol.contract.wire import WireModel
+from protocol.contract.wire import WireModel, from_plain
 from protocol.errors import ConfigError, ValidationError
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "TrainConfig",
     "check_payloads",
     "config_type",
+    "config_value",
     "register_config",
 ]
 
@@ -101,7 +102,7 @@ class AlgorithmConfig:
                 f"{where}: unknown key(s) {unknown} for {cls.NAME or cls.__name__}; "
                 f"known: {sorted(hints)}"
             )
-        kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+        kwargs = {k: config_value(hints[k], v, f"{where}.{k}") for k, v in values.items()}
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:
@@ -129,30 +130,16 @@ def _field_types(cls: type) -> dict[str, Any]:
     return hints
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    if typing.get_origin(tp) is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(
-                f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}"
-            )
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected bool, got {type(value).__name__} {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected int, got {type(value).__name__} {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected float, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected str, got {type(value).__name__} {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported config type {tp!r}")
+def config_value(tp: Any, value: Any, where: str) -> Any:
+    """``value`` checked and converted to the config field type ``tp`` by the one typed decoder
+    (:func:`protocol.contract.wire.from_plain`); a mismatch is a :class:`ConfigError` showing the
+    value
+    as given, since a config value is a user's word, not a peer's."""
+    try:
+        return from_plain(tp, value, where)
+    except ValidationError as exc:
+        shown = f"{type(value).__name__} {value!r}"
+        raise ConfigError(f"{where}: expected {exc.expected}, got {shown}") from None
 
 
 #: Inclusive ranges of the common training settings (issue 19): a task outside them is refused

@@ -25,7 +25,10 @@ def test_toml_and_overrides(tmp_path: Path) -> None:
     [
         ("[run]\nround = 3\n", "unknown key"),
         ('[run]\nrounds = "three"\n', "expected int"),
-        ('[hyper]\nlr = "fast"\n', "expected float"),
+        ('[hyper]\nlr = "fast"\n', "hyper.lr: expected float, got str 'fast'"),
+        ("[hyper]\nlr = nan\n", "hyper.lr: expected a finite float, got float nan"),
+        ("[run]\ndeadline_s = inf\n", "run.deadline_s: expected a finite float, got float inf"),
+        ('[hyper]\noptimizer = "rmsprop"\n', r"hyper.optimizer: expected one of \['sgd', 'adam'\]"),
         ("[hyper]\nlearning_rate = 0.1\n", "unknown key"),
         ("[other]\nx = 1\n", "unknown section"),
         ('[run]\nalgorithm = "fedmagic"\n', "unknown algorithm"),

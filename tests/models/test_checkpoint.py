@@ -169,6 +169,12 @@ def test_missing_top_level_key(tmp_path: Path, key: str) -> None:
         (lambda r: r["model"].update(num_classes="10"), r"\.model\.num_classes: expected int"),
         (lambda r: r["model"].update(num_classes=True), r"\.model\.num_classes: expected int"),
         (lambda r: r["model"].update(input_size=[8]), r"\.model\.input_size: expected \[h, w\]"),
+        (
+            lambda r: r["model"].update(in_chans=0),
+            r"\.model\.in_chans: expected an int >= 1, got 0",
+        ),
+        (lambda r: r["model"].update(mean=[0.5, "x"]), r"\.model\.mean\[1\]: expected float"),
+        (lambda r: r["model"].update(std=[float("nan")]), r"\.model\.std\[0\]: expected a finite"),
         (lambda r: r["state_dict"].update(bad=[1.0]), r"\.state_dict\['bad'\]: expected a tensor"),
         (lambda r: r["head"].update(type="knn"), r"head\.type: expected one of"),
         (lambda r: r["head"].pop("valid"), r"\.head: missing key 'valid'"),

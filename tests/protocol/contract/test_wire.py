@@ -168,3 +168,29 @@ def test_the_exact_type_shortcuts_decode_as_the_walk(
     monkeypatch.setattr(wire, "_unchanged", lambda _values, _tp: False)
     slow = outcome(obj, tp)
     assert fast == slow
+
+
+@pytest.mark.parametrize(
+    ("obj", "tp", "outcome"),
+    [
+        ({"a": [1, {"b": None}], "c": b"x"}, dict[str, object], {"a": [1, {"b": None}], "c": b"x"}),
+        ({1: "a"}, dict[str, object], "x: expected string keys, got 1"),
+        ([1, 2], dict[str, object], "x: expected map, got 'list'"),
+        ([3, 4], tuple[int, ...], (3, 4)),
+        ((3, 4), tuple[int, ...], "x: expected list, got 'tuple'"),
+        (None, int | None, None),
+        (True, int | None, "x: expected int, got 'bool'"),
+        (2, float, 2.0),
+        ([1.0, float("inf")], tuple[float, ...] | None, "x[1]: expected a finite float, got inf"),
+        ("adam", typing.Literal["sgd", "adam"], "adam"),
+        (1, typing.Literal["sgd", "adam"], "x: expected one of ['sgd', 'adam'], got 1"),
+    ],
+)
+def test_from_plain_is_the_walk_on_plain_values(obj: object, tp: object, outcome: object) -> None:
+    """The public decoder that configs, checkpoints and data specs use: the wire's rules, and
+    ``object`` taking any value unchecked."""
+    try:
+        got: object = wire.from_plain(tp, obj, "x")
+    except ValidationError as exc:
+        got = str(exc)
+    assert got == outcome and type(got) is type(outcome)
