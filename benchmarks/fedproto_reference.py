@@ -279,7 +279,7 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
 
     from coordinator.config import load_config
     from coordinator.sim.simulate import FleetSpec, simulate
-    from coordinator.strategies.baselines import FedProtoStrategy
+    from coordinator.strategies.fedproto import FedProtoStrategy
     from models.families import family_models
 
     torch.set_num_threads(args.threads)

@@ -884,10 +884,9 @@ class Coordinator:
     def _aggregate(
         self, idx: int, step: Step, ordered: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
-        """The strategy's handler for the step's phase (none: nothing to fold), then
+        """The strategy's aggregation for the step's phase (none: nothing to fold), then
         server-side training."""
-        handler = self.strategy.aggregators().get(step.phase)
-        agg = {} if handler is None else handler(step, ordered)
+        agg = self.strategy.aggregate(step, ordered)
         ctx = ServerContext.for_step(self.cfg.seed, idx, self.cfg.server_device)
         return {**agg, **self.strategy.server_train(step, ctx)}
 

@@ -4,13 +4,12 @@ send per-class feature means, unbiased covariances and counts over the training 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 import numpy as np
 import torch
 
 from edge_agent.algorithms.base import PhaseResult, register_edge_algorithm
-from edge_agent.algorithms.baselines import FedAvgEdge
+from edge_agent.algorithms.weights import WeightExchangeEdge
 from edge_agent.trainer import TensorData
 from models import Classifier
 from protocol.algorithms.ccvr import CCVRConfig
@@ -55,8 +54,12 @@ def class_stats(
 
 
 @register_edge_algorithm("ccvr")
-class CCVREdge(FedAvgEdge):
+class CCVREdge(WeightExchangeEdge[CCVRConfig]):
     """FedAvg's edge half with CCVR's statistics phase; ``final`` loads the calibrated model."""
+
+    def weight_encoding(self) -> Encoding:
+        """As the run configures (``weight_encoding``)."""
+        return self.config.weight_encoding
 
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
         """FedAvg's phases and ``upload_stats``."""
@@ -65,7 +68,7 @@ class CCVREdge(FedAvgEdge):
     def stats_phase(self, task: Task) -> PhaseResult:
         """Load the global model, reply with its class statistics over the training data."""
         self.receive(task.payloads)
-        cfg = cast(CCVRConfig, self.config)
+        cfg = self.config
         stats = class_stats(
             self.ctx.model, self.ctx.train, self.ctx.num_classes, cfg.stats_encoding
         )

@@ -5,6 +5,7 @@ LG-FedAvg: the head; FedType: the proxy).
 
 from __future__ import annotations
 
+import copy
 from typing import TypeVar
 
 from torch import nn
@@ -16,12 +17,25 @@ from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import Payload, TensorMap
 from protocol.errors import ValidationError
 
-__all__ = ["WeightExchangeEdge", "load_tensormap", "module_to_tensormap"]
+__all__ = ["WeightExchangeEdge", "fresh_copy", "load_tensormap", "module_to_tensormap"]
 
 C = TypeVar("C", bound=TrainConfig)
 # FedAvg-style configs carry no seed: every agent derives the model's initial weights from this
 # constant and its architecture (see EdgeAlgorithm.shared_model)
 SHARED_MODEL_SEED = 0x5EED
+
+
+def fresh_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` on the CPU with every submodule's parameters re-initialised by its
+    own ``reset_parameters`` (random: the caller seeds the CPU generator). On the CPU because a
+    copy re-initialised on a GPU draws from CUDA's generator: a GPU agent would start from other
+    weights than a CPU agent with the same seed, and the fleet's shared start would not be."""
+    fresh = copy.deepcopy(module).cpu()
+    for sub in fresh.modules():
+        reset = getattr(sub, "reset_parameters", None)
+        if callable(reset):
+            reset()
+    return fresh
 
 
 class WeightExchangeEdge(EdgeAlgorithm[C]):

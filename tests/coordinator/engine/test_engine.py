@@ -11,7 +11,7 @@ from helpers import fake_agent
 
 from coordinator.engine.core import Coordinator, QuorumError
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
-from coordinator.strategies.baselines import FedProtoStrategy
+from coordinator.strategies.fedproto import FedProtoStrategy
 from edge_agent.agent import EdgeAgent
 from edge_agent.algorithms.base import PhaseResult
 from protocol.algorithms import config_type
@@ -337,7 +337,7 @@ def test_a_reply_with_an_undeclared_payload_is_refused_naming_the_key(
     tmp_path: Path, monkeypatch, caplog
 ) -> None:
     # Prepare: every agent adds a payload FedProto does not declare
-    from edge_agent.algorithms.baselines import FedProtoEdge
+    from edge_agent.algorithms.fedproto import FedProtoEdge
     from protocol.contract.payloads import TensorMap
 
     original = FedProtoEdge.reply_payloads

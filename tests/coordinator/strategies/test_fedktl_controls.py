@@ -8,13 +8,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tests.coordinator.test_fedktl_strategy import A, B, C, one_round, protos, reply, strategy
 
 from coordinator.strategies import ServerContext, Step
 from coordinator.strategies.fedktl.server import deranged_rows, matched_noise
 from protocol.algorithms.fedktl import FedKTLConfig
 from protocol.contract.payloads import ImageVectorPairs
 from protocol.errors import ConfigError
+from tests.coordinator.strategies.test_fedktl_strategy import (
+    A,
+    B,
+    C,
+    one_round,
+    protos,
+    reply,
+    strategy,
+)
 
 
 def pairs_of(s: object, r: int, who: object = A) -> ImageVectorPairs:

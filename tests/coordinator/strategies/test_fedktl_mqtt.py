@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.coordinator.test_fedvtc_mqtt import RecordingMqtt, Wire
 
 import coordinator.strategies.fedktl.strategy
 import edge_agent.algorithms.fedktl  # noqa: F401  (registers both halves)
@@ -35,6 +34,7 @@ from protocol.algorithms.fedktl import setup_digest
 from protocol.contract.codec import decode
 from protocol.contract.payloads import ImageVectorPairs, PrototypeSet, TensorMap
 from protocol.transport.paho import MqttTransport
+from tests.coordinator.strategies.test_fedvtc_mqtt import RecordingMqtt, Wire
 from tests.helpers_runtime import run_config
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

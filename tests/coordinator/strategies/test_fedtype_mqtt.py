@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.coordinator.test_fedvtc_mqtt import RecordingMqtt, Wire
 
 import coordinator.strategies.fedtype
 import edge_agent.algorithms.fedtype  # registers the edge half before agents are built
@@ -31,6 +30,7 @@ from protocol.contract.codec import Envelope, decode
 from protocol.contract.messages import Knowledge, Register, Reply, Task
 from protocol.contract.payloads import TensorMap
 from protocol.transport.paho import MqttTransport
+from tests.coordinator.strategies.test_fedvtc_mqtt import RecordingMqtt, Wire
 from tests.helpers_runtime import run_config
 
 assert coordinator.strategies.fedtype and edge_agent.algorithms.fedtype

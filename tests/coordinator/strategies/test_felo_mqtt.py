@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.coordinator.test_fedvtc_mqtt import RecordingMqtt, Wire
 
 from coordinator.config import RunConfig
 from coordinator.engine.runner import coordinator_will, make_coordinator
@@ -26,6 +25,7 @@ from edge_agent.factory import build_agent
 from protocol.contract.codec import decode
 from protocol.contract.payloads import FeatureLogitSet, TensorMap
 from protocol.transport.paho import MqttTransport
+from tests.coordinator.strategies.test_fedvtc_mqtt import RecordingMqtt, Wire
 from tests.helpers_runtime import run_config
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
