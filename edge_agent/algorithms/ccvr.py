@@ -4,18 +4,24 @@ send per-class feature means, unbiased covariances and counts over the training 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from edge_agent.algorithms.base import PhaseResult, register_edge_algorithm
+from edge_agent.algorithms.base import (
+    PhaseResult,
+    TaskPayloads,
+    register_edge_algorithm,
+    task_payloads,
+)
 from edge_agent.algorithms.weights import WeightExchangeEdge
 from edge_agent.trainer import TensorData
 from models import Classifier
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
-from protocol.contract.payloads import ClassStats
+from protocol.contract.payloads import ClassStats, TensorMap
 
 __all__ = ["CCVREdge", "class_stats"]
 
@@ -56,6 +62,10 @@ def class_stats(
 @register_edge_algorithm("ccvr")
 class CCVREdge(WeightExchangeEdge[CCVRConfig]):
     """FedAvg's edge half with CCVR's statistics phase; ``final`` loads the calibrated model."""
+
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads(
+        {"weights": TensorMap}, ("upload_stats",), WeightExchangeEdge.TASK_PAYLOADS
+    )
 
     def weight_encoding(self) -> Encoding:
         """As the run configures (``weight_encoding``)."""

@@ -32,6 +32,7 @@ from edge_agent.algorithms.base import (
     EdgeContext,
     PhaseResult,
     SharedModule,
+    received,
     register_edge_algorithm,
 )
 from edge_agent.algorithms.shared_model import (
@@ -58,7 +59,6 @@ from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
 from protocol.contract.payloads import TensorMap
-from protocol.errors import ValidationError
 
 __all__ = ["FedTypeEdge", "backward_kd", "symmetric_kd"]
 
@@ -211,11 +211,9 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
     def final_phase(self, task: Task) -> PhaseResult:
         """Evaluate the last local proxy and the final global one (§3.4); train nothing."""
         proxy, split = self._ready()
-        weights = task.payloads.get("weights")
+        weights = received(task.payloads, "weights", TensorMap)
         glob = None
         if weights is not None:
-            if not isinstance(weights, TensorMap):
-                raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
             glob = copy.deepcopy(proxy)
             load_tensormap(glob, weights, "payloads.weights")
             if self.a_stored is None:  # never trained: its local proxy is p_g^T (§9-16)

@@ -4,11 +4,21 @@ prototype."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from edge_agent.algorithms.base import EdgeAlgorithm, EdgeContext, PhaseResult, SharedModule
+from edge_agent.algorithms.base import (
+    EdgeAlgorithm,
+    EdgeContext,
+    PhaseResult,
+    SharedModule,
+    TaskPayloads,
+    received,
+    task_payloads,
+)
 from edge_agent.algorithms.weights import SHARED_MODEL_SEED, fresh_copy
 from edge_agent.class_stats import ClassMeans, class_prototypes, prototype_scores, prototype_table
 from edge_agent.seeding import derived_seed
@@ -25,6 +35,8 @@ __all__ = ["PrototypeExchangeEdge"]
 class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
     """CE + lambda * MSE(feature, global prototype of its label); uploads class prototypes."""
 
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads({"protos": PrototypeSet})
+
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
         dim = ctx.model.num_features
@@ -35,11 +47,9 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Global prototypes of (some) classes; absent classes stay masked."""
-        protos = payloads.get("protos")
+        protos = received(payloads, "protos", PrototypeSet)
         if protos is None:
             return
-        if not isinstance(protos, PrototypeSet):
-            raise ValidationError("payloads.protos", "protos", type(protos).KIND)
         if protos.class_ids.size and (
             protos.dim != self.table.shape[1] or int(protos.class_ids.max()) >= self.ctx.num_classes
         ):

@@ -6,16 +6,21 @@ LG-FedAvg: the head; FedType: the proxy).
 from __future__ import annotations
 
 import copy
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from torch import nn
 
-from edge_agent.algorithms.base import EdgeAlgorithm, SharedModule
+from edge_agent.algorithms.base import (
+    EdgeAlgorithm,
+    SharedModule,
+    TaskPayloads,
+    received,
+    task_payloads,
+)
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms import TrainConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import Payload, TensorMap
-from protocol.errors import ValidationError
 
 __all__ = ["WeightExchangeEdge", "fresh_copy", "load_tensormap", "module_to_tensormap"]
 
@@ -42,6 +47,8 @@ class WeightExchangeEdge(EdgeAlgorithm[C]):
     """Receives and uploads one module's weights as the ``weights`` payload, and starts that
     module from weights shared by every agent of the architecture."""
 
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads({"weights": TensorMap})
+
     def exchanged_module(self) -> nn.Module:
         """The module whose weights travel (default: the whole model)."""
         return self.ctx.model
@@ -56,11 +63,9 @@ class WeightExchangeEdge(EdgeAlgorithm[C]):
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Overwrite the exchanged module with the global weights when the task carries them."""
-        weights = payloads.get("weights")
+        weights = received(payloads, "weights", TensorMap)
         if weights is None:
             return
-        if not isinstance(weights, TensorMap):
-            raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
         load_tensormap(self.exchanged_module(), weights, "payloads.weights")
 
     def reply_payloads(self) -> dict[str, Payload]:
