@@ -284,7 +284,7 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
 
     torch.set_num_threads(args.threads)
     rows: list[dict[str, float]] = []
-    original = FedProtoStrategy.aggregate
+    original = FedProtoStrategy.fold_prototypes
 
     def aggregate(self: FedProtoStrategy, step: Any, replies: list[Any]) -> dict[str, float]:
         out = original(self, step, replies)
@@ -310,7 +310,7 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
         print(rows[-1], flush=True)
         return out
 
-    FedProtoStrategy.aggregate = aggregate  # type: ignore[method-assign]
+    FedProtoStrategy.fold_prototypes = aggregate  # type: ignore[method-assign]
     run_dir = Path(tempfile.mkdtemp(prefix="fedproto-probe-"))
     try:
         cfg = load_config(
@@ -327,7 +327,7 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
         )
         simulate(cfg, fleet)
     finally:
-        FedProtoStrategy.aggregate = original  # type: ignore[method-assign]
+        FedProtoStrategy.fold_prototypes = original  # type: ignore[method-assign]
         shutil.rmtree(run_dir, ignore_errors=True)
     return rows
 
