@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from edge_agent.trainer import TensorData, make_optimizer, train_epochs
 from models import create_model
-from protocol.algorithms.baselines import LocalConfig
+from protocol.algorithms.local import LocalConfig
 
 
 class CE:

@@ -219,12 +219,12 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
 
     from coordinator.config import load_config
     from coordinator.sim.simulate import FleetSpec, simulate
-    from coordinator.strategies.baselines import FedProtoStrategy
+    from coordinator.strategies.fedproto import FedProtoStrategy
     from models.families import family_models
 
     torch.set_num_threads(args.threads)
     rows: list[dict[str, float]] = []
-    original = FedProtoStrategy.aggregate
+    original = FedProtoStrategy.fold_prototypes
 
     def aggregate(self: FedProtoStrategy, step: Any, replies: list[Any]) -> dict[str, float]:
         out = original(self, step, replies)
@@ -250,7 +250,7 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
         print(rows[-1], flush=True)
         return out
 
-    FedProtoStrategy.aggregate = aggregate  # type: ignore[method-assign]
+    FedProtoStrategy.fold_prototypes = aggregate  # type: ignore[method-assign]
     hyper = {**SGD, **METHODS["fedproto"].hyper}
     run_dir = Path(tempfile.mkdtemp(prefix="fedproto-probe-"))
     try:
@@ -268,7 +268,7 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
         )
         simulate(cfg, fleet)
     finally:
-        FedProtoStrategy.aggregate = original  # type: ignore[method-assign]
+        FedProtoStrategy.fold_prototypes = original  # type: ignore[method-assign]
         shutil.rmtree(run_dir, ignore_errors=True)
     return rows
 

@@ -14,7 +14,8 @@ __all__ = ["ClassMeans", "class_prototypes", "prototype_scores", "prototype_tabl
 
 
 class ClassMeans:
-    """Per-class sums and counts of feature vectors, turned into a :class:`PrototypeSet`."""
+    """Per-class sums and counts of vectors (features, logits), turned into per-class means or a
+    :class:`PrototypeSet`."""
 
     def __init__(self, num_classes: int, dim: int, device: torch.device) -> None:
         self.sums = torch.zeros(num_classes, dim, device=device)
@@ -25,13 +26,25 @@ class ClassMeans:
         self.sums.index_add_(0, y, features.float())
         self.counts += torch.bincount(y, minlength=self.counts.shape[0])
 
+    def reset(self) -> None:
+        """Forget everything counted."""
+        self.sums.zero_()
+        self.counts.zero_()
+
+    def present(self) -> Tensor:
+        """The ids of the classes counted at least once, ascending."""
+        return (self.counts > 0).nonzero().flatten()
+
+    def means(self, present: Tensor) -> Tensor:
+        """The mean vector of each class in ``present`` (:meth:`present`)."""
+        return self.sums[present] / self.counts[present].unsqueeze(1).float()
+
     def prototypes(self, encoding: Encoding = "raw") -> PrototypeSet:
         """The mean feature of every class counted at least once."""
-        present = (self.counts > 0).nonzero().flatten()
-        means = self.sums[present] / self.counts[present].unsqueeze(1).float()
+        present = self.present()
         return PrototypeSet(
             class_ids=present.cpu().numpy(),
-            vectors=means.cpu().numpy(),
+            vectors=self.means(present).cpu().numpy(),
             counts=self.counts[present].cpu().numpy(),
             encoding=encoding,
         )

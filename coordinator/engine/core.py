@@ -403,7 +403,7 @@ class Coordinator:
     def collect(self, rec: StepRecord, step: Step) -> OpenStep:
         """Send tasks to participants without a stored update and wait for their replies."""
         open_step = OpenStep(rec, step)
-        self._take_stored(open_step, judged=False)  # a resumed step's: every check
+        self._take_stored(open_step, worker_checked=False)  # a resumed step's: every check
         deadline = time.time() + self.cfg.deadline_s
         config = self.strategy.config.to_dict()  # the same for every task of the step
         payloads = {
@@ -447,7 +447,7 @@ class Coordinator:
             self._open_step = None
         if self.intake is not None:
             # any the polls missed (none: close() polled last), judged by this attempt's workers
-            self._take_stored(open_step, judged=True)
+            self._take_stored(open_step, worker_checked=True)
         return open_step
 
     def _send_tasks(self, open_step: OpenStep, tasks: dict[str, Task]) -> None:
@@ -471,20 +471,20 @@ class Coordinator:
             spliced.append((topic, template.fill(new_message_id(), task.task_id)))
         self.endpoint.send_many_unsigned(spliced, kind=Task.KIND, round=round_)
 
-    def _take_stored(self, open_step: OpenStep, *, judged: bool) -> None:
+    def _take_stored(self, open_step: OpenStep, *, worker_checked: bool) -> None:
         """The stored replies of ``open_step``'s step not taken yet (a resumed step's, or
-        what the ingest workers stored since the last poll), in device order; ``judged``: as
-        :meth:`_take_rows`."""
+        what the ingest workers stored since the last poll), in device order;
+        ``worker_checked``: as :meth:`_take_rows`."""
         taken = open_step.outcome.replies.keys() | open_step.read
         rows = self.store.updates(open_step.rec.idx, skip=taken)
         found = [(device, blob) for device, _msg_id, blob in rows]
-        self._take_rows(open_step, found, judged=judged)
+        self._take_rows(open_step, found, worker_checked=worker_checked)
 
     def _take_rows(
-        self, open_step: OpenStep, rows: list[tuple[str, bytes]], *, judged: bool
+        self, open_step: OpenStep, rows: list[tuple[str, bytes]], *, worker_checked: bool
     ) -> None:
         """Stored replies, (device, envelope), validated again: rebuilds per-step rules
-        (round 1's dim) in the order they come. ``judged``: stored by this run's ingest
+        (round 1's dim) in the order they come. ``worker_checked``: stored by this run's ingest
         workers during this attempt (:meth:`ReplyDesk.check`)."""
         step, replies, read = open_step.step, open_step.outcome.replies, open_step.read
         for device_id, blob in rows:
@@ -500,7 +500,7 @@ class Coordinator:
             if not isinstance(body, Reply) or not agent:
                 continue
             try:
-                self.desk.check(step, agent, body, judged=judged)
+                self.desk.check(step, agent, body, worker_checked=worker_checked)
             except ValidationError as exc:  # cannot pass twice differently; never aggregate it
                 self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
                 continue
@@ -525,7 +525,7 @@ class Coordinator:
         """Take the replies the ingest workers stored since the last poll (decoded and checked
         while the step is open, so that its close reads none of them again), and count the
         ones they refused as invalid as the engine counts its own."""
-        self._take_rows(open_step, polled.stored, judged=True)  # against this very attempt
+        self._take_rows(open_step, polled.stored, worker_checked=True)  # against this very attempt
         for device, reason in polled.refused:
             self._reject("invalid_reply", f"{device}: {reason}")
 
@@ -884,10 +884,9 @@ class Coordinator:
     def _aggregate(
         self, idx: int, step: Step, ordered: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
-        """The strategy's handler for the step's phase (none: nothing to fold), then
+        """The strategy's aggregation for the step's phase (none: nothing to fold), then
         server-side training."""
-        handler = self.strategy.aggregators().get(step.phase)
-        agg = {} if handler is None else handler(step, ordered)
+        agg = self.strategy.aggregate(step, ordered)
         ctx = ServerContext.for_step(self.cfg.seed, idx, self.cfg.server_device)
         return {**agg, **self.strategy.server_train(step, ctx)}
 

@@ -193,18 +193,20 @@ class ReplyDesk:
             return self._refuse(env, reply, str(exc), reject, fail=str(exc))
         return Verdict(accepted, store=True)
 
-    def check(self, step: Step, agent: AgentInfo, reply: Reply, *, judged: bool = False) -> None:
+    def check(
+        self, step: Step, agent: AgentInfo, reply: Reply, *, worker_checked: bool = False
+    ) -> None:
         """Raise :class:`ValidationError` for a reply that cannot be aggregated.
 
-        ``judged``: an ingest worker of this run stored it after this very check, so only the
-        strategy's own rules run again (its per-step state, such as round 1's feature
+        ``worker_checked``: an ingest worker of this run stored it after this very check, so
+        only the strategy's own rules run again (its per-step state, such as round 1's feature
         dimension, lives in this process); the checks that depend on the reply, the agent
         and the configuration alone gave their verdict there (~40 us a FedProto reply)."""
         if reply.phase != step.phase or reply.round != step.round:
             raise ValidationError(
                 "reply.phase/round", f"{step.phase}/{step.round}", f"{reply.phase}/{reply.round}"
             )
-        if not judged:
+        if not worker_checked:
             # keys and kinds once, from the algorithm's declaration; shapes are the strategy's
             specs = type(self.strategy.config).reply_payloads(step.phase)
             if specs is not None:

@@ -1,18 +1,21 @@
 """Server halves of the algorithms, registered by name (importing this registers them all)."""
 
-from coordinator.strategies import baselines as _baselines  # noqa: F401
 from coordinator.strategies import ccvr as _ccvr  # noqa: F401
 from coordinator.strategies import fd as _fd  # noqa: F401
+from coordinator.strategies import fedavg as _fedavg  # noqa: F401
 from coordinator.strategies import fedgh as _fedgh  # noqa: F401
 from coordinator.strategies import fedkd as _fedkd  # noqa: F401
+from coordinator.strategies import fedproto as _fedproto  # noqa: F401
 from coordinator.strategies import fedtype as _fedtype  # noqa: F401
 from coordinator.strategies import fedvtc as _fedvtc  # noqa: F401
 from coordinator.strategies import fml as _fml  # noqa: F401
 from coordinator.strategies import lg_fedavg as _lg_fedavg  # noqa: F401
+from coordinator.strategies import local as _local  # noqa: F401
 from coordinator.strategies.base import (
     STRATEGIES,
     AgentInfo,
     Aggregator,
+    PhaseHooks,
     ServerContext,
     Step,
     Strategy,
@@ -28,6 +31,7 @@ __all__ = [
     "STRATEGIES",
     "AgentInfo",
     "Aggregator",
+    "PhaseHooks",
     "ServerContext",
     "Step",
     "Strategy",

@@ -2,11 +2,11 @@
 
 The engine owns selection, dispatch, deadlines, quorum, persistence and metrics. A strategy
 only says what each step is (:meth:`Strategy.plan`), which agents may join (:meth:`admit`),
-what each selected agent receives
-(:meth:`configure`), whether a reply is acceptable (:meth:`validate`), how replies become the
-new global state (:meth:`aggregate`), what the server trains between steps
-(:meth:`server_train`, given a :class:`ServerContext`), and how its state is saved
-(:meth:`state_dict`).
+what it does in each phase (:meth:`Strategy.phase_hooks`: what each selected agent receives,
+whether a reply is acceptable, how replies become the new global state, what the server trains
+after them, given a :class:`ServerContext`), and how its state is saved (:meth:`state_dict`).
+The base dispatches :meth:`configure`, :meth:`validate`, :meth:`aggregate` and
+:meth:`server_train` by the step's phase through that one table.
 
 The seams were drawn against all five seed algorithms (see ``docs/howto/add-an-algorithm.md``).
 """
@@ -36,9 +36,13 @@ __all__ = [
     "STRATEGIES",
     "AgentInfo",
     "Aggregator",
+    "Configurer",
+    "PhaseHooks",
     "ServerContext",
+    "ServerTrainer",
     "Step",
     "Strategy",
+    "Validator",
     "admit_one_input",
     "create_strategy",
     "register_strategy",
@@ -116,8 +120,28 @@ class ServerContext:
         return torch.Generator(device="cpu").manual_seed(self.seed)
 
 
+#: The payloads of one selected agent's task.
+Configurer = Callable[[Step, AgentInfo], dict[str, Payload]]
+#: Rejects a reply that cannot be aggregated (raises :class:`ValidationError`).
+Validator = Callable[[Step, AgentInfo, Reply], None]
 #: Folds one step's valid replies, ordered by device id, into the global state; returns metrics.
 Aggregator = Callable[[Step, list[tuple[AgentInfo, Reply]]], dict[str, float]]
+#: Server-side training after the step's aggregation; returns metrics.
+ServerTrainer = Callable[[Step, ServerContext], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class PhaseHooks:
+    """What a strategy does in one phase; a hook left ``None`` does nothing there (no payloads,
+    no checks beyond the engine's, nothing folded, nothing trained)."""
+
+    configure: Configurer | None = None
+    validate: Validator | None = None
+    aggregate: Aggregator | None = None
+    server_train: ServerTrainer | None = None
+
+
+NO_HOOKS = PhaseHooks()
 
 
 class Strategy(Generic[C]):
@@ -180,37 +204,45 @@ class Strategy(Generic[C]):
         ``num_classes``; the default admits everyone else.
         """
 
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
-        """Payloads for one selected agent (default: none)."""
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Phase -> what this strategy does in it; a phase absent here does nothing but be
+        scheduled (default: no phase does anything, as ``local``).
+
+        The one table of per-phase behaviour: a multi-phase algorithm adds its phases here
+        (FedVTC's ``upload_generator``) instead of branching on ``step.phase`` in a hook.
+        """
         return {}
+
+    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """Payloads for one selected agent: the phase's ``configure`` hook (default: none)."""
+        hook = self.phase_hooks().get(step.phase, NO_HOOKS).configure
+        return {} if hook is None else hook(step, agent)
 
     def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Reject a reply that cannot be aggregated (raise :class:`ValidationError`).
+        """Reject a reply that cannot be aggregated: the phase's ``validate`` hook.
 
         Runs after :meth:`check_values` (``ReplyDesk.check``): every float of the reply is
-        already within its bound, so this checks structure and meaning, not magnitudes again.
+        already within its bound, so a hook checks structure and meaning, not magnitudes again.
         """
-
-    def aggregators(self) -> dict[str, Aggregator]:
-        """Phase -> handler of that phase's replies; a phase without one aggregates nothing.
-
-        Default: ``train`` steps go to :meth:`aggregate`. A multi-phase algorithm adds its
-        phases here (FedVTC's ``upload_generator``) instead of branching on ``step.phase``.
-        """
-        return {"train": self.aggregate}
+        hook = self.phase_hooks().get(step.phase, NO_HOOKS).validate
+        if hook is not None:
+            hook(step, agent, reply)
 
     def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """Fold a training round's valid replies into the global state; return scalar metrics
-        (default: none)."""
-        return {}
+        """Fold a step's valid replies into the global state with the phase's ``aggregate``
+        hook; return scalar metrics (a phase without one folds nothing)."""
+        hook = self.phase_hooks().get(step.phase, NO_HOOKS).aggregate
+        return {} if hook is None else hook(step, replies)
 
     def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
-        """Server-side training after aggregation (Velo's CVAE, FedKTL's F); default none.
+        """Server-side training after aggregation (Velo's CVAE, FedKTL's F): the phase's
+        ``server_train`` hook (default none).
 
-        Train on ``ctx.device`` and draw randomness from ``ctx.torch_generator()`` so that a
-        resumed step replays the same training.
+        A hook trains on ``ctx.device`` and draws randomness from ``ctx.torch_generator()`` so
+        that a resumed step replays the same training.
         """
-        return {}
+        hook = self.phase_hooks().get(step.phase, NO_HOOKS).server_train
+        return {} if hook is None else hook(step, ctx)
 
     def state_dict(self) -> dict[str, Payload]:
         """The global state to persist after each step."""

@@ -14,12 +14,12 @@ import numpy.typing as npt
 
 from coordinator.strategies.base import (
     AgentInfo,
-    Aggregator,
+    PhaseHooks,
     ServerContext,
     Step,
     register_strategy,
 )
-from coordinator.strategies.baselines import FedAvgStrategy
+from coordinator.strategies.weight_averaging import WeightAveragingStrategy
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import ClassStats, TensorMap
@@ -68,7 +68,7 @@ def global_class_stats(
 
 
 @register_strategy("ccvr")
-class CCVRStrategy(FedAvgStrategy):
+class CCVRStrategy(WeightAveragingStrategy):
     """FedAvg whose final model's head is calibrated on virtual features."""
 
     config: CCVRConfig
@@ -87,12 +87,16 @@ class CCVRStrategy(FedAvgStrategy):
             return None
         return int(self.weights.tensors[HEAD_KEYS[0]].shape[1])
 
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Training: FedAvg's check. Statistics: the agent's classes, at most its samples per
-        class, the head's feature size."""
-        if step.phase != "upload_stats":
-            super().validate(step, agent, reply)
-            return
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """FedAvg's phases, and ``upload_stats``: the global model down, statistics up, the
+        head calibrated on them."""
+        stats = PhaseHooks(
+            self.send_weights, self.check_stats, self.aggregate_stats, self.calibrate
+        )
+        return {**super().phase_hooks(), "upload_stats": stats}
+
+    def check_stats(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """The agent's classes, at most its samples per class, the head's feature size."""
         stats = self.payload(reply, "stats", ClassStats)
         registered = agent.register.counts_by_class()
         for c, n in zip(stats.class_ids.tolist(), stats.counts.tolist(), strict=True):
@@ -108,10 +112,6 @@ class CCVRStrategy(FedAvgStrategy):
                 "reply.payloads.stats.means", f"dimension {dim}", stats.means.shape[1]
             )
 
-    def aggregators(self) -> dict[str, Aggregator]:
-        """``train``: FedAvg; ``upload_stats``: the global class statistics."""
-        return {"train": self.aggregate, "upload_stats": self.aggregate_stats}
-
     def aggregate_stats(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
@@ -121,9 +121,9 @@ class CCVRStrategy(FedAvgStrategy):
         self._pending = (ids, means, covs)
         return {"calibration_classes": float(ids.size), "calibration_samples": float(counts.sum())}
 
-    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+    def calibrate(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Sample virtual features and fine-tune the global head on them."""
-        if step.phase != "upload_stats" or self._pending is None:
+        if self._pending is None:
             return {}
         ids, means, covs = self._pending
         self._pending = None

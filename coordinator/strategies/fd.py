@@ -9,8 +9,8 @@ Architectures may differ freely: only logits travel.
 
 from __future__ import annotations
 
-from coordinator.strategies.base import AgentInfo, Step, Strategy, register_strategy
-from coordinator.strategies.baselines import mean_prototypes
+from coordinator.class_stats import mean_prototypes
+from coordinator.strategies.base import AgentInfo, PhaseHooks, Step, Strategy, register_strategy
 from protocol.algorithms.fd import FDConfig
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import Payload, PrototypeSet
@@ -27,17 +27,19 @@ class FDStrategy(Strategy[FDConfig]):
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.logits: PrototypeSet | None = None
 
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Training rounds only: ``final`` carries nothing."""
+        return {"train": PhaseHooks(self.send_logits, self.check_logits, self.mean_logits)}
+
+    def send_logits(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         """The global logits of every class that has one (none before the first round)."""
-        if step.phase != "train" or self.logits is None or not self.logits.class_ids.size:
+        if self.logits is None or not self.logits.class_ids.size:
             return {}
         return {"logits": self.logits}
 
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+    def check_logits(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Logits of the agent's own classes, one per class of the federation, each the mean of
         1..local_epochs x the agent's registered samples of that class."""
-        if step.phase != "train":
-            return
         logits = self.check_prototypes(agent, reply, "logits", self.num_classes)
         held = agent.register.counts_by_class()
         limit = max(1, self.config.local_epochs)
@@ -50,10 +52,8 @@ class FDStrategy(Strategy[FDConfig]):
                 bad,
             )
 
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def mean_logits(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """z_c <- mean of the uploaded z_c^k over the uploaders of class c."""
-        if step.phase != "train":
-            return {}
         sets = [s for _, r in replies if isinstance(s := r.payloads.get("logits"), PrototypeSet)]
         current = self.logits if self.config.carry_absent else None
         self.logits = mean_prototypes(

@@ -13,14 +13,15 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from coordinator.class_stats import prototype_pairs, screen_metrics
 from coordinator.strategies.base import (
     AgentInfo,
+    PhaseHooks,
     ServerContext,
     Step,
     Strategy,
     register_strategy,
 )
-from coordinator.strategies.fedtgp.strategy import prototype_pairs, screen_metrics
 from protocol.algorithms.fedgh import FedGHConfig
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
@@ -43,16 +44,26 @@ class FedGHStrategy(Strategy[FedGHConfig]):
         """The head's input size once it exists."""
         return None if self.head is None else int(self.head.tensors["weight"].shape[1])
 
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Training rounds: prototypes up, the head trained on them down; ``final``: the head."""
+        return {
+            "train": PhaseHooks(
+                self.send_head, self.check_upload, self.keep_prototypes, self.train_head
+            ),
+            "final": PhaseHooks(configure=self.send_head),
+        }
+
+    def send_head(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         """The global head (none before the first server training)."""
         return {} if self.head is None else {"weights": self.head}
 
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+    def check_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Prototypes of the agent's classes, of the head's input size."""
-        if step.phase == "train":
-            self.check_prototypes(agent, reply, "protos", self.feature_dim)
+        self.check_prototypes(agent, reply, "protos", self.feature_dim)
 
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def keep_prototypes(
+        self, step: Step, replies: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
         """Keep the round's (prototype, class) pairs for :meth:`server_train`."""
         sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
         vectors, labels, screened = prototype_pairs(sets, self.config.upload_screen)
@@ -60,9 +71,9 @@ class FedGHStrategy(Strategy[FedGHConfig]):
         out = {"uploaded_prototypes": float(labels.size + screened)}
         return out | screen_metrics(self.config.upload_screen, screened)
 
-    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+    def train_head(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Continue training the global head on the round's prototypes (fresh SGD)."""
-        if step.phase != "train" or self._pending is None:
+        if self._pending is None:
             return {}
         vectors, labels = self._pending
         self._pending = None

@@ -2,10 +2,10 @@
 uploads and downloads (the paper's §3.3, ``protocol.contract.lowrank``).
 
 Only the shared mentee travels; the coordinator refuses an agent whose input differs from the
-fleet's (:class:`FMLStrategy`). Each upload's factors are checked and multiplied out before it
-is validated and averaged by sample count (HtFLlib averages uniformly); the global mentee is
-kept whole and compressed once per round for the tasks, at the energy of the round that
-produced it.
+fleet's (:class:`SharedModelStrategy`). Each upload's factors are checked and multiplied out
+before it is validated and averaged by sample count (HtFLlib averages uniformly); the global
+mentee is kept whole and compressed once per round for the tasks, at the energy of the round
+that produced it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from coordinator.strategies.base import AgentInfo, Step, register_strategy
-from coordinator.strategies.fml import FMLStrategy
+from coordinator.strategies.weight_averaging import SharedModelStrategy
 from protocol.algorithms.fedkd import FedKDConfig
 from protocol.contract.lowrank import compress, is_compressed, restore
 from protocol.contract.messages import Reply
@@ -33,7 +33,7 @@ def restored(reply: Reply) -> Reply:
 
 
 @register_strategy("fedkd")
-class FedKDStrategy(FMLStrategy):
+class FedKDStrategy(SharedModelStrategy):
     """One global mentee, averaged by sample count, compressed on the wire."""
 
     config: FedKDConfig
@@ -48,9 +48,9 @@ class FedKDStrategy(FMLStrategy):
             self.config = self.config.replace(svd_rounds=rounds)
         return super().plan(rounds)
 
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+    def send_weights(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         """The global mentee, compressed at the energy of the round that made it (once)."""
-        payloads = super().configure(step, agent)
+        payloads = super().send_weights(step, agent)
         w = payloads.get("weights")
         if not self.config.svd or not isinstance(w, TensorMap):
             return payloads
@@ -59,10 +59,12 @@ class FedKDStrategy(FMLStrategy):
             self._down = (step.round, id(w), compress(w, energy))
         return {**payloads, "weights": self._down[2]}
 
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+    def check_weights(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """The upload's factors, then FML's checks of the whole mentee."""
-        super().validate(step, agent, restored(reply))
+        super().check_weights(step, agent, restored(reply))
 
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def average_weights(
+        self, step: Step, replies: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
         """FML's average of the whole mentees."""
-        return super().aggregate(step, [(a, restored(r)) for a, r in replies])
+        return super().average_weights(step, [(a, restored(r)) for a, r in replies])

@@ -2,7 +2,7 @@
 
 The server never sees a private model: it keeps one global proxy, sends it to each selected
 agent and replaces it by the sample-weighted mean of the uploaded proxies through FedAvg's own
-code (:class:`FedAvgStrategy` and :func:`coordinator.aggregation.weighted_mean`; integer
+code (:class:`WeightAveragingStrategy` and :func:`coordinator.aggregation.weighted_mean`; integer
 buffers such as ``num_batches_tracked`` take the maximum). FedProx changes only the devices'
 proxy loss, so the server step is the same for both.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import cast
 
 from coordinator.strategies.base import AgentInfo, Step, admit_one_input, register_strategy
-from coordinator.strategies.baselines import FedAvgStrategy
+from coordinator.strategies.weight_averaging import WeightAveragingStrategy
 from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import TensorMap
@@ -25,7 +25,7 @@ __all__ = ["FedTypeStrategy"]
 
 
 @register_strategy("fedtype")
-class FedTypeStrategy(FedAvgStrategy):
+class FedTypeStrategy(WeightAveragingStrategy):
     """One global proxy, averaged by sample count (or uniformly); private models stay home."""
 
     one_architecture = False  # only the proxy is averaged
@@ -44,11 +44,11 @@ class FedTypeStrategy(FedAvgStrategy):
         """Any private architecture; one input spec, since every agent builds the same proxy."""
         admit_one_input(agent, fleet, f"proxy ({self.fedtype.proxy_model})")
 
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+    def check_weights(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """The proxy's tensors: those of the global proxy, or in round 1 those of the round's
         first valid upload (values are finite by the payload's own decoding)."""
-        super().validate(step, agent, reply)
-        if step.phase != "train" or self.weights is not None:
+        super().check_weights(step, agent, reply)
+        if self.weights is not None:
             return
         upload = self.payload(reply, "weights", TensorMap)
         layout = {k: tuple(v.shape) for k, v in upload.tensors.items()}
@@ -62,10 +62,12 @@ class FedTypeStrategy(FedAvgStrategy):
                 "reply.payloads.weights", "the proxy tensors of this round's uploads", diff
             )
 
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def average_weights(
+        self, step: Step, replies: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
         """p_g = sum_i n_i p_i / sum n (§3.4); ``aggregation_weights = uniform``: plain mean."""
         if self.fedtype.aggregation_weights == "samples":
-            return super().aggregate(step, replies)
+            return super().average_weights(step, replies)
         maps = [self.payload(r, "weights", TensorMap) for _, r in replies]
         self.weights = self.average(maps, None, self.config.weight_encoding, "fedtype proxies")
         return {"aggregated": float(len(replies))}

@@ -10,14 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from coordinator.aggregation import reduce_rows
+from coordinator.class_stats import mean_prototypes
 from coordinator.strategies.base import (
     AgentInfo,
-    Aggregator,
+    PhaseHooks,
     Step,
     Strategy,
     register_strategy,
 )
-from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
@@ -43,12 +43,23 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         """One-shot generator upload, then broadcast and local fine-tuning."""
         return [Step(rounds + 1, "upload_generator", "all"), Step(rounds + 1, "final", "all")]
 
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
-        """Training: prototypes of the agent's classes + sigma. Final: everything + generator."""
-        build = {"train": self._configure_train, "final": self._configure_final}.get(step.phase)
-        return {} if build is None else build(agent)
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Training: prototypes of the agent's classes + sigma, both ways (and generators every
+        round); ``upload_generator``: the one-shot generator mean; ``final``: everything +
+        generator.
 
-    def _configure_train(self, agent: AgentInfo) -> dict[str, Payload]:
+        Payload keys and kinds of replies were checked by the engine
+        (``FedVTCConfig.REPLY_PAYLOADS``); every value is within the bounds.
+        """
+        return {
+            "train": PhaseHooks(self._configure_train, self._validate_train, self.mean_uploads),
+            "upload_generator": PhaseHooks(
+                validate=self._validate_upload, aggregate=self.aggregate_generators
+            ),
+            "final": PhaseHooks(configure=self._configure_final),
+        }
+
+    def _configure_train(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         out: dict[str, Payload] = {}
         if self.protos is not None:
             out["protos"] = self._subset(self.protos, agent.classes)
@@ -56,7 +67,7 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             out["generator"] = self.generator
         return out
 
-    def _configure_final(self, agent: AgentInfo) -> dict[str, Payload]:
+    def _configure_final(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         return self.state_dict()  # all prototypes with sigma, and the averaged generator
 
     def _subset(self, protos: PrototypeSet, classes: list[int]) -> PrototypeSet:
@@ -69,19 +80,9 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             encoding=self.config.proto_encoding,
         )
 
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Prototypes with an SD of the fleet's dimension (round 1: fixed by the step's first
-        valid reply); generators with the known layout; every value within the bounds.
-
-        Payload keys and kinds were checked by the engine (``FedVTCConfig.REPLY_PAYLOADS``).
-        """
-        check = {"train": self._validate_train, "upload_generator": self._validate_upload}
-        phase_check = check.get(step.phase)
-        if phase_check is not None:
-            phase_check(step, agent, reply)
-
     def _validate_train(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        # declared, or the global prototypes', or round 1: the first valid reply's
+        """Prototypes with an SD of the fleet's dimension: declared, or the global prototypes',
+        or round 1: the first valid reply's; generators with the known layout."""
         dim = self.expected_dim(step, "protos", self.protos, self.config.feature_dim)
         protos = self.check_prototypes(agent, reply, "protos", dim)
         if protos.sd is None:
@@ -95,6 +96,7 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         self.pin_dim(step, "protos", protos)
 
     def _validate_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """A generator with the fleet's layout."""
         gen = self.payload(reply, "generator", TensorMap)
         if self.generator is not None and set(gen.tensors) != set(self.generator.tensors):
             raise ValidationError(
@@ -103,11 +105,7 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
                 sorted(set(gen.tensors) ^ set(self.generator.tensors))[:5],
             )
 
-    def aggregators(self) -> dict[str, Aggregator]:
-        """``train``: prototypes and SD (and generators every round); ``upload_generator``."""
-        return {"train": self.aggregate, "upload_generator": self.aggregate_generators}
-
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def mean_uploads(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Per-class plain means of the prototypes and the plain mean of the SDs."""
         protos = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
         sds = [s.sd for s in protos if s.sd is not None]

@@ -26,7 +26,7 @@ from models.checkpoint import Checkpoint, HeadSpec, ModelSpec
 from protocol.algorithms import TrainConfig, config_type
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload
-from protocol.errors import ConfigError, ProtocolError
+from protocol.errors import ConfigError, ProtocolError, ValidationError
 
 __all__ = [
     "EDGE_ALGORITHMS",
@@ -34,12 +34,39 @@ __all__ = [
     "EdgeContext",
     "PhaseResult",
     "SharedModule",
+    "TaskPayloads",
     "create_edge_algorithm",
+    "received",
     "register_edge_algorithm",
+    "task_payloads",
 ]
 
 C = TypeVar("C", bound=TrainConfig)
+P = TypeVar("P", bound=Payload)
 ProgressFn = Callable[[int, int, float], None]
+#: Phase -> payload key -> the kind a task of that phase carries under it.
+TaskPayloads = dict[str, dict[str, type[Payload]]]
+
+
+def task_payloads(
+    kinds: dict[str, type[Payload]],
+    phases: tuple[str, ...] = ("train", "final"),
+    inherited: TaskPayloads | None = None,
+) -> TaskPayloads:
+    """``kinds`` declared for each of ``phases``, added to the ``inherited`` declaration."""
+    out = {phase: dict(declared) for phase, declared in (inherited or {}).items()}
+    for phase in phases:
+        out.setdefault(phase, {}).update(kinds)
+    return out
+
+
+def received(payloads: dict[str, Payload], key: str, kind: type[P]) -> P | None:
+    """``payloads[key]`` typed as ``kind``, or None when the task does not carry it (the kinds
+    were checked against ``TASK_PAYLOADS`` by :meth:`EdgeAlgorithm.handle`)."""
+    value = payloads.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ValidationError(f"payloads.{key}", kind.KIND, value.KIND)
+    return value
 
 
 @dataclass
@@ -96,6 +123,9 @@ class EdgeAlgorithm(Generic[C]):
     # False: the model itself is private (FedType's private model): the agent registers
     # neither its architecture nor its size, only what the algorithm exchanges travels
     discloses_model: ClassVar[bool] = True
+    #: What each phase's task may carry, by key and kind (each optional: the server sends
+    #: nothing before it has something); :meth:`handle` checks a task against it once.
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = {}
 
     def __init__(self, ctx: EdgeContext) -> None:
         self.ctx = ctx
@@ -116,7 +146,16 @@ class EdgeAlgorithm(Generic[C]):
                 f"known: {sorted(self.phases())}"
             )
         self.cfg = self.parse_config(task)
+        self.check_task_payloads(task)
         return handler(task)
+
+    def check_task_payloads(self, task: Task) -> None:
+        """Refuse a task carrying a declared payload of another kind (:attr:`TASK_PAYLOADS`)."""
+        declared = self.TASK_PAYLOADS.get(task.phase, {})
+        for key, value in task.payloads.items():
+            kind = declared.get(key)
+            if kind is not None and not isinstance(value, kind):
+                raise ValidationError(f"payloads.{key}", kind.KIND, value.KIND)
 
     def parse_config(self, task: Task) -> C:
         """The task's config as this algorithm's typed dataclass."""

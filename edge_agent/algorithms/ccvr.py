@@ -4,19 +4,24 @@ send per-class feature means, unbiased covariances and counts over the training 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from edge_agent.algorithms.base import PhaseResult, register_edge_algorithm
-from edge_agent.algorithms.baselines import FedAvgEdge
+from edge_agent.algorithms.base import (
+    PhaseResult,
+    TaskPayloads,
+    register_edge_algorithm,
+    task_payloads,
+)
+from edge_agent.algorithms.weights import WeightExchangeEdge
 from edge_agent.trainer import TensorData
 from models import Classifier
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
-from protocol.contract.payloads import ClassStats
+from protocol.contract.payloads import ClassStats, TensorMap
 
 __all__ = ["CCVREdge", "class_stats"]
 
@@ -55,8 +60,16 @@ def class_stats(
 
 
 @register_edge_algorithm("ccvr")
-class CCVREdge(FedAvgEdge):
+class CCVREdge(WeightExchangeEdge[CCVRConfig]):
     """FedAvg's edge half with CCVR's statistics phase; ``final`` loads the calibrated model."""
+
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads(
+        {"weights": TensorMap}, ("upload_stats",), WeightExchangeEdge.TASK_PAYLOADS
+    )
+
+    def weight_encoding(self) -> Encoding:
+        """As the run configures (``weight_encoding``)."""
+        return self.config.weight_encoding
 
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
         """FedAvg's phases and ``upload_stats``."""
@@ -65,7 +78,7 @@ class CCVREdge(FedAvgEdge):
     def stats_phase(self, task: Task) -> PhaseResult:
         """Load the global model, reply with its class statistics over the training data."""
         self.receive(task.payloads)
-        cfg = cast(CCVRConfig, self.config)
+        cfg = self.config
         stats = class_stats(
             self.ctx.model, self.ctx.train, self.ctx.num_classes, cfg.stats_encoding
         )

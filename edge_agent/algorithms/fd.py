@@ -8,6 +8,8 @@ upload their per-class means.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -16,9 +18,12 @@ from edge_agent.algorithms.base import (
     EdgeAlgorithm,
     EdgeContext,
     PhaseResult,
+    TaskPayloads,
+    received,
     register_edge_algorithm,
+    task_payloads,
 )
-from edge_agent.class_stats import prototype_table
+from edge_agent.class_stats import ClassMeans, prototype_table
 from protocol.algorithms.fd import FDConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload, PrototypeSet
@@ -46,23 +51,22 @@ def fd_kd_loss(logits: Tensor, targets: Tensor, mask: Tensor, kind: str = "mse")
 class FDEdge(EdgeAlgorithm[FDConfig]):
     """Global logits in, per-class mean logits of the training passes out."""
 
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads({"logits": PrototypeSet})
+
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
         c, dev = ctx.num_classes, ctx.device
         self.table = torch.zeros(c, c, device=dev)  # row y: the global logit of class y
         self.valid = torch.zeros(c, dtype=torch.bool, device=dev)
-        self._sums = torch.zeros(c, c, device=dev)
-        self._count = torch.zeros(c, dtype=torch.long, device=dev)
+        self._logits = ClassMeans(c, c, dev)  # this participation's training logits
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Take the global logits; a task without them (round 1) means no distillation."""
-        logits = payloads.get("logits")
+        logits = received(payloads, "logits", PrototypeSet)
         if logits is None:
             self.valid.zero_()
             return
         c = self.ctx.num_classes
-        if not isinstance(logits, PrototypeSet):
-            raise ValidationError("payloads.logits", "protos", type(logits).KIND)
         if logits.class_ids.size and (logits.dim != c or int(logits.class_ids.max()) >= c):
             raise ValidationError(
                 "payloads.logits",
@@ -76,8 +80,7 @@ class FDEdge(EdgeAlgorithm[FDConfig]):
 
     def train_phase(self, task: Task) -> PhaseResult:
         """One participation; the logit sums restart with it."""
-        self._sums.zero_()
-        self._count.zero_()
+        self._logits.reset()
         return super().train_phase(task)
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
@@ -91,21 +94,11 @@ class FDEdge(EdgeAlgorithm[FDConfig]):
 
     def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
         """Per-class sums of this step's (pre-update, train-mode) logits."""
-        self._sums.index_add_(0, y, logits.float())
-        self._count += torch.bincount(y, minlength=self._count.numel())
+        self._logits.add(logits, y)
 
     def reply_payloads(self) -> dict[str, Payload]:
         """The per-class mean logits of this participation."""
-        present = (self._count > 0).nonzero().flatten()
-        means = self._sums[present] / self._count[present].unsqueeze(1).float()
-        return {
-            "logits": PrototypeSet(
-                class_ids=present.cpu().numpy(),
-                vectors=means.cpu().numpy(),
-                counts=self._count[present].cpu().numpy(),
-                encoding=self.config.logit_encoding,
-            )
-        }
+        return {"logits": self._logits.prototypes(self.config.logit_encoding)}
 
     def extra_state(self) -> dict[str, Tensor]:
         """The global logits survive restarts."""

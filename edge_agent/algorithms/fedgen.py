@@ -9,13 +9,20 @@ trained it) and adds ``gen_weight * CE(head(z), labels)``: only the head learns 
 
 from __future__ import annotations
 
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edge_agent.algorithms.base import EdgeContext, SharedModule, register_edge_algorithm
+from edge_agent.algorithms.base import (
+    EdgeContext,
+    SharedModule,
+    TaskPayloads,
+    received,
+    register_edge_algorithm,
+    task_payloads,
+)
 from edge_agent.algorithms.weights import WeightExchangeEdge, load_tensormap
 from models.feature_gen import feature_generator
 from protocol.algorithms.fedgen import FedGenConfig
@@ -32,6 +39,10 @@ build_generator = feature_generator  # the one layout, shared with the other hal
 @register_edge_algorithm("fedgen")
 class FedGenEdge(WeightExchangeEdge[FedGenConfig]):
     """The edge half of FedGen."""
+
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads(
+        {"generator": TensorMap, "labels": TensorMap}, inherited=WeightExchangeEdge.TASK_PAYLOADS
+    )
 
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
@@ -56,11 +67,14 @@ class FedGenEdge(WeightExchangeEdge[FedGenConfig]):
     def receive(self, payloads: dict[str, Payload]) -> None:
         """The mean head (``weights``), the generator and the label counts."""
         super().receive(payloads)
-        gen, labels = payloads.get("generator"), payloads.get("labels")
+        gen, labels = (
+            received(payloads, "generator", TensorMap),
+            received(payloads, "labels", TensorMap),
+        )
         if gen is None:
             return
-        if not isinstance(gen, TensorMap) or not isinstance(labels, TensorMap):
-            raise ValidationError("payloads.generator/labels", "tensors", "another payload")
+        if labels is None:
+            raise ValidationError("payloads.labels", "tensors with the generator", "nothing")
         counts = torch.as_tensor(labels.tensors.get("counts", []), dtype=torch.float64)
         if counts.shape != (self.ctx.num_classes,) or float(counts.sum()) <= 0:
             raise ValidationError(

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edge_agent.algorithms.base import EdgeContext, PhaseResult, register_edge_algorithm
-from edge_agent.algorithms.fml import SharedModelEdge, mutual_kl
+from edge_agent.algorithms.shared_model import SharedModelEdge
+from edge_agent.distillation import mutual_kl
 from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup
 from protocol.algorithms.fedkd import FedKDConfig

@@ -15,6 +15,8 @@ unit-norm class prototypes of g over the training split.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,8 +25,12 @@ from edge_agent.algorithms.base import (
     EdgeAlgorithm,
     EdgeContext,
     PhaseResult,
+    TaskPayloads,
+    received,
     register_edge_algorithm,
+    task_payloads,
 )
+from edge_agent.class_stats import ClassMeans
 from edge_agent.trainer import ParamGroup, TensorData
 from models import Classifier
 from models.checkpoint import HeadSpec
@@ -59,17 +65,15 @@ def unit_prototypes(
     (the authors' ``collect_protos``, §3.3)."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(num_classes, model.num_features, device=data.x.device)
-    counts = torch.zeros(num_classes, dtype=torch.long, device=data.x.device)
+    stats = ClassMeans(num_classes, model.num_features, data.x.device)
     for x, y in data.batches(256, None, shuffle=False):
-        sums.index_add_(0, y, F.normalize(model.forward_features(x).float(), dim=1))
-        counts += torch.bincount(y, minlength=num_classes)
+        stats.add(F.normalize(model.forward_features(x).float(), dim=1), y)
     model.train(was_training)
-    present = (counts > 0).nonzero().flatten()
-    return PrototypeSet(
+    present = stats.present()
+    return PrototypeSet(  # the sum's direction is the mean's: no division
         class_ids=present.cpu().numpy(),
-        vectors=F.normalize(sums[present], dim=1).cpu().numpy(),
-        counts=counts[present].cpu().numpy(),
+        vectors=F.normalize(stats.sums[present], dim=1).cpu().numpy(),
+        counts=stats.counts[present].cpu().numpy(),
         encoding=encoding,
     )
 
@@ -77,6 +81,10 @@ def unit_prototypes(
 @register_edge_algorithm("fedktl")
 class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
     """ArcFace on the fixed ETF head + the knowledge-transfer regression; prototypes up."""
+
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads(
+        {"setup": TensorMap, "pairs": ImageVectorPairs}
+    )
 
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
@@ -91,16 +99,16 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Take the set-up if sent, check the held one against the config's digest, reload h',
         take this round's pairs (none in round 1: ArcFace only)."""
-        setup = payloads.get("setup")
+        setup = received(payloads, "setup", TensorMap)
         if setup is not None:
             self._take_setup(setup)
         self._check_setup()
         self._reset_proj()
-        self._take_pairs(payloads.get("pairs"))
+        self._take_pairs(received(payloads, "pairs", ImageVectorPairs))
 
-    def _take_setup(self, setup: Payload) -> None:
-        if not isinstance(setup, TensorMap) or set(setup.tensors) != set(SETUP_KEYS):
-            got = setup.KIND if not isinstance(setup, TensorMap) else sorted(setup.tensors)
+    def _take_setup(self, setup: TensorMap) -> None:
+        if set(setup.tensors) != set(SETUP_KEYS):
+            got = sorted(setup.tensors)
             raise ValidationError("payloads.setup", f"tensors {list(SETUP_KEYS)}", got)
         digest = setup_digest(setup.tensors)
         if digest != self.config.setup_sha256:
@@ -148,13 +156,11 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
             self.proj.weight.copy_(weight)
             self.proj.bias.copy_(bias)
 
-    def _take_pairs(self, pairs: Payload | None) -> None:
+    def _take_pairs(self, pairs: ImageVectorPairs | None) -> None:
         self.images = self.latents = None
         self._order = []
         if pairs is None:
             return
-        if not isinstance(pairs, ImageVectorPairs):
-            raise ValidationError("payloads.pairs", "ivpairs", pairs.KIND)
         model, h = self.ctx.model, self.config.latent_dim
         shape = (model.in_chans, *model.input_size)
         n = pairs.images.shape[0]

@@ -5,11 +5,11 @@ prediction by nearest global prototype)."""
 from __future__ import annotations
 
 from edge_agent.algorithms.base import register_edge_algorithm
-from edge_agent.algorithms.baselines import FedProtoEdge
+from edge_agent.algorithms.prototype_exchange import PrototypeExchangeEdge
 
 __all__ = ["FedTGPEdge"]
 
 
 @register_edge_algorithm("fedtgp")
-class FedTGPEdge(FedProtoEdge):
+class FedTGPEdge(PrototypeExchangeEdge):
     """FedProto's edge half under FedTGP's name and config."""

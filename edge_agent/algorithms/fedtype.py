@@ -32,13 +32,15 @@ from edge_agent.algorithms.base import (
     EdgeContext,
     PhaseResult,
     SharedModule,
+    received,
     register_edge_algorithm,
 )
-from edge_agent.algorithms.weights import (
-    SHARED_MODEL_SEED,
-    WeightExchangeEdge,
-    load_tensormap,
+from edge_agent.algorithms.shared_model import (
+    build_fleet_model,
+    fleet_model_seed,
+    seeded_fleet_model,
 )
+from edge_agent.algorithms.weights import WeightExchangeEdge, load_tensormap
 from edge_agent.conformal import (
     Calibration,
     calibrate,
@@ -48,31 +50,21 @@ from edge_agent.conformal import (
     topk_sets,
     uniform,
 )
-from edge_agent.seeding import derived_seed, seeded
+from edge_agent.distillation import forward_kd
+from edge_agent.seeding import derived_seed
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
-from models import Classifier, create_model
-from models.checkpoint import Checkpoint, HeadSpec, ModelSpec
+from models import Classifier
+from models.checkpoint import Checkpoint, HeadSpec
 from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
 from protocol.contract.payloads import TensorMap
-from protocol.errors import ValidationError
 
-__all__ = ["FedTypeEdge", "backward_kd", "forward_kd", "symmetric_kd"]
+__all__ = ["FedTypeEdge", "backward_kd", "symmetric_kd"]
 
 log = logging.getLogger("edgefl.fedtype")
 _PROXY = "proxy."  # prefix of the proxy's tensors in the checkpoint's extra state
-
-
-def forward_kd(proxy_logits: Tensor, private_logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Eq. 1: ``KL(softmax(w / T) || softmax(p / T)) * T^2``, per-sample mean, teacher detached."""
-    t = temperature
-    kl = F.kl_div(
-        F.log_softmax(proxy_logits.float() / t, dim=1),
-        F.softmax(private_logits.detach().float() / t, dim=1),
-        reduction="batchmean",
-    )
-    return kl * t * t
+PROXY_ROLE = "fedtype-proxy"  # names the proxy in its fleet-wide seed
 
 
 def symmetric_kd(private_logits: Tensor, proxy_logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -165,8 +157,8 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
     # ----- the proxy and the split, built once from the first task's config ------------------
     def _ready(self) -> tuple[Classifier, _Split]:
         if self.proxy is None:
-            with seeded(self._proxy_seed()):  # already the fleet's shared p_g^0
-                self.proxy = self._build_proxy().to(self.ctx.device)
+            # already the fleet's shared p_g^0
+            self.proxy = seeded_fleet_model(self.ctx, PROXY_ROLE, self.config.proxy_model)
             if self._restored is not None:
                 self._load_restored(self.proxy, self._restored)
         if self.split is None:
@@ -174,20 +166,7 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
         return self.proxy, self.split
 
     def _build_proxy(self) -> Classifier:
-        spec = ModelSpec.from_model(self.ctx.model)
-        return create_model(
-            self.config.proxy_model,
-            num_classes=self.ctx.num_classes,
-            in_chans=spec.in_chans,
-            input_size=spec.input_size,
-        )
-
-    def _proxy_seed(self) -> int:
-        """The same on every agent: one proxy architecture and input for the fleet (admit)."""
-        spec = ModelSpec.from_model(self.ctx.model)
-        h, w = spec.input_size
-        key = f"fedtype-proxy|{self.config.proxy_model}|{spec.in_chans}x{h}x{w}"
-        return derived_seed(SHARED_MODEL_SEED, key)
+        return build_fleet_model(self.ctx, self.config.proxy_model)
 
     def _make_split(self) -> _Split:
         """A seeded per-device split, the same after a restart (§3.0: made once per run)."""
@@ -215,7 +194,9 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
     def shared_modules(self) -> dict[str, SharedModule]:
         """Only the proxy starts identical fleet-wide; the private model keeps its own init."""
         proxy, _ = self._ready()
-        return {"proxy": SharedModule(proxy, self._build_proxy, self._proxy_seed())}
+        # the same seed on every agent: one proxy architecture and input for the fleet (admit)
+        seed = fleet_model_seed(self.ctx, PROXY_ROLE, self.config.proxy_model)
+        return {"proxy": SharedModule(proxy, self._build_proxy, seed)}
 
     # ----- one participation ----------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
@@ -230,11 +211,9 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
     def final_phase(self, task: Task) -> PhaseResult:
         """Evaluate the last local proxy and the final global one (§3.4); train nothing."""
         proxy, split = self._ready()
-        weights = task.payloads.get("weights")
+        weights = received(task.payloads, "weights", TensorMap)
         glob = None
         if weights is not None:
-            if not isinstance(weights, TensorMap):
-                raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
             glob = copy.deepcopy(proxy)
             load_tensormap(glob, weights, "payloads.weights")
             if self.a_stored is None:  # never trained: its local proxy is p_g^T (§9-16)

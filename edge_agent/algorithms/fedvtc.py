@@ -13,6 +13,7 @@ import copy
 import functools
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,10 @@ from edge_agent.algorithms.base import (
     EdgeContext,
     PhaseResult,
     SharedModule,
+    TaskPayloads,
+    received,
     register_edge_algorithm,
+    task_payloads,
 )
 from edge_agent.algorithms.fedvtc_diagnostics import final_diagnostics, round_diagnostics
 from edge_agent.algorithms.weights import load_tensormap, module_to_tensormap
@@ -99,6 +103,10 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         self._finetuning = False
         self.diag_terms: dict[str, list[float]] = {}  # per-round loss terms (diagnostics on)
 
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads(
+        {"protos": PrototypeSet, "generator": TensorMap}, ("train", "upload_generator", "final")
+    )
+
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
         """``train`` rounds, the one-shot ``upload_generator``, and ``final`` (fine-tune)."""
         return {
@@ -110,15 +118,11 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     # ----- knowledge in ---------------------------------------------------------------------
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Global prototypes (+ SD in ``protos.sd``) and, when sent, the global generator."""
-        protos = payloads.get("protos")
+        protos = received(payloads, "protos", PrototypeSet)
         if protos is not None:
-            if not isinstance(protos, PrototypeSet):
-                raise ValidationError("payloads.protos", "protos", type(protos).KIND)
             self._take_prototypes(protos)
-        gen = payloads.get("generator")
+        gen = received(payloads, "generator", TensorMap)
         if gen is not None:
-            if not isinstance(gen, TensorMap):
-                raise ValidationError("payloads.generator", "tensors", type(gen).KIND)
             load_tensormap(self.generator, gen, "payloads.generator")
 
     def _take_prototypes(self, protos: PrototypeSet) -> None:

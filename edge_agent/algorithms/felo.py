@@ -11,7 +11,7 @@ their means with the model.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -20,9 +20,13 @@ from torch import Tensor
 from edge_agent.algorithms.base import (
     EdgeContext,
     PhaseResult,
+    TaskPayloads,
+    received,
     register_edge_algorithm,
+    task_payloads,
 )
 from edge_agent.algorithms.weights import WeightExchangeEdge
+from edge_agent.class_stats import ClassMeans
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
 from protocol.contract.payloads import FeatureLogitSet, Payload
@@ -60,27 +64,28 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
     agent of one architecture starts from the same weights (inherited ``shared_modules``), so a
     group's first average is one of related networks."""
 
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads(
+        {"knowledge": FeatureLogitSet}, inherited=WeightExchangeEdge.TASK_PAYLOADS
+    )
+
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
         c, d, dev = ctx.num_classes, ctx.model.num_features, ctx.device
         self.server_features = torch.zeros(c, d, device=dev)
         self.server_logits = torch.zeros(c, c, device=dev)
         self.valid = torch.zeros(c, dtype=torch.bool, device=dev)
-        self._sum_features = torch.zeros(c, d, device=dev)
-        self._sum_logits = torch.zeros(c, c, device=dev)
-        self._count = torch.zeros(c, dtype=torch.long, device=dev)
+        self._features = ClassMeans(c, d, dev)  # this participation's training passes
+        self._logits = ClassMeans(c, c, dev)
 
     # ----- knowledge in ---------------------------------------------------------------------
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Overwrite the model with the group model; take the server's per-class knowledge
         (absent during warm-up: then no KD this participation)."""
         super().receive(payloads)  # the group model, when the task carries one
-        knowledge = payloads.get("knowledge")
+        knowledge = received(payloads, "knowledge", FeatureLogitSet)
         if knowledge is None:
             self.valid.zero_()
             return
-        if not isinstance(knowledge, FeatureLogitSet):
-            raise ValidationError("payloads.knowledge", "featlogits", type(knowledge).KIND)
         self._take(knowledge)
 
     def _take(self, k: FeatureLogitSet) -> None:
@@ -102,9 +107,8 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
     # ----- the loop's hooks -----------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
         """One participation; the statistics restart with it."""
-        self._sum_features.zero_()
-        self._sum_logits.zero_()
-        self._count.zero_()
+        self._features.reset()
+        self._logits.reset()
         return super().train_phase(task)
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
@@ -127,21 +131,19 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
 
     def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
         """Per-class sums of this step's (pre-update, train-mode) features and logits."""
-        self._sum_features.index_add_(0, y, features.float())
-        self._sum_logits.index_add_(0, y, logits.float())
-        self._count += torch.bincount(y, minlength=self._count.numel())
+        self._features.add(features, y)
+        self._logits.add(logits, y)
 
     # ----- knowledge out --------------------------------------------------------------------
     def reply_payloads(self) -> dict[str, Payload]:
         """Class-wise means of the participation; the whole model when averaging is on."""
-        present = (self._count > 0).nonzero().flatten()
-        n = self._count[present].unsqueeze(1).float()
+        present = self._features.present()
         out: dict[str, Payload] = {
             "knowledge": FeatureLogitSet(
                 class_ids=present.cpu().numpy(),
-                features=(self._sum_features[present] / n).cpu().numpy(),
-                logits=(self._sum_logits[present] / n).cpu().numpy(),
-                counts=self._count[present].cpu().numpy(),
+                features=self._features.means(present).cpu().numpy(),
+                logits=self._logits.means(present).cpu().numpy(),
+                counts=self._features.counts[present].cpu().numpy(),
                 encoding=self.config.knowledge_encoding,
             )
         }

@@ -8,30 +8,15 @@ alike whatever the extractors are.
 
 from __future__ import annotations
 
-import copy
-
 from torch import nn
 
 from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
-from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
+from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge, fresh_copy
 from edge_agent.seeding import derived_seed
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
 from protocol.contract.arrays import Encoding
 
-__all__ = ["LGFedAvgEdge", "fresh_copy"]
-
-
-def fresh_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` on the CPU with every submodule's parameters re-initialised by its
-    own ``reset_parameters`` (random: the caller seeds the CPU generator). On the CPU because a
-    copy re-initialised on a GPU draws from CUDA's generator: a GPU agent would start from other
-    weights than a CPU agent with the same seed, and the fleet's shared start would not be."""
-    fresh = copy.deepcopy(module).cpu()
-    for sub in fresh.modules():
-        reset = getattr(sub, "reset_parameters", None)
-        if callable(reset):
-            reset()
-    return fresh
+__all__ = ["LGFedAvgEdge"]
 
 
 @register_edge_algorithm("lg_fedavg")

@@ -5,18 +5,24 @@ LG-FedAvg: the head; FedType: the proxy).
 
 from __future__ import annotations
 
-from typing import TypeVar
+import copy
+from typing import ClassVar, TypeVar
 
 from torch import nn
 
-from edge_agent.algorithms.base import EdgeAlgorithm, SharedModule
+from edge_agent.algorithms.base import (
+    EdgeAlgorithm,
+    SharedModule,
+    TaskPayloads,
+    received,
+    task_payloads,
+)
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms import TrainConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import Payload, TensorMap
-from protocol.errors import ValidationError
 
-__all__ = ["WeightExchangeEdge", "load_tensormap", "module_to_tensormap"]
+__all__ = ["WeightExchangeEdge", "fresh_copy", "load_tensormap", "module_to_tensormap"]
 
 C = TypeVar("C", bound=TrainConfig)
 # FedAvg-style configs carry no seed: every agent derives the model's initial weights from this
@@ -24,9 +30,24 @@ C = TypeVar("C", bound=TrainConfig)
 SHARED_MODEL_SEED = 0x5EED
 
 
+def fresh_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` on the CPU with every submodule's parameters re-initialised by its
+    own ``reset_parameters`` (random: the caller seeds the CPU generator). On the CPU because a
+    copy re-initialised on a GPU draws from CUDA's generator: a GPU agent would start from other
+    weights than a CPU agent with the same seed, and the fleet's shared start would not be."""
+    fresh = copy.deepcopy(module).cpu()
+    for sub in fresh.modules():
+        reset = getattr(sub, "reset_parameters", None)
+        if callable(reset):
+            reset()
+    return fresh
+
+
 class WeightExchangeEdge(EdgeAlgorithm[C]):
     """Receives and uploads one module's weights as the ``weights`` payload, and starts that
     module from weights shared by every agent of the architecture."""
+
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads({"weights": TensorMap})
 
     def exchanged_module(self) -> nn.Module:
         """The module whose weights travel (default: the whole model)."""
@@ -42,11 +63,9 @@ class WeightExchangeEdge(EdgeAlgorithm[C]):
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Overwrite the exchanged module with the global weights when the task carries them."""
-        weights = payloads.get("weights")
+        weights = received(payloads, "weights", TensorMap)
         if weights is None:
             return
-        if not isinstance(weights, TensorMap):
-            raise ValidationError("payloads.weights", "tensors", type(weights).KIND)
         load_tensormap(self.exchanged_module(), weights, "payloads.weights")
 
     def reply_payloads(self) -> dict[str, Payload]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import PayloadSpec, register_config
-from protocol.algorithms.baselines import FedAvgConfig
+from protocol.algorithms.fedavg import FedAvgConfig
 from protocol.contract.payloads import ClassStats, TensorMap
 
 __all__ = ["CCVRConfig"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import ScreeningConfig, register_config
-from protocol.algorithms.baselines import FedProtoConfig
+from protocol.algorithms.fedproto import FedProtoConfig
 
 __all__ = ["FedTGPConfig"]
 

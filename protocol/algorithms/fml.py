@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from protocol.algorithms.base import register_config
-from protocol.algorithms.baselines import FedAvgConfig
+from protocol.algorithms.fedavg import FedAvgConfig
 
 __all__ = ["FMLConfig", "SharedModelConfig"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.algorithms.base import register_config
-from protocol.algorithms.baselines import FedAvgConfig
+from protocol.algorithms.fedavg import FedAvgConfig
 
 __all__ = ["LGFedAvgConfig"]
 

@@ -14,8 +14,8 @@ from coordinator.aggregation import (
     screen_by_class,
     weighted_mean,
 )
+from coordinator.class_stats import mean_prototypes
 from coordinator.strategies import AgentInfo, Step, create_strategy
-from coordinator.strategies.baselines import mean_prototypes
 from coordinator.strategies.felo.strategy import robust_means
 from coordinator.strategies.felo.table import KnowledgeTable
 from protocol.algorithms import config_type

@@ -19,7 +19,7 @@ from torch import Tensor
 from coordinator.sim.simulate import simulate
 from edge_agent.trainer import TensorData, train_epochs
 from models import create_model
-from protocol.algorithms.baselines import LocalConfig
+from protocol.algorithms.local import LocalConfig
 from tests.helpers_runtime import FLEET, run_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

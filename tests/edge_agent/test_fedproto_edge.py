@@ -10,12 +10,12 @@ import pytest
 import torch
 from helpers import edge_algorithm, edge_context
 
-import coordinator.strategies.baselines  # noqa: F401  (registers both halves)
-from edge_agent.algorithms.baselines import FedProtoEdge
+import coordinator.strategies.fedproto  # noqa: F401  (registers the server half)
+from edge_agent.algorithms.fedproto import FedProtoEdge
 from edge_agent.class_stats import class_prototypes
 from edge_agent.trainer import evaluate
 from models import create_model
-from protocol.algorithms.baselines import FedProtoConfig
+from protocol.algorithms.fedproto import FedProtoConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import PrototypeSet
 

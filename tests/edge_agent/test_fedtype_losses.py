@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from edge_agent.algorithms.fedtype import backward_kd, forward_kd, symmetric_kd
+from edge_agent.algorithms.fedtype import backward_kd, symmetric_kd
+from edge_agent.distillation import forward_kd
 
 LOG3 = math.log(3.0)
 KL = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)  # KL([.75,.25] || [.5,.5])

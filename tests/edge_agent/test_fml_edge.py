@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import coordinator.strategies.fml  # noqa: F401  (registers the server half)
 from edge_agent.algorithms import EdgeContext
-from edge_agent.algorithms.fml import FMLEdge, mutual_kl
+from edge_agent.algorithms.fml import FMLEdge
+from edge_agent.distillation import mutual_kl
 from edge_agent.trainer import TensorData
 from models import create_model
 from protocol.algorithms.fml import FMLConfig

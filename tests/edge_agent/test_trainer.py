@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from edge_agent.trainer import ParamGroup, TensorData, TrainingError, train_epochs
 from models import Classifier, create_model
-from protocol.algorithms.baselines import LocalConfig
+from protocol.algorithms.local import LocalConfig
 
 CFG = LocalConfig(batch_size=4, lr=0.1, momentum=0.0, grad_clip=0.0, local_epochs=1)
 

@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from edge_agent.algorithms import EdgeContext
-from edge_agent.algorithms.baselines import FedAvgEdge
+from edge_agent.algorithms.fedavg import FedAvgEdge
 from edge_agent.data import PartitionSpec
 from edge_agent.factory import AgentOptions, build_agent
 from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import Classifier, create_model
-from protocol.algorithms.baselines import FedAvgConfig
+from protocol.algorithms.fedavg import FedAvgConfig
 from protocol.contract.messages import Task
 from protocol.transport.base import MemoryBroker, MemoryTransport
 

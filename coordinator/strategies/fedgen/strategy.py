@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from coordinator.strategies.base import (
     AgentInfo,
+    PhaseHooks,
     ServerContext,
     Step,
     Strategy,
@@ -54,7 +55,17 @@ class FedGenStrategy(Strategy[FedGenConfig]):
                 counts[int(c)] = n
         self.fleet_counts[agent.device_id] = counts
 
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Training rounds: heads up, the generator trained on them down; ``final``: the
+        generator and the mean head."""
+        return {
+            "train": PhaseHooks(
+                self.send_generator, self.check_head, self.keep_heads, self.fit_generator
+            ),
+            "final": PhaseHooks(configure=self.send_generator),
+        }
+
+    def send_generator(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
         """The generator with the label counts, and the mean head (after the first round)."""
         self._see(agent)
         out: dict[str, Payload] = {}
@@ -65,10 +76,8 @@ class FedGenStrategy(Strategy[FedGenConfig]):
             out["weights"] = self.head
         return out
 
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+    def check_head(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """A linear head ``weight [C, D]``, ``bias [C]`` with the federation's ``D``."""
-        if step.phase != "train":
-            return
         head = self.payload(reply, "weights", TensorMap)
         if set(head.tensors) != {"weight", "bias"}:
             raise ValidationError(
@@ -82,7 +91,7 @@ class FedGenStrategy(Strategy[FedGenConfig]):
         if b.shape != (c,):
             raise ValidationError("reply.payloads.weights.bias", f"shape [{c}]", list(b.shape))
 
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def keep_heads(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Keep the heads for :meth:`server_train`; average them by sample count."""
         heads = [self.payload(r, "weights", TensorMap) for _, r in replies]
         samples = [max(r.num_samples, 1) for _, r in replies]
@@ -99,9 +108,9 @@ class FedGenStrategy(Strategy[FedGenConfig]):
             self.head = self.average(heads, samples, self.config.head_encoding, "fedgen heads")
         return {"heads": float(len(heads))}
 
-    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+    def fit_generator(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Train the generator against the round's heads."""
-        if step.phase != "train" or self._pending is None:
+        if self._pending is None:
             return {}
         heads, samples = self._pending
         self._pending = None

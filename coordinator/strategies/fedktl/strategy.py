@@ -19,8 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coordinator.strategies.base import AgentInfo, ServerContext, Step, Strategy, register_strategy
-from coordinator.strategies.fedtgp.strategy import prototype_pairs, screen_metrics
+from coordinator.class_stats import prototype_pairs, screen_metrics
+from coordinator.strategies.base import (
+    AgentInfo,
+    PhaseHooks,
+    ServerContext,
+    Step,
+    Strategy,
+    register_strategy,
+)
 from protocol.algorithms.fedktl import SETUP_KEYS, FedKTLConfig, setup_digest
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import ImageVectorPairs, Payload, PrototypeSet, TensorMap
@@ -117,15 +124,33 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
                 agent.device_id, f"FedKTL sends grey or RGB images; the agent takes {channels}"
             )
 
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Training rounds: prototypes up, pairs down; ``final``: the set-up to any agent that
+        never received it."""
+        return {
+            "train": PhaseHooks(
+                self.send_setup_and_pairs,
+                self.check_upload,
+                self.collect_uploads,
+                self.train_aligner,
+            ),
+            "final": PhaseHooks(configure=self.send_setup),
+        }
+
     # ----- what each agent receives ---------------------------------------------------------
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
-        """The set-up until the agent holds it; in training rounds the latest pairs, converted
-        to the agent's input spec."""
+    def send_setup(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """The set-up until the agent holds it."""
         self._ready()
         out: dict[str, Payload] = {}
         if agent.device_id not in self.holders and self.setup is not None:
             out["setup"] = self.setup
-        if step.phase == "train" and self._latents() is not None:
+        return out
+
+    def send_setup_and_pairs(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """The set-up until the agent holds it, and the latest pairs, converted to the agent's
+        input spec."""
+        out = self.send_setup(step, agent)
+        if self._latents() is not None:
             spec = agent.register.input_spec
             out["pairs"] = self._pairs_for(spec.channels, spec.height, spec.width)
         return out
@@ -182,11 +207,9 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
         return self._pairs[key]
 
     # ----- what each agent sends ------------------------------------------------------------
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+    def check_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Unit-norm K-dim prototypes of classes the agent registered (ids are distinct by
         the payload's own check)."""
-        if step.phase != "train":
-            return
         k = self.config.etf_size(self.num_classes)
         protos = self.check_prototypes(agent, reply, "protos", k)
         norms = np.linalg.norm(protos.vectors, axis=1)
@@ -196,7 +219,9 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
             )
 
     # ----- the round's server work ----------------------------------------------------------
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def collect_uploads(
+        self, step: Step, replies: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
         """Collect the round's prototypes; every replier has proved it holds the set-up."""
         sets = []
         for agent, reply in replies:
@@ -211,9 +236,9 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
             screen, screened
         )
 
-    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+    def train_aligner(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Align F and the centroids on this round's prototypes; the pairs follow from them."""
-        if step.phase != "train" or not self._uploads:
+        if not self._uploads:
             return {}
         if self.config.control == "random_latents":  # the uploads are ignored: no F, no Cent
             count = sum(len(c) for _, c in self._uploads)

@@ -13,32 +13,15 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from coordinator.aggregation import screen_by_class
+from coordinator.class_stats import mean_prototypes, prototype_pairs, screen_metrics
 from coordinator.strategies.base import AgentInfo, ServerContext, Step, register_strategy
-from coordinator.strategies.baselines import FedProtoStrategy, mean_prototypes
+from coordinator.strategies.prototype_exchange import PrototypeExchangeStrategy
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
 from protocol.errors import AggregationError
 
-__all__ = ["FedTGPStrategy", "adaptive_margin", "prototype_pairs", "screen_metrics"]
-
-
-def prototype_pairs(
-    sets: list[PrototypeSet], screen: float = 0.0
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int]:
-    """Every uploaded (client prototype, class) pair as server training data: ``[N, D]``,
-    ``[N]``, and how many pairs ``screen`` (the config's ``upload_screen``, 0 = off) left out
-    as outliers of their class (:func:`coordinator.aggregation.screen_by_class`)."""
-    held = [s for s in sets if s.class_ids.size]
-    if not held:
-        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64), 0
-    if len({s.dim for s in held}) > 1:
-        raise AggregationError(f"prototype dimensions differ: {sorted({s.dim for s in held})}")
-    vectors = np.concatenate([s.vectors for s in held])
-    labels = np.concatenate([s.class_ids for s in held]).astype(np.int64)
-    keep = screen_by_class(labels, vectors, screen)
-    return vectors[keep], labels[keep], int((~keep).sum())
+__all__ = ["FedTGPStrategy", "adaptive_margin"]
 
 
 def adaptive_margin(means: PrototypeSet, threshold: float) -> float:
@@ -57,7 +40,7 @@ def _counts(protos: PrototypeSet) -> dict[int, int]:
 
 
 @register_strategy("fedtgp")
-class FedTGPStrategy(FedProtoStrategy):
+class FedTGPStrategy(PrototypeExchangeStrategy):
     """Global prototypes from a server-trained generator (validation and ``configure`` as
     FedProto's)."""
 
@@ -70,7 +53,9 @@ class FedTGPStrategy(FedProtoStrategy):
         self._pending: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], float] | None = None
         self._counts: dict[int, int] = {}
 
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def fold_prototypes(
+        self, step: Step, replies: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
         """Keep every (client prototype, class) pair of the round and the adaptive margin."""
         sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
         # checks dimensions agree; the margin comes from these class centres (robust under
@@ -86,10 +71,10 @@ class FedTGPStrategy(FedProtoStrategy):
         out = {"uploaded_prototypes": float(len(labels) + screened), "margin": margin}
         return out | screen_metrics(self.config.upload_screen, screened)
 
-    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+    def train_server(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Train the TGP on the round's prototypes; its outputs for every class uploaded so far
         become the global prototypes."""
-        if step.phase != "train" or self._pending is None:
+        if self._pending is None:
             return {}
         vectors, labels, margin = self._pending
         self._pending = None
@@ -129,8 +114,3 @@ class FedTGPStrategy(FedProtoStrategy):
         self.tgp = tgp if isinstance(tgp, TensorMap) else None
         self._counts = {} if self.protos is None else _counts(self.protos)
         self._pending = None
-
-
-def screen_metrics(screen: float, count: int) -> dict[str, float]:
-    """The round's ``screened_uploads`` metric, when screening is on."""
-    return {"screened_uploads": float(count)} if screen > 0 else {}

@@ -17,6 +17,7 @@ import numpy as np
 from coordinator.aggregation import RobustRule, reduce_by_class
 from coordinator.strategies.base import (
     AgentInfo,
+    PhaseHooks,
     ServerContext,
     Step,
     Strategy,
@@ -59,14 +60,30 @@ class _FeatureLogitStrategy(Strategy[Any]):
         self.warmup = self.config.warmup_rounds(rounds)
         return super().plan(rounds)
 
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Training rounds exchange knowledge (and group models); ``final`` sends the group
+        model."""
+        return {
+            "train": PhaseHooks(
+                self.send_knowledge, self.check_upload, self.fold_uploads, self.train_server
+            ),
+            "final": PhaseHooks(configure=self.send_group_model),
+        }
+
+    def train_server(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+        """Server training after a round (Felo, FedHe: none)."""
+        return {}
+
     # ----- what each agent receives ---------------------------------------------------------
-    def configure(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
-        """Group weights when the group has some; knowledge once warm-up is over."""
-        out: dict[str, Payload] = {}
+    def send_group_model(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """Group weights when the group has some."""
         weights = self.groups.get(group_key(agent)) if self.config.same_arch_avg else None
-        if weights is not None:
-            out["weights"] = weights
-        if step.phase == "train" and step.round > self.warmup:
+        return {} if weights is None else {"weights": weights}
+
+    def send_knowledge(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """Group weights when the group has some; knowledge once warm-up is over."""
+        out = self.send_group_model(step, agent)
+        if step.round > self.warmup:
             knowledge = self.server_knowledge()
             if knowledge is not None:
                 out["knowledge"] = knowledge
@@ -80,11 +97,9 @@ class _FeatureLogitStrategy(Strategy[Any]):
         return robust_means(self.table, self.robust, self.config.knowledge_encoding)
 
     # ----- what each agent sends ------------------------------------------------------------
-    def validate(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+    def check_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Knowledge of the agent's own classes with the federation's sizes; weights matching
         the group model when averaging is on."""
-        if step.phase != "train":
-            return
         k = reply.payloads.get("knowledge")
         if not isinstance(k, FeatureLogitSet):
             got = "nothing" if k is None else type(k).KIND
@@ -145,10 +160,8 @@ class _FeatureLogitStrategy(Strategy[Any]):
             )
 
     # ----- the round's aggregation ----------------------------------------------------------
-    def aggregate(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+    def fold_uploads(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Add the uploads to the table; FedAvg within each architecture group."""
-        if step.phase != "train":
-            return {}
         uploads = [
             (a.device_id, k)
             for a, r in replies
@@ -265,10 +278,10 @@ class VeloStrategy(_FeatureLogitStrategy):
             means.class_ids, feats, means.logits, means.counts, encoding=means.encoding
         )
 
-    def server_train(self, step: Step, ctx: ServerContext) -> dict[str, float]:
+    def train_server(self, step: Step, ctx: ServerContext) -> dict[str, float]:
         """Every ``cvae_interval`` rounds from the last warm-up round on: continue training the
         CVAE on the kept features, then draw one feature per class for the next round."""
-        due = step.phase == "train" and step.round >= self.warmup
+        due = step.round >= self.warmup
         if not due or (step.round - self.warmup) % self.config.cvae_interval or not len(self.table):
             return {}
         from coordinator.strategies.felo.cvae import (

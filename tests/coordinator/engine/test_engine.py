@@ -11,7 +11,7 @@ from helpers import fake_agent
 
 from coordinator.engine.core import Coordinator, QuorumError
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
-from coordinator.strategies.baselines import FedProtoStrategy
+from coordinator.strategies.fedproto import FedProtoStrategy
 from edge_agent.agent import EdgeAgent
 from edge_agent.algorithms.base import PhaseResult
 from protocol.algorithms import config_type
@@ -173,7 +173,7 @@ def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, m
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
     seen: list[tuple[int, list[str]]] = []
-    original = FedProtoStrategy.aggregate
+    original = FedProtoStrategy.fold_prototypes
     crashed = threading.Event()
 
     def aggregate(self, step, replies):
@@ -183,7 +183,7 @@ def test_restarted_coordinator_resumes_without_double_counting(tmp_path: Path, m
         seen.append((step.round, [a.device_id for a, _ in replies]))
         return original(self, step, replies)
 
-    monkeypatch.setattr(FedProtoStrategy, "aggregate", aggregate)
+    monkeypatch.setattr(FedProtoStrategy, "fold_prototypes", aggregate)
     # Execute: a new coordinator on the same run directory
     second = crash_and_resume(cfg, broker, CrashOnceError)
     updates_before = [u[1] for u in second.store.updates(1)]
@@ -207,7 +207,7 @@ def test_a_step_whose_aggregation_fails_is_closed_failed_and_never_replayed(
     broker = MemoryBroker()
     agents = start_agents(cfg, broker)
     seen: list[int] = []
-    original = FedProtoStrategy.aggregate
+    original = FedProtoStrategy.fold_prototypes
     crashed = threading.Event()
 
     def aggregate(self, step, replies):
@@ -220,7 +220,7 @@ def test_a_step_whose_aggregation_fails_is_closed_failed_and_never_replayed(
         seen.append(step.round)
         return original(self, step, replies)
 
-    monkeypatch.setattr(FedProtoStrategy, "aggregate", aggregate)
+    monkeypatch.setattr(FedProtoStrategy, "fold_prototypes", aggregate)
     state_after_round_1: list[object] = []
 
     def record_restored_state(first: Coordinator) -> None:
@@ -337,7 +337,7 @@ def test_a_reply_with_an_undeclared_payload_is_refused_naming_the_key(
     tmp_path: Path, monkeypatch, caplog
 ) -> None:
     # Prepare: every agent adds a payload FedProto does not declare
-    from edge_agent.algorithms.baselines import FedProtoEdge
+    from edge_agent.algorithms.fedproto import FedProtoEdge
     from protocol.contract.payloads import TensorMap
 
     original = FedProtoEdge.reply_payloads

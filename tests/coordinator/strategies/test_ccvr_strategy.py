@@ -116,7 +116,7 @@ def test_calibration_trains_only_the_head_and_goes_down_in_final() -> None:
     step = Step(3, "upload_stats", "all")
     for ag, r in replies:
         s.validate(step, ag, r)
-    agg = s.aggregators()["upload_stats"](step, replies)
+    agg = s.aggregate(step, replies)
     assert agg == {"calibration_classes": 3.0, "calibration_samples": 30.0}
     metrics = s.server_train(step, ServerContext.for_step(0, 2, "cpu"))
     assert metrics["virtual_features"] == 600 and metrics["head_acc"] > 0.95

@@ -15,7 +15,7 @@ from helpers import fake_agent
 import edge_agent.algorithms.fedtype  # registers the edge half before agents are built
 from coordinator.config import load_config
 from coordinator.sim.simulate import FleetSpec, simulate
-from coordinator.strategies import AgentInfo, Step, baselines, create_strategy
+from coordinator.strategies import AgentInfo, Step, create_strategy, weight_averaging
 from coordinator.strategies.fedtype import FedTypeStrategy
 from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.contract.messages import Reply
@@ -59,13 +59,13 @@ A, B = agent("a", "mlp_s"), agent("b", "cnn_t1")
 
 def test_proxies_are_averaged_by_fedavgs_weighted_mean(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = baselines.weighted_mean
+    real = weight_averaging.weighted_mean
 
     def spy(maps: Any, weights: Any, *args: Any, **kw: Any) -> TensorMap:
         calls.append(len(maps))
         return real(maps, weights, *args, **kw)
 
-    monkeypatch.setattr(baselines, "weighted_mean", spy)  # FedAvg's own call site
+    monkeypatch.setattr(weight_averaging, "weighted_mean", spy)  # FedAvg's own call site
     s = strategy()
     s.aggregate(Step(1, "train"), [(A, reply(proxy(1.0), 30)), (B, reply(proxy(5.0, steps=7), 10))])
     assert calls == [2]

@@ -5,8 +5,8 @@ import pytest
 from helpers import fake_agent
 
 from coordinator.aggregation import weighted_mean
+from coordinator.class_stats import mean_prototypes
 from coordinator.strategies import STRATEGIES, AgentInfo, ServerContext, Step, create_strategy
-from coordinator.strategies.baselines import mean_prototypes
 from protocol.algorithms import config_type
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import PrototypeSet, TensorMap
@@ -139,7 +139,7 @@ def test_generator_averaging_includes_bn_buffers_and_skips_untrained() -> None:
         (b, reply({"generator": gen(3.0, 9)}, metrics={"generator_trained": 1.0})),
         (c, reply({"generator": gen(100.0, 0)}, metrics={"generator_trained": 0.0})),
     ]
-    out = s.aggregators()["upload_generator"](Step(3, "upload_generator", "all"), replies)
+    out = s.aggregate(Step(3, "upload_generator", "all"), replies)
     assert out["generators_averaged"] == 2
     g = s.configure(Step(3, "final", "all"), a)["generator"]
     assert isinstance(g, TensorMap)
@@ -208,16 +208,22 @@ def test_server_context_seed_depends_only_on_run_seed_and_step() -> None:
     assert ServerContext.for_step(7, 3, "auto").device in ("cpu", "cuda")
 
 
-def test_aggregation_is_dispatched_by_phase_through_a_table() -> None:
+def test_every_hook_is_dispatched_by_phase_through_one_table() -> None:
     # Prepare
     fedproto = create_strategy("fedproto", config_type("fedproto")(), num_classes=4)
     fedvtc = create_strategy("fedvtc", config_type("fedvtc")(), num_classes=4)
     # Execute
-    tables = {name: s.aggregators() for name, s in (("fedproto", fedproto), ("fedvtc", fedvtc))}
+    tables = {name: s.phase_hooks() for name, s in (("fedproto", fedproto), ("fedvtc", fedvtc))}
+    folds = {name: sorted(p for p, h in t.items() if h.aggregate) for name, t in tables.items()}
     # Assert: every phase of the plan either has a handler or aggregates nothing
-    assert sorted(tables["fedproto"]) == ["train"]
-    assert sorted(tables["fedvtc"]) == ["train", "upload_generator"]
+    assert folds == {"fedproto": ["train"], "fedvtc": ["train", "upload_generator"]}
     assert [s.phase for s in fedvtc.plan(1)] == ["train", "upload_generator", "final"]
+    # a phase absent from the table does nothing: no payloads, no checks, nothing folded
+    step = Step(2, "unplanned")
+    a = agent("a", {0: 5}, "fedvtc")
+    assert fedvtc.configure(step, a) == {}
+    fedvtc.validate(step, a, reply({}))
+    assert fedvtc.aggregate(step, [(a, reply({}))]) == {}
 
 
 def test_fedvtc_every_round_requires_the_generator_the_schema_leaves_optional() -> None:

@@ -1,6 +1,10 @@
-"""Edge halves of the baselines: local-only, FedAvg and FedProto."""
+"""The edge half of prototype exchange (FedProto, FedTGP): CE + lambda * MSE(feature, global
+prototype of its label), class prototypes up; prediction by the head or the nearest global
+prototype."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -11,41 +15,27 @@ from edge_agent.algorithms.base import (
     EdgeContext,
     PhaseResult,
     SharedModule,
-    register_edge_algorithm,
+    TaskPayloads,
+    received,
+    task_payloads,
 )
-from edge_agent.algorithms.lg_fedavg import fresh_copy
-from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
+from edge_agent.algorithms.weights import SHARED_MODEL_SEED, fresh_copy
 from edge_agent.class_stats import ClassMeans, class_prototypes, prototype_scores, prototype_table
 from edge_agent.seeding import derived_seed
 from edge_agent.trainer import TensorData, TrainStats, evaluate
 from models.checkpoint import HeadSpec
-from protocol.algorithms.baselines import FedAvgConfig, FedProtoConfig, LocalConfig
-from protocol.contract.arrays import Encoding
+from protocol.algorithms.fedproto import FedProtoConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload, PrototypeSet
 from protocol.errors import ValidationError
 
-__all__ = ["FedAvgEdge", "FedProtoEdge", "LocalEdge"]
+__all__ = ["PrototypeExchangeEdge"]
 
 
-@register_edge_algorithm("local")
-class LocalEdge(EdgeAlgorithm[LocalConfig]):
-    """Trains on local data only and uploads nothing: the baseline every method must beat."""
-
-
-@register_edge_algorithm("fedavg")
-class FedAvgEdge(WeightExchangeEdge[FedAvgConfig]):
-    """Loads the global weights, trains, uploads the full weights (homogeneous fleets); every
-    agent of one architecture starts from the same weights, so round 1 averages alike nets."""
-
-    def weight_encoding(self) -> Encoding:
-        """As the run configures (``weight_encoding``)."""
-        return self.config.weight_encoding
-
-
-@register_edge_algorithm("fedproto")
-class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
+class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
     """CE + lambda * MSE(feature, global prototype of its label); uploads class prototypes."""
+
+    TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads({"protos": PrototypeSet})
 
     def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
@@ -57,11 +47,9 @@ class FedProtoEdge(EdgeAlgorithm[FedProtoConfig]):
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Global prototypes of (some) classes; absent classes stay masked."""
-        protos = payloads.get("protos")
+        protos = received(payloads, "protos", PrototypeSet)
         if protos is None:
             return
-        if not isinstance(protos, PrototypeSet):
-            raise ValidationError("payloads.protos", "protos", type(protos).KIND)
         if protos.class_ids.size and (
             protos.dim != self.table.shape[1] or int(protos.class_ids.max()) >= self.ctx.num_classes
         ):

@@ -1,39 +1,14 @@
-"""Configs of the baselines every method must beat: local-only, FedAvg, FedProto."""
+"""Config of FedProto: class prototypes exchanged, CE + lambda * MSE to the global one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from protocol.algorithms.base import (
-    AveragingConfig,
-    PayloadSpec,
-    TrainConfig,
-    register_config,
-)
-from protocol.contract.payloads import PrototypeSet, TensorMap
+from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
+from protocol.contract.payloads import PrototypeSet
 
-__all__ = ["FedAvgConfig", "FedProtoConfig", "LocalConfig"]
-
-
-@register_config("local")
-@dataclass(frozen=True)
-class LocalConfig(TrainConfig):
-    """Local training only; no knowledge is exchanged (the lower bound)."""
-
-    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {}  # nothing, ever
-
-
-@register_config("fedavg")
-@dataclass(frozen=True)
-class FedAvgConfig(AveragingConfig):
-    """FedAvg: sample-weighted averaging of full weights (homogeneous fleets only)."""
-
-    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
-        "train": (PayloadSpec("weights", TensorMap),),
-    }
-
-    weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # uploaded and broadcast weights
+__all__ = ["FedProtoConfig"]
 
 
 @register_config("fedproto")

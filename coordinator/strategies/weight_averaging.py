@@ -1,0 +1,156 @@
+"""Server halves that average model weights: the sample-weighted mean of the uploaded
+``weights`` (FedAvg, CCVR, FedType) and of one module every agent holds in one shape
+(LG-FedAvg's head, FML's and FedKD's shared model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordinator.aggregation import weighted_mean
+from coordinator.strategies.base import (
+    AgentInfo,
+    PhaseHooks,
+    Step,
+    Strategy,
+    admit_one_input,
+)
+from protocol.contract.messages import Register, Reply
+from protocol.contract.payloads import Payload, TensorMap
+from protocol.errors import AdmissionError, ValidationError
+
+__all__ = [
+    "SharedModelStrategy",
+    "SharedModuleStrategy",
+    "WeightAveragingStrategy",
+    "tensor_layout",
+]
+
+
+class WeightAveragingStrategy(Strategy[Any]):
+    """Sample-weighted average of full weights; requires one architecture across the fleet."""
+
+    one_architecture = True
+
+    def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        self.weights: TensorMap | None = None
+
+    def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
+        """One architecture and input for the whole fleet: FedAvg averages full weights."""
+        others = [a.register for a in fleet if a.device_id != agent.device_id]
+        reg = agent.register
+        if others and (reg.arch, reg.input_spec, reg.num_params) != (
+            others[0].arch,
+            others[0].input_spec,
+            others[0].num_params,
+        ):
+            ref = others[0]
+            raise AdmissionError(
+                agent.device_id,
+                f"fedavg averages one architecture; the fleet runs {ref.arch} "
+                f"({ref.num_params} params, input {_shape(ref)}), this agent {reg.arch} "
+                f"({reg.num_params} params, input {_shape(reg)})",
+            )
+
+    def phase_hooks(self) -> dict[str, PhaseHooks]:
+        """Training rounds exchange and average the weights; ``final`` sends the last ones."""
+        return {
+            "train": PhaseHooks(self.send_weights, self.check_weights, self.average_weights),
+            "final": PhaseHooks(configure=self.send_weights),
+        }
+
+    def send_weights(self, step: Step, agent: AgentInfo) -> dict[str, Payload]:
+        """The current global weights (none before the first aggregation)."""
+        return {} if self.weights is None else {"weights": self.weights}
+
+    def check_weights(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Weights must be present and, once a global model exists, match its tensors (the
+        engine bounded them by ``max_abs_weight`` already)."""
+        w = reply.payloads.get("weights")
+        if not isinstance(w, TensorMap):
+            raise ValidationError(
+                "reply.payloads.weights", "tensors", "nothing" if w is None else w.KIND
+            )
+        if self.weights is not None:
+            ref = self.weights.tensors
+            bad = [k for k in ref if k not in w.tensors or w.tensors[k].shape != ref[k].shape]
+            if bad or len(w.tensors) != len(ref):
+                raise ValidationError(
+                    "reply.payloads.weights",
+                    "the global model's tensors",
+                    f"mismatch in {bad[:5] or 'tensor names'}",
+                )
+
+    def average_weights(
+        self, step: Step, replies: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
+        """Weights averaged by sample count (integer buffers: the maximum), or combined by the
+        configured robust rule."""
+        maps = [w for _, r in replies if isinstance(w := r.payloads["weights"], TensorMap)]
+        n = [max(r.num_samples, 1) for _, r in replies]
+        if self.robust.plain:  # FedAvg's own rule, bit for bit
+            self.weights = weighted_mean(maps, n, self.config.weight_encoding, "fedavg weights")
+        else:
+            self.weights = self.average(maps, n, self.config.weight_encoding, "fedavg weights")
+        return {"aggregated": float(len(replies))}
+
+    def state_dict(self) -> dict[str, Payload]:
+        """The global weights."""
+        return {} if self.weights is None else {"weights": self.weights}
+
+    def load_state_dict(self, state: dict[str, Payload]) -> None:
+        """Restore the global weights."""
+        w = state.get("weights")
+        self.weights = w if isinstance(w, TensorMap) else None
+
+
+def _shape(reg: Register) -> str:
+    spec = reg.input_spec
+    return f"{spec.channels}x{spec.height}x{spec.width}"
+
+
+def tensor_layout(tensors: TensorMap) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape: what two uploads must share to be averaged."""
+    return {k: tuple(v.shape) for k, v in tensors.tensors.items()}
+
+
+class SharedModuleStrategy(WeightAveragingStrategy):
+    """FedAvg of one module every agent holds in one shape (LG-FedAvg's head, FML's and FedKD's
+    shared model), whatever the rest of each agent's model is."""
+
+    one_architecture = False  # only the shared module must agree
+
+    def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        # before the first aggregation, uploads must agree with the step's first valid one
+        self._first: tuple[Step, dict[str, tuple[int, ...]]] | None = None
+
+    def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
+        """Any architecture (FedAvg's one-architecture rule does not apply)."""
+
+    def check_weights(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """The module's tensors: those of the global module, or before the first aggregation
+        those of the step's first valid upload."""
+        super().check_weights(step, agent, reply)  # matches the global module once there is one
+        if self.weights is not None:
+            return
+        layout = tensor_layout(self.payload(reply, "weights", TensorMap))
+        if self._first is None or self._first[0] != step:
+            self._first = (step, layout)
+            return
+        if layout != self._first[1]:
+            diff = sorted(set(layout.items()) ^ set(self._first[1].items()))[:4]
+            raise ValidationError(
+                "reply.payloads.weights",
+                f"the tensors of this round's first upload {self._first[1]}",
+                f"{agent.device_id}: differs in {diff}",
+            )
+
+
+class SharedModelStrategy(SharedModuleStrategy):
+    """A shared model built by every agent from the config's ``shared_model`` (FML's meme,
+    FedKD's mentee): private architectures may differ, the input they feed it may not."""
+
+    def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
+        """Any private architecture; one input spec, since every agent builds the same model."""
+        admit_one_input(agent, fleet, self.config.shared_model)

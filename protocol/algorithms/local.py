@@ -1,0 +1,19 @@
+"""Config of local-only training: no knowledge is exchanged (the lower bound every method
+must beat)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+
+__all__ = ["LocalConfig"]
+
+
+@register_config("local")
+@dataclass(frozen=True)
+class LocalConfig(TrainConfig):
+    """Local training only; no knowledge is exchanged (the lower bound)."""
+
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {}  # nothing, ever
