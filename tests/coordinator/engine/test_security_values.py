@@ -43,4 +43,4 @@ def test_the_engine_bounds_values_the_strategy_does_not_look_at(tmp_path: Path) 
             coordinator._check_reply(step, agent, felo_reply(5e4))
         coordinator._check_reply(step, agent, felo_reply(5.0))
     finally:
-        coordinator.store.database.close()
+        coordinator.store.close()
