@@ -231,12 +231,8 @@ class Coordinator:
                 outcome.failed or "none",
             )
             if rec.attempt >= self.cfg.max_retries:
-                self.store.complete_step(
-                    idx,
-                    "failed",
-                    {},
-                    json.dumps({"round": step.round, "phase": step.phase, "quorum_met": False}),
-                )
+                record = {"round": step.round, "phase": step.phase, "quorum_met": False}
+                self.store.complete_step(idx, "failed", {}, json.dumps(record))
                 self.announcer.state = (self.announcer.state[0], step.round)  # run() publishes
                 raise QuorumError(
                     f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
