@@ -13,15 +13,16 @@ leader subscribes to itself. Design and figures: ``docs/howto/run-at-scale.md``.
 
 from __future__ import annotations
 
+import logging
 import secrets
-from typing import TYPE_CHECKING, NamedTuple
+import time
+from collections.abc import Callable
+from typing import NamedTuple
 
+from coordinator.engine.step import OpenStep, QuorumError
 from coordinator.store.database import Store
 from protocol.contract.messages import Status
 from protocol.contract.topics import CHUNKS, Topics
-
-if TYPE_CHECKING:
-    from coordinator.engine.core import OpenStep
 
 __all__ = [
     "GROUP",
@@ -68,7 +69,10 @@ class Polled(NamedTuple):
 
 
 class WorkerIntake:
-    """Which workers are online, and which replies of the open step they have stored."""
+    """Which workers are online, and which replies of the open step they have stored: the
+    :class:`~coordinator.engine.intake.ReplySource` of a run with ingest workers."""
+
+    poll_s = POLL_S  # look at the store often: the workers' replies do not pass the inbox
 
     def __init__(self, count: int, store: Store, topics: Topics) -> None:
         self.count = count  # workers the run waits for before its first step
@@ -86,6 +90,25 @@ class WorkerIntake:
         ups = [f"{base}/dev/+/up/{kind}" for kind in LEADER_UP_KINDS]
         chunks = f"{base}/dev/+/up/+/{CHUNKS}"
         return [*ups, chunks, f"{base}/dev/+/status", f"{base}/dev/+/progress", f"{self._prefix}+"]
+
+    def leader_topics(self, base: str) -> list[str]:
+        """A chunked reply: its chunks come to the leader, which reassembles it."""
+        return [f"{base}/dev/+/up/reply"]
+
+    def wait_ready(
+        self, pump: Callable[[float], None], timeout: float, log: logging.Logger
+    ) -> None:
+        """Wait until ``run.ingest_workers`` workers are online: a reply published while no
+        member holds the shared subscription is dropped by the broker."""
+        end = time.monotonic() + timeout
+        while len(self.online) < self.count:
+            if time.monotonic() > end:
+                raise QuorumError(
+                    f"only {len(self.online)} of {self.count} ingest workers "
+                    f"online within {timeout:.0f} s"
+                )
+            pump(min(0.5, max(0.0, end - time.monotonic())))
+        log.info("%d ingest workers online", len(self.online))
 
     def worker_of(self, topic: str) -> str | None:
         """The worker id of a ``coord/ingest/{worker}`` topic, else ``None``."""
@@ -139,3 +162,12 @@ class WorkerIntake:
         """No more replies for ``open_step``; then take note of the last ones stored."""
         self.store.set_intake(None)
         return self.poll(open_step)
+
+    def unread(self, open_step: OpenStep) -> list[tuple[str, bytes]]:
+        """Any stored reply of the closed ``open_step`` the polls missed (none: :meth:`close`
+        polled last)."""
+        return open_step.unread(self.store)
+
+    def traffic(self, idx: int) -> dict[str, int]:
+        """The bytes of the replies and acks the workers moved for step ``idx``."""
+        return self.store.worker_traffic(idx)

@@ -33,6 +33,7 @@ __all__ = [
     "is_will",
     "registered_agents",
     "screen",
+    "screen_worker",
     "take_batch",
     "task_id",
 ]
@@ -116,6 +117,18 @@ def screen(topics: Topics, env: Envelope, topic: str, trusted: bool) -> tuple[st
         # device went offline, never that it is online, busy or done (a forger could)
         state = repr(body.state) if isinstance(body, Status) else ""
         return "unsigned", f"unsigned {env.kind} {state} from {device}"
+    return None
+
+
+def screen_worker(env: Envelope, worker: str, leader: str, trusted: bool) -> tuple[str, str] | None:
+    """(counter, detail) when a message on ingest worker ``worker``'s presence topic must not
+    be acted on: not a status sent as the round leader ``leader``, or unsigned where signatures
+    are required (a last will aside); else None."""
+    body = env.body
+    if not isinstance(body, Status) or env.sender != leader:
+        return "unexpected_kind", f"{env.kind} from {env.sender} as worker {worker}"
+    if not trusted and not is_will(body):
+        return "unsigned", f"unsigned {body.state!r} of ingest worker {worker}"
     return None
 
 

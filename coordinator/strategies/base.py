@@ -165,6 +165,9 @@ class Strategy(Generic[C]):
     #: The algorithm averages whole models, so its fleet must run one architecture (``admit``
     #: refuses the others); tools that plan runs read it to leave mixed fleets out.
     one_architecture: ClassVar[bool] = False
+    #: The strategy's :meth:`admit` refuses some agents. The engine calls ``admit`` only when
+    #: this is set: its fleet list costs O(N) a registration, O(N^2) a fleet.
+    admission_rules: ClassVar[bool] = False
 
     def __init__(self, config: C, *, num_classes: int, seed: int = 0) -> None:
         self.config = config
@@ -201,7 +204,8 @@ class Strategy(Generic[C]):
 
         Raise :class:`~protocol.errors.AdmissionError` with a precise reason: the engine sends
         it to the agent, which stops. The engine has already checked the algorithm name and
-        ``num_classes``; the default admits everyone else.
+        ``num_classes``; the default admits everyone else. A strategy overriding it sets
+        :attr:`admission_rules`.
         """
 
     def phase_hooks(self) -> dict[str, PhaseHooks]:

@@ -30,6 +30,7 @@ class WeightAveragingStrategy(Strategy[Any]):
     """Sample-weighted average of full weights; requires one architecture across the fleet."""
 
     one_architecture = True
+    admission_rules = True
 
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)

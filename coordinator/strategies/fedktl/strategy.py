@@ -48,6 +48,8 @@ DERANGEMENT_SALT, NOISE_SALT, RANDOM_LATENT_SALT = 0x4B4431, 0x4B4432, 0x4B4433
 class FedKTLStrategy(Strategy[FedKTLConfig]):
     """Prototypes up, generator-made image-vector pairs down."""
 
+    admission_rules = True
+
     def __init__(self, config: FedKTLConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.setup: TensorMap | None = None

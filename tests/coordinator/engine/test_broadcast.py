@@ -90,7 +90,7 @@ def test_one_object_in_every_task_goes_into_the_knowledge(tmp_path: Path) -> Non
     shared, mine = protos(), {d: protos(value=i) for i, d in enumerate("abc")}
     maps = {d: {"protos": shared, "own": mine[d]} for d in "abc"}
     # Execute
-    out, digests, knowledge = coord._split_shared(STEP, maps)
+    out, digests, knowledge = coord.broadcast.split(STEP, maps)
     # Assert
     assert knowledge is not None and list(knowledge.payloads) == ["protos"]
     assert knowledge.payloads["protos"] is shared and knowledge.round == STEP.round
@@ -103,14 +103,14 @@ def test_one_object_in_every_task_goes_into_the_knowledge(tmp_path: Path) -> Non
 def test_equal_but_distinct_objects_stay_inline(tmp_path: Path) -> None:
     coord = coordinator(tmp_path)
     maps = {d: {"protos": protos()} for d in "abc"}  # equal values, new objects
-    out, digests, knowledge = coord._split_shared(STEP, maps)
+    out, digests, knowledge = coord.broadcast.split(STEP, maps)
     assert knowledge is None and out == maps and digests == {}
 
 
 def test_a_payload_in_one_task_only_stays_inline(tmp_path: Path) -> None:
     coord = coordinator(tmp_path)
     maps = {"a": {"protos": protos()}, "b": {}}
-    out, digests, knowledge = coord._split_shared(STEP, maps)
+    out, digests, knowledge = coord.broadcast.split(STEP, maps)
     assert knowledge is None and out == maps and digests == {}
 
 
@@ -119,7 +119,7 @@ def test_a_task_lacking_a_shared_name_keeps_its_payloads_inline(tmp_path: Path) 
     coord = coordinator(tmp_path)
     shared = protos()
     maps: dict[str, dict[str, Any]] = {d: {"protos": shared} for d in "ab"} | {"c": {}}
-    out, digests, knowledge = coord._split_shared(STEP, maps)
+    out, digests, knowledge = coord.broadcast.split(STEP, maps)
     assert knowledge is not None
     assert digests == {"a": knowledge.digest, "b": knowledge.digest}
     assert out == {"a": {}, "b": {}, "c": {}}
@@ -130,12 +130,12 @@ def test_a_shared_payload_below_the_threshold_stays_inline(tmp_path: Path) -> No
     coord = coordinator(tmp_path, broadcast_min_bytes=1024)
     small, big = protos(4), protos(64)
     maps = {d: {"small": small, "big": big} for d in "abc"}
-    out, _, knowledge = coord._split_shared(STEP, maps)
+    out, _, knowledge = coord.broadcast.split(STEP, maps)
     assert knowledge is not None and list(knowledge.payloads) == ["big"]
     assert all(own == {"small": small} for own in out.values())
     # 0: everything shared goes
     coord0 = coordinator(tmp_path / "zero", broadcast_min_bytes=0)
-    _, _, k0 = coord0._split_shared(STEP, maps)
+    _, _, k0 = coord0.broadcast.split(STEP, maps)
     assert k0 is not None and sorted(k0.payloads) == ["big", "small"]
 
 
@@ -143,7 +143,7 @@ def test_broadcast_off_keeps_every_payload_in_the_tasks(tmp_path: Path) -> None:
     coord = coordinator(tmp_path, broadcast=False)
     shared = protos()
     maps = {d: {"protos": shared} for d in "abc"}
-    out, digests, knowledge = coord._split_shared(STEP, maps)
+    out, digests, knowledge = coord.broadcast.split(STEP, maps)
     assert knowledge is None and out == maps and digests == {}
 
 
@@ -158,7 +158,7 @@ def test_a_fetch_gets_the_open_steps_knowledge_or_an_error_naming_the_digest(
     tmp_path: Path,
 ) -> None:
     # Prepare: an open step whose task for device "a" names the knowledge
-    from coordinator.engine.core import OpenStep
+    from coordinator.engine.step import OpenStep
     from coordinator.store.database import StepRecord
 
     broker = MemoryBroker()
@@ -167,15 +167,15 @@ def test_a_fetch_gets_the_open_steps_knowledge_or_an_error_naming_the_digest(
     knowledge = Knowledge.of(STEP.round, {"protos": protos()})
     open_step = OpenStep(StepRecord(0, STEP.round, STEP.phase, ["a"], "open", 0), STEP)
     open_step.sent("a", dataclasses.replace(task("a", {}), shared=knowledge.digest))
-    coord._open_step, coord._knowledge = open_step, knowledge
+    coord._open_step, coord.broadcast.knowledge = open_step, knowledge
     got: list[tuple[str, Envelope]] = []
     spy = MemoryTransport(broker, "spy")
     spy.connect()
     spy.subscribe(f"{topics.base}/dev/+/down/#", lambda t, d: got.append((t, decode(d))))
     # Execute
-    coord._on_fetch("a", Fetch(digest=knowledge.digest))
-    coord._on_fetch("a", Fetch(digest=bytes(32)))
-    coord._on_fetch("b", Fetch(digest=knowledge.digest))  # no task of b
+    for device, digest in (("a", knowledge.digest), ("a", bytes(32)), ("b", knowledge.digest)):
+        fetch = Fetch(digest=digest)  # b: no task of b
+        coord._on_fetch(Envelope(body=fetch, sender=device), fetch)
     # Assert
     assert got[0][0] == topics.down("a", "knowledge")
     assert isinstance(got[0][1].body, Knowledge) and got[0][1].body.digest == knowledge.digest
@@ -195,7 +195,7 @@ def test_knowledge_too_large_for_one_frame_is_chunked_and_not_retained(tmp_path:
     coord = coordinator(tmp_path, broker)
     coord.endpoint.chunking = ChunkPolicy(threshold=4096)
     topic = Topics(coord.cfg.federation).bcast("knowledge")
-    coord._publish_knowledge(Knowledge.of(1, {"protos": protos(4)}))
+    coord.broadcast.publish(Knowledge.of(1, {"protos": protos(4)}))
     assert decode(broker._retained[topic]).kind == "knowledge"
     got: list[Envelope] = []
     spy = MemoryTransport(broker, "spy")
@@ -203,7 +203,7 @@ def test_knowledge_too_large_for_one_frame_is_chunked_and_not_retained(tmp_path:
     spy.subscribe(topic, lambda t, d: got.append(decode(d)) if d else None)
     got.clear()  # the retained one delivered on subscribing
     # Execute
-    coord._publish_knowledge(Knowledge.of(2, {"protos": protos(256)}))  # ~10 KB
+    coord.broadcast.publish(Knowledge.of(2, {"protos": protos(256)}))  # ~10 KB
     # Assert
     assert topic not in broker._retained
     assert len(got) >= 3 and all(env.kind == "chunk" for env in got)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from coordinator.config import RunConfig
-from coordinator.engine.core import Coordinator
+from coordinator.engine.broadcast import KnowledgeBroadcast
 from coordinator.engine.runner import coordinator_will, run_coordinator
 from coordinator.sim.simulate import agent_options, agent_will, simulate
 from edge_agent.agent import EdgeAgent
@@ -145,13 +145,13 @@ def test_late_reconnecting_and_fetching_agents_all_finish(
     lock = threading.Lock()
     agents = [MqttAgent(cfg, i, mosquitto.port, frames, lock) for i in range(3)]
     comebacks: list[threading.Thread] = []
-    original = Coordinator._publish_knowledge
+    original = KnowledgeBroadcast.publish
 
     def come_back(agent: MqttAgent, clean: bool) -> None:
         comebacks.append(threading.Thread(target=agent.start, kwargs={"clean": clean}))
         comebacks[-1].start()
 
-    def publish(self: Coordinator, knowledge: Knowledge) -> None:
+    def publish(self: KnowledgeBroadcast, knowledge: Knowledge) -> None:
         if knowledge.round == 2:
             agents[1].leave()
             agents[2].leave()
@@ -166,7 +166,7 @@ def test_late_reconnecting_and_fetching_agents_all_finish(
         else:
             original(self, knowledge)
 
-    monkeypatch.setattr(Coordinator, "_publish_knowledge", publish)
+    monkeypatch.setattr(KnowledgeBroadcast, "publish", publish)
     for agent in agents:
         agent.start()
     coord_transport = RecordingMqtt(

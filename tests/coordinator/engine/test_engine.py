@@ -270,6 +270,7 @@ def test_a_refused_agent_is_told_why_stops_and_is_never_selected(
     # Prepare: agent0 and agent1 (dim 16) are admitted first; then agent2 (dim 32) and a rogue
     # agent running another algorithm register
     monkeypatch.setattr(FedProtoStrategy, "admit", admit_same_feature_dim)
+    monkeypatch.setattr(FedProtoStrategy, "admission_rules", True)
     cfg = run_config(tmp_path, rounds=2, min_agents=2)
     broker = MemoryBroker()
     agents = start_agents(cfg, broker, n=2)
@@ -375,10 +376,10 @@ def test_a_deferred_reply_is_accepted_when_it_is_resent(tmp_path: Path) -> None:
     def die_on_the_first_reply(first: Coordinator) -> None:
         # deterministic: dies as the first reply is handled, before it is stored or acked
         # (a health check that looked for a queued reply raced the batch that consumed it)
-        def on_reply(env: Envelope, reply: Reply) -> None:
+        def on_reply(env: Envelope, reply: Reply, open_step: object) -> None:
             raise CoordinatorDiedError
 
-        first._on_reply = on_reply  # type: ignore[method-assign]
+        first.collector.on_reply = on_reply  # type: ignore[method-assign,assignment]
 
     # Execute: a new coordinator on the same run directory
     second = crash_and_resume(cfg, broker, CoordinatorDiedError, die_on_the_first_reply)
@@ -551,7 +552,7 @@ def test_each_task_and_reply_crosses_the_broker_once_in_a_plain_run(
 
 def test_open_step_counts_outstanding_devices_as_tasks_replies_and_failures_come() -> None:
     # Issue 21: the wait loop tests a maintained set instead of set differences each pass.
-    from coordinator.engine.core import OpenStep
+    from coordinator.engine.step import OpenStep
     from coordinator.store.database import StepRecord
     from coordinator.strategies import Step
 
@@ -573,7 +574,7 @@ def test_open_step_counts_outstanding_devices_as_tasks_replies_and_failures_come
 
 def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatch) -> None:
     # Issue 21: the coordinator stores the frame it received instead of encoding it again.
-    from coordinator.engine import core as engine
+    from coordinator.engine import admission, intake
 
     encoded: list[str] = []
 
@@ -581,7 +582,8 @@ def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatc
         encoded.append(env.kind)
         return encode(env)
 
-    monkeypatch.setattr(engine, "encode", spy_encode)
+    monkeypatch.setattr(admission, "encode", spy_encode)  # registrations
+    monkeypatch.setattr(intake, "encode", spy_encode)  # replies
     cfg = run_config(tmp_path, rounds=1)
     broker = MemoryBroker()
     topics = Topics(cfg.federation)
@@ -695,7 +697,7 @@ def test_registrations_are_logged_one_a_line_then_one_line_a_thousand(
 ) -> None:
     # Prepare: a fleet past the per-agent lines (a line each was a third of registering
     # 10,000 agents)
-    from coordinator.engine.core import REGISTRATIONS_LOGGED
+    from coordinator.engine.admission import REGISTRATIONS_LOGGED
 
     coord = start_coordinator(run_config(tmp_path), MemoryBroker())
     topics = Topics(coord.cfg.federation)

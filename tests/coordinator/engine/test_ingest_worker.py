@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from coordinator.config import RunConfig
-from coordinator.engine.core import Coordinator, OpenStep
+from coordinator.engine.core import Coordinator
 from coordinator.engine.ingest import WorkerIntake
 from coordinator.engine.ingest_worker import IngestWorker
 from coordinator.engine.replies import task_id
+from coordinator.engine.step import OpenStep
 from coordinator.store.database import Staged, StepRecord, Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.contract.chunking import split_frame
@@ -213,7 +214,7 @@ def test_a_hostile_reply_is_refused_with_the_engines_error_and_nothing_is_stored
     strategy = create_strategy("fedproto", setup.cfg.algorithm_config(), num_classes=10)
     engine = Coordinator(setup.cfg, setup.worker.endpoint, setup.store, strategy)
     with pytest.raises(ValidationError) as engine_error:
-        engine._check_reply(Step(1, "train"), AgentInfo(DEVICE, register()), hostile.body)
+        engine.desk.check(Step(1, "train"), AgentInfo(DEVICE, register()), hostile.body)
 
     # Execute
     setup.worker.process([(hostile, setup.topic)])
@@ -355,10 +356,10 @@ def test_the_leader_takes_each_stored_reply_once_while_the_step_is_open(setup: S
     env = frame(reply(HELD))
     # Execute: a worker stores DEVICE's reply; the leader polls twice, then closes
     setup.worker.process([(env, setup.topic)])
-    engine._take_polled(open_step, intake.poll(open_step))
+    engine.collector.take_polled(open_step, intake.poll(open_step))
     taken = open_step.outcome.replies.get(DEVICE)
-    engine._take_polled(open_step, intake.poll(open_step))
-    engine._take_stored(open_step, judged=True)
+    engine.collector.take_polled(open_step, intake.poll(open_step))
+    engine.collector.take_stored(open_step, worker_checked=True)
     # Assert: taken at the first poll, equal to what was sent, and never read again
     assert isinstance(taken, Reply) and taken.task_id == reply(HELD).task_id
     assert taken.to_wire() == reply(HELD).to_wire()
@@ -382,7 +383,7 @@ def test_a_stored_reply_whose_segment_was_damaged_is_logged_and_never_aggregated
     (setup.store.path.parent / "replies" / rel).write_bytes(b"")
     # Execute
     with caplog.at_level(logging.ERROR):
-        engine._take_polled(open_step, intake.poll(open_step))
+        engine.collector.take_polled(open_step, intake.poll(open_step))
     # Assert: the leader goes on; the device replied (no deadline to wait out), nothing taken
     assert open_step.outcome.replies == {} and open_step.outstanding == set()
     assert f"stored reply of {DEVICE} unreadable" in caplog.text
@@ -399,6 +400,8 @@ def test_a_reply_the_workers_judged_meets_only_the_strategys_own_rules_again(set
     loud.payloads["protos"].vectors[0, 0] = 1e9  # type: ignore[union-attr]
     with pytest.raises(ValidationError, match=r"\|value\| <= "):
         engine.desk.check(step, agent, loud)
-    engine.desk.check(step, agent, loud, judged=True)  # bounded by the worker that stored it
+    engine.desk.check(
+        step, agent, loud, worker_checked=True
+    )  # bounded by the worker that stored it
     with pytest.raises(ValidationError, match="classes the agent registered"):
-        engine.desk.check(step, agent, reply([1, 7]), judged=True)
+        engine.desk.check(step, agent, reply([1, 7]), worker_checked=True)

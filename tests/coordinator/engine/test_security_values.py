@@ -40,7 +40,7 @@ def test_the_engine_bounds_values_the_strategy_does_not_look_at(tmp_path: Path) 
     try:
         coordinator.strategy.validate(step, agent, felo_reply(5e4))  # shapes and classes only
         with pytest.raises(ValidationError, match=r"knowledge\.features.*\|value\| <= 10000"):
-            coordinator._check_reply(step, agent, felo_reply(5e4))
-        coordinator._check_reply(step, agent, felo_reply(5.0))
+            coordinator.desk.check(step, agent, felo_reply(5e4))
+        coordinator.desk.check(step, agent, felo_reply(5.0))
     finally:
         coordinator.store.close()

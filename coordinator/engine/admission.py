@@ -1,0 +1,185 @@
+"""Who may join a run: the engine's registration checks, then the strategy's, and the agents
+admitted (and refused) so far."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from coordinator.config import RunConfig
+from coordinator.engine.liveness import Presence
+from coordinator.engine.step import QuorumError
+from coordinator.store.database import Store
+from coordinator.strategies import AgentInfo, Strategy
+from protocol.contract.codec import Envelope, encode
+from protocol.contract.messages import REFUSED, ErrorReply, Register
+from protocol.contract.topics import Topics
+from protocol.errors import AdmissionError
+from protocol.logs import listing
+from protocol.transport.endpoint import Endpoint
+
+REGISTRATIONS_LOGGED = 100  # new agents logged one line each; past that, one line a thousand
+
+__all__ = ["REGISTRATIONS_LOGGED", "Admission"]
+
+
+class Admission:
+    """Registrations: each checked, then admitted (stored with its batch) or refused (told why)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        strategy: Strategy[Any],
+        endpoint: Endpoint,
+        presence: Presence,
+        *,
+        log: logging.Logger,
+        reject: Callable[[str, str], None],
+    ) -> None:
+        self.cfg = cfg
+        self.strategy = strategy
+        self.endpoint = endpoint
+        self.topics = Topics(cfg.federation)
+        self.presence = presence
+        self.log = log
+        self.reject = reject  # counts and logs a message that is not acted on
+        self.agents: dict[str, AgentInfo] = {}
+        self.refused: dict[str, str] = {}  # device -> why its latest registration was refused
+        self._registered: dict[str, bytes] = {}  # registrations of the batch: their frames
+
+    def register(self, env: Envelope, reg: Register) -> str | None:
+        """Admit or refuse ``reg``. Returns the session the agent registered with before
+        (``""``: none), or ``None`` when it is not admitted."""
+        if reg.device_id != env.sender:
+            self.reject("sender_mismatch", f"register for {reg.device_id} sent by {env.sender}")
+            return None
+        agent = AgentInfo(reg.device_id, reg)
+        try:
+            self.check(agent)
+        except AdmissionError as exc:
+            self._refuse(env, exc)
+            return None
+        known = reg.device_id in self.agents
+        previous = self.agents[reg.device_id].register.session if known else ""
+        self.refused.pop(reg.device_id, None)
+        self.agents[reg.device_id] = agent
+        self.presence.registered(reg.device_id)
+        self._registered[reg.device_id] = env.wire or encode(env)  # stored with the batch
+        if not known:
+            self._log_registration(reg)
+        return previous
+
+    def check(self, agent: AgentInfo) -> None:
+        """The engine's own checks, then the strategy's, against the agents admitted so far."""
+        reg = agent.register
+        if reg.algorithm != self.strategy.name:
+            raise AdmissionError(
+                agent.device_id, f"it runs {reg.algorithm}; this run is {self.strategy.name}"
+            )
+        if reg.num_classes != self.cfg.num_classes:
+            raise AdmissionError(
+                agent.device_id,
+                f"it has {reg.num_classes} classes; this run has {self.cfg.num_classes}",
+            )
+        self._check_class_names(agent)
+        declared = self.strategy.declared_feature_dim()
+        if declared and reg.feature_dim and reg.feature_dim != declared:
+            # the run declares its prototypes' size: refuse now, not at the first reply
+            raise AdmissionError(
+                agent.device_id,
+                f"its features have {reg.feature_dim} dimensions; this run's have {declared}",
+            )
+        if not self.strategy.admission_rules:
+            return  # admits everyone: the fleet list cost O(N) a registration, O(N^2) a fleet
+        fleet = [
+            a
+            for d, a in sorted(self.agents.items())
+            if d != agent.device_id and d not in self.refused
+        ]
+        self.strategy.admit(agent, fleet)
+
+    def _check_class_names(self, agent: AgentInfo) -> None:
+        """Same class count is not enough: index 0 must mean the same class on every device."""
+        classes = self.cfg.classes
+        names = agent.register.class_names
+        if not classes or list(classes) == names:
+            return
+        if not names:
+            raise AdmissionError(
+                agent.device_id,
+                "it names no classes; this run's classes are named "
+                "(run it with --classes or let it adopt the coordinator's)",
+            )
+        i = next(i for i, (a, b) in enumerate(zip(names, classes, strict=True)) if a != b)
+        raise AdmissionError(
+            agent.device_id,
+            f"class {i} is {names[i]!r} on the device, {classes[i]!r} in the federation",
+        )
+
+    def _refuse(self, env: Envelope, exc: AdmissionError) -> None:
+        """Tell the agent why it may not join: without an answer it would wait forever."""
+        self.reject("refused_agent", str(exc))
+        self.refused[exc.device_id] = exc.reason
+        # a re-registration that is refused now: never select
+        self.presence.online.discard(exc.device_id)
+        body = ErrorReply(code=REFUSED, reason=exc.reason, ref_id=env.msg_id)
+        self.endpoint.send(self.topics.down(exc.device_id, "error"), body)
+
+    def _log_registration(self, reg: Register) -> None:
+        """One line per new agent up to ``REGISTRATIONS_LOGGED``, then one per thousand: at
+        10,000 agents a line each was 10,000 lines and a third of registration's time."""
+        count = len(self.agents)
+        level = logging.INFO if count <= REGISTRATIONS_LOGGED else logging.DEBUG
+        if self.log.isEnabledFor(level):
+            samples = sum(reg.class_counts.values())
+            line = "agent %s registered: %s, %d params, %d samples"
+            self.log.log(level, line, reg.device_id, reg.arch, reg.num_params, samples)
+        if count > REGISTRATIONS_LOGGED and count % 1000 == 0:
+            self.log.info("%d agents registered", count)
+
+    def wait_for(self, count: int, timeout: float, pump: Callable[[float], None]) -> None:
+        """Handle messages (``pump``) until ``count`` agents are registered and online."""
+        end = time.monotonic() + timeout
+        if self.online_count() < count:
+            self.log.info(
+                "waiting for %d agents of federation %s (up to %.0f s)",
+                count,
+                self.cfg.federation,
+                timeout,
+            )
+        while self.online_count() < count:
+            if time.monotonic() > end:
+                raise QuorumError(
+                    f"only {self.online_count()} of {count} required agents "
+                    f"registered within {timeout:.0f} s{self.refusals()}"
+                )
+            pump(min(0.5, max(0.0, end - time.monotonic())))
+        online = self.online_agents()
+        self.log.info("%d agents online: %s", len(online), listing(online, REGISTRATIONS_LOGGED))
+
+    def online_agents(self) -> list[str]:
+        """The admitted agents online now, sorted."""
+        online = self.presence.online
+        return sorted(d for d in self.agents if d in online and d not in self.refused)
+
+    def online_count(self) -> int:
+        """``len(self.online_agents())`` with set operations in C: the registration wait asks
+        on every pass of its loop, and sorting 10,000 ids each time cost seconds (issue 21)."""
+        return len((self.presence.online & self.agents.keys()) - self.refused.keys())
+
+    def refusals(self) -> str:
+        """Why agents were refused (for a quorum error: the cause is otherwise only in the
+        agents' logs), e.g. FedAvg refusing a second architecture."""
+        if not self.refused:
+            return ""
+        reasons = Counter(self.refused.values()).most_common(3)
+        listed = "; ".join(f"{n} x {reason}" for reason, n in reasons)
+        return f"; {len(self.refused)} refused at registration: {listed}"
+
+    def flush(self, store: Store) -> None:
+        """Store the batch's registrations, in the batch's transaction."""
+        registered, self._registered = self._registered, {}
+        store.upsert_agents(registered)  # one statement a batch, not one a message

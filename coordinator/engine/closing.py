@@ -1,0 +1,141 @@
+"""Closing a step that met its quorum: aggregate, train on the server, persist the global
+state and the step's line of ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import RunConfig
+from coordinator.engine.intake import ReplySource
+from coordinator.engine.metrics import append_line, step_record
+from coordinator.engine.step import OpenStep
+from coordinator.store.database import Store
+from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
+from protocol.contract.messages import Reply
+from protocol.errors import AggregationError
+from protocol.transport.endpoint import Endpoint
+
+__all__ = ["StepCloser"]
+
+
+class StepCloser:
+    """Folds a collected step into the global state and records it."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        store: Store,
+        strategy: Strategy[Any],
+        endpoint: Endpoint,
+        *,
+        replies: ReplySource,
+        agents: Mapping[str, AgentInfo],
+        log: logging.Logger,
+        steps: int,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.strategy = strategy
+        self.endpoint = endpoint
+        self.replies = replies
+        self.agents = agents  # the admitted agents (read only)
+        self.log = log
+        self.steps = steps  # in the run's plan
+        self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
+
+    def finish(self, open_step: OpenStep, started: float, traffic0: dict[str, int]) -> None:
+        """Close ``open_step`` as done (as failed if its aggregation fails)."""
+        rec, step, outcome = open_step.rec, open_step.step, open_step.outcome
+        ordered = [(self.agents[d], outcome.replies[d]) for d in sorted(outcome.replies)]
+        try:
+            agg = self._aggregate(rec.idx, step, ordered)
+        except AggregationError as exc:
+            self._fail_aggregation(open_step, exc, ordered, started, traffic0)
+            return
+        record = self._metrics_record(open_step, ordered, agg, started, traffic0)
+        line = json.dumps(record)  # once: 10,000 agents' figures take 50 ms to encode
+        self.store.complete_step(rec.idx, "done", self.strategy.state_dict(), line)
+        append_line(self.metrics_path, line)
+        self.log.info(
+            "step %d/%d %s round %d: %d/%d replies, local acc %s, global acc %s, %d bytes",
+            rec.idx + 1,
+            self.steps,
+            step.phase,
+            step.round,
+            len(outcome.replies),
+            len(rec.participants),
+            _fmt(record["mean_acc_local"]),
+            _fmt(record["mean_acc_global"]),
+            record["bytes_total"],
+        )
+
+    def _aggregate(
+        self, idx: int, step: Step, ordered: list[tuple[AgentInfo, Reply]]
+    ) -> dict[str, float]:
+        """The strategy's aggregation for the step's phase (none: nothing to fold), then
+        server-side training."""
+        agg = self.strategy.aggregate(step, ordered)
+        ctx = ServerContext.for_step(self.cfg.seed, idx, self.cfg.server_device)
+        return {**agg, **self.strategy.server_train(step, ctx)}
+
+    def _fail_aggregation(
+        self,
+        open_step: OpenStep,
+        exc: AggregationError,
+        ordered: list[tuple[AgentInfo, Reply]],
+        started: float,
+        traffic0: dict[str, int],
+    ) -> None:
+        """Close the step as failed and go on: re-raising left it open, so every resume
+        replayed the same stored replies into the same error and the run never moved again."""
+        rec, step = open_step.rec, open_step.step
+        self.log.error(
+            "step %d (%s round %d) aggregation failed, step skipped: %s",
+            rec.idx + 1,
+            step.phase,
+            step.round,
+            exc,
+        )
+        # aggregate may have mutated the strategy before raising: back to the last good state
+        self.strategy.load_state_dict(self.store.global_state())
+        record = self._metrics_record(open_step, ordered, {}, started, traffic0)
+        record.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        line = json.dumps(record)
+        self.store.fail_step(rec.idx, line, str(exc))
+        append_line(self.metrics_path, line)
+
+    def _metrics_record(
+        self,
+        open_step: OpenStep,
+        ordered: list[tuple[AgentInfo, Reply]],
+        agg: dict[str, float],
+        started: float,
+        traffic0: dict[str, int],
+    ) -> dict[str, Any]:
+        now = self.endpoint.traffic.snapshot()
+        traffic = {k: v - traffic0.get(k, 0) for k, v in now.items() if v - traffic0.get(k, 0)}
+        # the replies and acks the ingest workers moved
+        for key, n in self.replies.traffic(open_step.rec.idx).items():
+            traffic[key] = traffic.get(key, 0) + n
+        # progress heartbeats are the runtime's, not the algorithm's: kept out of its byte
+        # figures (they depend on the progress interval and on training speed), counted apart
+        progress = {k: traffic.pop(k) for k in list(traffic) if k.endswith(".progress")}
+        record = step_record(
+            open_step.step,
+            open_step.rec.participants,
+            open_step.outcome.failed,
+            ordered,
+            agg,
+            started,
+            traffic,
+        )
+        record["bytes_progress"] = sum(progress.values())
+        return record
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -1,0 +1,76 @@
+"""The step whose replies are being collected, and the error of a step that missed its quorum."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.store.database import StepRecord, Store
+from coordinator.strategies import Step
+from protocol.contract.messages import Reply, Task
+from protocol.errors import EdgeFLError
+
+__all__ = ["OpenStep", "QuorumError", "StepOutcome"]
+
+
+class QuorumError(EdgeFLError):
+    """A step missed its quorum more often than ``max_retries`` allows."""
+
+
+@dataclass
+class StepOutcome:
+    """Replies of one step attempt and what happened to the others."""
+
+    replies: dict[str, Reply] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # device -> reason
+    late: int = 0
+
+
+@dataclass
+class OpenStep:
+    """The step whose replies are being collected: one object instead of four optionals."""
+
+    rec: StepRecord
+    step: Step
+    outcome: StepOutcome = field(default_factory=StepOutcome)
+    tasks: dict[str, Task] = field(default_factory=dict)  # device -> task sent this attempt
+    # devices with a task in flight that have neither replied nor failed, kept up to date by
+    # the three methods below: the wait loop tests it every pass, and recomputing it from the
+    # three dicts cost 1.3-1.9 ms a pass at 10,000 agents (issue 21)
+    outstanding: set[str] = field(default_factory=set)
+    read: set[str] = field(default_factory=set)  # devices whose stored reply was taken
+
+    def sent(self, device: str, task: Task) -> None:
+        """A task went out to ``device``."""
+        self.tasks[device] = task
+        if device not in self.outcome.replies and device not in self.outcome.failed:
+            self.outstanding.add(device)
+
+    def replied(self, device: str, reply: Reply) -> None:
+        """``device``'s reply was accepted."""
+        self.outcome.replies[device] = reply
+        self.outstanding.discard(device)
+
+    def fail(self, device: str, reason: str) -> None:
+        """``device`` will not deliver a valid reply this attempt."""
+        self.outcome.failed[device] = reason
+        self.outstanding.discard(device)
+
+    def stored(self, device: str) -> None:
+        """An ingest worker stored ``device``'s reply (the engine takes it from the store)."""
+        self.outstanding.discard(device)
+
+    def waiting_for(self) -> set[str]:
+        """Devices with a task in flight that have neither replied nor failed."""
+        return set(self.outstanding)
+
+    def task_of(self, device: str, task_id: str | None = None) -> Task | None:
+        """The task sent ``device`` (``None`` if none, or if ``task_id`` differs)."""
+        task = self.tasks.get(device)
+        if task is None or (task_id is not None and task.task_id != task_id):
+            return None
+        return task
+
+    def unread(self, store: Store) -> list[tuple[str, bytes]]:
+        """(device, envelope) of the step's stored replies not taken yet, in device order."""
+        taken = self.outcome.replies.keys() | self.read
+        return [(device, blob) for device, _msg_id, blob in store.updates(self.rec.idx, skip=taken)]
