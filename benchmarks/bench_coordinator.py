@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=("on", "off"),
         default="on",
         help="run.broadcast: the step's shared knowledge once on bcast/knowledge (on) or in "
-        "every task (off, the behaviour before issue 21's broadcast)",
+        "every task (off)",
     )
     ap.add_argument(
         "--ingest-workers",

@@ -1,6 +1,6 @@
 """Several processes storing replies: one shared SQLite store (WAL, the write lock taken in
 turn) against one store file per process, with the coordinator's own ``Store`` and its
-``synchronous=FULL`` group commits (issue 21's ingest workers).
+``synchronous=FULL`` group commits (the coordinator's ingest workers).
 
 Each of K writer processes stores ``--replies`` FedProto-sized blobs (8.5 KB) in transactions
 of ``--batch`` replies (the group commit of a burst), through ``Store.add_update`` as the

@@ -248,7 +248,7 @@ def summarize(steps: list[dict[str, Any]], test_sizes: list[int]) -> dict[str, A
     agents = last["agents"]
     glob = [float(a["acc_global"]) for a in agents.values() if a.get("acc_global") is not None]
     train = train_steps(steps)
-    later = train[1:] or train  # round 1 carries the set-up (and, before issue 20 §5, resends)
+    later = train[1:] or train  # round 1 carries the set-up
     return {
         "final_phase": last["phase"],
         "final_agents": len(agents),
@@ -353,7 +353,7 @@ def setting_table(
 def overall_section(
     by_setting: dict[Any, list[dict[str, Any]]], partial: bool, demo: str | None = None
 ) -> list[str]:
-    """The table's pick (the demo's default, issue 20 §4): the algorithm best on both metrics
+    """The table's pick (the demo's default): the algorithm best on both metrics
     in the most settings; a tie goes to the lower mean rank over every (setting, metric).
     Ranked: the algorithms with runs in every setting."""
     if len(by_setting) < 2:

@@ -1,4 +1,4 @@
-"""FedKTL at CPU scale: the reproduction of issue 15 §3 (``shared/specs/fedktl.md`` §10).
+"""FedKTL at CPU scale: the reproduction of ``shared/specs/fedktl.md`` §10.
 
 Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the

@@ -1,4 +1,4 @@
-"""FedProto at reference strength (issue 20 §2): ours against HtFLlib's settings.
+"""FedProto at reference strength: ours against HtFLlib's settings.
 
 Setting (HtFLlib's defaults, ``docs/algorithms/baselines.md`` "HtFLlib preset"): MNIST-5k at 28x28,
 20

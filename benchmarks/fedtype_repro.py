@@ -1,4 +1,4 @@
-"""FedType at CPU scale: the reproduction of ``shared/specs/fedtype.md`` §10 (issue 16 §3).
+"""FedType at CPU scale: the reproduction of ``shared/specs/fedtype.md`` §10.
 
 Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the
@@ -344,8 +344,8 @@ def tables(results: experiment.Results) -> str:
                 cells.append(f"{100 * statistics.fmean(vals):.1f}" if vals else "–")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         proxy = rs[0]["spec"]["proxy"]
-        # FedType's agents register their private model as arch "private" (issue 16, spec
-        # §3.3): the parameter range is that of the known architectures
+        # FedType's agents register their private model as arch "private" (spec §3.3): the
+        # parameter range is that of the known architectures
         priv = [params[a] for a in archs if a != proxy and a in params]
         if not priv and all(a in params for a in archs):
             priv = [params.get(proxy, 0)]  # fedavg_proxy alone: every model is the proxy

@@ -5,7 +5,7 @@ One command, the paper's settings (FedVTC, Niu et al., §5 and Table 6): ResNet-
 20x7x7 -> 1x28x28 VTC generator; MNIST (torchvision's files under ``--data-root``, or the
 bundled 5000-image ``mnist5k`` without one); K = 100 clients at Dir(alpha), 10 % sampled per
 round; T = 100, E = 5, eta = 1e-4 (plain SGD), S = 500, 5 fine-tuning epochs; no gradient
-clipping; psi in train mode in step A (issue 17). Diagnostics are on: every client reports its
+clipping; psi in train mode in step A. Diagnostics are on: every client reports its
 accuracy on the held-out global test set before and after fine-tuning, the noise control
 (the same pre-fine-tuning model fine-tuned on uniform noise with the same labels) and the
 synthetic-only probe.
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def hyper(args: argparse.Namespace) -> dict[str, Any]:
-    """FedVTC's settings: the paper's, with both issue-17 fixes (no clip, psi train mode)."""
+    """FedVTC's settings: the paper's (no gradient clipping, psi in train mode in step A)."""
     return {
         "local_epochs": args.epochs,
         "batch_size": args.batch_size,

@@ -1,4 +1,4 @@
-"""FedVTC at CPU scale: an honest reproduction on real MNIST digits (issue 5 §2).
+"""FedVTC at CPU scale: an honest reproduction on real MNIST digits.
 
 Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet), so accuracies are what the agents report and bytes are what the
@@ -113,12 +113,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--grad-clip-mode",
         choices=["split", "joint"],
         help="FedVTC: clip head/extractor and psi/sigma apart (split) or together (joint, "
-        "the behaviour before issue 17)",
+        "L_tc's gradient then shrinks the head's step)",
     )
     ap.add_argument(
         "--generator-mode-step-a",
         choices=["train", "eval"],
-        help="FedVTC: psi's mode in step A (eval = the behaviour before issue 17)",
+        help="FedVTC: psi's mode in step A (train: BatchNorm on batch statistics, as in step B)",
     )
     ap.add_argument("--synthetic-per-class", type=int, help="S (paper: 500)")
     ap.add_argument("--finetune-epochs", type=int, help="FT rounds (paper: 5)")

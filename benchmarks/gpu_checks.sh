@@ -7,7 +7,7 @@
 # BUDGET: seconds for the whole script; CPU_JOBS / GPU_JOBS: grid processes on the CPU cores
 # (the whole common-recipe grid, MNIST-5k and the slowest first) and on the GPU (MNIST-5k,
 # GPU_ALGORITHMS: FedVTC by default, the grid's slowest runs). CPU_JOBS=0 skips the CPU grid;
-# QUICK=1 skips the exporter's tests and the training-loop benchmark (measured once already,
+# QUICK=1 skips the exporter's tests and the training-loop benchmark (its figures are in
 # docs/howto/run-on-gpu.md) and starts the grids beside the CUDA tests; QUICK=2 runs the grids alone.
 # GPU_DEVICE: where the GPU grid's agents train (default cuda); `cpu` keeps them on the CPU
 # cores while the coordinator's server-side training (Velo's CVAE, FedVTC's generator) stays on

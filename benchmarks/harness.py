@@ -89,7 +89,7 @@ def _read(path: Path) -> Record:
 
 
 def _commands(doc: Record) -> list[str]:
-    # files written before the harness by fedvtc_repro.py hold one "command"
+    # results files that fedvtc_repro.py wrote without the harness hold one "command"
     if "commands" in doc:
         return list(doc["commands"])
     return [doc["command"]] if "command" in doc else []

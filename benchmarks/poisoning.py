@@ -1,4 +1,4 @@
-"""One poisoning agent out of 10 against each aggregation option (issue 19).
+"""One poisoning agent out of 10 against each aggregation option.
 
 Every run goes through :func:`coordinator.sim.simulate.simulate` (the in-memory transport, the same
 code paths as a real fleet). The attacker is not in the product: it is :class:`PoisonTransport`,
@@ -131,7 +131,7 @@ class PoisonTransport(MemoryTransport):
         super().__init__(broker, client_id, will=will)
         self.attack = attack
         self.tasks: dict[str, dict[str, Payload]] = {}  # task id -> payloads sent down
-        # payloads a step's tasks share arrive once on bcast/knowledge (issue 21), by digest
+        # payloads a step's tasks share arrive once on bcast/knowledge, by digest
         self.knowledge: dict[bytes, dict[str, Payload]] = {}
         self.poisoned = 0
 

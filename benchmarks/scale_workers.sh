@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 21's open measurement: coordinator ingest against the broker's own rate with N ingest
-# workers, on a machine with more cores than this project's 2-core VM (a lent GPU machine's
-# 16). One bench_coordinator.py invocation per worker count, so a run cut by the budget loses
-# only itself; each prints its table row and a JSON-like record into $OUT.
+# Coordinator ingest against the broker's own rate with N ingest workers, on a machine with
+# more cores than this project's 2-core VM (a lent GPU machine's 16). One bench_coordinator.py
+# invocation per worker count, so a run cut by the budget loses only itself; each prints its
+# table row and a JSON-like record into $OUT.
 #
 #   OUT=/tmp/scale BUDGET=540 AGENTS=10000 WORKERS="0 2 4 8 1" bash benchmarks/scale_workers.sh
 #

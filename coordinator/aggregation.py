@@ -5,15 +5,14 @@ proxies, FML/FedKD's shared models and LG-FedAvg's heads are all a weighted mean
 One function, one rule for integer buffers: they are counters such as BatchNorm's
 ``num_batches_tracked``, whose mean is meaningless, so the aggregate takes the maximum.
 
-Robust variants (issue 19, ``docs/concepts/security.md`` "Robust aggregation") replace that mean
-when a
+Robust variants (``docs/concepts/security.md`` "Robust aggregation") replace that mean when a
 run's config asks for one (:class:`RobustRule`, from ``AveragingConfig``): the coordinate-wise
 median, the coordinate-wise trimmed mean, and an optional norm bound applied before either. They
 take the same tensor maps (:func:`aggregate_maps`) or one vector per upload (:func:`reduce_rows`,
 :func:`reduce_by_class` for per-class prototypes, logits and features). Servers that train on
 the individual uploads instead of averaging them can leave outliers out (:func:`screen_by_class`).
-The plain mean stays :func:`weighted_mean` itself, so a run without the option computes exactly
-what it did before.
+The plain mean stays :func:`weighted_mean` itself, so a run without the option never goes
+through the robust code paths.
 """
 
 from __future__ import annotations
@@ -205,7 +204,7 @@ SCREEN_MIN_ROWS = 3  # fewer uploads of a class have no majority to judge an out
 def screen_by_class(
     class_ids: npt.ArrayLike, values: npt.ArrayLike, factor: float
 ) -> npt.NDArray[np.bool_]:
-    """Which rows to keep when a server trains on individual uploads (issue 19).
+    """Which rows to keep when a server trains on individual uploads.
 
     Per class held by at least :data:`SCREEN_MIN_ROWS` rows: the distance of each row to the
     class's coordinate-wise median, and a row farther than ``factor`` times the median of those

@@ -52,7 +52,7 @@ def _create_resnet(
     zero_init_residual: bool,
 ) -> Classifier:
     # imported here, not at module level: torchvision costs ~1 s and ~100 MiB at start-up,
-    # which devices building other families should not pay (issue 21)
+    # which devices building other families should not pay
     from torchvision.models import resnet as tv_resnet
 
     block = getattr(tv_resnet, block_name)

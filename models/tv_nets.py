@@ -23,7 +23,7 @@ __all__ = ["efficientnet_b0", "googlenet", "mobilenet_v2", "mobilenet_v3_small",
 
 def _tvm() -> Any:
     """torchvision's model zoo, imported when a network is built: importing torchvision costs
-    ~1 s and ~100 MiB, which a device running a small CNN should not pay (issue 21)."""
+    ~1 s and ~100 MiB, which a device running a small CNN should not pay."""
     from torchvision import models
 
     return models

@@ -10,8 +10,8 @@ Both listen on ``127.0.0.1`` unless given another ``host``. Given a broker direc
 ``coordinator provision`` (:class:`BrokerFiles`), the embedded broker enforces that fleet's
 rules as the generated Mosquitto config does: mutual TLS with the fleet's CA and CRL, the
 certificate's CN as username, and the ``acl`` file (:mod:`coordinator.broker.plugins`). Without
-one it authenticates nobody and warns when it listens on a non-loopback interface (issue 19,
-``docs/concepts/security.md``).
+one it authenticates nobody and warns when it listens on a non-loopback interface
+(``docs/concepts/security.md``).
 """
 
 from __future__ import annotations

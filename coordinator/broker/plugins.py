@@ -1,4 +1,4 @@
-"""amqtt plugins that give the embedded broker a provisioned fleet's rules (issue 19).
+"""amqtt plugins that give the embedded broker a provisioned fleet's rules.
 
 Loaded by dotted path from :class:`coordinator.broker.embedded.EmbeddedBroker` when it runs on a
 broker

@@ -1,4 +1,4 @@
-"""Reply payloads in append-only segment files beside the store (issue 21).
+"""Reply payloads in append-only segment files beside the store.
 
 SQLite keeps a reply's row (device, message id, task, when) and where its bytes are; the bytes
 themselves go to ``RUN_DIR/replies/<step>/<pid>-<token>.seg``, a file only this process

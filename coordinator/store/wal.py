@@ -1,4 +1,4 @@
-"""WAL checkpoints off the writing thread (issue 21).
+"""WAL checkpoints off the writing thread.
 
 SQLite in WAL mode appends every committed page to the ``-wal`` file and, by default, the
 connection whose commit takes the log past 1000 pages copies the log back into the database

@@ -59,7 +59,7 @@ class AgentInfo:
     device_id: str
     register: Register
 
-    # computed once per registration: every reply's checks ask for them (issue 21)
+    # computed once per registration: every reply's checks ask for them
     @functools.cached_property
     def classes(self) -> list[int]:
         """Classes present in the agent's training data."""
@@ -196,7 +196,7 @@ class Strategy(Generic[C]):
     # ----- hooks ----------------------------------------------------------------------------
     def declared_feature_dim(self) -> int:
         """The size of the agents' feature vectors this run declares (0: none). An agent that
-        registers another size is refused at registration (issue 19)."""
+        registers another size is refused at registration (``docs/concepts/security.md``)."""
         return 0
 
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:

@@ -74,7 +74,7 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         """Evaluate the previous round's model with the fresh prototypes, then train.
 
         The agent's own evaluation comes after training, when the prototypes are one round
-        older than the model (issue 20 §2); this one is the accuracy HtFLlib reports.
+        older than the model; this one is the accuracy HtFLlib reports.
         """
         if self.predicts_by_prototype() and len(self.ctx.test):
             fresh = evaluate(self.ctx.model, self.ctx.test, self.scores)

@@ -55,8 +55,8 @@ class FederatedSplit:
         """The global test set, disjoint from every client's data.
 
         Cut once: the agents of a process that share a split (``SplitCache``) then evaluate on
-        the same arrays, which nothing writes to. Each used to hold its own copy: 1.1 MB an
-        agent for MNIST-5k's default 360 images, most of an idle agent's 1.35 MB.
+        the same arrays, which nothing writes to. A copy per agent would be 1.1 MB an agent
+        for MNIST-5k's default 360 images, most of an idle agent's 1.35 MB.
         """
         return self.dataset.subset(self.global_test_indices)
 

@@ -142,7 +142,7 @@ def config_value(tp: Any, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected {exc.expected}, got {shown}") from None
 
 
-#: Inclusive ranges of the common training settings (issue 19): a task outside them is refused
+#: Inclusive ranges of the common training settings: a task outside them is refused
 #: by the coordinator (run config) and by the agent (task config) with a ConfigError, instead of
 #: being executed. Generous for real runs; tight enough that one task cannot occupy a device
 #: for days (``local_epochs=100000``) or exhaust its memory (``batch_size``).
@@ -176,10 +176,10 @@ class TrainConfig(AlgorithmConfig):
     drop_last: bool = False
     # the run's evaluation cadence: agents evaluate every N-th training round (other phases and
     # the final step always); an agent's own --eval-every, if larger, wins. Evaluating the
-    # global test set every round can dominate a round's time (issue 20 §1)
+    # global test set every round can dominate a round's time
     eval_every: int = 1
     # an algorithm's own size settings, bounded like TRAIN_LIMITS: a task from the wire may not
-    # ask a device for unbounded work (issue 19)
+    # ask a device for unbounded work (docs/concepts/security.md)
     LIMITS: typing.ClassVar[dict[str, tuple[float, float]]] = {}
 
     def __post_init__(self) -> None:
@@ -194,7 +194,7 @@ class TrainConfig(AlgorithmConfig):
 @dataclass(frozen=True)
 class AveragingConfig(TrainConfig):
     """Settings of every algorithm whose server averages uploads (weights, prototypes, logits,
-    features): how the uploads of a round are combined (issue 19, ``docs/concepts/security.md``).
+    features): how the uploads of a round are combined (``docs/concepts/security.md``).
 
     The coordinator alone reads these; they travel in the task config like every field.
     """
@@ -219,7 +219,7 @@ class AveragingConfig(TrainConfig):
 @dataclass(frozen=True)
 class ScreeningConfig(TrainConfig):
     """Settings of every algorithm whose server trains on individual uploads (FedKTL's F,
-    FedTGP's generator, FedGH's head): which uploads it trains on (issue 19).
+    FedTGP's generator, FedGH's head): which uploads it trains on (``docs/concepts/security.md``).
 
     The coordinator alone reads this; it travels in the task config like every field.
     """

@@ -38,7 +38,7 @@ class CCVRConfig(FedAvgConfig):
     calib_lr: float = 0.01  # plain SGD
     calib_batch_size: int = 32
     stats_encoding: Literal["raw", "f16"] = "raw"
-    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {  # issue 19
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "virtual_per_class": (1, 100_000),
         "calib_epochs": (0, 10_000),
         "calib_batch_size": (1, 65_536),

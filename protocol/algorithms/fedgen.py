@@ -42,7 +42,7 @@ class FedGenConfig(AveragingConfig):
     head_exchange: bool = True  # the sample-weighted mean head goes down too (HtFLlib)
     generator_encoding: Literal["raw", "f16", "i8"] = "raw"
     head_encoding: Literal["raw", "f16", "i8"] = "raw"
-    # issue 19: the generator's sizes (every agent builds it) and the server's work per round
+    # bounded: the generator's sizes (every agent builds it) and the server's work per round
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "noise_dim": (1, 65_536),
         "hidden_dim": (1, 65_536),

@@ -34,7 +34,7 @@ class FedGHConfig(ScreeningConfig):
     server_batch_size: int = 10
     proto_encoding: Literal["raw", "f16"] = "raw"
     head_encoding: Literal["raw", "f16", "i8"] = "raw"
-    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {  # issue 19
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "server_epochs": (0, 10_000),
         "server_batch_size": (1, 65_536),
     }

@@ -97,7 +97,7 @@ class FedKTLConfig(ScreeningConfig):
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("protos", PrototypeSet),),
     }
-    # sizes and epochs (issue 19): the agent builds ETF, h' and images of these sizes, the
+    # sizes and epochs a task may ask for: the agent builds ETF, h' and images of these sizes, the
     # coordinator trains F for server_epochs every round
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "etf_dim": (0, 65_536),

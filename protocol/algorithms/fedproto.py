@@ -28,11 +28,11 @@ class FedProtoConfig(AveragingConfig):
     # the prototypes' dimension (the agents' --feature-dim); 0: fixed by the first valid reply
     # of round 1, which a forger answering first could choose (docs/concepts/security.md)
     feature_dim: int = 0
-    # the agents' common start (issue 20 §2). "architecture": agents of one architecture start
+    # the agents' common start. "architecture": agents of one architecture start
     # from the same weights (HtFLlib seeds every client's model alike), so their class means
     # agree from round 1; "head" (default): besides, every agent's head starts identical, so
     # each class pulls features the same way in every architecture and the global prototypes
-    # are separated from the first rounds; "none": each agent its own start (before issue 20)
+    # are separated from the first rounds; "none": each agent its own start
     shared_init: Literal["none", "architecture", "head"] = "head"
     # what the uploaded prototypes average: "model" = the trained model's features over the
     # local training set (eval mode, after training); "training" = the features the local

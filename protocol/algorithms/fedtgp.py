@@ -30,14 +30,14 @@ class FedTGPConfig(FedProtoConfig, ScreeningConfig):
     batch_size: int = 10
     proto_weight: float = 0.1  # lambda
     predict: Literal["head", "prototype"] = "prototype"
-    # FedProto's common start (issue 20 §2) is off until FedTGP is measured with it
+    # FedProto's common start is off: FedTGP has not been measured with it
     shared_init: Literal["none", "architecture", "head"] = "none"
     server_epochs: int = 100  # S: epochs over the round's uploaded prototypes
     server_lr: float = 0.01  # SGD, fresh each round
     server_batch_size: int = 10
     margin_threshold: float = 100.0  # tau: the margin is min(max class gap, tau)
     tgp_hidden_dim: int = 0  # 0: the feature dimension (HtFLlib)
-    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {  # issue 19
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         **FedProtoConfig.LIMITS,
         "server_epochs": (0, 10_000),
         "server_batch_size": (1, 65_536),

@@ -68,7 +68,7 @@ class FedTypeConfig(FedAvgConfig):
     # at the end of the run, also export the proxy as its own bundle (export_dir/proxy)
     export_proxy: bool = False
 
-    # sizes and iteration counts a task may ask of a device (issue 19); val_fraction and theta
+    # sizes and iteration counts a task may ask of a device; val_fraction and theta
     # are checked below, (0, 1) exclusive
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "raps_k_reg": (0, 100_000),

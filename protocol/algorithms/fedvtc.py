@@ -46,11 +46,11 @@ class FedVTCConfig(AveragingConfig):
     # "split" (default): the head and the extractor are clipped apart in step A, psi and sigma
     # apart in step B, so L_tc's large extractor gradient cannot shrink the head's CE step and
     # psi's cannot freeze sigma. "joint": one norm over the whole model and one over psi and
-    # sigma, the toolkit's behaviour before issue 17 (kept to reproduce its numbers).
+    # sigma (kept to reproduce the results made with it).
     grad_clip_mode: Literal["split", "joint"] = "split"
     # psi's mode in step A, where it is frozen. "train" (default): no gradients, but BatchNorm on
     # batch statistics, i.e. the same function step B trains (the paper's "freeze" means no
-    # gradient). "eval": running statistics, the toolkit's behaviour before issue 17.
+    # gradient). "eval": running statistics (kept to reproduce the results made with it).
     generator_mode_step_a: Literal["train", "eval"] = "train"
     dm_weight: float = 0.1  # lambda
     use_dm: bool = True  # False = the "L_e only" ablation (Table 4)
@@ -86,8 +86,8 @@ class FedVTCConfig(AveragingConfig):
     # psi is averaged once after the rounds (M3), which only makes sense when every client's psi
     # started from the same weights (FedAvg's premise). True: each client re-initialises psi from
     # ``generator_seed`` before its first generator step. False: psi keeps the per-client random
-    # init it got at agent start, the toolkit's behaviour before this flag (averaging then yields
-    # a near-constant image; see docs/algorithms/fedvtc.md).
+    # init it got at agent start (averaging then yields a near-constant image; see
+    # docs/algorithms/fedvtc.md).
     shared_generator_init: bool = True
     generator_seed: int = 0
     # Deviation (off = paper): after loading the averaged psi, re-estimate its BatchNorm running

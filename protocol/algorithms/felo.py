@@ -50,7 +50,7 @@ class _FeatureLogitConfig(AveragingConfig):
     # the uploaded features' dimension (the agents' --feature-dim); 0: fixed by the first valid
     # reply of round 1, which a forger answering first could choose (docs/concepts/security.md)
     feature_dim: int = 0
-    # the coordinator keeps up to history_cap entries per class (issue 19)
+    # the coordinator keeps up to history_cap entries per class
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "history_cap": (1, 1_000_000),
         "feature_dim": (0, 65_536),

@@ -10,7 +10,7 @@ frame. The receiver (:class:`Reassembler`) accepts chunks in any order, ignores 
 checks the declared ``total_size`` against the hard cap before it keeps anything, bounds how
 many partial messages and how many bytes it holds, asks for missing chunks when a partial
 stalls and drops it after a timeout. Budgets are per sender (declared sizes) and global (bytes
-actually held), so one sender's announcements cannot starve the others (issue 19). The sender
+actually held), so one sender's announcements cannot starve the others. The sender
 keeps recently chunked frames in a :class:`SentCache` to answer
 :class:`~protocol.contract.messages.ChunkRequest`. See ``WIRE.md`` §Chunking.
 """
@@ -58,7 +58,7 @@ class ChunkPolicy:
             evicts the partial that has gone longest without a new chunk. Sized for a fleet
             answering at once: every device's chunked reply is partial at the same time (a broker
             interleaves them, chunk 0 of many replies before chunk 1); at 64, 100 devices'
-            1 MB replies evicted each other and the run stalled (issue 21).
+            1 MB replies evict each other and the run stalls.
             Memory is bounded by the byte budgets below, one sender's share by its own.
         max_partial_bytes: Data bytes actually held in partial messages (per endpoint); a
             chunk that would exceed it evicts the stalest other partials. A message declaring
@@ -67,7 +67,7 @@ class ChunkPolicy:
             evicts its own stalest partial, never another sender's.
         max_sender_bytes: Sum of the declared sizes of one sender's partial messages; a new
             message beyond it evicts that sender's stalest partials. Announcing sizes costs a
-            sender only its own budget, never the others' (issue 19).
+            sender only its own budget, never the others'.
         sent_cache_bytes: Recently chunked frames the sender keeps to answer chunk requests.
         completed_memory: Completed digests remembered to recognise late duplicate chunks.
         sweep_interval: Seconds between background checks for stalled partials; ``None`` runs

@@ -102,7 +102,7 @@ class Topics:
         topic ``dev/{id}/up|down/{kind}`` has its own ``.../{kind}/chunk`` (so a subscriber
         to a message topic, such as the ingest workers' shared ``up/reply``, gets whole
         messages only, and the chunks go to whoever subscribes to the chunk topics: the
-        round leader, issue 21); other topics (``bcast/*``) carry their chunks themselves."""
+        round leader); other topics (``bcast/*``) carry their chunks themselves."""
         return f"{topic}/{CHUNKS}" if self._device_message(topic.split("/")) else topic
 
     def message_topic(self, topic: str) -> str | None:

@@ -1,5 +1,5 @@
 """Small validators shared by the wire dataclasses' ``__post_init__`` checks, and the value
-bounds the coordinator applies to replies (issue 19: finite is not enough)."""
+bounds the coordinator applies to replies (finite is not enough: ``docs/concepts/security.md``)."""
 
 from __future__ import annotations
 
@@ -112,8 +112,8 @@ def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:
     # temporary array); any NaN makes it NaN, which fails the test and takes the full path
     if max(float(arr.max()), -float(arr.min())) <= bound:
         return
-    # any NaN refuses the array (np.nanmax, used here until stop 31, skipped NaN beside
-    # other values: [1.0, nan] passed; found by tests/protocol/contract/test_validate_bounds.py)
+    # any NaN refuses the array (np.nanmax would skip NaN beside other values and pass
+    # [1.0, nan]; tests/protocol/contract/test_validate_bounds.py holds that case)
     peak = float("nan") if np.isnan(arr).any() else float(np.abs(arr).max())
     if not peak <= bound:  # also catches NaN
         raise ValidationError(field, f"|value| <= {bound:.0f}", f"|value| up to {peak:.3g}")
@@ -121,7 +121,7 @@ def check_max_abs(arr: npt.NDArray[Any], bound: float, field: str) -> None:
 
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    """A dataclass's field names (``dataclasses.fields`` per reply was ~10 % of its checks)."""
+    """A dataclass's field names (``dataclasses.fields`` per reply costs ~10 % of its checks)."""
     return tuple(f.name for f in dataclasses.fields(cls))
 
 

@@ -96,8 +96,8 @@ _LOCAL = threading.local()
 def reuse_encodings() -> Iterator[None]:
     """Within this block (on this thread), a nested model met again, the *same object*, is
     encoded once and its wire map reused: the coordinator puts one global-knowledge payload
-    into every agent's task of a round, and re-walking its arrays per agent cost 13-19 % of
-    the coordinator's time at 1000 agents (issue 21). Keyed by identity and holding the object,
+    into every agent's task of a round, and re-walking its arrays per agent costs 13-19 % of
+    the coordinator's time at 1000 agents. Keyed by identity and holding the object,
     so an equal but new object is encoded anew; the block must not mutate arrays in place.
 
     Likewise a field whose value is the same object as in the last model of the same class
@@ -225,7 +225,7 @@ def _encode_value(value: Any, tp: Any, encoding: Encoding, path: str) -> Any:
 # Types whose values _encode_value returns unchanged for a field type: the members of a union of
 # plain scalars (encoded by the value's own type), or the scalar type itself. A map of such
 # values (a task's config, a reply's metrics) is then copied as is: walking it value by value
-# was the largest cost of sending 10,000 tasks (issue 21).
+# is the largest cost of sending 10,000 tasks.
 _PLAIN = frozenset({bool, int, float, str})
 _IDENTITY: dict[Any, frozenset[type]] = {}
 
@@ -341,7 +341,7 @@ _SCALARS: dict[Any, tuple[type, ...]] = {
 
 # Field types whose value msgpack hands over as is: a value of exactly that type (and, for a
 # float, finite) is what the walk below would return, so it is returned at once. Registrations
-# are mostly such scalars, and the walk cost ~60 % of registering 10,000 agents (issue 21).
+# are mostly such scalars, and the walk costs ~60 % of registering 10,000 agents.
 _EXACT: dict[Any, Any] = {str: str, int: int, bool: bool, bytes: bytes, float: float}
 
 

@@ -483,9 +483,9 @@ class LeanMqttTransport(MqttClient):
 
     def _until_keepalive(self, last_out: float, ping_sent: float | None) -> float:
         """Seconds until the keepalive acts: a PINGREQ after half the keepalive of silence,
-        or giving up on an unanswered one after a whole keepalive. An idle client used to wake
-        every second: hundreds of them in one process (a Ray actor's agents) woke hundreds of
-        times a second, each for the GIL."""
+        or giving up on an unanswered one after a whole keepalive. An idle client does not
+        wake every second: hundreds of them in one process (a Ray actor's agents) would wake
+        hundreds of times a second, each for the GIL."""
         due = last_out + self.keepalive / 2 if ping_sent is None else ping_sent + self.keepalive
         return max(0.0, due - time.monotonic()) + 0.01  # a hair past: the checks are strict
 

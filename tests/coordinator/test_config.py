@@ -51,7 +51,7 @@ def test_missing_file_and_bad_override(tmp_path: Path) -> None:
 
 
 def test_the_embedded_broker_listens_on_loopback_unless_told_otherwise() -> None:
-    # issue 19: `coordinator serve` bound its unauthenticated embedded broker to 0.0.0.0
+    # an unauthenticated embedded broker bound to 0.0.0.0 would serve anyone on the network
     import ast
     import inspect
 

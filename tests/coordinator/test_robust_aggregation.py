@@ -1,4 +1,4 @@
-"""Robust aggregation (issue 19): median, trimmed mean and norm clipping, by hand and against
+"""Robust aggregation: median, trimmed mean and norm clipping, by hand and against
 one poisoning upload, and their plumbing into the strategies through ``AveragingConfig``."""
 
 import numpy as np

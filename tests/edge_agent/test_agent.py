@@ -123,7 +123,7 @@ def test_bad_payload_gives_error_reply_not_a_crash(tmp_path: Path) -> None:
 def test_a_repeated_running_state_does_not_register_again_and_a_lost_session_is_renewed(
     tmp_path: Path,
 ) -> None:
-    # Issue 20 §5: registering again on `running` made the coordinator resend round 1's task.
+    # registering again on `running` would make the coordinator resend round 1's task
     from protocol.contract.messages import CoordinatorState
 
     def state(kind: str, run_id: str = "r1") -> CoordinatorState:

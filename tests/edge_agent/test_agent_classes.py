@@ -1,4 +1,4 @@
-"""Class meaning (issue 18 §1): local labels mapped onto the federation's classes by name."""
+"""Class meaning: local labels mapped onto the federation's classes by name."""
 
 from __future__ import annotations
 

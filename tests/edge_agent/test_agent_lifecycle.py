@@ -1,4 +1,4 @@
-"""An agent's life across runs (issue 18 §2): told when refused or given up on, exit codes,
+"""An agent's life across runs: told when refused or given up on, exit codes,
 adopting the run's algorithm, a daemon that takes part in the next run."""
 
 from __future__ import annotations

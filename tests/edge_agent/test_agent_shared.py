@@ -1,4 +1,4 @@
-"""The agent's side of the broadcast (issue 21): a task naming knowledge runs on the merged
+"""The agent's side of the broadcast: a task naming knowledge runs on the merged
 payload map; knowledge it lacks is fetched, retried, and the task fails before its deadline
 when it never comes; forged or mislabelled knowledge is refused."""
 

@@ -1,5 +1,4 @@
-"""What a signing agent does with coordinator states (issue 19, ``docs/concepts/security.md`` item
-6).
+"""What a signing agent does with coordinator states (``docs/concepts/security.md`` item 6).
 
 Only a verified state of the run the agent joined can end it. An unsigned state (the
 coordinator's last will, or a forgery) may only say ``offline``; a stale signed one is refused

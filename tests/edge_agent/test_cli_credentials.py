@@ -1,4 +1,4 @@
-"""Issue 19: the CLIs take credentials from kits, files and ``EDGEFL_*``, never from argv
+"""The CLIs take credentials from kits, files and ``EDGEFL_*``, never from argv
 values; each refusal happens before any data, model or broker is touched."""
 
 from __future__ import annotations

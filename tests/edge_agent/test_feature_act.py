@@ -1,5 +1,5 @@
-"""The feature activation knob reaches the model and its checkpoint (issue 20 §1; Felo's spec §9
-asks for non-negative features like pooled CNN ones)."""
+"""The feature activation knob reaches the model and its checkpoint (Felo's spec §9 asks
+for non-negative features like pooled CNN ones)."""
 
 from __future__ import annotations
 

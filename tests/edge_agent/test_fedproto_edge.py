@@ -1,4 +1,4 @@
-"""FedProto edge half (issue 20 §2): the agents' common start and the accuracy in HtFLlib's
+"""FedProto edge half: the agents' common start and the accuracy in HtFLlib's
 evaluation order."""
 
 from __future__ import annotations

@@ -84,8 +84,8 @@ def test_train_round_replies_held_prototypes_with_sd_and_stays_finite() -> None:
 
 
 def test_step_a_moves_only_the_model_and_step_b_only_the_generator() -> None:
-    # Prepare: one batch through the one loop, with a spy at the start of step B; the settings
-    # before issue 17 (one model group, psi in eval mode in step A: psi wholly unchanged)
+    # Prepare: one batch through the one loop, with a spy at the start of step B; joint
+    # clipping (one model group) and psi in eval mode in step A: psi wholly unchanged
     edge = make_edge()
     old = {"grad_clip_mode": "joint", "generator_mode_step_a": "eval"}
     edge.handle(task("train", {"protos": protos([0, 2])}, local_epochs=0, **old))

@@ -1,4 +1,4 @@
-"""Partition files (issue 20 §1): a user's own split, and our seeded split exported to it."""
+"""Partition files: a user's own split, and our seeded split exported to it."""
 
 from __future__ import annotations
 

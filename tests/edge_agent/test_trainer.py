@@ -197,7 +197,7 @@ def _numbered(n: int) -> tuple[Classifier, TensorData]:
 
 
 def test_the_fixed_order_repeats_every_epoch_and_call_and_drop_last_skips_the_tail() -> None:
-    # HtFLlib's loader (issue 20 §2): one order for every epoch and round, no partial batch
+    # HtFLlib's loader: one order for every epoch and round, no partial batch
     net, data = _numbered(25)
     fixed = LocalConfig(batch_size=10, lr=0.01, local_epochs=2, batch_order="fixed", drop_last=True)
     first, second, other = Order(), Order(), Order()

@@ -1,4 +1,4 @@
-"""Issue 19, probe 6 (part): the embedded broker, which has no authentication, listens on the
+"""The embedded broker, which has no authentication, listens on the
 loopback interface unless told otherwise, and says so loudly when told otherwise."""
 
 from __future__ import annotations

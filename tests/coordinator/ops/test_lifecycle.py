@@ -1,4 +1,4 @@
-"""A run directory's life (issue 18 §1, §3): config honoured or refused, locks, resume, finish,
+"""A run directory's life: config honoured or refused, locks, resume, finish,
 Ctrl-C and `coordinator stop`, several federations on one Mosquitto, status/runs/config."""
 
 from __future__ import annotations

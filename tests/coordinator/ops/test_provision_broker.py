@@ -1,4 +1,4 @@
-"""Issue 19: a provisioned fleet on a real Mosquitto in mutual-TLS mode, and on the embedded
+"""A provisioned fleet on a real Mosquitto in mutual-TLS mode, and on the embedded
 broker given the same broker directory (``fleet_broker``, both in turn).
 
 What the broker itself enforces with the files ``coordinator provision`` wrote: a device reads

@@ -1,4 +1,4 @@
-"""Issue 19 (``docs/concepts/security.md``, signed control messages and retained ``coord_state``).
+"""Signed control messages and retained ``coord_state`` (``docs/concepts/security.md``).
 
 With the signing keys of a kit, ``coordinator serve`` and ``edge-agent`` sign every frame and
 refuse unsigned ones, except the last wills, which only mark presence. The engine's part is

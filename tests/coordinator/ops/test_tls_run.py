@@ -1,4 +1,4 @@
-"""Issue 19: whole runs with the shipped commands over a provisioned, mutual-TLS broker.
+"""Whole runs with the shipped commands over a provisioned, mutual-TLS broker.
 
 ``coordinator serve --kit`` and two ``edge-agent --kit`` processes, nothing else: broker
 address, federation, device ids and TLS files come from the kits. The broker has only its TLS

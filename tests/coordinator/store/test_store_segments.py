@@ -88,7 +88,7 @@ def test_a_long_run_keeps_one_step_of_replies_and_a_window_of_ids(tmp_path: Path
     assert kept == (6, steps - 1, AGGREGATED_STEPS * len(devices))
     assert step_dirs(tmp_path, store) == []
     assert not store.has_update_msg("m5.d0") and store.has_update_msg("m6.d0")
-    # the database holds ids, not the run's replies (1,400 of them, 11.8 MB, were kept before)
+    # the database holds ids, not the run's replies (1,400 of them, 11.8 MB, if it kept their bytes)
     store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert (tmp_path / "s.sqlite").stat().st_size < steps * len(devices) * len(REPLY) // 20
 

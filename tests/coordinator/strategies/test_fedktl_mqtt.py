@@ -1,4 +1,4 @@
-"""FedKTL end to end over a real Mosquitto (issue 15 §2).
+"""FedKTL end to end over a real Mosquitto.
 
 Three in-process agents with different input specs: 8x8 grey, 12x12 grey and 8x8 RGB (digits
 repeated into three channels through an ``.npz``; no RGB dataset of matching classes is

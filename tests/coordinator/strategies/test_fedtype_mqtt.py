@@ -1,5 +1,4 @@
-"""FedType end to end over a real Mosquitto with 3 agents of different private architectures
-(issue 16 §2).
+"""FedType end to end over a real Mosquitto with 3 agents of different private architectures.
 
 Every frame any party publishes is recorded on its way to the broker, decoded and checked
 against the spec's message table (fedtype.md §3.1, §3.3): round start = the global proxy (none
@@ -212,7 +211,7 @@ def test_fedtype_over_mosquitto_only_the_proxy_travels(mosquitto, tmp_path: Path
     count = sum("weights" in m.payloads for by_device in firsts for m in by_device.values())
     assert count == 3 * ROUNDS + 3 * ROUNDS  # uploads; tasks of rounds 2.. and the final
     # every frame is checked, resent copies too: the uploads, and the proxy each later step
-    # sends down once on bcast/knowledge (issue 21) for all its tasks
+    # sends down once on bcast/knowledge for all its tasks
     assert len(maps) >= 3 * ROUNDS + ROUNDS
     assert private_leaks(maps, private) == []
     smallest_private = min(4 * sum(a.size for a in s[0].values()) for s in private.values())

@@ -1,4 +1,4 @@
-"""FedVTC end to end over a real Mosquitto with 3 in-process agents (issue 5 §3).
+"""FedVTC end to end over a real Mosquitto with 3 in-process agents.
 
 Every frame any party publishes is recorded on its way to the broker, decoded, and checked
 against the spec's message table (fedvtc.md §2.2): M1 (prototypes of the held classes + SD
@@ -83,7 +83,7 @@ class Wire:
         self.resent = 0
         seen: set[tuple[str, str, str]] = set()
         topics = Topics()  # run_config keeps the default federation
-        # a step's shared payloads go once on bcast/knowledge (issue 21): tasks are checked
+        # a step's shared payloads go once on bcast/knowledge: tasks are checked
         # as the agent runs them, merged with it, and its bytes count with the step's tasks
         knowledge = self._knowledge(sent)
         for topic, env, n in sent:
@@ -227,7 +227,7 @@ def test_fedvtc_rounds_and_finetune_over_mosquitto(mosquitto, tmp_path: Path) ->
         assert floats < wire.size[(r, "train", "reply")] < floats + 3 * 4096
     gen_bytes = check_m3_m4(wire)
     assert wire.counted(steps[ROUNDS], "rx", ROUNDS + 1, "upload_generator") > 3 * gen_bytes
-    # the averaged generator goes down once, on bcast/knowledge (issue 21), not per agent
+    # the averaged generator goes down once, on bcast/knowledge, not per agent
     assert wire.counted(steps[-1], "tx", ROUNDS + 1, "final") > gen_bytes
     # accuracy after fine-tuning not more than one point below before (spec §10.3)
     agents = steps[-1]["agents"].values()

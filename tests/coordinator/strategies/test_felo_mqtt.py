@@ -1,4 +1,4 @@
-"""Felo and Velo end to end over a real Mosquitto (issue 14 §2).
+"""Felo and Velo end to end over a real Mosquitto.
 
 Four in-process agents, two of them with the same architecture. Every frame any party
 publishes is recorded on its way to the broker, decoded and checked against the spec's message

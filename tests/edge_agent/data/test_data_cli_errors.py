@@ -55,6 +55,6 @@ def test_bad_data_is_one_line_exit_2(
 
 
 def test_unknown_log_level_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _agent(capsys, "--log-level", "verbose")  # ValueError traceback before
+    code, err = _agent(capsys, "--log-level", "verbose")  # not a ValueError traceback
     assert code == 2
     _one_error_line(err, "--log-level", "'verbose'", "DEBUG, INFO, WARNING, ERROR")

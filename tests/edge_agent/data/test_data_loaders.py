@@ -221,7 +221,7 @@ def test_truncated_npz_is_a_config_error(tmp_path: Path, keep: float) -> None:
     cut = tmp_path / "cut.npz"
     raw = full.read_bytes()
     cut.write_bytes(raw[: int(len(raw) * keep)])
-    with pytest.raises(ConfigError) as err:  # zipfile.BadZipFile before
+    with pytest.raises(ConfigError) as err:  # not a bare zipfile.BadZipFile
         load_dataset(str(cut))
     _one_line(err, cut, "truncated or corrupt .npz")
 

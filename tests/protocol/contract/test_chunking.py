@@ -437,8 +437,8 @@ def test_chunk_topics_are_a_device_messages_own_and_map_back() -> None:
 
 def test_a_fleets_interleaved_chunked_replies_all_complete_under_the_default_policy() -> None:
     # 200 devices answer at once, chunk by chunk through the broker (chunk 0 of every reply,
-    # then chunk 1...): every reply is partial at the same
-    # time. With at most 64 partials held, 136 were evicted and had to be requested again.
+    # then chunk 1...): every reply is partial at the same time. With at most 64 partials
+    # held, 136 would be evicted and have to be requested again.
     senders = [f"dev{i:03d}" for i in range(200)]
     small = ChunkPolicy(threshold=4096, sweep_interval=None)  # the senders' side only
     frames: list[list[tuple[str, bytes]]] = []

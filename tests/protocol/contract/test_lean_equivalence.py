@@ -262,7 +262,7 @@ def lean_example_protos() -> Any:
     )
 
 
-# ----- registrations and statuses (a fleet joining: 10,000 of each at once, issue 21) -----------
+# ----- registrations and statuses (a fleet joining: 10,000 of each at once) --------------------
 
 
 @st.composite

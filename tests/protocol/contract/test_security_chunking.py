@@ -1,8 +1,8 @@
-"""Issue 19, probe 5: forged chunk frames must not starve other senders' reassembly.
+"""Forged chunk frames must not starve other senders' reassembly (``docs/concepts/security.md``).
 
-Four forged chunk frames of ~130 B, each announcing a 64 MiB message, used to reserve the whole
-256 MiB reassembly budget shared by all senders, and a genuine 1.2 MB reply was then refused
-and lost. On a real Mosquitto with the default chunk policy, the genuine reply must arrive
+Four forged chunk frames of ~130 B, each announcing a 64 MiB message, would reserve the whole
+256 MiB reassembly budget if it were shared by all senders, and a genuine 1.2 MB reply would be
+refused and lost. On a real Mosquitto with the default chunk policy, the genuine reply must arrive
 whether the forger uses its own id or the victim's.
 """
 

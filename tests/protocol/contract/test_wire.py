@@ -1,5 +1,4 @@
-"""``protocol.contract.wire``'s encoder: the shortcut for maps of plain scalars (issue 21) gives
-what
+"""``protocol.contract.wire``'s encoder: the shortcut for maps of plain scalars gives what
 walking every value gives."""
 
 from __future__ import annotations

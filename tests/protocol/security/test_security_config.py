@@ -1,4 +1,4 @@
-"""Issue 19, probe 4: a task's training settings are bounded, so a fake task with
+"""A task's training settings are bounded, so a fake task with
 ``local_epochs=100000`` is refused with a clear error instead of being executed."""
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def test_signing_is_on_whenever_keys_are_known(tmp_path: Path) -> None:
     options = keys.endpoint_options(frozenset({"coord_state"}))
     assert options["require_signatures"] and options["unsigned_kinds"] == {"coord_state"}
     assert list(keys.verify_keys) == ["coordinator"]
-    assert load_signing(Credentials(), "dev1") is None  # no keys: unsigned, as before
+    assert load_signing(Credentials(), "dev1") is None  # no keys: unsigned, the default
 
 
 def test_no_signing_turns_it_off_with_a_warning(

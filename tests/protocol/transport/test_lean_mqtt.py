@@ -319,7 +319,7 @@ def test_sockets_numbered_past_the_select_limit_still_carry_messages(
 
 
 def test_an_idle_client_sleeps_until_its_keepalive_is_due(fake: FakeBroker) -> None:
-    # an idle client used to wake every second; now only for its keepalive (a publish wakes it)
+    # an idle client wakes only for its keepalive, not every second (a publish wakes it)
     t = _lean(fake.port, keepalive=30)
     now = time.monotonic()
     assert 14.9 < t._until_keepalive(last_out=now, ping_sent=None) <= 15.01  # PINGREQ at 15 s

@@ -283,7 +283,7 @@ def test_exchange_through_the_embedded_broker(
 
 @pytest.mark.network
 def test_connect_waits_for_a_broker_that_starts_later(clients: Made) -> None:
-    # Issue 18 §2: a device that boots before its broker exited at once
+    # a device that boots before its broker waits for it instead of exiting at once
     # Prepare: nothing listens on the port yet
     broker = MosquittoBroker(port=free_port())
     client = _client(clients, broker.port)

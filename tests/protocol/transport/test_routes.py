@@ -1,6 +1,5 @@
 """protocol.transport.routes and protocol.contract.topics.matches: compiled filters answer exactly
-what a plain
-split-based MQTT matcher (the toolkit's implementation before, kept here as the oracle) does."""
+what a plain split-based MQTT matcher (kept here as the oracle) does."""
 
 from __future__ import annotations
 
