@@ -167,7 +167,7 @@ class Admission:
 
     def online_count(self) -> int:
         """``len(self.online_agents())`` with set operations in C: the registration wait asks
-        on every pass of its loop, and sorting 10,000 ids each time cost seconds (issue 21)."""
+        on every pass of its loop, and sorting 10,000 ids each time cost seconds."""
         return len((self.presence.online & self.agents.keys()) - self.refused.keys())
 
     def refusals(self) -> str:

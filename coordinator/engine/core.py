@@ -352,7 +352,7 @@ class Coordinator:
         task = self._task_of(reg.device_id)
         # A restarted agent (or one whose broker session was lost) lost its task: send it
         # again. The same session registering again still has it queued: a resend made it
-        # answer twice (issue 20 §5).
+        # answer twice.
         if task is not None and not (reg.session and reg.session == previous):
             self._send_task(reg.device_id, task)
 

@@ -142,7 +142,7 @@ class WorkerIntake:
     def poll(self, open_step: OpenStep) -> Polled:
         """Stop waiting for devices whose reply a worker stored or refused as invalid; returns
         the replies stored since the last poll, (device, envelope), for the engine to take
-        while the step is open (not all at its close: issue 21), and the new refusals,
+        while the step is open (not all at its close), and the new refusals,
         (device, reason), for the engine to count as its own."""
         idx = open_step.rec.idx
         rows = []

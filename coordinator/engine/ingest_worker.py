@@ -123,7 +123,7 @@ class IngestWorker:
         group = share_group(self.store)
         self.endpoint.subscribe(shared(group, f"{self.topics.base}/dev/+/up/reply"), take)
         # a chunked reply's chunks travel on its chunk topic (up/reply/chunk), which this
-        # filter does not match: the round leader takes and reassembles them itself (issue 21)
+        # filter does not match: the round leader takes and reassembles them itself
         # a reply resent after its ack was lost is a duplicate for the endpoint: judge it again
         self.endpoint.on_duplicate = take
         self.endpoint.subscribe(self.topics.coord_state, self._on_state)

@@ -244,7 +244,7 @@ class ReplyDesk:
 class AckFrames:
     """The unsigned frames of the acks an endpoint sends. An accepted ack is one ack but for its
     message id, ``ref_id`` and ``task_id``, so it is spliced from a template (a third of the
-    cost of building and encoding its envelope, paid once per reply: issue 21), byte-identical
+    cost of building and encoding its envelope, paid once per reply), byte-identical
     to ``encode``'s; a refusal is encoded as usual.
 
     A template is remade every ``max_age_s``: its frames carry the template's timestamp, which

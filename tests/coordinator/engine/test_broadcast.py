@@ -1,4 +1,4 @@
-"""Issue 21, broadcast: the engine moves the payloads a step's tasks share into one
+"""Broadcast: the engine moves the payloads a step's tasks share into one
 ``knowledge`` message, sent once on ``bcast/knowledge``, and answers ``fetch``."""
 
 from __future__ import annotations

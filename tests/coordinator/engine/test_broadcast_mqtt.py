@@ -1,4 +1,4 @@
-"""Broadcast over a real Mosquitto (issue 21): FedProto's global prototypes go once per step on
+"""Broadcast over a real Mosquitto: FedProto's global prototypes go once per step on
 ``bcast/knowledge`` and the tasks carry only their digest; an agent that connects late gets the
 retained knowledge, one that reconnects mid-round gets it from its session, and one whose
 broker has no retained copy fetches it. Every frame any party publishes is recorded."""

@@ -364,7 +364,7 @@ class CoordinatorDiedError(Exception):
 
 
 def test_a_deferred_reply_is_accepted_when_it_is_resent(tmp_path: Path) -> None:
-    # Issue 18: the coordinator dies while replies are in flight; its successor hears them
+    # The coordinator dies while replies are in flight; its successor hears them
     # (resent on its announce) before it reopens the step and defers them. The endpoint
     # remembered their message ids, so the resends the reopened step's tasks provoke were
     # dropped as duplicates: the step waited out its deadline and failed every agent.
@@ -505,11 +505,11 @@ def test_run_classes_set_the_class_count_and_a_different_count_is_a_one_line_err
 def test_each_task_and_reply_crosses_the_broker_once_in_a_plain_run(
     tmp_path: Path, monkeypatch, reannounce: bool
 ) -> None:
-    # Issue 20 §5: the coordinator's `running` announcement made every agent register again,
-    # which resent its outstanding round-1 task, and the agent answered the repeat by resending
-    # its reply: round 1's traffic was counted twice. Fixed on both sides: agents do not
-    # register again for a run they registered with, and (checked with agents that still do)
-    # the coordinator does not resend a task to the same agent session.
+    # Were agents to register again on the coordinator's `running` announcement, a resent
+    # round-1 task would be answered by a resent reply and round 1's traffic counted twice.
+    # Both sides prevent it: agents do not register again for a run they registered with, and
+    # (checked with agents that still do) the coordinator does not resend a task to the same
+    # agent session.
     # Prepare
     if reannounce:
         original = EdgeAgent.on_coordinator_state
@@ -551,7 +551,7 @@ def test_each_task_and_reply_crosses_the_broker_once_in_a_plain_run(
 
 
 def test_open_step_counts_outstanding_devices_as_tasks_replies_and_failures_come() -> None:
-    # Issue 21: the wait loop tests a maintained set instead of set differences each pass.
+    # The wait loop tests a maintained set instead of set differences each pass.
     from coordinator.engine.step import OpenStep
     from coordinator.store.database import StepRecord
     from coordinator.strategies import Step
@@ -573,7 +573,7 @@ def test_open_step_counts_outstanding_devices_as_tasks_replies_and_failures_come
 
 
 def test_replies_are_stored_byte_for_byte_as_received(tmp_path: Path, monkeypatch) -> None:
-    # Issue 21: the coordinator stores the frame it received instead of encoding it again.
+    # The coordinator stores the frame it received instead of encoding it again.
     from coordinator.engine import admission, intake
 
     encoded: list[str] = []
@@ -625,7 +625,7 @@ def test_a_quorum_error_while_waiting_names_why_agents_were_refused(tmp_path: Pa
 def test_a_reply_claiming_more_samples_than_registered_is_refused_and_the_rest_aggregated(
     tmp_path: Path, caplog
 ) -> None:
-    # Issue 19: num_samples weighs FedAvg's mean; a claim of 10^9 took nearly all the weight.
+    # num_samples weighs FedAvg's mean; a claim of 10^9 took nearly all the weight.
     # Prepare: agent0 trains honestly but reports 10^9 samples in its train reply
     cfg = run_config(tmp_path, "fedavg", rounds=1, min_agents=3, max_retries=0)  # all selected
     broker = MemoryBroker()

@@ -241,8 +241,8 @@ def test_coordinator_killed_mid_round_resumes_without_loss(
         coordinator_cmd(mosquitto.port, run_dir), stdout=log, stderr=subprocess.STDOUT
     )
     # Execute: stop it once round 2 has at least one acknowledged (stored) update, while the
-    # other agents' replies are in flight (issue 18: those were deferred by the resumed
-    # coordinator, then dropped as duplicates when resent; the step waited out its deadline)
+    # other agents' replies are in flight: the resumed coordinator must take them, not defer
+    # them and then drop their resends as duplicates (the step would wait out its deadline)
     wait_for(lambda: len(stored_updates(run_dir, 1)) >= 1, 300, "a stored round-2 update")
     first.send_signal(sig)
     code = first.wait(timeout=30)

@@ -1,4 +1,4 @@
-"""An ingest worker (issue 21) judges replies with the engine's own checks: a reply stored once
+"""An ingest worker judges replies with the engine's own checks: a reply stored once
 however often it comes, a hostile one refused with the engine's error and nothing stored, and
 nothing stored once the leader has closed the step. Over the in-memory transport."""
 

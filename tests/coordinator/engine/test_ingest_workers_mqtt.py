@@ -1,4 +1,4 @@
-"""Shared-subscription ingest workers over a real Mosquitto (issue 21): two ``coordinator
+"""Shared-subscription ingest workers over a real Mosquitto: two ``coordinator
 ingest-worker`` processes take a real run's replies; every reply is stored once and
 acknowledged, the run completes with the metrics of a run without workers, and a worker killed
 with SIGKILL while it holds replies loses none of them."""

@@ -1,4 +1,4 @@
-"""Issue 19, ``docs/concepts/security.md`` item 5: a declared ``feature_dim`` decides the dimension
+"""``docs/concepts/security.md`` item 5: a declared ``feature_dim`` decides the dimension
 of
 prototypes and features, so a forger who answers first in round 1 cannot pin its own and get
 the honest replies of that round refused. Without one, Felo's round 1 is pinned like FedProto's

@@ -1,4 +1,4 @@
-"""Issue 19, probe 2: one forged reply as another device must not reach the global state.
+"""One forged reply as another device must not reach the global state.
 
 On a real Mosquitto, a coordinator with default settings runs FedProto for one round. Device
 ``a0`` replies honestly with 16-dimensional prototypes; a forger then answers ``a1``'s task as

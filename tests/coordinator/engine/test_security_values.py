@@ -1,4 +1,4 @@
-"""Issue 19, ``docs/concepts/security.md`` "value bounds, every algorithm": the engine bounds every
+"""``docs/concepts/security.md`` "value bounds, every algorithm": the engine bounds every
 reply's floats before the strategy sees it, so an algorithm whose ``validate`` checks only
 shapes and classes (Felo's knowledge) cannot store a 5e4 feature either."""
 
