@@ -75,8 +75,8 @@ METHODS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "fedproto_l0_head": ("fedproto", {"proto_weight": 0.0, "predict": "head"}, {}),
     "fedproto_l0": ("fedproto", {**_PROTO, "proto_weight": 0.0}, {}),
     "fedproto_d512_head": ("fedproto", {**_PROTO, "predict": "head"}, {"feature_dim": 512}),
-    # the trunk's own features, no projection: with --family homo_cnn2, HtFLlib's networks
-    # (FedAvgCNN, 512-d non-negative features)
+    # the trunk's own features, no projection: with --family homo_cnn4 (HtFLlib's FedAvgCNN)
+    # or homo_cnn2 (its padded variant), 512-d non-negative features as in HtFLlib
     "local_native": ("local", {}, {"feature_dim": None}),
     "fedproto_native": ("fedproto", _PROTO, {"feature_dim": None}),
 }
