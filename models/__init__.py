@@ -10,7 +10,7 @@ Algorithm networks: :class:`VTCGenerator` (FedVTC), :class:`CVAE` (Velo), :func:
 (FedType) and the pretrained-generator loaders of :mod:`models.generators`.
 """
 
-from models import proxy, resnet, small, tv_nets  # noqa: F401  (registers the entrypoints)
+from models import hcnn, proxy, resnet, small, tv_nets  # noqa: F401  (registers the entrypoints)
 from models._classifier import Classifier, Normalize
 from models._registry import (
     ModelArgs,

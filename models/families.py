@@ -16,9 +16,26 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     # The same five kinds in felo_velo.md §9's order.
     "tiny_felo": ("mlp_s", "mlp_m", "cnn_t1", "cnn_t2", "cnn_t3"),
     "homo_mlp": ("mlp_m",),
-    # HtFLlib's FedAvgCNN for 1-channel 28x28 images (dim 1024), its features the 512-d ReLU
-    # output of its FC layer: the networks of the FedProto comparison (issue 20 §2)
+    # McMahan et al.'s FedAvg CNN ("same" padding, flatten 3136 at 28x28), not HtFLlib's
+    # FedAvgCNN: that one is unpadded (flatten 1024 at 28x28) and is our cnn4 (homo_cnn4)
     "homo_cnn2": ("cnn2",),
+    "homo_cnn4": ("cnn4",),
+    # HtFLlib's heterogeneous CNNs for 1-channel 28x28 images (models/hcnn.py; features the
+    # 512-d ReLU output before its head): "HCNNs8" of its system/main.py, in its order, with
+    # CNN(num_cov=2, hidden_dims=[]) = FedAvgCNN(dim=1024) as cnn4.
+    "hcnns8": (
+        "hcnn1",
+        "cnn4",
+        "hcnn1_512",
+        "hcnn2_512",
+        "hcnn1_1024",
+        "hcnn2_1024",
+        "hcnn1_1024_512",
+        "hcnn2_1024_512",
+    ),
+    # Four of them (HCNNs8 without the [512] and [1024, 512] hidden stacks), in HCNNs8's order:
+    # one and two convolutions, each without and with a 1024-unit hidden layer.
+    "htfl_cnn": ("hcnn1", "cnn4", "hcnn1_1024", "hcnn2_1024"),
     # FedKTL's CPU fleet "HtFE-tiny" (fedktl.md §10) and FedType's toy private pool (§10).
     "ktl_tiny": ("mlp_m", "mlp_l", "cnn_gap", "cnn_t4"),
     "fedtype_tiny": ("mlp_xl", "mlp_w", "cnn_fc", "cnn_bn3"),
