@@ -265,7 +265,7 @@ def test_two_federations_run_on_one_mosquitto_at_once(mosquitto, tmp_path: Path)
 
 
 def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path: Path) -> None:
-    from coordinator.commands.demo import DEMO_DEFAULTS, demo_config
+    from coordinator.commands.demo import demo_config, demo_preset
 
     toml = tmp_path / "run.toml"
     toml.write_text('[run]\nalgorithm = "fedproto"\nrounds = 3\n')
@@ -274,7 +274,7 @@ def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path
     cfg = demo_config(build_parser().parse_args([*base, "--config", str(toml)]))
     assert (cfg.algorithm, cfg.rounds) == ("fedproto", 3)
     cfg = demo_config(build_parser().parse_args(base))
-    assert cfg.algorithm == DEMO_DEFAULTS["algorithm"] == "fedktl"  # nothing given: the default
+    assert cfg.algorithm == demo_preset().settings["algorithm"] == "fedktl"  # nothing given
     # keys the demo sets itself are refused, not silently overridden
     for key in ("run.broker=h:1883", "run.min_agents=9", "run.embedded_port=1884"):
         with pytest.raises(ConfigError, match="has no effect in `coordinator demo`"):
