@@ -400,8 +400,8 @@ def pick_line(pick: str, partial: bool, demo: str | None) -> str:
     line += " (provisional: some runs of the grid are not done yet)." if partial else "."
     if demo is not None and demo != pick:
         line += (
-            f" `coordinator demo` runs `{demo}` (`DEMO_DEFAULTS` in `coordinator/cli.py`), not "
-            "the pick: the comment there says why."
+            f" `coordinator demo` runs `{demo}` (`[settings]` of "
+            "`coordinator/presets/demo.toml`), not the pick: the comment there says why."
         )
     return line
 
@@ -631,9 +631,9 @@ def rerun_text() -> list[str]:
 
 def demo_default() -> str:
     """The algorithm ``coordinator demo`` runs by default."""
-    from coordinator.cli import DEMO_DEFAULTS
+    from coordinator.presets import load_preset
 
-    return str(DEMO_DEFAULTS["algorithm"])
+    return str(load_preset("demo").settings["algorithm"])
 
 
 def whole_grid(args: argparse.Namespace) -> argparse.Namespace:

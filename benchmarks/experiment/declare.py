@@ -4,60 +4,23 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from coordinator.presets import Arm, Preset
+from coordinator.presets import load_preset as read_preset
+
+__all__ = ["Arm", "Experiment", "Preset", "Record", "Results", "load_preset"]
 
 Record = dict[str, Any]
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
 
-@dataclass(frozen=True)
-class Arm:
-    """One method of a grid: the registered algorithm it runs and what it sets over the
-    script's hyperparameters (``hyper``) and fleet (``fleet``)."""
-
-    algorithm: str
-    hyper: dict[str, Any] = field(default_factory=dict)
-    fleet: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A ``benchmarks/presets/<name>.toml`` file: ``[settings]`` (the command line's defaults,
-    by argparse ``dest``), ``[arms.<method>]`` (in the file's order), ``[presets.<name>]``
-    (settings that a named preset, ``--preset NAME``, puts over ``[settings]``) and any other
-    tables the script reads (``other``; ``[report]``: what its tables compare)."""
-
-    name: str
-    settings: dict[str, Any]
-    arms: dict[str, Arm]
-    named: dict[str, dict[str, Any]]
-    other: dict[str, Any]
-
-    def pairs(self, key: str = "pairs") -> tuple[tuple[str, str], ...]:
-        """``[report]``'s ``key`` as (a, b) pairs: the paired differences ``a - b`` a table
-        shows."""
-        return tuple((str(a), str(b)) for a, b in self.other["report"][key])
-
-
 def load_preset(name: str, folder: Path = PRESETS) -> Preset:
-    """Read ``folder/<name>.toml``."""
-    doc = tomllib.loads((folder / f"{name}.toml").read_text())
-    return Preset(
-        name=name,
-        settings=doc.pop("settings", {}),
-        arms={method: Arm(**arm) for method, arm in doc.pop("arms", {}).items()},
-        named=doc.pop("presets", {}),
-        other=doc,
-    )
+    """Read ``folder/<name>.toml`` (``benchmarks/presets`` unless told otherwise)."""
+    return read_preset(name, folder)
 
 
 @dataclass(frozen=True)

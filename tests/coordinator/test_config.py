@@ -55,13 +55,13 @@ def test_the_embedded_broker_listens_on_loopback_unless_told_otherwise() -> None
     import ast
     import inspect
 
-    from coordinator import cli
+    from coordinator.commands import serve
     from coordinator.config import RunConfig
 
     assert RunConfig().embedded_host == "127.0.0.1"
     calls = [
         n
-        for n in ast.walk(ast.parse(inspect.getsource(cli)))
+        for n in ast.walk(ast.parse(inspect.getsource(serve)))
         if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "EmbeddedBroker"
     ]
     # an unauthenticated broker listens on embedded_host; one given the provisioned fleet

@@ -18,6 +18,9 @@ HEAVY = ("torch", "torchvision", "onnx", "onnxruntime")
     [
         ["--help"],
         ["serve", "--help"],
+        ["ingest-worker", "--help"],
+        ["provision", "--help"],
+        ["partition", "--help"],
         ["demo", "--help"],
         ["simulate", "--help"],
         ["report", "--help"],

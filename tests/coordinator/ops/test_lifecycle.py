@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.broker.embedded import free_port
-from coordinator.cli import _resolve, build_parser, main
+from coordinator.cli import build_parser, main
+from coordinator.commands.options import resolve_run
 from coordinator.config import RUN_KEY_HELP, load_config, run_keys
 from coordinator.engine.runner import coordinator_client_id, make_coordinator, mqtt_transport
 from coordinator.ops.lifecycle import read_run
@@ -31,7 +32,7 @@ BIN = Path(sys.executable).parent
 
 
 def resolve(argv: list[str]):
-    return _resolve(build_parser().parse_args(argv))
+    return resolve_run(build_parser().parse_args(argv))
 
 
 def test_run_dir_from_the_toml_and_from_set_is_honoured(tmp_path: Path) -> None:
@@ -264,20 +265,20 @@ def test_two_federations_run_on_one_mosquitto_at_once(mosquitto, tmp_path: Path)
 
 
 def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path: Path) -> None:
-    from coordinator.cli import DEMO_DEFAULTS, _demo_config
+    from coordinator.commands.demo import demo_config, demo_preset
 
     toml = tmp_path / "run.toml"
     toml.write_text('[run]\nalgorithm = "fedproto"\nrounds = 3\n')
     base = ["demo", "--run-dir", str(tmp_path / "d")]
     # Execute / Assert: the TOML's algorithm and rounds win over the demo's defaults
-    cfg = _demo_config(build_parser().parse_args([*base, "--config", str(toml)]))
+    cfg = demo_config(build_parser().parse_args([*base, "--config", str(toml)]))
     assert (cfg.algorithm, cfg.rounds) == ("fedproto", 3)
-    cfg = _demo_config(build_parser().parse_args(base))
-    assert cfg.algorithm == DEMO_DEFAULTS["algorithm"] == "fedktl"  # nothing given: the default
+    cfg = demo_config(build_parser().parse_args(base))
+    assert cfg.algorithm == demo_preset().settings["algorithm"] == "fedktl"  # nothing given
     # keys the demo sets itself are refused, not silently overridden
     for key in ("run.broker=h:1883", "run.min_agents=9", "run.embedded_port=1884"):
         with pytest.raises(ConfigError, match="has no effect in `coordinator demo`"):
-            _demo_config(build_parser().parse_args([*base, "--set", key]))
+            demo_config(build_parser().parse_args([*base, "--set", key]))
 
 
 def test_a_coordinator_that_crashes_leaves_the_fleet_told_and_the_run_resumable(

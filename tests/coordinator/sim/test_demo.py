@@ -81,7 +81,7 @@ def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
 
 
 def test_the_demo_feature_size_is_the_flag_then_the_algorithms_then_the_datasets() -> None:
-    from coordinator.cli import demo_feature_dim
+    from coordinator.commands.demo import demo_feature_dim
 
     assert demo_feature_dim("fedktl", "mnist5k", None) == 10  # its ETF head: K = C
     assert demo_feature_dim("fedvtc", "mnist5k", None) == 980  # its generator's latent

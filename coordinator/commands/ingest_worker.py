@@ -1,0 +1,55 @@
+"""``coordinator ingest-worker``: take a run's replies off the broker for its coordinator."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coordinator.commands.options import (
+    add_credential_options,
+    add_log_options,
+    coordinator_credentials,
+)
+
+if TYPE_CHECKING:
+    from coordinator.commands.options import Subparsers
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Subparsers) -> None:
+    ing = sub.add_parser(
+        "ingest-worker",
+        help="take a run's replies off the broker for its coordinator (run.ingest_workers)",
+    )
+    ing.add_argument("--run-dir", required=True, help="the run directory of `coordinator serve`")
+    ing.add_argument("--broker", required=True, help="MQTT broker HOST[:PORT] (a real one)")
+    ing.add_argument("--id", default="w1", help="this worker's id, unique in the run")
+    ing.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for the run and the broker"
+    )
+    add_credential_options(ing)
+    add_log_options(ing)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coordinator.engine.ingest_worker import run_ingest_worker
+    from coordinator.engine.runner import SENDER
+    from protocol.security.keys import load_signing
+    from protocol.transport.paho import parse_broker
+
+    creds = coordinator_credentials(args)
+    signing = load_signing(creds, SENDER, enabled=not args.no_signing)
+    host, port = parse_broker(args.broker)
+    counts = run_ingest_worker(
+        Path(args.run_dir),
+        host,
+        port,
+        args.id,
+        signing=signing,
+        wait_s=args.wait,
+        **creds.transport_options(),
+    )
+    print(f"ingest worker {args.id}: {dict(sorted(counts.items()))}")
+    return 0

@@ -1,0 +1,232 @@
+"""``coordinator serve``: run the coordinator for a fleet of edge agents."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coordinator.commands.options import (
+    add_credential_options,
+    add_run_options,
+    coordinator_credentials,
+    resolve_run,
+)
+
+if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
+    from coordinator.broker.embedded import EmbeddedBroker
+    from coordinator.commands.options import Subparsers
+    from coordinator.config import RunConfig
+    from coordinator.engine.core import RunResult
+    from protocol.security.credentials import Credentials
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Subparsers) -> None:
+    serve = sub.add_parser("serve", help="run the coordinator for a fleet of edge agents")
+    add_run_options(serve)
+    serve.add_argument("--broker", default=None, help="MQTT broker HOST[:PORT]; none = embedded")
+    serve.add_argument("--port", type=int, default=None, help="embedded broker port (default 1883)")
+    serve.add_argument(
+        "--listen",
+        default=None,
+        help="embedded broker interface (default 127.0.0.1; 0.0.0.0 exposes an unauthenticated "
+        "broker unless --broker-dir gives it the fleet's mutual TLS and ACL)",
+    )
+    serve.add_argument(
+        "--broker-dir",
+        type=Path,
+        default=None,
+        help="run the embedded broker with the provisioned OUT/broker directory (mutual TLS, "
+        "the fleet's ACL and CRL) and connect to it with --kit OUT/coordinator",
+    )
+    serve.add_argument("--min-agents", type=int, default=None, help="agents needed to start")
+    serve.add_argument(
+        "--spawn-workers",
+        action="store_true",
+        help="start the run.ingest_workers `coordinator ingest-worker` processes here (logs in "
+        "RUN_DIR/ingest/), with this command's credentials; they end with the run",
+    )
+    add_credential_options(serve)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coordinator.engine.core import RunResult
+    from coordinator.sim.demo import describe_algorithm, summarize
+
+    creds = coordinator_credentials(args)
+    cfg, info = resolve_run(
+        args,
+        **{
+            "broker": args.broker,
+            "min_agents": args.min_agents,
+            "embedded_port": args.port,
+            "embedded_host": args.listen,
+            **_kit_run_keys(args, creds),
+        },
+    )
+    spawn = _worker_options(args, cfg) if args.spawn_workers else None
+    if info is not None and info.outcome == "finished":
+        from coordinator.store.database import Store
+
+        print(f"run {cfg.run_dir} is finished ({info.steps_done} steps); nothing to do")
+        store = Store(Path(cfg.run_dir) / "state.sqlite")
+        result = RunResult(cfg.run_id, info.steps_done, store.metrics(), {})
+        store.close()
+        print(summarize(result, Path(cfg.run_dir), cfg))
+        return 0
+    try:
+        verb = "resuming" if info is not None else "run directory"
+        print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
+        result = _serve_run(cfg, creds, args.no_signing, _fleet_broker(args), spawn)
+    except KeyboardInterrupt:
+        _interrupted(args, cfg)
+        return 130
+    print(summarize(result, Path(cfg.run_dir), cfg))
+    return 0
+
+
+def _interrupted(args: argparse.Namespace, cfg: RunConfig) -> None:
+    from coordinator.ops.lifecycle import read_run
+
+    if read_run(cfg.run_dir) is None:  # stopped before the run started: nothing was kept
+        print("\ncoordinator: stopped before the run started", file=sys.stderr)
+        return
+    print(
+        f"\ncoordinator: stopped; the run's state is saved in {cfg.run_dir}. Resume with:\n"
+        f"  coordinator {_resume_command(args.argv, cfg.run_dir)}",
+        file=sys.stderr,
+    )
+
+
+def _resume_command(argv: list[str], run_dir: str) -> str:
+    """The command line that resumes this run: the same one, with its run directory."""
+    import shlex
+
+    if "--run-dir" not in argv and not any(a.startswith("--run-dir=") for a in argv):
+        argv = [*argv, "--run-dir", run_dir]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _kit_run_keys(args: argparse.Namespace, creds: Credentials) -> dict[str, object]:
+    """``broker`` and ``federation`` from the kit where the config and flags give none."""
+    from coordinator.config import read_layers
+    from protocol.errors import ConfigError
+
+    if creds.kit is None:
+        return {}
+    given = read_layers(args.config, args.overrides, broker=args.broker)["run"]
+    out: dict[str, object] = {}
+    if not given.get("broker"):
+        out["broker"] = creds.kit.broker
+    if "federation" not in given:
+        out["federation"] = creds.kit.federation
+    elif given["federation"] != creds.kit.federation:
+        raise ConfigError(
+            f"run.federation is {given['federation']!r} but the kit {creds.kit.path} is for "
+            f"federation {creds.kit.federation!r} (its ACL allows no other)"
+        )
+    return out
+
+
+def _fleet_broker(args: argparse.Namespace) -> EmbeddedBroker | None:
+    """``--broker-dir``: the embedded broker on a provisioned broker directory, listening where
+    its ``mosquitto.conf`` says unless ``--listen`` / ``--port`` say otherwise."""
+    if args.broker_dir is None:
+        return None
+    from coordinator.broker.embedded import BrokerFiles, EmbeddedBroker
+
+    files = BrokerFiles.open(args.broker_dir)
+    port, host = files.listener()
+    host = args.listen if args.listen is not None else host
+    return EmbeddedBroker(host=host, port=args.port or port, fleet=files)
+
+
+def _serve_run(
+    cfg: RunConfig,
+    creds: Credentials,
+    no_signing: bool = False,
+    fleet_broker: EmbeddedBroker | None = None,
+    spawn: list[str] | None = None,
+) -> RunResult:
+    """The run over ``cfg.broker``; over the embedded broker when there is none; over the
+    embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``."""
+    from coordinator.broker.embedded import EmbeddedBroker
+    from coordinator.engine.runner import SENDER
+    from protocol.errors import ConfigError
+    from protocol.security.keys import load_signing
+    from protocol.transport.paho import parse_broker
+
+    if cfg.ingest_workers and (fleet_broker is not None or not cfg.broker):
+        raise ConfigError(
+            f"run.ingest_workers = {cfg.ingest_workers}: the workers take the replies through an "
+            "MQTT shared subscription ($share/...), which the embedded broker (amqtt) does not "
+            "support: they would receive none. Give --broker HOST of a Mosquitto 2, EMQX or "
+            "HiveMQ broker, or set run.ingest_workers=0"
+        )
+    # on whenever the kit (or --credentials, EDGEFL_*) has signing keys
+    signing = load_signing(creds, SENDER, enabled=not no_signing)
+    if fleet_broker is not None:
+        if creds.kit is None or not cfg.broker:
+            raise ConfigError(
+                "--broker-dir runs the fleet's broker here and needs the coordinator's kit "
+                "(--kit OUT/coordinator) to connect to it"
+            )
+        with fleet_broker:
+            return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
+    if cfg.broker:
+        return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
+    if creds.tls or creds.password:
+        raise ConfigError(
+            f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
+            "authenticates only a provisioned fleet; give --broker, a kit, or --broker-dir "
+            "OUT/broker with the coordinator's kit"
+        )
+    with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
+        logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
+        return _run_over(cfg, "127.0.0.1", broker.port, None, signing, spawn=spawn)
+
+
+def _run_over(
+    cfg: RunConfig,
+    host: str,
+    port: int,
+    creds: Credentials | None,
+    signing: Any,
+    *,
+    spawn: list[str] | None = None,
+) -> RunResult:
+    """The run over the broker at ``host:port``; with ``spawn`` (the workers' credential
+    options), its ingest workers started here for the run's duration."""
+    from contextlib import AbstractContextManager, nullcontext
+
+    from coordinator.engine.ingest_worker import spawned_workers
+    from coordinator.engine.runner import mqtt_transport, run_coordinator
+
+    options = creds.transport_options() if creds is not None else {}
+    transport = mqtt_transport(cfg, host, port, **options)
+    workers: AbstractContextManager[object] = (
+        spawned_workers(cfg, host, port, spawn) if spawn is not None else nullcontext()
+    )
+    try:
+        with workers:
+            return run_coordinator(cfg, transport, signing=signing)
+    finally:
+        transport.close()  # a clean disconnect: the retained state stays "finished"
+
+
+def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
+    """``serve --spawn-workers``: the credential flags the workers need, as serve got them."""
+    from protocol.errors import ConfigError
+
+    if cfg.ingest_workers < 1:
+        raise ConfigError(
+            "--spawn-workers starts run.ingest_workers processes, but run.ingest_workers is 0 "
+            "(set it, e.g. --set run.ingest_workers=2)"
+        )
+    options = [] if args.kit is None else ["--kit", str(args.kit)]
+    options += [] if args.credentials is None else ["--credentials", str(args.credentials)]
+    return options + (["--no-signing"] if args.no_signing else [])

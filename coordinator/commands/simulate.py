@@ -1,0 +1,147 @@
+"""``coordinator simulate``: many agents in one process (in-memory transport) or in Ray
+actors."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coordinator.commands.options import (
+    add_run_options,
+    add_split_options,
+    run_config,
+    split_fields,
+)
+
+if TYPE_CHECKING:
+    from coordinator.commands.options import Subparsers
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Subparsers) -> None:
+    sim = sub.add_parser(
+        "simulate", help="many agents in one process (in-memory transport) or in Ray actors"
+    )
+    add_run_options(sim)
+    sim.add_argument("--agents", type=int, default=10, help="simulated devices")
+    sim.add_argument("--family", default="tiny", help="model family assigned round-robin")
+    sim.add_argument(
+        "--models", default=None, help="comma-separated architectures (overrides --family)"
+    )
+    sim.add_argument("--data", default="digits", help="dataset")
+    sim.add_argument(
+        "--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K"
+    )
+    sim.add_argument("--feature-dim", type=int, default=64, help="shared feature size (0 = native)")
+    sim.add_argument(
+        "--feature-act", choices=["none", "relu"], default="none", help="activation after it"
+    )
+    sim.add_argument("--image-size", type=int, default=None, help="resize images")
+    sim.add_argument("--export", action="store_true", help="export ONNX bundles at the end")
+    add_split_options(sim, global_test_default=360)
+    sim.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads of the process, of each actor with --backend ray (0 = default)",
+    )
+    sim.add_argument(
+        "--device", default="cpu", help="where the agents train: cpu, cuda[:N] or auto"
+    )
+    _add_ray_options(sim)
+
+
+def _add_ray_options(p: argparse.ArgumentParser) -> None:
+    """``simulate --backend ray``: the agents in Ray actors over MQTT."""
+    p.add_argument(
+        "--backend",
+        choices=("inprocess", "ray"),
+        default="inprocess",
+        help="inprocess: threads of this process; ray: Ray actors over MQTT (edgefl[ray])",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join (ray.init address, e.g. auto); default: a local instance",
+    )
+    p.add_argument(
+        "--agents-per-actor",
+        type=int,
+        default=None,
+        metavar="K",
+        help="agents (threads) in each Ray actor (default: the fewest that fit the cluster)",
+    )
+    p.add_argument("--actor-cpus", type=float, default=None, help="Ray CPUs per actor (1)")
+    p.add_argument("--actor-gpus", type=float, default=None, help="Ray GPUs per actor (0)")
+    p.add_argument(
+        "--broker",
+        default=None,
+        metavar="HOST[:PORT]",
+        help="MQTT broker every Ray node reaches (default: Mosquitto or the embedded broker "
+        "started on 127.0.0.1, enough for a local instance)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from coordinator.sim.simulate import FleetSpec, simulate
+    from models.families import family_models
+
+    ray = _ray_spec(args)  # misplaced Ray flags fail before anything starts
+    cfg = run_config(
+        args,
+        unused=("broker", "embedded_port", "embedded_host", "min_agents"),
+        min_agents=args.agents,
+    )
+    models = (
+        tuple(args.models.split(","))
+        if args.models
+        else tuple(family_models(args.family, args.agents))
+    )
+    fleet = FleetSpec(
+        num_agents=args.agents,
+        models=models,
+        data=args.data,
+        partition=args.partition,
+        feature_dim=args.feature_dim or None,
+        feature_act=None if args.feature_act == "none" else args.feature_act,
+        image_size=args.image_size,
+        export=args.export,
+        device=args.device,
+        **split_fields(args),
+    )
+    from coordinator.sim.demo import summarize
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    result = simulate(cfg, fleet, backend=args.backend, ray=ray)
+    print(summarize(result, Path(cfg.run_dir), cfg))
+    return 0
+
+
+_RAY_FLAGS = ("ray_address", "agents_per_actor", "actor_cpus", "actor_gpus", "broker")
+
+
+def _ray_spec(args: argparse.Namespace) -> Any:
+    """The :class:`~coordinator.sim.ray_backend.RayOptions` of ``--backend ray`` (else None)."""
+    from protocol.errors import ConfigError
+
+    given = [f"--{k.replace('_', '-')}" for k in _RAY_FLAGS if getattr(args, k) is not None]
+    if args.backend != "ray":
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --backend ray")
+        return None
+    from coordinator.sim.ray_backend import RayOptions
+
+    return RayOptions(
+        address=args.ray_address,
+        agents_per_actor=args.agents_per_actor,
+        actor_cpus=1.0 if args.actor_cpus is None else args.actor_cpus,
+        actor_gpus=0.0 if args.actor_gpus is None else args.actor_gpus,
+        broker=args.broker,
+        threads=args.threads,
+    )
