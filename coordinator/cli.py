@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 from protocol.logs import setup_logging
 
 if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
@@ -260,7 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K"
     )
-    sim.add_argument("--feature-dim", type=int, default=64, help="shared feature size (0 = native)")
+    sim.add_argument(
+        "--feature-dim",
+        type=int,
+        default=None,
+        help="shared feature size (0 = native; default: the algorithm's, else "
+        f"{DEFAULT_FEATURE_DIM})",
+    )
     sim.add_argument(
         "--feature-act", choices=["none", "relu"], default="none", help="activation after it"
     )
@@ -570,10 +577,9 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
 # local-only, no seed below it) and costs accuracy on the device's own skewed label mix (local,
 # -12.6): its final fine-tuning on class-balanced synthetic data removes the local label prior.
 DEMO_DEFAULTS = {"algorithm": "fedktl", "rounds": 8, "data": "mnist5k"}
-# feature size per dataset: mnist5k uses the paper's MNIST generator (980 = 20x7x7 latent)
+# feature size per dataset: mnist5k uses the paper's MNIST generator (980 = 20x7x7 latent),
+# except where the algorithm requires one (RunConfig.required_feature_dim: FedKTL's ETF size)
 DEMO_FEATURE_DIM = {"digits": 64, "mnist5k": 980}
-# ...except where the algorithm fixes it: FedKTL's ETF head needs K = C = 10 (docs/fedktl.md)
-DEMO_ALGORITHM_FEATURE_DIM = {"fedktl": 10}
 _DEMO_TRAINING = ["hyper.local_epochs=2", "hyper.lr=0.05"]
 DEMO_HYPER = {
     "local": _DEMO_TRAINING,
@@ -610,10 +616,10 @@ def _demo_config(args: argparse.Namespace) -> RunConfig:
     return _config(args, unused=("broker", "embedded_port", "embedded_host", "min_agents"))
 
 
-def demo_feature_dim(algorithm: str, data: str, given: int | None) -> int:
+def demo_feature_dim(cfg: RunConfig, data: str, given: int | None) -> int:
     """The demo agents' feature size: ``--feature-dim``, else the algorithm's, else the
     dataset's."""
-    return given or DEMO_ALGORITHM_FEATURE_DIM.get(algorithm) or DEMO_FEATURE_DIM.get(data, 64)
+    return given or cfg.required_feature_dim() or DEMO_FEATURE_DIM.get(data, 64)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -627,12 +633,20 @@ def _demo(args: argparse.Namespace) -> int:
     spec = DemoSpec(
         agents=args.agents,
         data=args.data,
-        feature_dim=demo_feature_dim(cfg.algorithm, args.data, args.feature_dim),
+        feature_dim=demo_feature_dim(cfg, args.data, args.feature_dim),
         export=not args.no_export,
         **_split_fields(args),
     )
     run_demo(cfg, spec)
     return 0
+
+
+def simulate_feature_dim(cfg: RunConfig, given: int | None) -> int | None:
+    """The simulated agents' feature size: ``--feature-dim`` (0: native, ``None``), else the
+    one the algorithm requires (the size a real agent adopts from the run), else the default."""
+    if given is not None:
+        return given or None
+    return cfg.required_feature_dim() or DEFAULT_FEATURE_DIM
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -655,7 +669,7 @@ def _simulate(args: argparse.Namespace) -> int:
         models=models,
         data=args.data,
         partition=args.partition,
-        feature_dim=args.feature_dim or None,
+        feature_dim=simulate_feature_dim(cfg, args.feature_dim),
         feature_act=None if args.feature_act == "none" else args.feature_act,
         image_size=args.image_size,
         export=args.export,

@@ -241,6 +241,7 @@ class Coordinator:
             round=round_,
             total_rounds=self.cfg.rounds,
             classes=list(self.cfg.classes),
+            feature_dim=self.strategy.declared_feature_dim(),
         )
         self.endpoint.send(self.topics.coord_state, body, retain=True)
         self._next_heartbeat = time.monotonic() + self.cfg.state_heartbeat_s
@@ -784,7 +785,8 @@ class Coordinator:
             # the run declares its prototypes' size: refuse now, not at the first reply
             raise AdmissionError(
                 agent.device_id,
-                f"its features have {reg.feature_dim} dimensions; this run's have {declared}",
+                f"its features have {reg.feature_dim} dimensions; this run's have {declared} "
+                f"(--feature-dim {declared})",
             )
         if type(self.strategy).admit is Strategy.admit:
             return  # admits everyone: the fleet list cost O(N) a registration, O(N^2) a fleet

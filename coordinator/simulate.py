@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from coordinator.config import RunConfig
 from coordinator.engine import RunResult
 from coordinator.runner import coordinator_will, run_coordinator
+from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 from protocol.codec import Envelope, encode
 from protocol.errors import ConfigError
 from protocol.messages import Status
@@ -28,7 +29,15 @@ from protocol.transport import MemoryBroker, MemoryTransport, Transport, Will
 if TYPE_CHECKING:
     from coordinator.simulate_ray import RayOptions
 
-__all__ = ["AgentThreads", "FleetSpec", "TransportFactory", "gil_slice", "simulate"]
+__all__ = [
+    "AgentThreads",
+    "FleetSpec",
+    "TransportFactory",
+    "check_fleet",
+    "gil_slice",
+    "simulate",
+]
+
 
 # (client_id, will) -> an unconnected transport
 TransportFactory = Callable[[str, Will], Transport]
@@ -63,7 +72,7 @@ class FleetSpec:
     _: KW_ONLY
     data: str = "digits"
     partition: str = "dirichlet:0.5"
-    feature_dim: int | None = 64
+    feature_dim: int | None = DEFAULT_FEATURE_DIM
     feature_act: str | None = None  # "relu" after the projection
     image_size: int | None = None
     global_test_size: int = 360
@@ -158,6 +167,17 @@ class AgentThreads:
         if self.networked:
             sys.setswitchinterval(gil_slice(len(self.running), self._switch_interval))
 
+    def check_refusals(self, min_agents: int) -> None:
+        """Raise once the coordinator refused so many of our agents that ``min_agents`` can no
+        longer register: it would wait ``wait_agents_s`` for agents that will never come."""
+        refused = [(a.settings.device_id, a.refusal) for a, _, _ in self.running if a.refusal]
+        if refused and len(self.running) - len(refused) < min_agents:
+            device, reason = refused[0]
+            raise ConfigError(
+                f"{len(refused)} of {len(self.running)} simulated agents were refused "
+                f"({device}: {reason}); the run needs {min_agents}"
+            )
+
     def wait(self) -> list[str]:
         """Block until every agent's run ends; the ids of those that saw the run finish."""
         for _, _, t in self.running:
@@ -173,6 +193,22 @@ class AgentThreads:
             transport.close()
         if self.networked:
             sys.setswitchinterval(self._switch_interval)
+
+
+def check_fleet(cfg: RunConfig, fleet: FleetSpec) -> None:
+    """Refuse, before anything starts, a fleet the run's algorithm would refuse agent by agent
+    at registration (a simulation knows its devices; a real fleet is checked as it registers).
+
+    Raises:
+        ConfigError: naming what the algorithm needs and the flag that gives it.
+    """
+    required = cfg.required_feature_dim()
+    if required and fleet.feature_dim != required:
+        raise ConfigError(
+            f"{cfg.algorithm} needs {required}-dimensional features, the fleet's are "
+            f"{fleet.feature_dim or 'the native ones'}: leave --feature-dim out or set it to "
+            f"{required}"
+        )
 
 
 def simulate(
@@ -191,6 +227,7 @@ def simulate(
     a real broker. ``backend="ray"`` runs them in Ray actors over MQTT, set up by ``ray``
     (:class:`~coordinator.simulate_ray.RayOptions`).
     """
+    check_fleet(cfg, fleet)
     if fleet.partition_file is not None:  # a count mismatch fails before any agent starts
         from edge_agent.data import load_partition_file
 
@@ -216,7 +253,9 @@ def simulate(
         for i in range(fleet.num_agents):
             agents.start(i)
         coord_transport = make("coordinator", coordinator_will(cfg))
-        return run_coordinator(cfg, coord_transport, logger)
+        return run_coordinator(
+            cfg, coord_transport, logger, health_check=lambda: agents.check_refusals(cfg.min_agents)
+        )
     finally:
         agents.close()
         if coord_transport is not None:

@@ -155,10 +155,6 @@ def mean_prototypes(
 class FedProtoStrategy(Strategy[FedProtoConfig]):
     """Per-class plain mean of the participants' prototypes."""
 
-    def declared_feature_dim(self) -> int:
-        """The config's ``feature_dim``: the size of the prototypes, i.e. of the features."""
-        return self.config.feature_dim
-
     def __init__(self, config: FedProtoConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.protos: PrototypeSet | None = None

@@ -81,8 +81,13 @@ def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
 
 def test_the_demo_feature_size_is_the_flag_then_the_algorithms_then_the_datasets() -> None:
     from coordinator.cli import demo_feature_dim
+    from coordinator.config import load_config
 
-    assert demo_feature_dim("fedktl", "mnist5k", None) == 10  # its ETF head: K = C
-    assert demo_feature_dim("fedvtc", "mnist5k", None) == 980  # its generator's latent
-    assert demo_feature_dim("fedproto", "digits", None) == 64
-    assert demo_feature_dim("fedktl", "mnist5k", 32) == 32
+    def cfg(algorithm: str, *overrides: str) -> RunConfig:
+        return load_config(None, list(overrides), algorithm=algorithm)
+
+    assert demo_feature_dim(cfg("fedktl"), "mnist5k", None) == 10  # its ETF head: K = C
+    assert demo_feature_dim(cfg("fedktl", "hyper.etf_dim=16"), "mnist5k", None) == 16
+    assert demo_feature_dim(cfg("fedvtc"), "mnist5k", None) == 980  # its generator's latent
+    assert demo_feature_dim(cfg("fedproto"), "digits", None) == 64
+    assert demo_feature_dim(cfg("fedktl"), "mnist5k", 32) == 32
