@@ -253,7 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _run_options(sim)
     sim.add_argument("--agents", type=int, default=10, help="simulated devices")
-    sim.add_argument("--family", default="tiny", help="model family assigned round-robin")
+    sim.add_argument(
+        "--family",
+        default=None,
+        help="model family assigned round-robin (default: tiny; homo_mlp for an algorithm that "
+        "averages whole models)",
+    )
     sim.add_argument(
         "--models", default=None, help="comma-separated architectures (overrides --family)"
     )
@@ -641,6 +646,24 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _family(args: argparse.Namespace, algorithm: str) -> str:
+    """``--family``, else the one the algorithm can run (said in the log when it is not the
+    usual heterogeneous one)."""
+    from coordinator.simulate import DEFAULT_FAMILY, default_family
+
+    if args.family is not None:
+        return str(args.family)
+    family = default_family(algorithm)
+    if family != DEFAULT_FAMILY:
+        logging.getLogger("edgefl.simulate").info(
+            "%s averages whole models: the fleet runs the one-architecture family %s "
+            "(--family or --models to choose another)",
+            algorithm,
+            family,
+        )
+    return family
+
+
 def simulate_feature_dim(cfg: RunConfig, given: int | None) -> int | None:
     """The simulated agents' feature size: ``--feature-dim`` (0: native, ``None``), else the
     one the algorithm requires (the size a real agent adopts from the run), else the default."""
@@ -662,7 +685,7 @@ def _simulate(args: argparse.Namespace) -> int:
     models = (
         tuple(args.models.split(","))
         if args.models
-        else tuple(family_models(args.family, args.agents))
+        else tuple(family_models(_family(args, cfg.algorithm), args.agents))
     )
     fleet = FleetSpec(
         num_agents=args.agents,

@@ -30,14 +30,22 @@ if TYPE_CHECKING:
     from coordinator.simulate_ray import RayOptions
 
 __all__ = [
+    "DEFAULT_FAMILY",
+    "ONE_ARCHITECTURE_FAMILY",
     "AgentThreads",
     "FleetSpec",
     "TransportFactory",
     "check_fleet",
+    "default_family",
     "gil_slice",
     "simulate",
 ]
 
+
+# the model family of a simulation: heterogeneous, except for an algorithm that averages whole
+# models (``Strategy.one_architecture``), which gets one architecture unless told otherwise
+DEFAULT_FAMILY = "tiny"
+ONE_ARCHITECTURE_FAMILY = "homo_mlp"
 
 # (client_id, will) -> an unconnected transport
 TransportFactory = Callable[[str, Will], Transport]
@@ -195,6 +203,13 @@ class AgentThreads:
             sys.setswitchinterval(self._switch_interval)
 
 
+def default_family(algorithm: str) -> str:
+    """The model family a simulation of ``algorithm`` runs when none is given."""
+    from coordinator.strategies import STRATEGIES
+
+    return ONE_ARCHITECTURE_FAMILY if STRATEGIES[algorithm].one_architecture else DEFAULT_FAMILY
+
+
 def check_fleet(cfg: RunConfig, fleet: FleetSpec) -> None:
     """Refuse, before anything starts, a fleet the run's algorithm would refuse agent by agent
     at registration (a simulation knows its devices; a real fleet is checked as it registers).
@@ -202,6 +217,15 @@ def check_fleet(cfg: RunConfig, fleet: FleetSpec) -> None:
     Raises:
         ConfigError: naming what the algorithm needs and the flag that gives it.
     """
+    from coordinator.strategies import STRATEGIES
+
+    archs = sorted(set(fleet.models))
+    if STRATEGIES[cfg.algorithm].one_architecture and len(archs) > 1:
+        raise ConfigError(
+            f"{cfg.algorithm} averages whole models, so its fleet must run one architecture, "
+            f"this one runs {', '.join(archs)}: give --models one architecture (e.g. --models "
+            f"{archs[0]}) or a --family of one (e.g. --family {ONE_ARCHITECTURE_FAMILY})"
+        )
     required = cfg.required_feature_dim()
     if required and fleet.feature_dim != required:
         raise ConfigError(

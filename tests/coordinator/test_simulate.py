@@ -11,7 +11,14 @@ from coordinator import simulate as simulate_module
 from coordinator.cli import main as cli_main
 from coordinator.cli import simulate_feature_dim
 from coordinator.config import load_config
-from coordinator.simulate import GIL_SLICE_MAX_S, AgentThreads, FleetSpec, gil_slice, simulate
+from coordinator.simulate import (
+    GIL_SLICE_MAX_S,
+    AgentThreads,
+    FleetSpec,
+    default_family,
+    gil_slice,
+    simulate,
+)
 from protocol.errors import ConfigError
 from protocol.transport import MemoryBroker, MemoryTransport
 
@@ -289,3 +296,32 @@ def test_a_simulation_whose_agents_are_refused_stops_at_once_with_the_reason(
     # Execute / Assert: not the QuorumError of a coordinator that waited wait_agents_s (300 s)
     with pytest.raises(ConfigError, match=r"simulated agents were refused \(agent\d: it has 10 "):
         simulate(cfg, fleet)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ccvr"])
+def test_a_mixed_fleet_for_an_algorithm_averaging_whole_models_fails_before_starting(
+    tmp_path: Path, name: str
+) -> None:
+    cfg = load_config(None, [], algorithm=name, rounds=1, run_dir=str(tmp_path / "r"))
+    fleet = FleetSpec(num_agents=3, models=MODELS, feature_dim=8)
+    with pytest.raises(ConfigError, match=f"{name} averages whole models.* --family homo_mlp"):
+        simulate(cfg, fleet)
+    assert not (tmp_path / "r").exists()  # nothing started
+
+
+def test_simulate_without_a_family_gives_an_algorithm_averaging_whole_models_one_architecture(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: the command as a new user types it, no --family
+    caplog.set_level("INFO")
+    run_dir = tmp_path / "avg"
+    argv = ["simulate", "--algorithm", "fedavg", "--agents", "3", "--rounds", "1"]
+    # Execute
+    code = cli_main([*argv, "--run-dir", str(run_dir), "--global-test-size", "100"])
+    # Assert: it ran, on one architecture, and said so
+    assert code == 0
+    assert failed_tasks(run_dir) == []
+    assert "fedavg averages whole models: the fleet runs the one-architecture family homo_mlp" in (
+        caplog.text
+    )
+    assert default_family("fedproto") == "tiny"
