@@ -585,6 +585,8 @@ DEMO_DEFAULTS = {"algorithm": "fedktl", "rounds": 8, "data": "mnist5k"}
 # feature size per dataset: mnist5k uses the paper's MNIST generator (980 = 20x7x7 latent),
 # except where the algorithm requires one (RunConfig.required_feature_dim: FedKTL's ETF size)
 DEMO_FEATURE_DIM = {"digits": 64, "mnist5k": 980}
+# the generator of a demo whose algorithm's default one is not installed (models.generators)
+DEMO_FALLBACK_GENERATOR = "cppn"
 _DEMO_TRAINING = ["hyper.local_epochs=2", "hyper.lr=0.05"]
 DEMO_HYPER = {
     "local": _DEMO_TRAINING,
@@ -618,7 +620,25 @@ def _demo_config(args: argparse.Namespace) -> RunConfig:
     args.rounds = given["run"].get("rounds", DEMO_DEFAULTS["rounds"])
     args.overrides = DEMO_HYPER.get(str(args.algorithm), []) + list(args.overrides)
     args.data = args.data or DEMO_DEFAULTS["data"]
-    return _config(args, unused=("broker", "embedded_port", "embedded_host", "min_agents"))
+    cfg = _config(args, unused=("broker", "embedded_port", "embedded_host", "min_agents"))
+    return cfg if "generator" in given["hyper"] else _demo_generator(cfg)
+
+
+def _demo_generator(cfg: RunConfig) -> RunConfig:
+    """The run with the procedural generator where its default bundled one cannot load here
+    (the demo must run from a plain ``pip install``; a generator the user chose is kept)."""
+    from models.generators import bundled_unavailable
+
+    generator = getattr(cfg.algorithm_config(), "generator", None)
+    missing = None if generator is None else bundled_unavailable(str(generator))
+    if missing is None:
+        return cfg
+    logging.getLogger("edgefl.demo").warning(
+        "%s; the demo uses the procedural %r generator instead (images of patterns, not faces)",
+        missing,
+        DEMO_FALLBACK_GENERATOR,
+    )
+    return cfg.replace(hyper={**cfg.hyper, "generator": DEMO_FALLBACK_GENERATOR})
 
 
 def demo_feature_dim(cfg: RunConfig, data: str, given: int | None) -> int:
