@@ -1,11 +1,11 @@
 """Whole runs in one process over the in-memory transport: the same code paths as a fleet."""
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import failed_tasks
 
 from coordinator import simulate as simulate_module
 from coordinator.cli import main as cli_main
@@ -249,12 +249,6 @@ def test_a_process_hosting_networked_agents_lengthens_its_gil_slice_until_they_c
     finally:
         agents.close()
     assert sys.getswitchinterval() == before
-
-
-def failed_tasks(run_dir: Path) -> list[dict[str, str]]:
-    """The ``failed`` map of every step in ``metrics.jsonl`` that had a failure."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["failed"] for r in records if r["failed"]]
 
 
 def test_simulated_fedktl_agents_build_the_feature_size_its_etf_needs(tmp_path: Path) -> None:
