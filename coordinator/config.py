@@ -123,6 +123,10 @@ class RunConfig:
         """The typed hyperparameters of the chosen algorithm."""
         return config_type(self.algorithm).from_dict(self.hyper, where="hyper")
 
+    def required_feature_dim(self) -> int:
+        """The feature size the algorithm requires of every agent's model (0: none)."""
+        return self.algorithm_config().model_feature_dim(self.num_classes)
+
     def replace(self, **changes: Any) -> RunConfig:
         """A validated copy with ``changes``."""
         return dataclasses.replace(self, **changes)

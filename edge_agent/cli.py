@@ -12,8 +12,9 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 from protocol.logs import setup_logging
 
 if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
@@ -55,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--feature-dim",
         type=int,
-        default=64,
-        help="shared feature size appended as a projection (0 = native features)",
+        default=None,
+        help="shared feature size appended as a projection (0 = native features; default: "
+        f"the one the run's algorithm requires, else {DEFAULT_FEATURE_DIM})",
     )
     p.add_argument(
         "--feature-act",
@@ -284,23 +286,27 @@ def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) ->
     """Build a fresh agent, take part in one run, and say how it ended (an exit code).
 
     The agent is built before connecting, so bad data or a bad model fail at once; an agent
-    that adopts the run's algorithm or classes is rebuilt if the run differs from its guess.
+    that adopts the run's algorithm or classes is rebuilt if the run differs from its guess
+    (and then also takes the feature size the run requires, unless ``--feature-dim`` is given).
     """
     from edge_agent.factory import build_agent
 
     transport = _transport(args, device_id)
     try:
-        algorithm = args.algorithm or "fedproto"
-        classes = _class_list(args.classes) if args.classes else ()
-        opts = _options(args, device_id, algorithm, classes)
+        guess = Adopted(
+            args.algorithm or "fedproto",
+            _class_list(args.classes) if args.classes else (),
+            _feature_dim(args.feature_dim),
+        )
+        opts = _options(args, device_id, guess)
         agent = build_agent(opts, transport, signing=args.signing)
-        if args.algorithm is None or not classes:
+        if args.algorithm is None or not guess.classes:
             state = _coordinator_state(args, transport, stop)
             if state is None:  # stopped while waiting
                 return 0
             adopted = _adopt(args, state)
-            if adopted != (algorithm, classes):
-                opts = _options(args, device_id, *adopted)
+            if adopted != guess:
+                opts = _options(args, device_id, adopted)
                 agent = build_agent(opts, transport, signing=args.signing)
         agent.start()  # subscriptions before connecting: the broker's queued tasks arrive at once
         if not transport.connected:
@@ -313,17 +319,39 @@ def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) ->
     return EXIT_GAVE_UP if agent.gave_up is not None else 0
 
 
-def _adopt(args: argparse.Namespace, state: Any) -> tuple[str, tuple[str, ...]]:
-    """(algorithm, classes) for the run ``state`` announces: what was given, else the run's."""
+class Adopted(NamedTuple):
+    """What an agent takes from the run it joins unless its flags fix it."""
+
+    algorithm: str
+    classes: tuple[str, ...]
+    feature_dim: int | None  # None: native features
+
+
+def _feature_dim(given: int | None, required: int = 0) -> int | None:
+    """``--feature-dim`` (0: native, ``None``), else what the run requires, else the default."""
+    if given is not None:
+        return given or None
+    return required or DEFAULT_FEATURE_DIM
+
+
+def _adopt(args: argparse.Namespace, state: Any) -> Adopted:
+    """What the run ``state`` announces, where the flags leave it open."""
     log = logging.getLogger("edgefl.agent")
     algorithm = args.algorithm or state.algorithm
     if args.algorithm is None:
         log.info("run %s uses %s; adopting it", state.run_id, state.algorithm)
+    if args.feature_dim is None and state.feature_dim:
+        log.info(
+            "run %s requires %d-dimensional features; building the model with them",
+            state.run_id,
+            state.feature_dim,
+        )
+    feature_dim = _feature_dim(args.feature_dim, state.feature_dim)
     if args.classes:
-        return algorithm, _class_list(args.classes)
+        return Adopted(algorithm, _class_list(args.classes), feature_dim)
     if state.classes:
         log.info("run %s names %d classes; adopting them", state.run_id, len(state.classes))
-    return algorithm, tuple(state.classes)
+    return Adopted(algorithm, tuple(state.classes), feature_dim)
 
 
 def _coordinator_state(args: argparse.Namespace, transport: Any, stop: threading.Event) -> Any:
@@ -409,9 +437,7 @@ def _trusted_state(data: bytes, verifier: Any) -> Any:
     return body
 
 
-def _options(
-    args: argparse.Namespace, device_id: str, algorithm: str, classes: tuple[str, ...]
-) -> AgentOptions:
+def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOptions:
     from edge_agent.data import PartitionSpec, parse_partition
     from edge_agent.factory import AgentOptions
     from protocol.errors import ConfigError
@@ -439,9 +465,9 @@ def _options(
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")
     return AgentOptions(
         device_id=device_id,
-        algorithm=algorithm,
+        algorithm=run.algorithm,
         model=args.model,
-        feature_dim=args.feature_dim or None,
+        feature_dim=run.feature_dim,
         feature_act=None if args.feature_act == "none" else args.feature_act,
         data=args.data,
         data_root=args.data_root,
@@ -456,7 +482,7 @@ def _options(
         seed=args.seed,
         eval_every=args.eval_every,
         exit_when_finished=not args.stay,
-        classes=classes,
+        classes=run.classes,
     )
 
 

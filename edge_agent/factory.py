@@ -30,6 +30,7 @@ from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import create_model
 from models.checkpoint import ModelSpec
+from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 from protocol.contract.messages import CoordinatorState
 from protocol.errors import ConfigError
 from protocol.transport.base import Transport
@@ -59,7 +60,7 @@ class AgentOptions:
     device_id: str
     algorithm: str = "fedproto"  # the coordinator's default too
     model: str = "cnn_t1"
-    feature_dim: int | None = 64
+    feature_dim: int | None = DEFAULT_FEATURE_DIM
     feature_act: str | None = None  # "relu": non-negative projected features (Felo spec §9)
     data: str = "digits"
     data_root: str | None = None

@@ -275,9 +275,11 @@ def train_epochs(
     # Without AMP the scaler and autocast are bypassed: on tiny models their per-step Python
     # cost was a measurable share of the step (benchmarks/bench_trainloop.py).
     scaler = torch.amp.GradScaler("cuda") if use_amp else None
-    per_epoch = (
-        len(data) // cfg.batch_size if cfg.drop_last else math.ceil(len(data) / cfg.batch_size)
-    )
+    # A last batch of one sample is left out when the epoch has others: BatchNorm cannot take
+    # the statistics of one sample in train mode (it raises), and one sample is no estimate of
+    # the batch's gradient. A shuffled order leaves out another sample each epoch.
+    drop_last = cfg.drop_last or (len(data) > cfg.batch_size and len(data) % cfg.batch_size == 1)
+    per_epoch = len(data) // cfg.batch_size if drop_last else math.ceil(len(data) / cfg.batch_size)
     total = epochs * per_epoch
     _activate(steppers, main)
     steps, samples, loss_sum, t0 = 0, 0, 0.0, time.perf_counter()
@@ -288,7 +290,7 @@ def train_epochs(
             # "fixed": the same order every epoch and round, drawn from the seed the agent's
             # generator started with (the run's seed and the client), not from its state
             order = torch.Generator().manual_seed(fixed_seed) if fixed else generator
-            for x, y in data.batches(cfg.batch_size, order, drop_last=cfg.drop_last):
+            for x, y in data.batches(cfg.batch_size, order, drop_last=drop_last):
                 if subs:  # the last sub-step switched modes and gradients to its group
                     _activate(steppers, main)
                 with _autocast(use_amp, data.x.device):

@@ -43,10 +43,12 @@ from models.gen_nets import CPPNGenerator, DCGANGenerator
 from protocol.errors import ConfigError
 
 __all__ = [
+    "DCGAN_FACE_PACKAGE",
     "Generator",
     "GeneratorError",
     "adapt_images",
     "bundled",
+    "bundled_unavailable",
     "list_bundled",
     "load_entry_point",
     "load_onnx",
@@ -355,18 +357,35 @@ def save_onnx_generator(module: nn.Module, directory: str | Path, opset: int = 1
     return manifest
 
 
+DCGAN_FACE_PACKAGE = "gan_face_generate"  # the wheel's package (its weights are in it)
+_DCGAN_FACE_MISSING = (
+    "the 'dcgan_face' generator needs the gan-face-generate wheel: "
+    "pip install --no-deps gan-face-generate (scripts/setup.sh installs it)"
+)
+
+
 def _cppn(**kwargs: Any) -> Generator:
     return _from_module(CPPNGenerator(**kwargs), {}, "bundled cppn")
 
 
-def _dcgan_face() -> Generator:
-    spec = importlib.util.find_spec("gan_face_generate")
+def _dcgan_face_dir() -> Path | None:
+    """The installed wheel's package directory, which holds its weights (None: not installed)."""
+    spec = importlib.util.find_spec(DCGAN_FACE_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise GeneratorError(
-            "the 'dcgan_face' generator needs the gan-face-generate wheel: "
-            "pip install --no-deps gan-face-generate"
-        )
-    weights = Path(next(iter(spec.submodule_search_locations))) / "weights.tar"
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def bundled_unavailable(name: str) -> str | None:
+    """Why the bundled generator ``name`` cannot load on this machine (None: it can)."""
+    return _DCGAN_FACE_MISSING if name == "dcgan_face" and _dcgan_face_dir() is None else None
+
+
+def _dcgan_face() -> Generator:
+    package = _dcgan_face_dir()
+    if package is None:
+        raise GeneratorError(_DCGAN_FACE_MISSING)
+    weights = package / "weights.tar"
     module = DCGANGenerator()
     _load_state(module, _existing(weights, "gan-face-generate weights"), "netG_state_dict")
     return _from_module(module, {str(weights): sha256_file(weights)}, "bundled dcgan_face")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from coordinator.broker.embedded import free_port
@@ -26,6 +28,7 @@ __all__ = [
     "Inbox",
     "edge_algorithm",
     "edge_context",
+    "failed_tasks",
     "fake_agent",
     "free_port",
     "unique_id",
@@ -141,3 +144,10 @@ def edge_algorithm(name: str, kind: type[E], ctx: EdgeContext) -> E:
     edge = create_edge_algorithm(name, ctx)
     assert isinstance(edge, kind)
     return edge
+
+
+def failed_tasks(run_dir: Path) -> list[dict[str, str]]:
+    """The ``failed`` map (device -> why) of every step of a run that had a failed task; a
+    step can meet its quorum while an agent's task failed, so a finished run may have some."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [step["failed"] for line in lines if (step := json.loads(line))["failed"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from coordinator.commands.options import (
@@ -65,16 +66,33 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
     args.rounds = given["run"].get("rounds", defaults["rounds"])
     args.overrides = demo_overrides(str(args.algorithm)) + list(args.overrides)
     args.data = args.data or defaults["data"]
-    return run_config(args, unused=("broker", "embedded_port", "embedded_host", "min_agents"))
+    cfg = run_config(args, unused=("broker", "embedded_port", "embedded_host", "min_agents"))
+    return cfg if "generator" in given["hyper"] else _demo_generator(cfg)
 
 
-def demo_feature_dim(algorithm: str, data: str, given: int | None) -> int:
-    """The demo agents' feature size: ``--feature-dim``, else the algorithm's, else the
-    dataset's."""
-    preset = demo_preset()
-    arm = preset.arms.get(algorithm)
-    from_arm: int | None = None if arm is None else arm.fleet.get("feature_dim")
-    return given or from_arm or int(preset.other["feature_dim"].get(data, 64))
+def demo_feature_dim(cfg: RunConfig, data: str, given: int | None) -> int:
+    """The demo agents' feature size: ``--feature-dim``, else the one the algorithm requires
+    (:meth:`RunConfig.required_feature_dim`, FedKTL's ETF size), else the dataset's."""
+    dataset_dims = demo_preset().other["feature_dim"]
+    return given or cfg.required_feature_dim() or int(dataset_dims.get(data, 64))
+
+
+def _demo_generator(cfg: RunConfig) -> RunConfig:
+    """The run with the procedural generator where its default bundled one cannot load here
+    (the demo must run from a plain ``pip install``; a generator the user chose is kept)."""
+    from models.generators import bundled_unavailable
+
+    generator = getattr(cfg.algorithm_config(), "generator", None)
+    missing = None if generator is None else bundled_unavailable(str(generator))
+    if missing is None:
+        return cfg
+    fallback = str(demo_preset().settings["fallback_generator"])
+    logging.getLogger("edgefl.demo").warning(
+        "%s; the demo uses the procedural %r generator instead (images of patterns, not faces)",
+        missing,
+        fallback,
+    )
+    return cfg.replace(hyper={**cfg.hyper, "generator": fallback})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     spec = DemoSpec(
         agents=args.agents,
         data=args.data,
-        feature_dim=demo_feature_dim(cfg.algorithm, args.data, args.feature_dim),
+        feature_dim=demo_feature_dim(cfg, args.data, args.feature_dim),
         export=not args.no_export,
         **split_fields(args),
     )

@@ -4,6 +4,7 @@ actors."""
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,11 +14,13 @@ from coordinator.commands.options import (
     run_config,
     split_fields,
 )
+from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 
 if TYPE_CHECKING:
     from coordinator.commands.options import Subparsers
+    from coordinator.config import RunConfig
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "simulate_feature_dim"]
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -26,7 +29,12 @@ def add_parser(sub: Subparsers) -> None:
     )
     add_run_options(sim)
     sim.add_argument("--agents", type=int, default=10, help="simulated devices")
-    sim.add_argument("--family", default="tiny", help="model family assigned round-robin")
+    sim.add_argument(
+        "--family",
+        default=None,
+        help="model family assigned round-robin (default: tiny; homo_mlp for an algorithm that "
+        "averages whole models)",
+    )
     sim.add_argument(
         "--models", default=None, help="comma-separated architectures (overrides --family)"
     )
@@ -34,7 +42,13 @@ def add_parser(sub: Subparsers) -> None:
     sim.add_argument(
         "--partition", default="dirichlet:0.5", help="iid | dirichlet:A | pathological:K"
     )
-    sim.add_argument("--feature-dim", type=int, default=64, help="shared feature size (0 = native)")
+    sim.add_argument(
+        "--feature-dim",
+        type=int,
+        default=None,
+        help="shared feature size (0 = native; default: the algorithm's, else "
+        f"{DEFAULT_FEATURE_DIM})",
+    )
     sim.add_argument(
         "--feature-act", choices=["none", "relu"], default="none", help="activation after it"
     )
@@ -84,6 +98,32 @@ def _add_ray_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _family(args: argparse.Namespace, algorithm: str) -> str:
+    """``--family``, else the one the algorithm can run (said in the log when it is not the
+    usual heterogeneous one)."""
+    from coordinator.sim.simulate import DEFAULT_FAMILY, default_family
+
+    if args.family is not None:
+        return str(args.family)
+    family = default_family(algorithm)
+    if family != DEFAULT_FAMILY:
+        logging.getLogger("edgefl.simulate").info(
+            "%s averages whole models: the fleet runs the one-architecture family %s "
+            "(--family or --models to choose another)",
+            algorithm,
+            family,
+        )
+    return family
+
+
+def simulate_feature_dim(cfg: RunConfig, given: int | None) -> int | None:
+    """The simulated agents' feature size: ``--feature-dim`` (0: native, ``None``), else the
+    one the algorithm requires (the size a real agent adopts from the run), else the default."""
+    if given is not None:
+        return given or None
+    return cfg.required_feature_dim() or DEFAULT_FEATURE_DIM
+
+
 def run(args: argparse.Namespace) -> int:
     from coordinator.sim.simulate import FleetSpec, simulate
     from models.families import family_models
@@ -97,14 +137,14 @@ def run(args: argparse.Namespace) -> int:
     models = (
         tuple(args.models.split(","))
         if args.models
-        else tuple(family_models(args.family, args.agents))
+        else tuple(family_models(_family(args, cfg.algorithm), args.agents))
     )
     fleet = FleetSpec(
         num_agents=args.agents,
         models=models,
         data=args.data,
         partition=args.partition,
-        feature_dim=args.feature_dim or None,
+        feature_dim=simulate_feature_dim(cfg, args.feature_dim),
         feature_act=None if args.feature_act == "none" else args.feature_act,
         image_size=args.image_size,
         export=args.export,

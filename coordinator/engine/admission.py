@@ -90,7 +90,8 @@ class Admission:
             # the run declares its prototypes' size: refuse now, not at the first reply
             raise AdmissionError(
                 agent.device_id,
-                f"its features have {reg.feature_dim} dimensions; this run's have {declared}",
+                f"its features have {reg.feature_dim} dimensions; this run's have {declared} "
+                f"(--feature-dim {declared})",
             )
         if not self.strategy.admission_rules:
             return  # admits everyone: the fleet list cost O(N) a registration, O(N^2) a fleet

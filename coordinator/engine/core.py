@@ -89,7 +89,9 @@ class Coordinator:
         self.rejected: dict[str, int] = {}
         self.plan = strategy.plan(cfg.rounds)
         self._open_step: OpenStep | None = None  # set only while collect() is waiting
-        self.announcer = StatePublisher(cfg, endpoint, self.topics, strategy.name)
+        self.announcer = StatePublisher(
+            cfg, endpoint, self.topics, strategy.name, strategy.declared_feature_dim()
+        )
         self.presence = Presence()
         self.admission = Admission(
             cfg, strategy, endpoint, self.presence, log=self.log, reject=self._reject

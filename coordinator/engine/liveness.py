@@ -25,11 +25,14 @@ class StatePublisher:
     """The coordinator's retained state on ``coord/state`` (what agents wait, train and stop
     by), and the open step's round descriptor."""
 
-    def __init__(self, cfg: RunConfig, endpoint: Endpoint, topics: Topics, algorithm: str) -> None:
+    def __init__(
+        self, cfg: RunConfig, endpoint: Endpoint, topics: Topics, algorithm: str, feature_dim: int
+    ) -> None:
         self.cfg = cfg
         self.endpoint = endpoint
         self.topics = topics
         self.algorithm = algorithm
+        self.feature_dim = feature_dim  # announced, so that adopting agents build that size
         self.state: tuple[StateName, int] = ("starting", 0)  # last published state and round
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
 
@@ -43,6 +46,7 @@ class StatePublisher:
             round=round_,
             total_rounds=self.cfg.rounds,
             classes=list(self.cfg.classes),
+            feature_dim=self.feature_dim,
         )
         self.endpoint.send(self.topics.coord_state, body, retain=True)
         self._next_heartbeat = time.monotonic() + self.cfg.state_heartbeat_s

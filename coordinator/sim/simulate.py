@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from coordinator.config import RunConfig
 from coordinator.engine.core import RunResult
 from coordinator.engine.runner import coordinator_will, run_coordinator
+from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 from protocol.contract.codec import Envelope, encode
 from protocol.contract.messages import Status
 from protocol.contract.topics import Topics
@@ -28,7 +29,23 @@ from protocol.transport.base import MemoryBroker, MemoryTransport, Transport, Wi
 if TYPE_CHECKING:
     from coordinator.sim.ray_backend import RayOptions
 
-__all__ = ["AgentThreads", "FleetSpec", "TransportFactory", "gil_slice", "simulate"]
+__all__ = [
+    "DEFAULT_FAMILY",
+    "ONE_ARCHITECTURE_FAMILY",
+    "AgentThreads",
+    "FleetSpec",
+    "TransportFactory",
+    "check_fleet",
+    "default_family",
+    "gil_slice",
+    "simulate",
+]
+
+
+# the model family of a simulation: heterogeneous, except for an algorithm that averages whole
+# models (``Strategy.one_architecture``), which gets one architecture unless told otherwise
+DEFAULT_FAMILY = "tiny"
+ONE_ARCHITECTURE_FAMILY = "homo_mlp"
 
 # (client_id, will) -> an unconnected transport
 TransportFactory = Callable[[str, Will], Transport]
@@ -63,7 +80,7 @@ class FleetSpec:
     _: KW_ONLY
     data: str = "digits"
     partition: str = "dirichlet:0.5"
-    feature_dim: int | None = 64
+    feature_dim: int | None = DEFAULT_FEATURE_DIM
     feature_act: str | None = None  # "relu" after the projection
     image_size: int | None = None
     global_test_size: int = 360
@@ -158,6 +175,17 @@ class AgentThreads:
         if self.networked:
             sys.setswitchinterval(gil_slice(len(self.running), self._switch_interval))
 
+    def check_refusals(self, min_agents: int) -> None:
+        """Raise once the coordinator refused so many of our agents that ``min_agents`` can no
+        longer register: it would wait ``wait_agents_s`` for agents that will never come."""
+        refused = [(a.settings.device_id, a.refusal) for a, _, _ in self.running if a.refusal]
+        if refused and len(self.running) - len(refused) < min_agents:
+            device, reason = refused[0]
+            raise ConfigError(
+                f"{len(refused)} of {len(self.running)} simulated agents were refused "
+                f"({device}: {reason}); the run needs {min_agents}"
+            )
+
     def wait(self) -> list[str]:
         """Block until every agent's run ends; the ids of those that saw the run finish."""
         for _, _, t in self.running:
@@ -173,6 +201,38 @@ class AgentThreads:
             transport.close()
         if self.networked:
             sys.setswitchinterval(self._switch_interval)
+
+
+def default_family(algorithm: str) -> str:
+    """The model family a simulation of ``algorithm`` runs when none is given."""
+    from coordinator.strategies import STRATEGIES
+
+    return ONE_ARCHITECTURE_FAMILY if STRATEGIES[algorithm].one_architecture else DEFAULT_FAMILY
+
+
+def check_fleet(cfg: RunConfig, fleet: FleetSpec) -> None:
+    """Refuse, before anything starts, a fleet the run's algorithm would refuse agent by agent
+    at registration (a simulation knows its devices; a real fleet is checked as it registers).
+
+    Raises:
+        ConfigError: naming what the algorithm needs and the flag that gives it.
+    """
+    from coordinator.strategies import STRATEGIES
+
+    archs = sorted(set(fleet.models))
+    if STRATEGIES[cfg.algorithm].one_architecture and len(archs) > 1:
+        raise ConfigError(
+            f"{cfg.algorithm} averages whole models, so its fleet must run one architecture, "
+            f"this one runs {', '.join(archs)}: give --models one architecture (e.g. --models "
+            f"{archs[0]}) or a --family of one (e.g. --family {ONE_ARCHITECTURE_FAMILY})"
+        )
+    required = cfg.required_feature_dim()
+    if required and fleet.feature_dim != required:
+        raise ConfigError(
+            f"{cfg.algorithm} needs {required}-dimensional features, the fleet's are "
+            f"{fleet.feature_dim or 'the native ones'}: leave --feature-dim out or set it to "
+            f"{required}"
+        )
 
 
 def simulate(
@@ -191,6 +251,7 @@ def simulate(
     a real broker. ``backend="ray"`` runs them in Ray actors over MQTT, set up by ``ray``
     (:class:`~coordinator.sim.ray_backend.RayOptions`).
     """
+    check_fleet(cfg, fleet)
     if fleet.partition_file is not None:  # a count mismatch fails before any agent starts
         from edge_agent.data import load_partition_file
 
@@ -216,7 +277,9 @@ def simulate(
         for i in range(fleet.num_agents):
             agents.start(i)
         coord_transport = make("coordinator", coordinator_will(cfg))
-        return run_coordinator(cfg, coord_transport, logger)
+        return run_coordinator(
+            cfg, coord_transport, logger, health_check=lambda: agents.check_refusals(cfg.min_agents)
+        )
     finally:
         agents.close()
         if coord_transport is not None:

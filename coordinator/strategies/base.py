@@ -195,9 +195,10 @@ class Strategy(Generic[C]):
 
     # ----- hooks ----------------------------------------------------------------------------
     def declared_feature_dim(self) -> int:
-        """The size of the agents' feature vectors this run declares (0: none). An agent that
-        registers another size is refused at registration (``docs/concepts/security.md``)."""
-        return 0
+        """The size of the agents' feature vectors this run declares (0: none): the config's
+        :meth:`~protocol.algorithms.AlgorithmConfig.model_feature_dim`. An agent that registers
+        another size is refused at registration; the coordinator's state announces it."""
+        return self.config.model_feature_dim(self.num_classes)
 
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
         """Refuse an agent that cannot join the already-admitted ``fleet``.

@@ -30,10 +30,6 @@ __all__ = ["FedVTCStrategy"]
 class FedVTCStrategy(Strategy[FedVTCConfig]):
     """The server half of FedVTC."""
 
-    def declared_feature_dim(self) -> int:
-        """The config's ``feature_dim``: the size of the prototypes, i.e. of the features."""
-        return self.config.feature_dim
-
     def __init__(self, config: FedVTCConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.protos: PrototypeSet | None = None  # global c^y of classes ever prototyped + sigma

@@ -16,10 +16,6 @@ class PrototypeExchangeStrategy(Strategy[Any]):
     """Global prototypes down, the agents' class prototypes up; subclasses fold the uploads
     into new global prototypes (:meth:`fold_prototypes`)."""
 
-    def declared_feature_dim(self) -> int:
-        """The config's ``feature_dim``: the size of the prototypes, i.e. of the features."""
-        return int(self.config.feature_dim)
-
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.protos: PrototypeSet | None = None

@@ -48,7 +48,7 @@ class WeightAveragingStrategy(Strategy[Any]):
             ref = others[0]
             raise AdmissionError(
                 agent.device_id,
-                f"fedavg averages one architecture; the fleet runs {ref.arch} "
+                f"{self.name} averages one architecture; the fleet runs {ref.arch} "
                 f"({ref.num_params} params, input {_shape(ref)}), this agent {reg.arch} "
                 f"({reg.num_params} params, input {_shape(reg)})",
             )

@@ -17,10 +17,18 @@ from protocol.algorithms import lg_fedavg as _lg_fedavg  # noqa: F401
 from protocol.algorithms import local as _local  # noqa: F401
 from protocol.algorithms.base import (
     CONFIG_TYPES,
+    DEFAULT_FEATURE_DIM,
     AlgorithmConfig,
     TrainConfig,
     config_type,
     register_config,
 )
 
-__all__ = ["CONFIG_TYPES", "AlgorithmConfig", "TrainConfig", "config_type", "register_config"]
+__all__ = [
+    "CONFIG_TYPES",
+    "DEFAULT_FEATURE_DIM",
+    "AlgorithmConfig",
+    "TrainConfig",
+    "config_type",
+    "register_config",
+]

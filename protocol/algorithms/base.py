@@ -23,6 +23,7 @@ from protocol.errors import ConfigError, ValidationError
 
 __all__ = [
     "CONFIG_TYPES",
+    "DEFAULT_FEATURE_DIM",
     "TRAIN_LIMITS",
     "AlgorithmConfig",
     "AveragingConfig",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 C = TypeVar("C", bound="AlgorithmConfig")
+#: An agent's feature size (the projection its model ends in) when neither its flags nor the
+#: run's algorithm (:meth:`AlgorithmConfig.model_feature_dim`) fix one.
+DEFAULT_FEATURE_DIM = 64
 Scalar = bool | int | float | str
 
 
@@ -107,6 +111,12 @@ class AlgorithmConfig:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from exc
+
+    def model_feature_dim(self, num_classes: int) -> int:
+        """The feature size every agent's model must have in a run of this config with
+        ``num_classes`` classes (0: each agent's own). The coordinator refuses another size at
+        registration and announces this one, so that an agent adopting the run builds it."""
+        return 0
 
     def to_dict(self) -> dict[str, Scalar]:
         """Flat mapping of every field."""

@@ -128,3 +128,7 @@ class FedKTLConfig(ScreeningConfig):
     def etf_size(self, num_classes: int) -> int:
         """K for ``num_classes`` classes."""
         return self.etf_dim or num_classes
+
+    def model_feature_dim(self, num_classes: int) -> int:
+        """K: ``forward_features`` is the ETF-space embedding g = h o f."""
+        return self.etf_size(num_classes)

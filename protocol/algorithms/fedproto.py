@@ -39,3 +39,7 @@ class FedProtoConfig(AveragingConfig):
     # epochs computed, batch by batch in train mode as the model moved (FedProto's and
     # HtFLlib's clients collect them inside the training loop)
     proto_source: Literal["model", "training"] = "model"
+
+    def model_feature_dim(self, num_classes: int) -> int:
+        """``feature_dim``: the size of the exchanged prototypes (0: not declared)."""
+        return self.feature_dim

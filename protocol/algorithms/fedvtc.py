@@ -94,3 +94,7 @@ class FedVTCConfig(AveragingConfig):
     # statistics from decoded latents c^y + sigma*eps. Averaging weights shrinks activations while
     # the averaged running variances do not, so the eval-mode output collapses to a constant.
     generator_bn_recalibrate: bool = False
+
+    def model_feature_dim(self, num_classes: int) -> int:
+        """``feature_dim``: the size of the exchanged prototypes (0: not declared)."""
+        return self.feature_dim

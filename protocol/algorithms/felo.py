@@ -68,6 +68,10 @@ class _FeatureLogitConfig(AveragingConfig):
         if self.kd_weight < 0 or not 0 <= self.warmup_fraction <= 1 or self.history_cap < 1:
             raise ValueError("kd_weight >= 0, warmup_fraction in [0, 1], history_cap >= 1")
 
+    def model_feature_dim(self, num_classes: int) -> int:
+        """``feature_dim``: the size of the exchanged class-wise features (0: not declared)."""
+        return self.feature_dim
+
     def warmup_rounds(self, rounds: int) -> int:
         """Rounds of CE-only training before KD (at least one)."""
         return max(1, round(self.warmup_fraction * rounds))

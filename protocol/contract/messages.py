@@ -166,9 +166,13 @@ class CoordinatorState(WireModel):
     # the federation's classes in order (empty: not declared); agents without their own
     # class list adopt it, and agents naming their classes otherwise are refused
     classes: list[str] = field(default_factory=list)
+    # the feature size the run's algorithm requires of every model (0: none); an agent that
+    # adopts the run builds its model with it, one of another size is refused at registration
+    feature_dim: int = 0
 
     def __post_init__(self) -> None:
         _check_class_names(self.classes, len(self.classes))
+        _non_negative(self.feature_dim, "feature_dim")
 
 
 @dataclass(frozen=True, slots=True)

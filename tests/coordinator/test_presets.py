@@ -47,7 +47,7 @@ def test_each_algorithm_runs_with_the_demos_former_settings(tmp_path: Path, algo
     cfg, args = demo(tmp_path, "--algorithm", algorithm)
     assert cfg == expected
     assert args.data == "mnist5k"
-    assert demo_feature_dim(algorithm, "mnist5k", None) == feature_dim
+    assert demo_feature_dim(cfg, "mnist5k", None) == feature_dim
 
 
 def test_the_demos_typed_values_and_the_users_set_wins(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from coordinator.broker.embedded import free_port
-from edge_agent.cli import main
+from edge_agent.cli import Adopted, _adopt, _options, build_parser, main
+from protocol.algorithms import DEFAULT_FEATURE_DIM
+from protocol.contract.messages import CoordinatorState
 
 
 def test_help_does_not_import_torch() -> None:
@@ -88,3 +90,46 @@ def test_json_log_format_writes_one_object_a_line() -> None:
     record = logging.LogRecord("edgefl.a", logging.WARNING, __file__, 1, "round %d", (2,), None)
     assert json.loads(_JsonFormatter().format(record))["msg"] == "round 2"
     assert build_parser().parse_args(["--broker", "h", "--log-format", "json"]).log_format == "json"
+
+
+def state(feature_dim: int = 0) -> CoordinatorState:
+    return CoordinatorState(
+        state="running",
+        run_id="r",
+        algorithm="fedktl",
+        round=0,
+        total_rounds=2,
+        feature_dim=feature_dim,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "announced", "built"),
+    [
+        ([], 10, 10),  # the run's algorithm requires it: adopted with the algorithm
+        ([], 0, DEFAULT_FEATURE_DIM),  # the run requires none
+        (["--feature-dim", "32"], 10, 32),  # given: kept (and refused at registration)
+        (["--feature-dim", "0"], 10, None),  # native features, as given
+    ],
+)
+def test_an_agent_adopting_the_run_builds_the_feature_size_it_announces(
+    flags: list[str], announced: int, built: int | None
+) -> None:
+    args = build_parser().parse_args(flags)
+    adopted = _adopt(args, state(announced))
+    assert adopted == Adopted("fedktl", (), built)
+    assert _options(args, "dev", adopted).feature_dim == built
+
+
+def test_the_coordinator_announces_the_feature_size_its_algorithm_requires() -> None:
+    from coordinator.strategies import create_strategy
+    from protocol.algorithms import config_type
+
+    ktl = config_type("fedktl")
+    assert create_strategy("fedktl", ktl(), num_classes=10).declared_feature_dim() == 10
+    assert create_strategy("fedktl", ktl(etf_dim=16), num_classes=10).declared_feature_dim() == 16
+    proto = config_type("fedproto")
+    assert create_strategy("fedproto", proto(), num_classes=10).declared_feature_dim() == 0
+    assert (
+        create_strategy("fedproto", proto(feature_dim=8), num_classes=4).declared_feature_dim() == 8
+    )

@@ -230,3 +230,29 @@ def test_drop_last_with_fewer_samples_than_a_batch_trains_nothing() -> None:
     stats = train_epochs(net, data, LocalConfig(batch_size=10, lr=0.1, drop_last=True), Order())
     assert (stats.steps, stats.samples) == (0, 0)
     assert all(torch.equal(a, b) for a, b in zip(before, params(net), strict=True))
+
+
+def test_a_last_batch_of_one_sample_is_left_out_when_the_epoch_has_others() -> None:
+    # Prepare: 21 samples in batches of 10 leave one; 11 in 10 too; 1 in 10 is the only batch
+    net, data = _numbered(21)
+    # Execute / Assert
+    order = Order()
+    stats = train_epochs(net, data, LocalConfig(batch_size=10, lr=0.01), order)
+    assert [len(b) for b in order.batches] == [10, 10]
+    assert (stats.steps, stats.samples) == (2, 20)
+    net, data = _numbered(1)
+    stats = train_epochs(net, data, LocalConfig(batch_size=10, lr=0.01), Order())
+    assert (stats.steps, stats.samples) == (1, 1)
+    net, data = _numbered(12)  # a last batch of two is kept
+    stats = train_epochs(net, data, LocalConfig(batch_size=10, lr=0.01), Order())
+    assert (stats.steps, stats.samples) == (2, 12)
+
+
+def test_a_batchnorm_model_trains_on_a_split_leaving_one_sample_over() -> None:
+    # ResNet-18 at 8x8 pools to 1x1 before its last BatchNorm: one sample has one value per
+    # channel there, and BatchNorm refuses it in train mode (FedType's default proxy)
+    torch.manual_seed(0)
+    net = create_model("resnet18", num_classes=3, in_chans=1, feature_dim=8, input_size=8)
+    data = TensorData(torch.rand(9, 1, 8, 8), torch.arange(9) % 3)
+    stats = train_epochs(net, data, CFG, Hooks())
+    assert (stats.steps, stats.samples) == (2, 8)

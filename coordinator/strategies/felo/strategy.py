@@ -43,10 +43,6 @@ def group_key(agent: AgentInfo) -> str:
 class _FeatureLogitStrategy(Strategy[Any]):
     """Knowledge table + per-architecture weight groups; Velo adds the CVAE."""
 
-    def declared_feature_dim(self) -> int:
-        """The config's ``feature_dim``: the size of the class-wise features."""
-        return int(self.config.feature_dim)
-
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.table = KnowledgeTable(

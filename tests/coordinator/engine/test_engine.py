@@ -688,7 +688,9 @@ def test_a_declared_feature_dim_refuses_another_at_registration(tmp_path: Path) 
         rogue.publish(topics.up(device, "register"), encode(Envelope(body=reg, sender=device)))
     coord.wait_for_agents(2, 10.0)
     # Assert
-    assert coord.refused == {"wide": "its features have 32 dimensions; this run's have 16"}
+    assert coord.refused == {
+        "wide": "its features have 32 dimensions; this run's have 16 (--feature-dim 16)"
+    }
     assert {"fits", "quiet"} <= set(coord.agents)
 
 

@@ -48,6 +48,29 @@ def test_default_demo_runs_fedktl_to_verified_onnx(
     assert "| **mean** |" in out
 
 
+@pytest.mark.slow
+def test_the_demo_runs_without_the_generator_wheel_on_the_procedural_generator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: a pip install without scripts/setup.sh, i.e. without the gan-face-generate wheel
+    from models import generators
+
+    monkeypatch.setattr(generators, "DCGAN_FACE_PACKAGE", "gan_face_generate_not_installed")
+    run_dir = tmp_path / "demo"
+    argv = ["demo", "--agents", "2", "--rounds", "1", "--data", "digits", "--no-export"]
+    # Execute
+    code = main([*argv, "--run-dir", str(run_dir), "--log-level", "WARNING"])
+    # Assert: it ran FedKTL to the end on the procedural generator, and said why
+    assert code == 0, caplog.text
+    assert "needs the gan-face-generate wheel" in caplog.text
+    assert "the demo uses the procedural 'cppn' generator instead" in caplog.text
+    run = json.loads((run_dir / "run.json").read_text())
+    assert (run["algorithm"], run["hyper"]["generator"]) == ("fedktl", "cppn")
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["phase"] for s in steps] == ["train", "final"]
+    assert all(not s["failed"] for s in steps)
+
+
 def test_demo_stops_with_the_log_of_an_agent_process_that_died(tmp_path: Path) -> None:
     # one agent gets an unknown architecture and exits at start-up; without the check the
     # coordinator would wait wait_agents_s (an hour here) for it to register
@@ -82,8 +105,13 @@ def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
 
 def test_the_demo_feature_size_is_the_flag_then_the_algorithms_then_the_datasets() -> None:
     from coordinator.commands.demo import demo_feature_dim
+    from coordinator.config import load_config
 
-    assert demo_feature_dim("fedktl", "mnist5k", None) == 10  # its ETF head: K = C
-    assert demo_feature_dim("fedvtc", "mnist5k", None) == 980  # its generator's latent
-    assert demo_feature_dim("fedproto", "digits", None) == 64
-    assert demo_feature_dim("fedktl", "mnist5k", 32) == 32
+    def cfg(algorithm: str, *overrides: str) -> RunConfig:
+        return load_config(None, list(overrides), algorithm=algorithm)
+
+    assert demo_feature_dim(cfg("fedktl"), "mnist5k", None) == 10  # its ETF head: K = C
+    assert demo_feature_dim(cfg("fedktl", "hyper.etf_dim=16"), "mnist5k", None) == 16
+    assert demo_feature_dim(cfg("fedvtc"), "mnist5k", None) == 980  # its generator's latent
+    assert demo_feature_dim(cfg("fedproto"), "digits", None) == 64
+    assert demo_feature_dim(cfg("fedktl"), "mnist5k", 32) == 32

@@ -5,10 +5,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import failed_tasks
 
+from coordinator.cli import main as cli_main
+from coordinator.commands.simulate import simulate_feature_dim
 from coordinator.config import load_config
 from coordinator.sim import simulate as simulate_module
-from coordinator.sim.simulate import GIL_SLICE_MAX_S, AgentThreads, FleetSpec, gil_slice, simulate
+from coordinator.sim.simulate import (
+    GIL_SLICE_MAX_S,
+    AgentThreads,
+    FleetSpec,
+    default_family,
+    gil_slice,
+    simulate,
+)
+from protocol.errors import ConfigError
 from protocol.transport.base import MemoryBroker, MemoryTransport
 
 MODELS = ("cnn_t1", "mlp_s", "cnn_t2")
@@ -144,7 +155,6 @@ def test_agents_train_on_the_partition_file(tmp_path: Path) -> None:
 
 
 def test_partition_file_client_count_must_match_the_fleet(tmp_path: Path) -> None:
-    from protocol.errors import ConfigError
 
     path = _file_split(tmp_path, clients=4)
     fleet = FleetSpec(num_agents=3, models=MODELS, data="digits", partition_file=str(path))
@@ -239,3 +249,73 @@ def test_a_process_hosting_networked_agents_lengthens_its_gil_slice_until_they_c
     finally:
         agents.close()
     assert sys.getswitchinterval() == before
+
+
+def test_simulated_fedktl_agents_build_the_feature_size_its_etf_needs(tmp_path: Path) -> None:
+    # Prepare: no --feature-dim; the procedural generator keeps the test free of the wheel
+    run_dir = tmp_path / "ktl"
+    argv = ["simulate", "--algorithm", "fedktl", "--agents", "3", "--rounds", "1"]
+    argv += ["--run-dir", str(run_dir), "--set", "hyper.generator=cppn"]
+    argv += ["--set", "hyper.server_epochs=2", "--global-test-size", "100"]
+    # Execute
+    code = cli_main(argv)
+    # Assert: every task of the run succeeded (before, each failed on the ETF's size)
+    assert code == 0
+    assert failed_tasks(run_dir) == []
+    assert simulate_feature_dim(load_config(None, [], algorithm="fedktl"), None) == 10
+    assert simulate_feature_dim(load_config(None, [], algorithm="fedproto"), None) == 64
+    assert simulate_feature_dim(load_config(None, [], algorithm="fedktl"), 0) is None
+
+
+def test_a_fleet_of_a_feature_size_the_algorithm_refuses_fails_before_starting(
+    tmp_path: Path,
+) -> None:
+    cfg = load_config(None, [], algorithm="fedktl", rounds=1, run_dir=str(tmp_path / "r"))
+    fleet = FleetSpec(num_agents=3, models=MODELS, feature_dim=64)
+    with pytest.raises(
+        ConfigError, match="fedktl needs 10-dimensional features, the fleet's are 64"
+    ):
+        simulate(cfg, fleet)
+    assert not (tmp_path / "r").exists()  # nothing started
+
+
+def test_a_simulation_whose_agents_are_refused_stops_at_once_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a run of 5 classes for digits' 10: every agent is refused at registration
+    cfg = load_config(
+        None, ["run.num_classes=5"], algorithm="fedproto", rounds=1, run_dir=str(tmp_path / "r")
+    )
+    fleet = FleetSpec(num_agents=3, models=MODELS, feature_dim=8)
+    # Execute / Assert: not the QuorumError of a coordinator that waited wait_agents_s (300 s)
+    with pytest.raises(ConfigError, match=r"simulated agents were refused \(agent\d: it has 10 "):
+        simulate(cfg, fleet)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ccvr"])
+def test_a_mixed_fleet_for_an_algorithm_averaging_whole_models_fails_before_starting(
+    tmp_path: Path, name: str
+) -> None:
+    cfg = load_config(None, [], algorithm=name, rounds=1, run_dir=str(tmp_path / "r"))
+    fleet = FleetSpec(num_agents=3, models=MODELS, feature_dim=8)
+    with pytest.raises(ConfigError, match=f"{name} averages whole models.* --family homo_mlp"):
+        simulate(cfg, fleet)
+    assert not (tmp_path / "r").exists()  # nothing started
+
+
+def test_simulate_without_a_family_gives_an_algorithm_averaging_whole_models_one_architecture(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: the command as a new user types it, no --family
+    caplog.set_level("INFO")
+    run_dir = tmp_path / "avg"
+    argv = ["simulate", "--algorithm", "fedavg", "--agents", "3", "--rounds", "1"]
+    # Execute
+    code = cli_main([*argv, "--run-dir", str(run_dir), "--global-test-size", "100"])
+    # Assert: it ran, on one architecture, and said so
+    assert code == 0
+    assert failed_tasks(run_dir) == []
+    assert "fedavg averages whole models: the fleet runs the one-architecture family homo_mlp" in (
+        caplog.text
+    )
+    assert default_family("fedproto") == "tiny"

@@ -1,9 +1,8 @@
 """CCVR server half: the global class statistics by hand and against pooled data, virtual
-feature sampling, calibration of the global head only, validation, and a short whole run."""
+feature sampling, calibration of the global head only, validation (whole runs:
+test_every_algorithm.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +11,6 @@ from helpers import fake_agent
 
 import coordinator.strategies.ccvr
 import edge_agent.algorithms.ccvr  # noqa: F401  (registers both halves)
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.ccvr import global_class_stats
 from coordinator.strategies.head_training import sample_virtual_features
@@ -137,30 +134,3 @@ def test_statistics_that_do_not_fit_are_refused() -> None:
         s.validate(step, a, reply({"stats": too_many}))
     with pytest.raises(ValidationError, match="dimension 2"):
         s.validate(step, a, reply({"stats": stats_of({0: np.ones((2, D + 1))})}))
-
-
-def test_ccvr_runs_end_to_end_over_the_in_memory_transport(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.local_epochs=1"],
-        algorithm="ccvr",
-        rounds=2,
-        run_dir=str(tmp_path / "ccvr"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-ccvr",
-    )
-    fleet = FleetSpec(
-        num_agents=3,
-        models=("mlp_s",),
-        data="digits",
-        partition="dirichlet:0.5",
-        feature_dim=32,
-        global_test_size=200,
-    )
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "upload_stats", "final"]
-    upload = result.metrics[2]["aggregate"]
-    assert upload["calibration_classes"] == 10 and upload["head_steps"] > 0
-    final = result.metrics[-1]["agents"].values()
-    assert all(np.isfinite(a["acc_global"]) and 0.0 <= a["acc_global"] <= 1.0 for a in final)

@@ -1,7 +1,5 @@
-"""FD server half with fake replies (per-class logit means, validation, restart) and one short
-run over the in-memory transport."""
-
-from pathlib import Path
+"""FD server half with fake replies (per-class logit means, validation, restart); whole
+runs: test_every_algorithm.py."""
 
 import numpy as np
 import pytest
@@ -9,8 +7,6 @@ from helpers import fake_agent
 
 import coordinator.strategies.fd  # noqa: F401  (registers the server half)
 import edge_agent.algorithms.fd  # noqa: F401  (registers the edge half)
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.fd import FDConfig
 from protocol.contract.messages import Reply
@@ -95,25 +91,3 @@ def test_global_logits_survive_a_restart() -> None:
     restored.load_state_dict(s.state_dict())
     assert restored.logits is not None
     np.testing.assert_array_equal(restored.logits.vectors, [[1, 2, 3]])
-
-
-def test_fd_runs_end_to_end(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.local_epochs=1", "hyper.batch_size=32"],
-        algorithm="fd",
-        rounds=2,
-        run_dir=str(tmp_path / "fd"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-fd",
-    )
-    fleet = FleetSpec(3, ("cnn_t1", "mlp_s", "cnn_t2"), feature_dim=32, global_test_size=200)
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
-    for m in result.metrics:
-        accs = [a["acc_global"] for a in m["agents"].values()]
-        assert len(accs) == 3 and all(np.isfinite(accs))
-    # round 1 sends no logits down, round 2 does
-    assert result.metrics[1]["bytes"]["tx.task"] > result.metrics[0]["bytes"]["tx.task"]
-    assert result.metrics[0]["aggregate"]["classes_with_logits"] == 10

@@ -1,10 +1,10 @@
 """FedGen server half: the teacher-ensemble loss and the head mean by hand, validation, label
-counts and generator sent down, replay, one layout on both halves, and a short whole run."""
+counts and generator sent down, replay, one layout on both halves (whole runs:
+test_every_algorithm.py)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +14,6 @@ from torch import Tensor, nn
 
 import coordinator.strategies.fedgen.strategy
 import edge_agent.algorithms.fedgen  # registers both halves
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.fedgen.server import build_generator, ensemble_loss
 from protocol.algorithms.fedgen import FedGenConfig
@@ -113,30 +111,3 @@ def test_both_halves_build_one_generator_layout() -> None:
     server = build_generator(4, C, 8, D).state_dict()
     edge = edge_agent.algorithms.fedgen.build_generator(4, C, 8, D).state_dict()
     assert {k: v.shape for k, v in server.items()} == {k: v.shape for k, v in edge.items()}
-
-
-def test_fedgen_runs_end_to_end_over_the_in_memory_transport(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.local_epochs=1", "hyper.noise_dim=32", "hyper.hidden_dim=32"],
-        algorithm="fedgen",
-        rounds=2,
-        run_dir=str(tmp_path / "fedgen"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-fedgen",
-    )
-    fleet = FleetSpec(
-        num_agents=3,
-        models=("cnn_t1", "mlp_s", "cnn_t2"),
-        data="digits",
-        partition="dirichlet:0.5",
-        feature_dim=32,
-        global_test_size=200,
-    )
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
-    assert result.metrics[0]["aggregate"]["generator_steps"] == 100
-    assert np.isfinite(result.metrics[1]["aggregate"]["generator_loss"])
-    final = result.metrics[-1]["agents"].values()
-    assert all(np.isfinite(a["acc_global"]) and 0.0 <= a["acc_global"] <= 1.0 for a in final)

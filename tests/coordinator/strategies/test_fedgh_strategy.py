@@ -1,9 +1,7 @@
 """FedGH server half: one SGD step of the global head by hand from fake replies, validation
-against the head's input size, and a short whole run."""
+against the head's input size (whole runs: test_every_algorithm.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +9,6 @@ from helpers import fake_agent
 
 import coordinator.strategies.fedgh
 import edge_agent.algorithms.fedgh  # noqa: F401  (registers both halves)
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from protocol.algorithms.fedgh import FedGHConfig
 from protocol.contract.messages import Reply
@@ -92,30 +88,3 @@ def test_prototypes_of_different_sizes_in_one_round_fail_the_aggregation() -> No
             Step(1, "train"),
             [(A, reply(protos([0], [[1.0]]))), (B, reply(protos([1], [[1.0, 2.0]])))],
         )
-
-
-def test_fedgh_runs_end_to_end_over_the_in_memory_transport(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.local_epochs=1"],
-        algorithm="fedgh",
-        rounds=2,
-        run_dir=str(tmp_path / "fedgh"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-fedgh",
-    )
-    fleet = FleetSpec(
-        num_agents=3,
-        models=("cnn_t1", "mlp_s", "cnn_t2"),
-        data="digits",
-        partition="dirichlet:0.5",
-        feature_dim=32,
-        global_test_size=200,
-    )
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
-    assert result.metrics[0]["aggregate"]["head_steps"] > 0
-    assert result.metrics[1]["bytes"]["tx.task"] > result.metrics[0]["bytes"]["tx.task"]  # head
-    final = result.metrics[-1]["agents"].values()
-    assert all(np.isfinite(a["acc_global"]) and 0.0 <= a["acc_global"] <= 1.0 for a in final)

@@ -1,15 +1,11 @@
-"""FedKD server half with fake replies (the mentee averaged by sample count, one input spec)
-and one short run over the in-memory transport."""
-
-from pathlib import Path
+"""FedKD server half with fake replies (the mentee averaged by sample count, one input spec);
+whole runs: test_every_algorithm.py."""
 
 import numpy as np
 import pytest
 
 import coordinator.strategies.fedkd  # noqa: F401  (registers the server half)
 import edge_agent.algorithms.fedkd  # noqa: F401  (registers the edge half)
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.fedkd import FedKDConfig
 from protocol.contract.lowrank import compress, restore
@@ -96,25 +92,3 @@ def test_a_mentee_with_inconsistent_factors_is_refused_before_aggregation() -> N
     )
     with pytest.raises(ValidationError, match=r"fc\.weight#v"):
         s.validate(Step(1, "train"), agent("a", "mlp_s"), bad)
-
-
-def test_fedkd_runs_end_to_end(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.batch_size=32"],
-        algorithm="fedkd",
-        rounds=2,
-        run_dir=str(tmp_path / "fedkd"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-fedkd",
-    )
-    fleet = FleetSpec(3, ("cnn_t1", "mlp_s", "cnn_t2"), feature_dim=32, global_test_size=200)
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
-    for m in result.metrics:
-        accs = [a["acc_global"] for a in m["agents"].values()]
-        assert len(accs) == 3 and all(np.isfinite(accs))
-    assert result.metrics[0]["aggregate"]["aggregated"] == 3
-    for a in result.metrics[1]["agents"].values():
-        assert np.isfinite(a["train_loss"]) and 0.0 <= a["shared_acc"] <= 1.0

@@ -1,10 +1,10 @@
 """FedTGP server half: the adaptive margin and the contrastive loss against hand-computed values,
-the generator's prototypes from fake replies, replay after a restart, and a short whole run."""
+the generator's prototypes from fake replies, replay after a restart (whole runs:
+test_every_algorithm.py)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +14,6 @@ from torch import Tensor, nn
 
 import coordinator.strategies.fedtgp.strategy
 import edge_agent.algorithms.fedtgp  # noqa: F401  (registers both halves)
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, ServerContext, Step, create_strategy
 from coordinator.strategies.fedtgp.server import acl_loss
 from coordinator.strategies.fedtgp.strategy import adaptive_margin
@@ -132,29 +130,3 @@ def test_a_replayed_step_trains_the_same_prototypes() -> None:
         runs.append(s.protos.vectors)
     np.testing.assert_array_equal(runs[0], runs[1])
     assert not np.array_equal(runs[0], first.protos.vectors if first.protos else None)
-
-
-def test_fedtgp_runs_end_to_end_over_the_in_memory_transport(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.local_epochs=1", "hyper.server_epochs=5"],
-        algorithm="fedtgp",
-        rounds=2,
-        run_dir=str(tmp_path / "fedtgp"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-fedtgp",
-    )
-    fleet = FleetSpec(
-        num_agents=3,
-        models=("cnn_t1", "mlp_s", "cnn_t2"),
-        data="digits",
-        partition="dirichlet:0.5",
-        feature_dim=32,
-        global_test_size=200,
-    )
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
-    assert result.metrics[1]["aggregate"]["tgp_steps"] > 0
-    final = result.metrics[-1]["agents"].values()
-    assert all(np.isfinite(a["acc_global"]) and 0.0 <= a["acc_global"] <= 1.0 for a in final)

@@ -1,7 +1,5 @@
-"""FML server half with fake replies (sample-weighted meme, one input spec, layout checks) and
-one short run over the in-memory transport with private models of three architectures."""
-
-from pathlib import Path
+"""FML server half with fake replies (sample-weighted meme, one input spec, layout checks);
+whole runs: test_every_algorithm.py."""
 
 import numpy as np
 import pytest
@@ -9,8 +7,6 @@ from helpers import fake_agent
 
 import coordinator.strategies.fml  # noqa: F401  (registers the server half)
 import edge_agent.algorithms.fml  # noqa: F401  (registers the edge half)
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.fml import FMLConfig
 from protocol.contract.messages import Reply
@@ -56,26 +52,3 @@ def test_another_input_is_refused_at_admission_and_another_meme_at_upload() -> N
     s.validate(Step(1, "train"), A, reply(meme(1.0), 10))
     with pytest.raises(ValidationError, match="first upload"):
         s.validate(Step(1, "train"), B, reply(meme(1.0, (3,)), 10))
-
-
-def test_fml_runs_end_to_end(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.batch_size=32"],
-        algorithm="fml",
-        rounds=2,
-        run_dir=str(tmp_path / "fml"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-fml",
-    )
-    fleet = FleetSpec(3, ("cnn_t1", "mlp_s", "cnn_t2"), feature_dim=32, global_test_size=200)
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
-    for m in result.metrics:
-        accs = [a["acc_global"] for a in m["agents"].values()]
-        assert len(accs) == 3 and all(np.isfinite(accs))
-    assert result.metrics[0]["aggregate"]["aggregated"] == 3
-    for a in result.metrics[1]["agents"].values():  # the meme's accuracy, received and trained
-        assert 0.0 <= a["global_shared_acc"] <= 1.0 and 0.0 <= a["shared_acc"] <= 1.0
-    assert result.metrics[1]["bytes"]["tx.task"] > result.metrics[0]["bytes"]["tx.task"]

@@ -1,7 +1,5 @@
 """LG-FedAvg server half with fake replies (the sample-weighted head, layout checks, any
-architecture admitted) and one short run over the in-memory transport."""
-
-from pathlib import Path
+architecture admitted); whole runs: test_every_algorithm.py."""
 
 import numpy as np
 import pytest
@@ -9,8 +7,6 @@ from helpers import fake_agent
 
 import coordinator.strategies.lg_fedavg  # noqa: F401  (registers the server half)
 import edge_agent.algorithms.lg_fedavg  # noqa: F401  (registers the edge half)
-from coordinator.config import load_config
-from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
 from protocol.contract.messages import Reply
@@ -74,25 +70,3 @@ def test_a_head_of_another_shape_is_refused_before_and_after_the_first_average()
     s.aggregate(step, [(A, reply(head(1.0), 10))])
     with pytest.raises(ValidationError, match="global model"):
         s.validate(Step(2, "train"), B, reply(head(1.0, dim=4), 10))
-
-
-def test_lg_fedavg_runs_end_to_end(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        ["hyper.batch_size=32"],
-        algorithm="lg_fedavg",
-        rounds=2,
-        run_dir=str(tmp_path / "lg"),
-        min_agents=3,
-        deadline_s=120.0,
-        run_id="test-lg",
-    )
-    fleet = FleetSpec(3, ("cnn_t1", "mlp_s", "cnn_t2"), feature_dim=32, global_test_size=200)
-    result = simulate(cfg, fleet)
-    assert [m["phase"] for m in result.metrics] == ["train", "train", "final"]
-    for m in result.metrics:
-        accs = [a["acc_global"] for a in m["agents"].values()]
-        assert len(accs) == 3 and all(np.isfinite(accs))
-    assert result.metrics[0]["aggregate"]["aggregated"] == 3
-    # only the head travels: 330 floats per upload; the whole models hold 22142 floats
-    assert result.metrics[0]["bytes"]["rx.reply"] < 4 * 22142 / 4
