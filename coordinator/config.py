@@ -171,7 +171,7 @@ def _check_classes(classes: tuple[str, ...], num_classes: int) -> None:
 RUN_KEY_HELP: dict[str, str] = {
     "algorithm": "the algorithm both halves run (fedproto, fedvtc, felo, ...)",
     "preset": 'named [hyper] values of the algorithm, under [hyper] and --set: "" (none: '
-    'the paper\'s defaults) or "htfllib" (HtFLlib\'s total.sh; docs/algorithms/baselines.md)',
+    "the paper's defaults) or \"htfllib\" (HtFLlib's total.sh; docs/algorithms/baselines.md)",
     "rounds": "training rounds (final phases come after them)",
     "fraction": "share of the online agents selected each training round, in (0, 1]",
     "min_agents": "agents that must be registered and online before the first round",
