@@ -55,10 +55,10 @@ class RunConfig:
     """How a run is driven: algorithm, rounds, participation, quorum, deadlines, storage."""
 
     algorithm: str = "fedproto"
+    rounds: int = 10
     # a named set of hyperparameter values of the algorithm (its PRESETS), under [hyper] and
     # --set: "" = none (the algorithm's defaults, its paper's); "htfllib" = HtFLlib's settings
     preset: str = ""
-    rounds: int = 10
     fraction: float = 1.0  # share of online agents selected each training round
     min_agents: int = 2  # agents that must have registered before the first round
     min_replies: int = 1  # quorum: valid replies needed to aggregate a step
@@ -170,9 +170,9 @@ def _check_classes(classes: tuple[str, ...], num_classes: int) -> None:
 # One line per [run] key for `coordinator config --defaults`; a test keeps it complete.
 RUN_KEY_HELP: dict[str, str] = {
     "algorithm": "the algorithm both halves run (fedproto, fedvtc, felo, ...)",
+    "rounds": "training rounds (final phases come after them)",
     "preset": 'named [hyper] values of the algorithm, under [hyper] and --set: "" (none: '
     "the paper's defaults) or \"htfllib\" (HtFLlib's total.sh; docs/algorithms/baselines.md)",
-    "rounds": "training rounds (final phases come after them)",
     "fraction": "share of the online agents selected each training round, in (0, 1]",
     "min_agents": "agents that must be registered and online before the first round",
     "min_replies": "quorum: valid replies a step needs at least",
