@@ -231,7 +231,8 @@ class EdgeAlgorithm(Generic[C]):
         asks for one start per architecture (``arch_init``): the model first, so that a shared
         part of it (a head) is then overwritten by its own seed."""
         shared = self.shared_modules()
-        if self.config.arch_init and not self._shared_ready and "model" not in shared:
+        arch_init = self.cfg is not None and self.cfg.arch_init  # a task config says so
+        if arch_init and not self._shared_ready and "model" not in shared:
             return {"model": self.shared_model(SHARED_MODEL_SEED), **shared}
         return shared
 

@@ -60,7 +60,7 @@ def _documented() -> dict[tuple[str, str], Any]:
     for line in section.splitlines():
         m = re.match(r"\| `(\w+)` \| `(\w+)` \| `([^`]*)` \|", line)
         if m:
-            algorithms = HTFLLIB + ["local"] if m[1] == "all" else [m[1]]
+            algorithms = [*HTFLLIB, "local"] if m[1] == "all" else [m[1]]
             for algorithm in algorithms:
                 rows[(algorithm, m[2])] = m[3]
     return rows
