@@ -4,12 +4,15 @@
 [run]
 algorithm = "fedproto"
 rounds = 10
+preset = "htfllib"   # optional: a named set of [hyper] values (the algorithm's PRESETS)
 
 [hyper]          # the algorithm's typed hyperparameters (protocol.algorithms)
 lr = 0.05
 ```
 
-Unknown keys and wrong types are errors, never silently ignored.
+Unknown keys and wrong types are errors, never silently ignored. A ``run.preset`` gives the
+algorithm's named hyperparameter values; ``[hyper]`` and ``--set hyper.KEY=VALUE`` override
+them key by key.
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
-__all__ = ["RunConfig", "build_config", "load_config", "parse_override", "read_layers", "run_keys"]
+__all__ = [
+    "RunConfig",
+    "build_config",
+    "load_config",
+    "parse_override",
+    "preset_differences",
+    "read_layers",
+    "run_keys",
+]
 
 _SERVER_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MQTT_CLIENTS = ("lean", "paho")
@@ -45,6 +56,9 @@ class RunConfig:
 
     algorithm: str = "fedproto"
     rounds: int = 10
+    # a named set of hyperparameter values of the algorithm (its PRESETS), under [hyper] and
+    # --set: "" = none (the algorithm's defaults, its paper's); "htfllib" = HtFLlib's settings
+    preset: str = ""
     fraction: float = 1.0  # share of online agents selected each training round
     min_agents: int = 2  # agents that must have registered before the first round
     min_replies: int = 1  # quorum: valid replies needed to aggregate a step
@@ -120,8 +134,10 @@ class RunConfig:
         self.algorithm_config()  # validates the hyperparameters against the algorithm
 
     def algorithm_config(self) -> AlgorithmConfig:
-        """The typed hyperparameters of the chosen algorithm."""
-        return config_type(self.algorithm).from_dict(self.hyper, where="hyper")
+        """The typed hyperparameters of the chosen algorithm: its defaults, then the preset's
+        values, then the run's ``hyper``."""
+        cls = config_type(self.algorithm)
+        return cls.from_dict({**cls.preset(self.preset), **self.hyper}, where="hyper")
 
     def required_feature_dim(self) -> int:
         """The feature size the algorithm requires of every agent's model (0: none)."""
@@ -159,6 +175,8 @@ def _check_classes(classes: tuple[str, ...], num_classes: int) -> None:
 RUN_KEY_HELP: dict[str, str] = {
     "algorithm": "the algorithm both halves run (fedproto, fedvtc, felo, ...)",
     "rounds": "training rounds (final phases come after them)",
+    "preset": 'named [hyper] values of the algorithm, under [hyper] and --set: "" (none: '
+    "the paper's defaults) or \"htfllib\" (HtFLlib's total.sh; docs/algorithms/baselines.md)",
     "fraction": "share of the online agents selected each training round, in (0, 1]",
     "min_agents": "agents that must be registered and online before the first round",
     "min_replies": "quorum: valid replies a step needs at least",
@@ -199,6 +217,22 @@ def run_keys() -> list[tuple[str, str, Any, str]]:
         (name, _type_name(hint), getattr(defaults, name), RUN_KEY_HELP.get(name, ""))
         for name, hint in _run_fields().items()
     ]
+
+
+def preset_differences(name: str) -> list[tuple[str, str, Any, Any]]:
+    """(algorithm, key, default, preset value) of every value that preset ``name`` changes,
+    by algorithm and key: what ``coordinator config --defaults`` shows under each preset."""
+    from protocol.algorithms import CONFIG_TYPES
+
+    out = []
+    for algorithm, cls in sorted(CONFIG_TYPES.items()):
+        if name not in cls.PRESETS:
+            continue
+        defaults = cls().to_dict()
+        for key, value in sorted(cls.PRESETS[name].items()):
+            if defaults[key] != value:
+                out.append((algorithm, key, defaults[key], value))
+    return out
 
 
 def _type_name(hint: Any) -> str:

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["derived_seed", "seeded"]
+__all__ = ["SHARED_MODEL_SEED", "derived_seed", "head_seed", "seeded", "shapes_key"]
+
+# configs carry no seed for a shared start: every agent derives a module's initial weights from
+# this constant, the module's role and its architecture or shapes
+SHARED_MODEL_SEED = 0x5EED
 
 _LOCK = threading.RLock()
 
@@ -36,3 +40,14 @@ def derived_seed(base: int, key: str) -> int:
     """A seed from ``base`` and a name, the same in every process (unlike ``hash(str)``, which
     Python salts per process): agents that agree on both agree on the seed."""
     return (base + zlib.crc32(key.encode())) % 2**63
+
+
+def shapes_key(shapes: Mapping[str, Sequence[int]]) -> str:
+    """A module's tensor names and shapes as one string (``weight:[10, 64];bias:[10]``)."""
+    return ";".join(f"{k}:{list(v)}" for k, v in shapes.items())
+
+
+def head_seed(role: str, shapes: Mapping[str, Sequence[int]]) -> int:
+    """The seed of the ``role`` algorithm's shared head of these tensor shapes: the same on
+    every agent whatever its extractor, and on a server that builds the head itself."""
+    return derived_seed(SHARED_MODEL_SEED, f"{role}-head|{shapes_key(shapes)}")

@@ -77,13 +77,19 @@ class FedGHStrategy(Strategy[FedGHConfig]):
             return {}
         vectors, labels = self._pending
         self._pending = None
-        from coordinator.strategies.head_training import fit_head  # torch only on the server's path
+        from coordinator.strategies.head_training import (  # torch only on the server's path
+            fit_head,
+            shared_start_head,
+        )
         from models.fit import FitError
 
         cfg = self.config
+        head = self.head
+        if head is None and cfg.shared_head:  # the agents' shared start, not a fresh draw
+            head = shared_start_head(self.name, int(vectors.shape[1]), self.num_classes)
         try:
             self.head, metrics = fit_head(
-                self.head,
+                head,
                 vectors,
                 labels,
                 num_classes=self.num_classes,

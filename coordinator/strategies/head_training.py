@@ -22,7 +22,13 @@ from protocol.algorithms.ccvr import CCVRConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import TensorMap
 
-__all__ = ["calibrate_head", "fit_head", "head_ce_loss", "sample_virtual_features"]
+__all__ = [
+    "calibrate_head",
+    "fit_head",
+    "head_ce_loss",
+    "sample_virtual_features",
+    "shared_start_head",
+]
 
 
 def head_ce_loss(
@@ -33,6 +39,18 @@ def head_ce_loss(
     logits = module(x)
     acc = (logits.argmax(1) == y).float().mean()
     return {"loss": F.cross_entropy(logits, y), "acc": acc.detach()}
+
+
+def shared_start_head(role: str, num_features: int, num_classes: int) -> TensorMap:
+    """The head the ``role`` agents start from with a shared head (their ``shared_head``):
+    ``Linear(D, C)`` built under the seed they derive from its shapes, the agents' own recipe,
+    so that the server's first head is theirs (HtFLlib's server starts from client 0's)."""
+    from edge_agent.seeding import head_seed, seeded
+
+    seed = head_seed(role, {"weight": (num_classes, num_features), "bias": (num_classes,)})
+    with seeded(seed):  # the global generator, as the agents' draws; restored after
+        head = nn.Linear(num_features, num_classes)
+    return module_to_tensormap(head)
 
 
 def fit_head(

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from coordinator.aggregation import weighted_mean
@@ -14,6 +15,7 @@ from coordinator.strategies.base import (
     Strategy,
     admit_one_input,
 )
+from protocol.algorithms.fml import CLIENT0_ARCH
 from protocol.contract.messages import Register, Reply
 from protocol.contract.payloads import Payload, TensorMap
 from protocol.errors import AdmissionError, ValidationError
@@ -152,6 +154,25 @@ class SharedModelStrategy(SharedModuleStrategy):
     """A shared model built by every agent from the config's ``shared_model`` (FML's meme,
     FedKD's mentee): private architectures may differ, the input they feed it may not."""
 
+    def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
+        super().__init__(config, num_classes=num_classes, seed=seed)
+        self._archs: dict[str, str] = {}  # device id -> registered architecture
+
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
         """Any private architecture; one input spec, since every agent builds the same model."""
         admit_one_input(agent, fleet, self.config.shared_model)
+        self._archs[agent.device_id] = agent.register.arch
+
+    def select(self, step_index: int, step: Step, online: list[str], fraction: float) -> list[str]:
+        """Before the step's tasks take the config: ``shared_model = client0_arch`` becomes
+        the architecture of the first agent by device id (``agent2`` before ``agent10``), the
+        one HtFLlib's client 0 would be."""
+        if self.config.shared_model == CLIENT0_ARCH and self._archs:
+            first = min(self._archs, key=_device_order)
+            self.config = self.config.replace(shared_model=self._archs[first])
+        return super().select(step_index, step, online, fraction)
+
+
+def _device_order(device_id: str) -> list[tuple[int, str]]:
+    # numbers by value, so that agent2 comes before agent10
+    return [(int(p), "") if p.isdigit() else (-1, p) for p in re.split(r"(\d+)", device_id)]

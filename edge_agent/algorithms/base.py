@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edge_agent.seeding import derived_seed, seeded
+from edge_agent.seeding import SHARED_MODEL_SEED, derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
 from models import Classifier
 from models.checkpoint import Checkpoint, HeadSpec, ModelSpec
@@ -226,9 +226,19 @@ class EdgeAlgorithm(Generic[C]):
         """Whether :meth:`shared_init` runs before this round: once, before the first step."""
         return not self._shared_ready
 
+    def start_modules(self) -> dict[str, SharedModule]:
+        """:meth:`shared_modules`, led by the whole model at the first start when the run
+        asks for one start per architecture (``arch_init``): the model first, so that a shared
+        part of it (a head) is then overwritten by its own seed."""
+        shared = self.shared_modules()
+        arch_init = self.cfg is not None and self.cfg.arch_init  # a task config says so
+        if arch_init and not self._shared_ready and "model" not in shared:
+            return {"model": self.shared_model(SHARED_MODEL_SEED), **shared}
+        return shared
+
     def shared_init(self) -> None:
         """Give each shared module the weights its seed alone determines."""
-        for shared in self.shared_modules().values():
+        for shared in self.start_modules().values():
             with seeded(shared.seed):  # exclusive among simulated agents; global RNG restored
                 fresh = shared.build()
             shared.module.load_state_dict(fresh.state_dict())

@@ -23,7 +23,7 @@ from edge_agent.algorithms.base import (
     register_edge_algorithm,
     task_payloads,
 )
-from edge_agent.algorithms.weights import WeightExchangeEdge, load_tensormap
+from edge_agent.algorithms.weights import WeightExchangeEdge, load_tensormap, shared_head
 from models.feature_gen import feature_generator
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.contract.arrays import Encoding
@@ -61,8 +61,10 @@ class FedGenEdge(WeightExchangeEdge[FedGenConfig]):
         return self.config.head_encoding
 
     def shared_modules(self) -> dict[str, SharedModule]:
-        """None: each agent starts from its own model."""
-        return {}
+        """``shared_head``: the head from one seed fleet-wide; else none (each agent's own)."""
+        if not self.config.shared_head:
+            return {}
+        return {"head": shared_head(self.exchanged_module(), self.name)}
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """The mean head (``weights``), the generator and the label counts."""

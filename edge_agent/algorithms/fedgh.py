@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
-from edge_agent.algorithms.weights import WeightExchangeEdge
+from edge_agent.algorithms.weights import WeightExchangeEdge, shared_head
 from edge_agent.class_stats import class_prototypes
 from protocol.algorithms.fedgh import FedGHConfig
 from protocol.contract.payloads import Payload
@@ -23,8 +23,11 @@ class FedGHEdge(WeightExchangeEdge[FedGHConfig]):
         return self.ctx.model.get_classifier()
 
     def shared_modules(self) -> dict[str, SharedModule]:
-        """None: extractors are the agents' own and the head comes from the server."""
-        return {}
+        """``shared_head``: the head from the seed the server's first head has too; else none
+        (the extractors are the agents' own, the head comes from the server)."""
+        if not self.config.shared_head:
+            return {}
+        return {"head": shared_head(self.exchanged_module(), self.name)}
 
     def reply_payloads(self) -> dict[str, Payload]:
         """Class prototypes of the trained model over the local training set."""

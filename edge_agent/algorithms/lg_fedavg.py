@@ -11,8 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
-from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge, fresh_copy
-from edge_agent.seeding import derived_seed
+from edge_agent.algorithms.weights import WeightExchangeEdge, shared_head
 from protocol.algorithms.lg_fedavg import LGFedAvgConfig
 from protocol.contract.arrays import Encoding
 
@@ -34,7 +33,4 @@ class LGFedAvgEdge(WeightExchangeEdge[LGFedAvgConfig]):
     def shared_modules(self) -> dict[str, SharedModule]:
         """The head starts identical on every agent whose head has its shape; the extractor
         keeps its own initialisation."""
-        head = self.exchanged_module()
-        shapes = ";".join(f"{k}:{list(v.shape)}" for k, v in head.state_dict().items())
-        seed = derived_seed(SHARED_MODEL_SEED, f"lg_fedavg-head|{shapes}")
-        return {"head": SharedModule(head, lambda: fresh_copy(head), seed)}
+        return {"head": shared_head(self.exchanged_module(), self.name)}

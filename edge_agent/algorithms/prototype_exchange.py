@@ -19,9 +19,8 @@ from edge_agent.algorithms.base import (
     received,
     task_payloads,
 )
-from edge_agent.algorithms.weights import SHARED_MODEL_SEED, fresh_copy
+from edge_agent.algorithms.weights import SHARED_MODEL_SEED, shared_head
 from edge_agent.class_stats import ClassMeans, class_prototypes, prototype_scores, prototype_table
-from edge_agent.seeding import derived_seed
 from edge_agent.trainer import TensorData, TrainStats, evaluate
 from models.checkpoint import HeadSpec
 from protocol.algorithms.fedproto import FedProtoConfig
@@ -100,10 +99,8 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
             return {}
         shared = {"model": self.shared_model(SHARED_MODEL_SEED)}
         if mode == "head":
-            head = self.ctx.model.get_classifier()
-            shapes = ";".join(f"{k}:{list(v.shape)}" for k, v in head.state_dict().items())
-            seed = derived_seed(SHARED_MODEL_SEED, f"fedproto-head|{shapes}")
-            shared["head"] = SharedModule(head, lambda: fresh_copy(head), seed)
+            # FedTGP shares this edge; its head seed stays FedProto's
+            shared["head"] = shared_head(self.ctx.model.get_classifier(), "fedproto")
         return shared
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:

@@ -14,9 +14,10 @@ from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models import Classifier, create_model
 from models.checkpoint import ModelSpec
-from protocol.algorithms.fml import SharedModelConfig
+from protocol.algorithms.fml import CLIENT0_ARCH, SharedModelConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
+from protocol.errors import ConfigError
 
 __all__ = ["SharedModelEdge", "build_fleet_model", "fleet_model_seed", "seeded_fleet_model"]
 
@@ -61,6 +62,11 @@ class SharedModelEdge(WeightExchangeEdge[C]):
     def shared_net(self) -> Classifier:
         """The shared model (built, seeded fleet-wide, on first use)."""
         if self.shared is None:
+            if self.config.shared_model == CLIENT0_ARCH:
+                raise ConfigError(
+                    f"shared_model = {CLIENT0_ARCH!r} reached the agent: the coordinator "
+                    "names the first agent's architecture before the first round"
+                )
             self.shared = seeded_fleet_model(self.ctx, self._role(), self.config.shared_model)
             restored = self._restored
             if restored is not None and _fits(self.shared, restored):

@@ -17,17 +17,22 @@ from edge_agent.algorithms.base import (
     received,
     task_payloads,
 )
+from edge_agent.seeding import SHARED_MODEL_SEED, head_seed
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms import TrainConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import Payload, TensorMap
 
-__all__ = ["WeightExchangeEdge", "fresh_copy", "load_tensormap", "module_to_tensormap"]
+__all__ = [
+    "SHARED_MODEL_SEED",
+    "WeightExchangeEdge",
+    "fresh_copy",
+    "load_tensormap",
+    "module_to_tensormap",
+    "shared_head",
+]
 
 C = TypeVar("C", bound=TrainConfig)
-# FedAvg-style configs carry no seed: every agent derives the model's initial weights from this
-# constant and its architecture (see EdgeAlgorithm.shared_model)
-SHARED_MODEL_SEED = 0x5EED
 
 
 def fresh_copy(module: nn.Module) -> nn.Module:
@@ -41,6 +46,13 @@ def fresh_copy(module: nn.Module) -> nn.Module:
         if callable(reset):
             reset()
     return fresh
+
+
+def shared_head(head: nn.Module, role: str) -> SharedModule:
+    """``head`` as a module every agent starts from identically: seeded by ``role`` and its
+    tensor shapes (:func:`edge_agent.seeding.head_seed`), so alike across architectures."""
+    seed = head_seed(role, {k: v.shape for k, v in head.state_dict().items()})
+    return SharedModule(head, lambda: fresh_copy(head), seed)
 
 
 class WeightExchangeEdge(EdgeAlgorithm[C]):

@@ -24,6 +24,7 @@ from protocol.errors import ConfigError, ValidationError
 __all__ = [
     "CONFIG_TYPES",
     "DEFAULT_FEATURE_DIM",
+    "HTFLLIB_TRAINING",
     "TRAIN_LIMITS",
     "AlgorithmConfig",
     "AveragingConfig",
@@ -88,6 +89,24 @@ class AlgorithmConfig:
     #: Phase -> the payloads of that phase's replies; a phase absent here carries none.
     #: ``None``: not declared, replies are not checked (an algorithm still being written).
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = None
+    #: Named sets of values for some of the fields (preset -> key -> value), chosen by
+    #: ``run.preset``: another toolkit's settings for this algorithm (``htfllib``), while the
+    #: defaults stay the paper's. Each value is checked like any other when the run is built.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    @classmethod
+    def preset(cls, name: str) -> dict[str, Any]:
+        """The values of preset ``name`` (``""``: none); an unknown name is a
+        :class:`ConfigError` listing this algorithm's presets."""
+        if not name:
+            return {}
+        values = cls.PRESETS.get(name)
+        if values is None:
+            raise ConfigError(
+                f"run.preset: {cls.NAME or cls.__name__} has no preset {name!r}; "
+                f"its presets: {sorted(cls.PRESETS) or 'none'}"
+            )
+        return dict(values)
 
     @classmethod
     def reply_payloads(cls, phase: str) -> tuple[PayloadSpec, ...] | None:
@@ -188,6 +207,11 @@ class TrainConfig(AlgorithmConfig):
     # the final step always); an agent's own --eval-every, if larger, wins. Evaluating the
     # global test set every round can dominate a round's time
     eval_every: int = 1
+    # True: every agent of one architecture starts from the same weights, seeded by the
+    # architecture and input alone (HtFLlib's torch.manual_seed(0) before every client's
+    # model); False: each agent starts from its own seed, unless the algorithm shares the
+    # model anyway (FedAvg, CCVR: the weights it averages)
+    arch_init: bool = False
     # an algorithm's own size settings, bounded like TRAIN_LIMITS: a task from the wire may not
     # ask a device for unbounded work (docs/concepts/security.md)
     LIMITS: typing.ClassVar[dict[str, tuple[float, float]]] = {}
@@ -199,6 +223,22 @@ class TrainConfig(AlgorithmConfig):
                 raise ValueError(f"{key} must be in [{lo:g}, {hi:g}], got {value!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+
+
+#: HtFLlib's client training, common to every algorithm of its ``total.sh``
+#: (docs/algorithms/baselines.md names the source of each value): plain SGD at lr 0.01, batch
+#: 10, one local epoch, an unshuffled loader that drops the last partial batch, and one start
+#: per architecture.
+HTFLLIB_TRAINING: dict[str, Any] = {
+    "optimizer": "sgd",
+    "lr": 0.01,
+    "momentum": 0.0,
+    "batch_size": 10,
+    "local_epochs": 1,
+    "batch_order": "fixed",
+    "drop_last": True,
+    "arch_init": True,
+}
 
 
 @dataclass(frozen=True)

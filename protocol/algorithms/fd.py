@@ -13,9 +13,14 @@ global logits rebuilt from each round's uploads alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
+from protocol.algorithms.base import (
+    HTFLLIB_TRAINING,
+    AveragingConfig,
+    PayloadSpec,
+    register_config,
+)
 from protocol.contract.payloads import PrototypeSet
 
 __all__ = ["FDConfig"]
@@ -42,6 +47,9 @@ class FDConfig(AveragingConfig):
     # participant held this round keeps its last global logit
     carry_absent: bool = False
     logit_encoding: Literal["raw", "f16"] = "raw"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {**HTFLLIB_TRAINING, "kd_weight": 1.0, "kd_loss": "soft_ce"}
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

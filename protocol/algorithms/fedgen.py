@@ -14,9 +14,14 @@ lr 0.005, 100 server steps of batch 10 per round, generated-loss weight 1; clien
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
+from protocol.algorithms.base import (
+    HTFLLIB_TRAINING,
+    AveragingConfig,
+    PayloadSpec,
+    register_config,
+)
 from protocol.contract.payloads import TensorMap
 
 __all__ = ["FedGenConfig"]
@@ -40,6 +45,9 @@ class FedGenConfig(AveragingConfig):
     server_batch_size: int = 10
     gen_weight: float = 1.0  # weight of the edge's CE on generated features
     head_exchange: bool = True  # the sample-weighted mean head goes down too (HtFLlib)
+    # True: every agent's head starts from one seeded head before round 1 (HtFLlib sends
+    # client 0's head to every client first); False: each agent's own
+    shared_head: bool = False
     generator_encoding: Literal["raw", "f16", "i8"] = "raw"
     head_encoding: Literal["raw", "f16", "i8"] = "raw"
     # bounded: the generator's sizes (every agent builds it) and the server's work per round
@@ -48,6 +56,19 @@ class FedGenConfig(AveragingConfig):
         "hidden_dim": (1, 65_536),
         "server_steps": (0, 100_000),
         "server_batch_size": (2, 65_536),
+    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {
+            **HTFLLIB_TRAINING,
+            "noise_dim": 32,
+            "generator_lr": 0.1,
+            "hidden_dim": 512,
+            "server_steps": 100,
+            "server_batch_size": 10,
+            "gen_weight": 1.0,
+            "head_exchange": True,
+            "shared_head": True,
+        }
     }
 
     def __post_init__(self) -> None:

@@ -10,9 +10,14 @@ one server epoch per round (the authors' scripts run FedGH with ``-se 1``), batc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from protocol.algorithms.base import PayloadSpec, ScreeningConfig, register_config
+from protocol.algorithms.base import (
+    HTFLLIB_TRAINING,
+    PayloadSpec,
+    ScreeningConfig,
+    register_config,
+)
 from protocol.contract.payloads import PrototypeSet
 
 __all__ = ["FedGHConfig"]
@@ -34,9 +39,22 @@ class FedGHConfig(ScreeningConfig):
     server_batch_size: int = 10
     proto_encoding: Literal["raw", "f16"] = "raw"
     head_encoding: Literal["raw", "f16", "i8"] = "raw"
+    # True: one seeded head is every agent's start and the server's first head (HtFLlib's
+    # server starts from client 0's head and sends it before round 1); False: each agent's
+    # own head until the server's first, which starts from the step's seed
+    shared_head: bool = False
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "server_epochs": (0, 10_000),
         "server_batch_size": (1, 65_536),
+    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {
+            **HTFLLIB_TRAINING,
+            "server_lr": 0.01,
+            "server_epochs": 1,
+            "server_batch_size": 10,
+            "shared_head": True,
+        }
     }
 
     def __post_init__(self) -> None:

@@ -22,10 +22,10 @@ and HtFLlib.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from protocol.algorithms.base import register_config
-from protocol.algorithms.fml import SharedModelConfig
+from protocol.algorithms.base import HTFLLIB_TRAINING, register_config
+from protocol.algorithms.fml import CLIENT0_ARCH, SharedModelConfig
 
 __all__ = ["FedKDConfig"]
 
@@ -48,6 +48,17 @@ class FedKDConfig(SharedModelConfig):
         "svd_energy_start": (1e-3, 1.0),
         "svd_energy_end": (1e-3, 1.0),
         "svd_rounds": (0, 1_000_000),
+    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {
+            **HTFLLIB_TRAINING,
+            "shared_lr": 0.01,
+            "svd_energy_start": 0.95,
+            "svd_energy_end": 0.98,
+            "kl_reduction": "elementwise_mean",
+            "shared_model": CLIENT0_ARCH,
+            "grad_clip": 10.0,
+        }
     }
 
     def svd_energy(self, round_: int) -> float:

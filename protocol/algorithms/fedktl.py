@@ -26,7 +26,12 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from protocol.algorithms.base import PayloadSpec, ScreeningConfig, register_config
+from protocol.algorithms.base import (
+    HTFLLIB_TRAINING,
+    PayloadSpec,
+    ScreeningConfig,
+    register_config,
+)
 from protocol.contract.payloads import PrototypeSet
 
 __all__ = ["SETUP_KEYS", "FedKTLConfig", "setup_digest"]
@@ -96,6 +101,18 @@ class FedKTLConfig(ScreeningConfig):
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("protos", PrototypeSet),),
+    }
+    # the authors' run_me.sh (TsingZ0/FedKTL), StyleGAN-XL line: our defaults already, and
+    # HtFLlib's client training
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {
+            **HTFLLIB_TRAINING,
+            "server_lr": 0.01,
+            "server_batch_size": 100,
+            "server_epochs": 100,
+            "mse_weight": 1.0,
+            "mu": 50.0,
+        }
     }
     # sizes and epochs a task may ask for: the agent builds ETF, h' and images of these sizes, the
     # coordinator trains F for server_epochs every round

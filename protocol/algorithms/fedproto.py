@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from protocol.algorithms.base import AveragingConfig, PayloadSpec, register_config
+from protocol.algorithms.base import (
+    HTFLLIB_TRAINING,
+    AveragingConfig,
+    PayloadSpec,
+    register_config,
+)
 from protocol.contract.payloads import PrototypeSet
 
 __all__ = ["FedProtoConfig"]
@@ -21,6 +26,15 @@ class FedProtoConfig(AveragingConfig):
     }
 
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {"feature_dim": (0, 65_536)}
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {
+            **HTFLLIB_TRAINING,
+            "proto_weight": 10.0,
+            "predict": "prototype",
+            "shared_init": "architecture",
+            "proto_source": "training",
+        }
+    }
 
     proto_weight: float = 1.0  # FedProto's lambda
     proto_encoding: Literal["raw", "f16"] = "raw"

@@ -3,19 +3,19 @@
 The edge is FedProto's (CE + lambda * MSE to the global prototype, prototypes up), so the config
 extends :class:`FedProtoConfig`; the server adds the trainable global prototypes (TGP) and their
 adaptive-margin contrastive loss (ACL). Defaults: lambda 0.1, S = 100 server epochs and margin
-threshold tau = 100 as in the authors' HtFLlib scripts (``-lam 0.1 -se 100 -mart 100``); the
-clients train with HtFLlib's plain SGD (lr 0.01, no momentum, batch 10); the server's SGD
-learning rate is the clients' (0.01) and its batch size HtFLlib's ``-lbs`` (10); the
-generator's hidden width is the feature dimension; clients predict by nearest global prototype
-(HtFLlib's ``clienttgp.test_metrics``).
+threshold tau = 100 (HtFLlib's ``total.sh`` runs ``-lam 10 -se 100 -mart 100``: the
+``htfllib`` preset); the clients train with HtFLlib's plain SGD (lr 0.01, no momentum, batch
+10); the server's SGD learning rate is the clients' (0.01) and its batch size HtFLlib's
+``-lbs`` (10); the generator's hidden width is the feature dimension; clients predict by
+nearest global prototype (HtFLlib's ``clienttgp.test_metrics``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from protocol.algorithms.base import ScreeningConfig, register_config
+from protocol.algorithms.base import HTFLLIB_TRAINING, ScreeningConfig, register_config
 from protocol.algorithms.fedproto import FedProtoConfig
 
 __all__ = ["FedTGPConfig"]
@@ -42,6 +42,18 @@ class FedTGPConfig(FedProtoConfig, ScreeningConfig):
         "server_epochs": (0, 10_000),
         "server_batch_size": (1, 65_536),
         "tgp_hidden_dim": (0, 65_536),
+    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {
+            **HTFLLIB_TRAINING,
+            "proto_weight": 10.0,
+            "server_epochs": 100,
+            "margin_threshold": 100.0,
+            "server_lr": 0.01,
+            "server_batch_size": 10,
+            "predict": "prototype",
+            "shared_init": "architecture",
+        }
     }
 
     def __post_init__(self) -> None:

@@ -19,12 +19,17 @@ batch 10, one local epoch, each model's gradient norm clipped at 10.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from protocol.algorithms.base import register_config
+from protocol.algorithms.base import HTFLLIB_TRAINING, register_config
 from protocol.algorithms.fedavg import FedAvgConfig
 
-__all__ = ["FMLConfig", "SharedModelConfig"]
+__all__ = ["CLIENT0_ARCH", "FMLConfig", "SharedModelConfig"]
+
+#: ``shared_model`` value: the architecture of the fleet's first agent (HtFLlib builds the
+#: shared model as client 0's); the coordinator replaces it by that registry name before the
+#: first round.
+CLIENT0_ARCH = "client0_arch"
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class SharedModelConfig(FedAvgConfig):
     momentum: float = 0.0  # HtFLlib's plain SGD
     batch_size: int = 10  # HtFLlib
     grad_clip: float = 10.0  # per model (HtFLlib's clip "to prevent divergence")
-    shared_model: str = "mlp_s"  # registry name, one for the fleet (HtFLlib: FedAvgCNN = cnn4)
+    # registry name, one for the fleet, or CLIENT0_ARCH (HtFLlib: client 0's architecture)
+    shared_model: str = "mlp_s"
     shared_lr: float = 0.0  # 0: same as lr
     # batchmean: KL summed over classes, averaged over samples (the papers' D_KL);
     # elementwise_mean: divided by B x C as well (HtFLlib's nn.KLDivLoss())
@@ -56,6 +62,16 @@ class FMLConfig(SharedModelConfig):
 
     alpha: float = 0.5  # private model: alpha * CE + (1 - alpha) * KL
     beta: float = 0.5  # meme model: beta * CE + (1 - beta) * KL
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "htfllib": {
+            **HTFLLIB_TRAINING,
+            "alpha": 0.5,
+            "beta": 0.5,
+            "kl_reduction": "elementwise_mean",
+            "shared_model": CLIENT0_ARCH,
+            "grad_clip": 10.0,
+        }
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -13,8 +13,9 @@ local epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from protocol.algorithms.base import register_config
+from protocol.algorithms.base import HTFLLIB_TRAINING, register_config
 from protocol.algorithms.fedavg import FedAvgConfig
 
 __all__ = ["LGFedAvgConfig"]
@@ -28,3 +29,5 @@ class LGFedAvgConfig(FedAvgConfig):
     lr: float = 0.01  # HtFLlib
     momentum: float = 0.0  # HtFLlib's plain SGD
     batch_size: int = 10  # HtFLlib
+    # the head already starts from one seed fleet-wide (the edge's shared_modules)
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"htfllib": dict(HTFLLIB_TRAINING)}

@@ -4,9 +4,9 @@ must beat)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from protocol.algorithms.base import PayloadSpec, TrainConfig, register_config
+from protocol.algorithms.base import HTFLLIB_TRAINING, PayloadSpec, TrainConfig, register_config
 
 __all__ = ["LocalConfig"]
 
@@ -17,3 +17,4 @@ class LocalConfig(TrainConfig):
     """Local training only; no knowledge is exchanged (the lower bound)."""
 
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {}  # nothing, ever
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"htfllib": dict(HTFLLIB_TRAINING)}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import load_config, parse_override
+from coordinator.config import load_config, parse_override, preset_differences
 from protocol.errors import ConfigError
 
 
@@ -71,3 +71,42 @@ def test_the_embedded_broker_listens_on_loopback_unless_told_otherwise() -> None
         or any(k.arg == "fleet" for k in c.keywords)
         for c in calls
     )
+
+
+def test_a_preset_gives_its_values_under_hyper_and_set(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nalgorithm = "fedtgp"\npreset = "htfllib"\n[hyper]\nlr = 0.05\n')
+    hyper = load_config(path).algorithm_config().to_dict()
+    # the preset's values (total.sh: -lam 10 -se 100 -mart 100), the TOML's lr over the preset's
+    assert (hyper["proto_weight"], hyper["server_epochs"], hyper["margin_threshold"]) == (
+        10.0,
+        100,
+        100.0,
+    )
+    assert (hyper["shared_init"], hyper["arch_init"], hyper["lr"]) == ("architecture", True, 0.05)
+    over = load_config(path, ["hyper.proto_weight=0.5"]).algorithm_config().to_dict()
+    assert over["proto_weight"] == 0.5 and over["server_epochs"] == 100
+    plain = load_config(None, ["run.algorithm=fedtgp"]).algorithm_config().to_dict()
+    assert (plain["proto_weight"], plain["shared_init"], plain["arch_init"]) == (0.1, "none", False)
+
+
+def test_a_preset_the_algorithm_lacks_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="fedvtc has no preset 'htfllib'"):
+        load_config(None, ["run.algorithm=fedvtc", "run.preset=htfllib"])
+
+
+def test_a_recorded_preset_run_keeps_its_resolved_values() -> None:
+    cfg = load_config(None, ["run.algorithm=fml", "run.preset=htfllib"])
+    recorded = cfg.to_dict()
+    assert recorded["preset"] == "htfllib"
+    assert recorded["hyper"]["kl_reduction"] == "elementwise_mean"
+    assert recorded["hyper"]["shared_model"] == "client0_arch"
+
+
+def test_preset_differences_name_each_changed_default() -> None:
+    rows = {(a, k): (d, v) for a, k, d, v in preset_differences("htfllib")}
+    assert rows[("fedtgp", "proto_weight")] == (0.1, 10.0)
+    assert rows[("fedgen", "noise_dim")] == (512, 32)
+    assert rows[("fd", "kd_loss")] == ("mse", "soft_ce")
+    assert ("fedtgp", "server_epochs") not in rows  # the preset's value is the default
+    assert preset_differences("none-such") == []

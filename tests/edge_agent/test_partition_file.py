@@ -191,10 +191,10 @@ def test_coordinator_partition_writes_our_seeded_split(tmp_path: Path) -> None:
 
 
 def _agent_options(*extra: str) -> object:
-    from edge_agent.cli import _options, build_parser
+    from edge_agent.cli import Adopted, _options, build_parser
 
     args = build_parser().parse_args(["--broker", "localhost", *extra])
-    return _options(args, "dev", "fedproto", ())
+    return _options(args, "dev", Adopted("fedproto", (), 64))
 
 
 def test_edge_agent_takes_its_client_from_the_file(tmp_path: Path) -> None:
