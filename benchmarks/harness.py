@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coordinator import accuracy
+
 __all__ = [
     "IMAGE_SIZE",
     "T975",
@@ -455,13 +457,8 @@ def step_bytes(step: Record, direction: str, *, progress: bool = True) -> int:
 def personalised_accuracy(agents: dict[str, Record], test_sizes: list[int]) -> float | None:
     """``acc_local`` of a step's agents weighted by their own test split's size: the accuracy
     over the union of the clients' test splits. Agents are simulate()'s ``agent{i}``."""
-    pairs = [
-        (test_sizes[int(device.removeprefix("agent"))], float(a["acc_local"]))
-        for device, a in agents.items()
-        if isinstance(a.get("acc_local"), (int, float))
-    ]
-    total = sum(n for n, _ in pairs)
-    return sum(n * acc for n, acc in pairs) / total if total else None
+    weights = {device: test_sizes[int(device.removeprefix("agent"))] for device in agents}
+    return accuracy.personalised_accuracy(agents, weights)
 
 
 # ----- tables ---------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.accuracy import MONITORS, PERSONALISED
 from protocol.algorithms import AlgorithmConfig, config_type
 from protocol.algorithms.base import config_value
 from protocol.errors import ConfigError
@@ -97,6 +98,11 @@ class RunConfig:
     # of
     # our own: ~5x less CPU a message than paho, benchmarks/bench_mqtt_clients.py) or "paho"
     mqtt_client: str = "lean"
+    # early stopping (0: off, every round runs): training ends once the best round of
+    # `monitor` is `patience` rounds old, `rounds` being the cap; the final steps still run
+    patience: int = 0
+    min_delta: float = 0.0  # an improvement must exceed the best so far by more than this
+    monitor: str = PERSONALISED
     hyper: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -130,6 +136,11 @@ class RunConfig:
         if not _SERVER_DEVICE.fullmatch(self.server_device):
             raise ConfigError(
                 f"run.server_device: expected auto, cpu, cuda or cuda:N, got {self.server_device!r}"
+            )
+        if self.patience < 0 or self.min_delta < 0 or self.monitor not in MONITORS:
+            raise ConfigError(
+                f"run: patience >= 0, min_delta >= 0, monitor one of {', '.join(MONITORS)}; "
+                f"got {self.patience}, {self.min_delta}, {self.monitor!r}"
             )
         self.algorithm_config()  # validates the hyperparameters against the algorithm
 
@@ -207,6 +218,11 @@ RUN_KEY_HELP: dict[str, str] = {
     "`coordinator ingest-worker` processes, which take them over a shared subscription",
     "mqtt_client": "the coordinator's MQTT client: lean (our socket client, built for fleet "
     "scale) or paho",
+    "patience": "early stopping: end training once the best round of `monitor` is this many "
+    "rounds old, then run the final steps (rounds is the cap); 0 = off",
+    "min_delta": "early stopping: how much a round must beat the best so far to count",
+    "monitor": "early stopping's metric: acc_local_weighted (personalised accuracy, "
+    "sample-weighted) or acc_global (mean over the agents)",
 }
 
 

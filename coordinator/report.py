@@ -16,6 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.accuracy import (
+    LAST_ROUNDS,
+    PERSONALISED,
+    best_round,
+    last_mean,
+    round_value,
+    round_values,
+    sample_weights,
+    training_rounds,
+)
 from protocol.errors import ConfigError
 
 __all__ = [
@@ -68,6 +78,7 @@ class MetricsLog:
         skipped: ``(line number, reason)`` of every line that could not be used.
         config: The run configuration from ``run.json``, if present and readable.
         config_error: Why ``run.json`` could not be read, if it exists but is broken.
+        records: The steps' records as read, for :mod:`coordinator.accuracy`'s summaries.
     """
 
     run_dir: Path
@@ -75,6 +86,7 @@ class MetricsLog:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     config: dict[str, Any] | None = None
     config_error: str | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ----- reading -----------------------------------------------------------------------------------
@@ -89,6 +101,7 @@ def load_metrics(run_dir: str | Path) -> MetricsLog:
     if not path.is_file():
         raise ConfigError(f"no {METRICS_FILE} in {run_dir} (is it a run directory?)")
     steps: list[StepRow] = []
+    records: list[dict[str, Any]] = []
     skipped: list[tuple[int, str]] = []
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     for number, text in enumerate(lines, start=1):
@@ -104,8 +117,9 @@ def load_metrics(run_dir: str | Path) -> MetricsLog:
             skipped.append((number, f"a JSON {type(record).__name__}, not an object"))
             continue
         steps.append(_step(number, record))
+        records.append(record)
     config, config_error = _read_config(run_dir / CONFIG_FILE)
-    return MetricsLog(run_dir, steps, skipped, config, config_error)
+    return MetricsLog(run_dir, steps, skipped, config, config_error, records)
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -180,7 +194,8 @@ def _mean_std(
 
 # ----- markdown ----------------------------------------------------------------------------------
 def render_report(run_dir: str | Path) -> str:
-    """A markdown report: one row per step, a first-vs-last table per agent, traffic by kind.
+    """A markdown report: the run's summaries (best round, mean of the last rounds), one row
+    per step, a first-vs-last table per agent, traffic by kind.
 
     Raises:
         ConfigError: ``RUN_DIR/metrics.jsonl`` does not exist.
@@ -189,6 +204,7 @@ def render_report(run_dir: str | Path) -> str:
     out = [f"# Run report: {_title(log)}", ""]
     out += _config_lines(log)
     if log.steps:
+        out += [*_summary(log.records), ""]
         out += ["## Steps", ""]
         out += [*_steps_table(log.steps), "", *_agents_table(log.steps), ""]
         out += _traffic_table(log.steps)
@@ -224,6 +240,51 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         elif value is None or isinstance(value, (str, int, float, bool)):
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+SUMMARIES = (
+    (PERSONALISED, "personalised accuracy (own test splits, sample-weighted)"),
+    ("acc_global", "global accuracy (shared test set, mean over agents)"),
+)
+
+
+def _summary(records: list[dict[str, Any]]) -> list[str]:
+    """Both summaries of the training rounds for each metric (and its value in the last step,
+    e.g. after the final phase), and why the rounds ended."""
+    rounds = training_rounds(records)
+    weights = sample_weights(rounds)  # the last step may count other samples (a final phase's)
+    rows = [
+        "## Summary",
+        "",
+        f"{len(rounds)} training rounds.",
+        "",
+        f"| metric | best round | best | mean of the last {LAST_ROUNDS} rounds | last step |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for metric, label in SUMMARIES:
+        best = best_round(rounds, metric)
+        late = last_mean(rounds, metric)
+        counted = min(LAST_ROUNDS, len(round_values(rounds, metric)))
+        rows.append(
+            f"| {label} `{metric}` | {_fmt(best.round if best else None)} "
+            f"| {_fmt(best.value if best else None)} "
+            f"| {_fmt(late)}{f' ({counted} rounds)' if 0 < counted < LAST_ROUNDS else ''} "
+            f"| {_fmt(round_value(records[-1], metric, weights) if records else None)} |"
+        )
+    stop = next((r["stop"] for r in reversed(rounds) if isinstance(r.get("stop"), dict)), None)
+    if stop is not None:
+        rows += ["", _stop_line(stop)]
+    return rows
+
+
+def _stop_line(stop: Mapping[str, Any]) -> str:
+    best = f"best {_fmt(_num(stop, 'best'))} at round {_fmt(_int(stop.get('best_round')))}"
+    if stop.get("reason") == "patience":
+        return (
+            f"Stopped early: `{stop.get('monitor')}` {best}, not bettered by more than "
+            f"{stop.get('min_delta')} for {stop.get('patience')} rounds."
+        )
+    return f"Early stopping (patience {stop.get('patience')}) ran to the cap: {best}."
 
 
 def _steps_table(steps: list[StepRow]) -> list[str]:

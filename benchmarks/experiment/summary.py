@@ -8,6 +8,8 @@ from typing import Any
 
 from harness import by_seed, group_by, mean_of, paired_diffs
 
+from coordinator import accuracy
+
 Record = dict[str, Any]
 
 
@@ -18,19 +20,21 @@ def steps_failed(steps: list[Record]) -> int:
 
 
 def round_means(train: Iterable[Record], key: str) -> list[float]:
-    """The training rounds' ``mean_<key>`` (that round's participants' mean), where present."""
-    return [s[f"mean_{key}"] for s in train if s.get(f"mean_{key}") is not None]
+    """The training rounds' values of ``key`` (:func:`coordinator.accuracy.round_value`: the
+    recorded ``mean_<key>``, or the personalised ``acc_local_weighted``), where present."""
+    return [p.value for p in accuracy.round_values(train, key)]
 
 
 def best_round(train: Iterable[Record], key: str) -> float | None:
-    """The best round mean of ``key`` (optimistic, as the papers report it)."""
-    vals = round_means(train, key)
-    return max(vals) if vals else None
+    """The best round's value of ``key`` (optimistic, as the papers report it); the same
+    reduction as ``coordinator report``'s best round."""
+    best = accuracy.best_round(train, key)
+    return None if best is None else best.value
 
 
 def late_mean(train: Iterable[Record], key: str, first_round: float) -> float | None:
-    """The mean of ``key``'s round means over rounds ``first_round``.. (e.g. the second half)."""
-    vals = round_means((s for s in train if s["round"] >= first_round), key)
+    """The mean of ``key``'s round values over rounds ``first_round``.. (e.g. the second half)."""
+    vals = [p.value for p in accuracy.round_values(train, key) if p.round >= first_round]
     return statistics.fmean(vals) if vals else None
 
 

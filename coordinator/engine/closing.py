@@ -13,6 +13,7 @@ from coordinator.config import RunConfig
 from coordinator.engine.intake import ReplySource
 from coordinator.engine.metrics import append_line, step_record
 from coordinator.engine.step import OpenStep
+from coordinator.engine.stopping import EarlyStop
 from coordinator.store.database import Store
 from coordinator.strategies import AgentInfo, ServerContext, Step, Strategy
 from protocol.contract.messages import Reply
@@ -36,6 +37,7 @@ class StepCloser:
         agents: Mapping[str, AgentInfo],
         log: logging.Logger,
         steps: int,
+        stopping: EarlyStop,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -45,6 +47,7 @@ class StepCloser:
         self.agents = agents  # the admitted agents (read only)
         self.log = log
         self.steps = steps  # in the run's plan
+        self.stopping = stopping  # sees every record before it is stored
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
 
     def finish(self, open_step: OpenStep, started: float, traffic0: dict[str, int]) -> None:
@@ -134,6 +137,7 @@ class StepCloser:
             traffic,
         )
         record["bytes_progress"] = sum(progress.values())
+        self.stopping.observe(record)
         return record
 
 

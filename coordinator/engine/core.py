@@ -33,6 +33,7 @@ from coordinator.engine.replies import (
     take_batch,
 )
 from coordinator.engine.step import OpenStep, QuorumError
+from coordinator.engine.stopping import EarlyStop
 from coordinator.store.database import StepRecord, Store
 from coordinator.strategies import Step, Strategy
 from protocol.contract.codec import Envelope
@@ -88,6 +89,7 @@ class Coordinator:
         self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()
         self.rejected: dict[str, int] = {}
         self.plan = strategy.plan(cfg.rounds)
+        self.stopping = EarlyStop(cfg)
         self._open_step: OpenStep | None = None  # set only while collect() is waiting
         self.announcer = StatePublisher(
             cfg, endpoint, self.topics, strategy.name, strategy.declared_feature_dim()
@@ -113,6 +115,7 @@ class Coordinator:
             agents=self.agents,
             log=self.log,
             steps=len(self.plan),
+            stopping=self.stopping,
         )
         self.messages = (
             MessageTable()
@@ -134,6 +137,9 @@ class Coordinator:
     def _restore(self) -> None:
         self.agents.update(registered_agents(self.store))
         self.strategy.load_state_dict(self.store.global_state())
+        if self.stopping.enabled:  # the best round so far, from the stored rounds
+            self.stopping.replay(self.store.metrics())
+            self._cut_plan()
         if self.store.get_meta("run_id") is None:
             self.store.set_meta("run_id", self.cfg.run_id)
             new_share_group(self.store)  # before the config: workers start once it is there
@@ -176,6 +182,7 @@ class Coordinator:
             self.announcer.publish("finished", self.announcer.state[1])
             raise
         self.store.set_meta("outcome", "finished")
+        # the cap even after an early stop: agents read a lower round as a coordinator that gave up
         self.announcer.publish("finished", self.cfg.rounds)
         self.broadcast.clear()
         return RunResult(self.cfg.run_id, len(self.plan), self.store.metrics(), dict(self.rejected))
@@ -197,9 +204,21 @@ class Coordinator:
             self.announcer.publish("running", self.plan[first].round)
         if first:
             self.log.info("resuming at step %d of %d", first + 1, len(self.plan))
-        for idx in range(first, len(self.plan)):
+        idx = first
+        while idx < len(self.plan):  # an early stop shortens the plan
             self.run_step(idx, self.plan[idx])
+            self._cut_plan()
+            idx += 1
         self.store.retire_done_steps()  # the last step's replies: nothing waits for them now
+
+    def _cut_plan(self) -> None:
+        """Drop the training rounds an early stop left out of the plan."""
+        plan = self.stopping.cut(self.plan, self.strategy)
+        if plan is not self.plan:
+            assert self.stopping.decision is not None  # cut only after a decision
+            self.log.info("%s; running the final steps", self.stopping.decision.describe(self.cfg))
+            self.plan = plan
+            self.closer.steps = len(plan)
 
     def wait_for_agents(self, count: int, timeout: float) -> None:
         """Process messages until ``count`` agents are registered and online."""

@@ -107,6 +107,54 @@ def test_traffic_by_kind_and_skipped_line(run_dir: Path) -> None:
     assert "- line 4: truncated last line" in report
 
 
+def test_summary_best_round_and_last_ten_rounds_by_hand(tmp_path: Path) -> None:
+    # agent a holds 100 samples, b 300: personalised = (a + 3 b) / 4 = x + 0.3 with b = a + 0.4
+    # (the plain mean, x + 0.2, would differ); acc_global is the same for both agents
+    xs = [0.1, 0.5, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.3]
+    gs = [0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.9, 0.3, 0.3, 0.3, 0.3, 0.3]
+    records = [
+        _step(
+            r,
+            "train",
+            {
+                "a": {**_agent(x, g), "num_samples": 100},
+                "b": {**_agent(x + 0.4, g), "num_samples": 300},
+            },
+            {},
+        )
+        for r, (x, g) in enumerate(zip(xs, gs, strict=True), start=1)
+    ]
+    records[-1]["stop"] = {
+        "reason": "patience",
+        "monitor": "acc_local_weighted",
+        "patience": 10,
+        "min_delta": 0.0,
+        "best_round": 2,
+        "best": 0.8,
+    }
+    # the final phase counts other samples: weighted by the training rounds' (0.4 + 3 * 0.8) / 4
+    final = {
+        "a": {**_agent(0.4, 0.5), "num_samples": 5000},
+        "b": {**_agent(0.8, 0.5), "num_samples": 10},
+    }
+    records.append(_step(13, "final", final, {}))
+    report = render_report(_write_run(tmp_path / "run", records))
+    # last 10 rounds = rounds 3..12: x averages (9 * 0.2 + 0.3) / 10 = 0.21, g (9 * 0.3 + 0.9) / 10
+    assert "12 training rounds." in report
+    assert (
+        "| personalised accuracy (own test splits, sample-weighted) `acc_local_weighted` | 2 "
+        "| 0.800 | 0.510 | 0.700 |" in report
+    )
+    assert (
+        "| global accuracy (shared test set, mean over agents) `acc_global` | 7 | 0.900 | 0.360 "
+        "| 0.500 |" in report
+    )
+    assert (
+        "Stopped early: `acc_local_weighted` best 0.800 at round 2, not bettered by more than "
+        "0.0 for 10 rounds." in report
+    )
+
+
 def test_invalid_middle_lines_and_null_fields(tmp_path: Path) -> None:
     run = _write_run(tmp_path / "r", [{"round": None, "agents": None, "bytes": None}])
     with (run / "metrics.jsonl").open("a") as fh:
