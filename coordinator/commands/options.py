@@ -90,19 +90,27 @@ def add_credential_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_config(
-    args: argparse.Namespace, unused: tuple[str, ...] = (), **extra: object
+    args: argparse.Namespace,
+    unused: tuple[str, ...] = (),
+    defaults: dict[str, object] | None = None,
+    **extra: object,
 ) -> RunConfig:
-    return resolve_run(args, unused, **extra)[0]
+    return resolve_run(args, unused, defaults, **extra)[0]
 
 
 def resolve_run(
-    args: argparse.Namespace, unused: tuple[str, ...] = (), **extra: object
+    args: argparse.Namespace,
+    unused: tuple[str, ...] = (),
+    defaults: dict[str, object] | None = None,
+    **extra: object,
 ) -> tuple[RunConfig, RunInfo | None]:
     """The run's config, and what its run directory already holds (``None``: a new run).
 
     ``run_dir`` may come from the TOML, ``--set run.run_dir=`` or ``--run-dir`` (that order of
     precedence); only when none gives it is a fresh ``runs/COMMAND-TIMESTAMP`` chosen. Keys in
     ``unused`` are decided by the command itself: giving one is an error, not silently ignored.
+    ``defaults``: the command's own defaults of run keys, which the TOML and ``--set`` override;
+    ``extra``: values the command decides (they override both).
     """
     from coordinator.config import read_layers
     from coordinator.ops.lifecycle import resolve_config
@@ -122,6 +130,8 @@ def resolve_run(
             f"run.{given[0]} has no effect in `coordinator {args.command}` "
             f"(it sets {', '.join(unused)} itself); remove it"
         )
+    for key, value in (defaults or {}).items():
+        data["run"].setdefault(key, value)
     data["run"].update({k: v for k, v in extra.items() if v is not None})
     data["run"].setdefault("run_dir", f"runs/{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     cfg, info = resolve_config(data)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from coordinator.commands.options import Subparsers
     from coordinator.config import RunConfig
 
-__all__ = ["add_parser", "run", "simulate_feature_dim"]
+__all__ = ["add_parser", "run", "simulate_feature_dim", "simulated_deadline"]
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -124,6 +126,17 @@ def simulate_feature_dim(cfg: RunConfig, given: int | None) -> int | None:
     return cfg.required_feature_dim() or DEFAULT_FEATURE_DIM
 
 
+def simulated_deadline(agents: int, cores: int | None = None) -> float:
+    """A step's default deadline when ``agents`` train at once on this host's ``cores``: the
+    run default (the time one device may take) times the agents sharing each core, since a
+    simulated step's wall time grows with them (FedType's ResNet-18 proxy takes ~90-140 s a
+    round for each of 3 agents on 2 cores, past the 120 s a device gets)."""
+    from coordinator.config import RunConfig
+
+    per_core = math.ceil(agents / max(1, cores or os.cpu_count() or 1))
+    return RunConfig.deadline_s * max(1, per_core)
+
+
 def run(args: argparse.Namespace) -> int:
     from coordinator.sim.simulate import FleetSpec, simulate
     from models.families import family_models
@@ -132,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = run_config(
         args,
         unused=("broker", "embedded_port", "embedded_host", "min_agents"),
+        defaults={"deadline_s": simulated_deadline(args.agents)},
         min_agents=args.agents,
     )
     models = (

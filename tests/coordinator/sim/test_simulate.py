@@ -319,3 +319,22 @@ def test_simulate_without_a_family_gives_an_algorithm_averaging_whole_models_one
         caplog.text
     )
     assert default_family("fedproto") == "tiny"
+
+
+def test_a_simulated_steps_default_deadline_grows_with_the_agents_sharing_a_core() -> None:
+    from coordinator.commands.simulate import simulated_deadline
+
+    assert simulated_deadline(1, cores=2) == 120.0
+    assert simulated_deadline(3, cores=2) == 240.0
+    assert simulated_deadline(20, cores=2) == 1200.0
+
+
+def test_a_deadline_the_user_gives_wins_over_the_simulations_default(tmp_path: Path) -> None:
+    from coordinator.cli import build_parser
+    from coordinator.commands.options import run_config
+
+    argv = ["simulate", "--agents", "30", "--run-dir", str(tmp_path / "r")]
+    args = build_parser().parse_args(argv)
+    chosen = build_parser().parse_args([*argv, "--set", "run.deadline_s=50"])
+    assert run_config(args, defaults={"deadline_s": 999.0}).deadline_s == 999.0
+    assert run_config(chosen, defaults={"deadline_s": 999.0}).deadline_s == 50.0
