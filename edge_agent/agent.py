@@ -73,7 +73,7 @@ class AgentSettings:
     progress_interval_s: float = 1.0
     extra_register: dict[str, Any] = field(default_factory=dict)
     # evaluate after every N-th training round (other phases always): evaluating a large
-    # global test set every round can cost more than the round's training (issue 20 §1)
+    # global test set every round can cost more than the round's training
     eval_every: int = 1
 
 
@@ -372,7 +372,7 @@ class EdgeAgent:
             # `starting`: a coordinator (re)started and may not know us. `running` of the run
             # we registered with (or found running on connecting, when our connect's register
             # reached it) is that coordinator moving on or reconnecting: registering again
-            # only cost traffic (issue 20 §5)
+            # only cost traffic
             if state.state == "starting" or self._registered_with not in (
                 state.run_id,
                 _CONNECTED,

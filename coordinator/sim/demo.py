@@ -41,7 +41,7 @@ class DemoSpec:
     partition: str = "dirichlet:0.5"
     feature_dim: int = 64
     export: bool = True
-    # the split knobs of `coordinator simulate` (issue 20 §1), passed on to every agent
+    # the split knobs of `coordinator simulate`, passed on to every agent
     partition_file: str | None = None
     partition_seed: int | None = None
     test_fraction: float = 0.2

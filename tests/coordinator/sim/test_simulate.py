@@ -96,7 +96,7 @@ def test_fedvtc_every_round_exchanges_the_generator(tmp_path: Path) -> None:
         extra_up = every.metrics[r]["bytes"]["rx.reply"] - once.metrics[r]["bytes"]["rx.reply"]
         assert extra_up >= 0.9 * uploads, (r, extra_up, uploads)
 
-    def down(step: dict) -> int:  # tasks, and what they share sent once (issue 21)
+    def down(step: dict) -> int:  # tasks, and what they share sent once
         return step["bytes"].get("tx.task", 0) + step["bytes"].get("tx.knowledge", 0)
 
     extra_down = [down(every.metrics[r]) - down(once.metrics[r]) for r in (0, 1)]
@@ -105,7 +105,7 @@ def test_fedvtc_every_round_exchanges_the_generator(tmp_path: Path) -> None:
     assert extra_down[1] >= 0.9 * uploads / 3
 
 
-# ----- issue 20 §1: a user's own split and the reproduction knobs ----------------------------
+# ----- a user's own split and the reproduction knobs ----------------------------
 def _file_split(tmp_path: Path, clients: int = 3) -> Path:
     from edge_agent.data import (
         PartitionSpec,
