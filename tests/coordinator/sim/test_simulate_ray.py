@@ -65,11 +65,13 @@ def simulated(value: Any) -> Any:
     return value
 
 
-def run(tmp_path: Path, name: str, fleet: FleetSpec = FLEET, **kw: Any) -> Any:
+def run(
+    tmp_path: Path, name: str, fleet: FleetSpec = FLEET, algorithm: str = "fedavg", **kw: Any
+) -> Any:
     cfg = load_config(
         None,
         ["hyper.local_epochs=1"],
-        algorithm="fedavg",
+        algorithm=algorithm,
         rounds=2,
         run_dir=str(tmp_path / name),
         min_agents=fleet.num_agents,
@@ -114,14 +116,15 @@ def test_ray_backend_gives_the_inprocess_metrics(
 def test_a_failing_actor_ends_the_run_at_once(
     tmp_path: Path, ray_instance: Any, mosquitto: MosquittoBroker
 ) -> None:
-    # Prepare: agent1's model does not exist, so its actor fails while building it
+    # Prepare: agent1's model does not exist, so its actor fails while building it (under an
+    # algorithm that takes mixed architectures: fedavg refuses this fleet before it starts)
     fleet = FleetSpec(num_agents=2, models=("mlp_s", "no_such_model"), feature_dim=32)
     options = RayOptions(agents_per_actor=1, threads=1, broker=f"127.0.0.1:{mosquitto.port}")
 
     # Execute / Assert: reported from the actor, long before wait_agents_s runs out, with the
     # toolkit's own message (as the in-process backend gives it), not Ray's traceback
     with pytest.raises(AgentProcessError, match="no_such_model") as failed:
-        run(tmp_path, "failing", fleet=fleet, backend="ray", ray=options)
+        run(tmp_path, "failing", fleet=fleet, algorithm="fedproto", backend="ray", ray=options)
     assert str(failed.value).startswith("the Ray actor of agents 1-1 failed: "), failed.value
     assert "Traceback" not in str(failed.value) and "File " not in str(failed.value)
 
