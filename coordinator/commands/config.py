@@ -16,20 +16,40 @@ def add_parser(sub: Subparsers) -> None:
     conf.add_argument(
         "--defaults", action="store_true", help="every [run] key: type, default, meaning"
     )
+    conf.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="also list every [hyper] value the preset NAME changes (run.preset = NAME), "
+        "per algorithm: default -> preset",
+    )
     conf.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from coordinator.config import run_keys
+    from coordinator.config import preset_differences, run_keys
+    from protocol.errors import ConfigError
 
     keys = run_keys()
+    changes = [] if args.preset is None else preset_differences(args.preset)
+    if args.preset is not None and not changes:
+        raise ConfigError(f"--preset {args.preset!r}: no algorithm has a preset of that name")
     if args.json:
-        print(json.dumps([dict(key=k, type=t, default=d, meaning=m) for k, t, d, m in keys]))
+        out: dict[str, object] = {
+            "run": [dict(key=k, type=t, default=d, meaning=m) for k, t, d, m in keys]
+        }
+        if args.preset is not None:
+            out["preset"] = [dict(algorithm=a, key=k, default=d, value=v) for a, k, d, v in changes]
+        print(json.dumps(out if args.preset is not None else out["run"]))
         return 0
     print("[run] keys (TOML [run] section or --set run.KEY=VALUE):\n")
     for key, type_, default, meaning in keys:
         print(f"  {key:<16} {type_:<6} default {default!r:<12} {meaning}")
     print("\n[hyper] keys are the algorithm's; an unknown one is an error that lists them.")
+    if changes:
+        print(f"\n[hyper] values run.preset = {args.preset!r} changes (default -> preset):\n")
+        for algorithm, key, default, value in changes:
+            print(f"  {algorithm:<10} {key:<20} {default!r} -> {value!r}")
     return 0

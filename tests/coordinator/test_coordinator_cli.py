@@ -109,3 +109,18 @@ def test_ingest_workers_without_a_broker_are_refused_naming_why(
     err = capsys.readouterr().err
     assert code == 2, err
     assert "shared subscription" in err and "--broker" in err and "Traceback" not in err
+
+
+def test_config_defaults_lists_what_a_preset_changes(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["config", "--defaults", "--preset", "htfllib"]) == 0
+    out = capsys.readouterr().out
+    assert "fedtgp     proto_weight         0.1 -> 10.0" in out
+    assert main(["config", "--defaults", "--preset", "htfllib", "--json"]) == 0
+    changes = json.loads(capsys.readouterr().out)["preset"]
+    assert {"algorithm": "fedproto", "key": "proto_weight", "default": 1.0, "value": 10.0} in (
+        changes
+    )
+    assert main(["config", "--defaults", "--preset", "no_such_preset"]) == 2
+    assert "no algorithm has a preset" in capsys.readouterr().err
