@@ -4,7 +4,9 @@ The format other toolkits can write and read (HtFLlib, PFLlib and hand-made spli
 
     train_idx_<k>    int array, client k's training samples (k = 0..K-1, every k present)
     test_idx_<k>     int array, client k's local test samples
-    global_test_idx  int array, optional: a global test set disjoint from every client's data
+    global_test_idx  int array, optional: a global test set disjoint from every client's data;
+                     without it, the global test set is the union of the clients' test sets
+                     (HtFLlib's and PFLlib's splits hold out nothing else)
     spec_json        optional 0-d string: how the split was made (written by our export)
 
 Indices are positions in the dataset as :func:`~edge_agent.data.load_dataset` returns it.
@@ -31,7 +33,13 @@ from edge_agent.data.spec import PartitionSpec
 from edge_agent.data.split import FederatedSplit
 from protocol.errors import ConfigError
 
-__all__ = ["PartitionFile", "load_partition_file", "save_partition_file", "split_from_file"]
+__all__ = [
+    "PartitionFile",
+    "global_test_of",
+    "load_partition_file",
+    "save_partition_file",
+    "split_from_file",
+]
 
 _CLIENT_KEY = re.compile(r"(train|test)_idx_(0|[1-9][0-9]*)")
 GLOBAL_KEY = "global_test_idx"
@@ -170,7 +178,15 @@ def split_from_file(dataset: Any, pf: PartitionFile) -> FederatedSplit:
         ConfigError: an index outside the dataset.
     """
     pf.check_dataset(len(dataset), dataset.name)
-    return FederatedSplit(dataset, None, pf.global_test, pf.train, pf.test)
+    return FederatedSplit(dataset, None, global_test_of(pf), pf.train, pf.test)
+
+
+def global_test_of(pf: PartitionFile) -> IndexArray:
+    """The file's global test set, else the union of its clients' test sets: every agent is
+    then also scored on the data all the others are tested on."""
+    if len(pf.global_test):
+        return pf.global_test
+    return np.sort(np.concatenate([np.asarray(t, np.int64) for t in pf.test]))
 
 
 def spec_of(pf: PartitionFile) -> PartitionSpec | None:

@@ -81,6 +81,23 @@ def test_a_hand_made_file_without_global_test(tmp_path: Path) -> None:
     assert len(train.y) == 2 and len(test.y) == 0
 
 
+def test_without_a_global_test_set_the_clients_test_sets_together_are_it(tmp_path: Path) -> None:
+    # HtFLlib's splits hold out nothing besides the clients' test sets: global = their union
+    path = _write(
+        tmp_path / "f.npz",
+        train_idx_0=np.array([5, 1]),
+        test_idx_0=np.array([7, 3]),
+        train_idx_1=np.array([10, 11]),
+        test_idx_1=np.array([2]),
+    )
+    split = split_from_file(_dataset(), load_partition_file(path))
+    np.testing.assert_array_equal(split.global_test_indices, [2, 3, 7])
+    held_out = tmp_path / "g.npz"
+    _write(held_out, train_idx_0=np.array([5]), test_idx_0=np.array([7]), global_test_idx=[9])
+    split = split_from_file(_dataset(), load_partition_file(held_out))
+    np.testing.assert_array_equal(split.global_test_indices, [9])
+
+
 def test_unknown_arrays_are_named_in_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
