@@ -24,6 +24,8 @@ from coordinator.strategies import STRATEGIES
 
 
 @pytest.mark.slow
+# the defaults are the papers' models: FedType's ResNet-18 proxy takes minutes on two CPU cores
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_simulate_on_its_defaults_runs_every_task_or_names_the_flag_it_needs(
     tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
