@@ -9,11 +9,9 @@ a restarted agent resends them with the same message id, and the coordinator ded
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import queue
-import re
 import secrets
 import threading
 import time
@@ -24,6 +22,7 @@ from typing import Any
 import torch
 
 from edge_agent.algorithms import EdgeAlgorithm
+from edge_agent.exporting import export_models
 from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
 from edge_agent.progress import TerminalProgress
 from edge_agent.state import AgentState
@@ -55,7 +54,6 @@ __all__ = ["AgentSettings", "EdgeAgent"]
 PRIVATE_ARCH = "private"  # registered instead of the name of a model that stays private
 
 VERSION = "0.1.0"
-_EXPORT_NAME = re.compile(r"[a-z0-9_]{1,32}")  # a directory, a file stem and a metric key
 _CONNECTED = "\x00connected"  # not a run id: ids are printable
 IDLE_WAIT_S = 1.0  # longest wait for a message: how late a stop or an idle timeout is seen
 
@@ -540,54 +538,20 @@ class EdgeAgent:
             return {"onnx_exported": 0.0}
 
     def _export(self, task: Task) -> dict[str, float]:
-        """Export the final model to ONNX (with its inference head) and verify it; then each of
-        the algorithm's extra models (:meth:`EdgeAlgorithm.extra_exports`) as its own bundle."""
+        """Export the final model and the algorithm's extra models as verified bundles."""
         if self.settings.export_dir is None:
             return {}
-        from export import export_bundle  # lazy: onnx is only needed at the end of a run
-
         self._save_checkpoint(task)
         samples = self.ctx.test if len(self.ctx.test) else self.ctx.train
-        x = samples.x[:64].cpu().numpy()
-        y = samples.y[:64].cpu().numpy()
-        manifest = export_bundle(
-            self.state.checkpoint_path, self.settings.export_dir, samples=x, labels=y
+        return export_models(
+            self.state.checkpoint_path,
+            self.settings.export_dir,
+            (samples.x[:64].cpu().numpy(), samples.y[:64].cpu().numpy()),
+            self.algorithm.extra_exports(),
+            meta=self._meta(task),
+            state_dir=self.settings.state_dir,
+            log=self.log,
         )
-        export_dir = self.settings.export_dir
-        out = self._bundle_metrics("onnx", manifest, export_dir)
-        for name, ckpt in self.algorithm.extra_exports().items():
-            out.update(self._export_extra(task, name, ckpt, export_dir / name, (x, y)))
-        return out
-
-    def _export_extra(
-        self, task: Task, name: str, ckpt: Checkpoint, dest: Path, samples: tuple[Any, Any]
-    ) -> dict[str, float]:
-        """``state_dir/NAME.ckpt`` exported to ``dest``; a failure costs only this bundle."""
-        from export import export_bundle
-
-        key = f"onnx_{name}"
-        try:
-            if not _EXPORT_NAME.fullmatch(name):
-                raise ValueError(f"extra export name {name!r}: expected [a-z0-9_]{{1,32}}")
-            # the run's record (round, classes, ...) with what the algorithm says of this model
-            ckpt = dataclasses.replace(ckpt, meta={**self._meta(task), **ckpt.meta})
-            path = self.settings.state_dir / f"{name}.ckpt"
-            save_checkpoint(path, ckpt)
-            manifest = export_bundle(path, dest, samples=samples[0], labels=samples[1])
-        except Exception as exc:  # the main bundle is already written: keep its result
-            self.log.error("ONNX export of %s failed: %s: %s", name, type(exc).__name__, exc)
-            return {f"{key}_exported": 0.0}
-        return self._bundle_metrics(key, manifest, dest)
-
-    def _bundle_metrics(self, key: str, manifest: Any, where: Path) -> dict[str, float]:
-        fp32 = manifest.files[0]
-        self.log.info("exported %s (%d bytes) to %s", fp32.file, fp32.size_bytes, where)
-        out = {f"{key}_exported": 1.0, f"{key}_bytes": float(fp32.size_bytes)}
-        if fp32.verification is not None:
-            out[f"{key}_verified"] = float(fp32.verification.passed)
-            out[f"{key}_argmax_agreement"] = float(fp32.verification.agreement)
-            out[f"{key}_max_abs_diff"] = float(fp32.verification.max_abs_diff)
-        return out
 
     def _progress(self, step: int, total: int, loss: float) -> None:
         task = self._current
