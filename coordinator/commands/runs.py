@@ -101,7 +101,7 @@ def _stop(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from coordinator.store.database import lock_holder
+    from coordinator.store.lock import lock_holder
 
     running = [r for r in _selected_runs(args) if r.pid and r.pid > 0]
     for r in running:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.config import RunConfig, build_config
-from coordinator.store.database import lock_holder
+from coordinator.store.lock import lock_holder
 from protocol.errors import ConfigError
 
 __all__ = [

@@ -19,7 +19,7 @@ from coordinator.commands.options import resolve_run
 from coordinator.config import RUN_KEY_HELP, load_config, run_keys
 from coordinator.engine.runner import coordinator_client_id, make_coordinator, mqtt_transport
 from coordinator.ops.lifecycle import read_run
-from coordinator.store.database import RunDirBusyError
+from coordinator.store.lock import RunDirBusyError
 from protocol.contract.codec import decode
 from protocol.contract.messages import CoordinatorState
 from protocol.contract.topics import Topics
