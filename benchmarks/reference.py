@@ -1,0 +1,284 @@
+"""The reference tier: every algorithm in HtFLlib's setting, on HtFLlib-style split files,
+trained until its best round is ``--patience`` rounds old.
+
+Setting: MNIST-5k at 28x28, 20 clients, the split files of ``benchmarks/splits/`` (Dirichlet 0.1
+and 1.0, 75/25 per client, no global hold-out), the ``htfl_cnn`` family (HtFLlib's HCNNs4 for
+one channel: 512-d pooled post-ReLU features, no projection), full participation, every
+algorithm under ``run.preset = "htfllib"`` (HtFLlib's client recipe, SGD lr 0.01 batch 10 one
+epoch, and ``total.sh``'s per-algorithm values; an algorithm without such a preset runs
+HtFLlib's client recipe over its own defaults). Seeds vary the initialisation and batch order,
+never the split. Training stops when the best round of the personalised accuracy is
+``--patience`` rounds old, or at ``--rounds``.
+
+Reported per algorithm and alpha, mean with a 95 % t interval over seeds, each on both metrics
+(personalised: each client's model on its own test split, sample-weighted as HtFLlib reports
+it; global: each client's model on the union of the clients' test splits, mean over clients):
+the best round (HtFLlib's summary, optimistic) and the mean of the last 10 rounds; and the
+paired difference from ``local`` on the same seeds.
+
+Usage::
+
+    python benchmarks/reference.py --jobs 2 --threads 1      # the grid, resumable
+    python benchmarks/reference.py --table-only              # rewrite the page only
+
+Settings, arms and split files: ``benchmarks/presets/reference.toml``; results in
+``benchmarks/results/reference.json``, the page ``docs/results/reference.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import math
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import experiment
+from experiment.summary import steps_failed
+from harness import ROOT, ci95, ci_cell, paired_diffs
+
+logging.basicConfig(level=logging.ERROR)
+
+PRESET = experiment.load_preset("reference")
+METHODS = PRESET.arms
+SPLITS: dict[str, str] = PRESET.other["splits"]
+BASELINE: str = PRESET.other["report"]["baseline"]
+PRESET_NAME = "htfllib"
+LAST = 10  # the last rounds a run's second summary averages
+KEYS = ("best_personal", "last_personal", "best_global", "last_global")
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The script's own options (defaults: benchmarks/presets/reference.toml)."""
+    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS))
+    ap.add_argument("--alphas", nargs="+", type=float, help="Dirichlet alpha (a split file each)")
+    ap.add_argument("--family", help="models.families name")
+    ap.add_argument("--rounds", type=int, help="the cap")
+    ap.add_argument("--patience", type=int, help="stop once the best round is this old")
+    ap.add_argument(
+        "--device", help="where the agents train (cpu, cuda); not part of a run's identity"
+    )
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Seed by seed (a whole first seed before any second), alpha by alpha, method by method:
+    an interrupted grid has every row at the same number of seeds."""
+    return [
+        run_spec(args, method, alpha, seed)
+        for seed in args.seeds
+        for alpha in args.alphas
+        for method in args.methods
+    ]
+
+
+def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> dict[str, Any]:
+    """Everything that determines one run (also its identity in the results file)."""
+    from protocol.algorithms import config_type
+    from protocol.algorithms.base import HTFLLIB_TRAINING
+
+    arm = METHODS[method]
+    has_preset = PRESET_NAME in config_type(arm.algorithm).PRESETS
+    return {
+        "method": method,
+        "algorithm": arm.algorithm,
+        "preset": PRESET_NAME if has_preset else "",
+        "hyper": {**({} if has_preset else HTFLLIB_TRAINING), **arm.hyper},
+        "family": args.family,
+        "alpha": alpha,
+        "seed": seed,
+        "split": SPLITS[f"{alpha:.1f}"],
+        "rounds": args.rounds,
+        "patience": args.patience,
+    }
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One simulation on the split file, reduced to its two summaries on both metrics."""
+    import torch
+
+    from coordinator.config import load_config
+    from coordinator.sim.simulate import FleetSpec, simulate
+    from edge_agent.data import load_partition_file
+    from models.families import family_models
+
+    torch.set_num_threads(args.threads)
+    split = ROOT / spec["split"]
+    sizes = [len(t) for t in load_partition_file(split).test]
+    clients = len(sizes)
+    run_dir = Path(tempfile.mkdtemp(prefix="reference-"))
+    try:
+        cfg = load_config(
+            None,
+            [],
+            algorithm=spec["algorithm"],
+            preset=spec["preset"],
+            rounds=spec["rounds"],
+            patience=spec["patience"],
+            run_dir=str(run_dir),
+            min_agents=clients,
+            seed=spec["seed"],
+            deadline_s=args.deadline,
+            max_retries=1,
+            run_id="reference",
+        ).replace(hyper=spec["hyper"])
+        cfg.algorithm_config()
+        fleet = FleetSpec(
+            num_agents=clients,
+            models=tuple(family_models(spec["family"], clients)),
+            data="mnist5k",
+            partition_file=str(split),
+            feature_dim=None,
+            device=args.device,
+        )
+        t0 = time.time()
+        result = simulate(cfg, fleet)
+        wall = time.time() - t0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    host = f"{platform.node()} ({os.cpu_count()} CPUs)"
+    return {
+        "spec": spec,
+        "wall_s": wall,
+        "device": args.device,
+        "host": host,
+        **summarize(result.metrics, sizes),
+    }
+
+
+def _weighted(agents: dict[str, Any], sizes: list[int]) -> float | None:
+    """Sample-weighted personalised accuracy over the agents that reported (agentK holds
+    ``sizes[K]`` test samples)."""
+    num = den = 0.0
+    for device, agent in agents.items():
+        acc = agent.get("acc_local")
+        if isinstance(acc, (int, float)) and math.isfinite(acc):
+            n = sizes[int(device.removeprefix("agent"))]
+            num, den = num + acc * n, den + n
+    return num / den if den else None
+
+
+def _global(agents: dict[str, Any]) -> float | None:
+    vals = [float(a["acc_global"]) for a in agents.values() if a.get("acc_global") is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def summarize(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
+    """Per training round both metrics; each one's best round and last-10 mean."""
+    train = [s for s in steps if s["phase"] == "train" and s.get("quorum_met") is not False]
+    personal = [_weighted(s["agents"], sizes) for s in train]
+    glob = [_global(s["agents"]) for s in train]
+    out: dict[str, Any] = {
+        "rounds_done": len(train),
+        "steps_failed": steps_failed(steps),
+        "curve_personal": personal,
+        "curve_global": glob,
+        "s_per_round": statistics.fmean(float(s["duration_s"]) for s in train) if train else None,
+    }
+    for name, curve in (("personal", personal), ("global", glob)):
+        vals = [(i + 1, v) for i, v in enumerate(curve) if v is not None]
+        best = max(vals, key=lambda p: p[1]) if vals else None
+        out[f"best_{name}"] = None if best is None else best[1]
+        out[f"best_round_{name}"] = None if best is None else best[0]
+        tail = [v for _, v in vals][-LAST:]
+        out[f"last_{name}"] = statistics.fmean(tail) if tail else None
+    return out
+
+
+# ----- the page -------------------------------------------------------------------------------
+def _cell(vals: list[float | None]) -> str:
+    xs = [v for v in vals if v is not None]
+    if not xs:
+        return "–"
+    mean, half = ci95(xs)
+    return f"{100 * mean:.2f}" if math.isnan(half) else f"{100 * mean:.2f} ± {100 * half:.2f}"
+
+
+_diff = functools.partial(ci_cell, digits=2)
+
+
+def tables(results: experiment.Results) -> str:
+    """Markdown: per alpha, the accuracy table and the paired differences from ``local``."""
+    groups: dict[float, dict[str, dict[int, dict[str, Any]]]] = {}
+    for r in results.runs:
+        s = r["spec"]
+        groups.setdefault(s["alpha"], {}).setdefault(s["method"], {})[s["seed"]] = r
+    out: list[str] = []
+    for alpha, by in sorted(groups.items(), key=lambda kv: -kv[0]):
+        out += [
+            f"### MNIST-5k, Dirichlet {alpha:g}",
+            "",
+            "Accuracy, % (mean ± 95 % t half-width over seeds). Best = the run's best round "
+            "(HtFLlib's summary); last 10 = the mean of its last 10 rounds.",
+            "",
+            "| method | seeds | rounds run | personalised, best | personalised, last 10 | "
+            "global, best | global, last 10 | s/round |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for m in (m for m in METHODS if m in by):
+            rs = list(by[m].values())
+            cells = " | ".join(_cell([r.get(k) for r in rs]) for k in KEYS)
+            rounds = "–".join(
+                str(n)
+                for n in sorted(
+                    {min(r["rounds_done"] for r in rs), max(r["rounds_done"] for r in rs)}
+                )
+            )
+            per_round = statistics.fmean(r["s_per_round"] or 0.0 for r in rs)
+            out.append(f"| `{m}` | {len(rs)} | {rounds} | {cells} | {per_round:.1f} |")
+        base = list(by.get(BASELINE, {}).values())
+        rows = []
+        for m in (m for m in METHODS if m in by and m != BASELINE and base):
+            rs = list(by[m].values())
+            seeds = len(set(by[m]) & set(by[BASELINE]))
+            if seeds:
+                cols = " | ".join(_diff(paired_diffs(rs, base, k)) for k in KEYS)
+                rows.append(f"| `{m}` − `{BASELINE}` | {seeds} | {cols} |")
+        if rows:
+            out += [
+                "",
+                f"Paired difference from `{BASELINE}`, points (mean [95 % t interval]; same "
+                "seed = same split, start and batch order):",
+                "",
+                "| comparison | seeds | personalised, best | personalised, last 10 | "
+                "global, best | global, last 10 |",
+                "|---|---|---|---|---|---|",
+                *rows,
+            ]
+        out.append("")
+    return "\n".join(out)
+
+
+def _describe(r: dict[str, Any]) -> str:
+    return (
+        f"best {100 * r['best_personal']:.2f} (r{r['best_round_personal']}) "
+        f"last10 {100 * r['last_personal']:.2f} global {100 * r['last_global']:.2f} "
+        f"{r['rounds_done']} rounds ({r['wall_s']:.0f} s)"
+    )
+
+
+EXPERIMENT = experiment.Experiment(
+    description=__doc__ or "",
+    preset=PRESET,
+    plan=plan,
+    execute=execute,
+    describe=_describe,
+    tables=tables,
+    add_args=add_args,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the missing runs, then print and write the tables."""
+    parser_args = experiment.parse_args(EXPERIMENT, argv)
+    experiment.run(EXPERIMENT, parser_args)
+
+
+if __name__ == "__main__":
+    main()
