@@ -198,6 +198,7 @@ SCRIPTS = (
     "fedproto_reference",
     "poisoning",
     "compare",
+    "reference",
 )
 
 

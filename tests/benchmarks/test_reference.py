@@ -1,0 +1,75 @@
+"""The reference tier's reductions and page: both metrics' best round and last-10 mean, the
+personalised one weighted by each client's test split, paired differences from ``local``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # its own imports
+
+import experiment
+import reference
+
+Record = dict[str, Any]
+
+
+def step(round_: int, accs: list[float], glob: list[float], phase: str = "train") -> Record:
+    agents = {
+        f"agent{k}": {"acc_local": a, "acc_global": g, "num_samples": 1}
+        for k, (a, g) in enumerate(zip(accs, glob, strict=True))
+    }
+    return {"phase": phase, "round": round_, "agents": agents, "duration_s": 2.0}
+
+
+def test_summarize_weights_by_test_size_and_takes_best_and_last_rounds() -> None:
+    # agent1 holds three times agent0's test samples: its accuracy weighs three times as much
+    steps = [step(r, [0.0, r / 20], [0.5, 0.5 + r / 100]) for r in range(1, 21)]
+    steps[14] = step(15, [1.0, 1.0], [0.9, 0.9])  # the best round on both metrics
+    steps.append(step(21, [0.0, 0.0], [0.0, 0.0], phase="final"))  # not a training round
+    out = reference.summarize(steps, sizes=[10, 30])
+    assert out["rounds_done"] == 20
+    assert out["best_personal"] == pytest.approx(1.0) and out["best_round_personal"] == 15
+    assert out["best_global"] == pytest.approx(0.9) and out["best_round_global"] == 15
+    last = [0.75 * r / 20 for r in range(11, 21) if r != 15] + [1.0]
+    assert out["last_personal"] == pytest.approx(sum(last) / 10)
+    assert out["curve_personal"][0] == pytest.approx(0.75 / 20)
+
+
+def run(method: str, seed: int, best: float, last: float) -> Record:
+    spec = {"method": method, "algorithm": method, "alpha": 1.0, "seed": seed}
+    return {
+        "spec": spec,
+        "rounds_done": 40 + seed,
+        "s_per_round": 3.0,
+        "best_personal": best,
+        "last_personal": last,
+        "best_global": best / 2,
+        "last_global": last / 2,
+    }
+
+
+def test_tables_show_both_summaries_and_paired_differences_from_local() -> None:
+    runs = [run("local", s, 0.80 + s / 100, 0.78) for s in (1, 2, 3)]
+    runs += [run("fedproto", s, 0.82 + s / 100, 0.81) for s in (1, 2, 3)]
+    args = argparse.Namespace()
+    text = reference.tables(experiment.Results(args, [], runs, []))
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
+    assert "82.00 ± 2.48" in rows["`local`"]  # 80+s over seeds 1-3: mean 82, t(2) 4.30 sd 1
+    assert rows["`local`"].split("|")[3].strip() == "41–43"  # rounds run, min–max
+    diff = rows["`fedproto` − `local`"]
+    assert "+2.00" in diff and "+3.00" in diff  # best +2 points, last-10 +3 points
+
+
+def test_plan_runs_a_whole_seed_before_the_next() -> None:
+    args = experiment.parse_args(reference.EXPERIMENT, ["--seeds", "1", "2"])
+    specs = experiment.plan(reference.EXPERIMENT, args)
+    seeds = [s["seed"] for s in specs]
+    assert seeds == sorted(seeds) and len(specs) == 2 * len(args.alphas) * len(args.methods)
+    by = {s["method"]: s for s in specs}
+    assert by["fedproto"]["preset"] == "htfllib"
+    assert all(s["split"].startswith("benchmarks/splits/") for s in specs)
