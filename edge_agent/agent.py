@@ -73,6 +73,9 @@ class AgentSettings:
     # evaluate after every N-th training round (other phases always): evaluating a large
     # global test set every round can cost more than the round's training
     eval_every: int = 1
+    # score the global test set only every N-th evaluated training round (other phases always):
+    # it is often many times a client's own test split, so it dominates an evaluation
+    global_eval_every: int = 1
 
 
 class EdgeAgent:
@@ -444,7 +447,7 @@ class EdgeAgent:
         self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)
         try:
             result = self.algorithm.handle(task)
-            metrics = {**result.metrics, **(self._evaluate() if self._evaluates(task) else {})}
+            metrics = {**result.metrics, **(self._evaluate(task) if self._evaluates(task) else {})}
             if task.phase == "final":
                 metrics.update(self._export_safely(task))
         except EdgeFLError as exc:
@@ -493,12 +496,13 @@ class EdgeAgent:
         every = max(1, self.settings.eval_every, 1 if cfg is None else cfg.eval_every)
         return task.phase != "train" or task.round % every == 0
 
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self, task: Task) -> dict[str, float]:
         out: dict[str, float] = {}
         local = evaluate(self.ctx.model, self.ctx.test, self.algorithm.scores)
         if local.samples:
             out.update(acc_local=local.accuracy, loss_local=local.loss)
-        if self.ctx.global_test is not None:
+        every = max(1, self.settings.global_eval_every)
+        if self.ctx.global_test is not None and (task.phase != "train" or task.round % every == 0):
             glob = evaluate(self.ctx.model, self.ctx.global_test, self.algorithm.scores)
             out.update(acc_global=glob.accuracy, loss_global=glob.loss)
         return out

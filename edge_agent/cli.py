@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="evaluate every N-th training round (and always at the end)",
     )
+    p.add_argument(
+        "--global-eval-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="score the global test set only every N-th training round (and always at the end)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of partition, init and batching")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
@@ -481,6 +488,7 @@ def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOpt
         device=args.device,
         seed=args.seed,
         eval_every=args.eval_every,
+        global_eval_every=args.global_eval_every,
         exit_when_finished=not args.stay,
         classes=run.classes,
     )

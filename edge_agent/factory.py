@@ -75,6 +75,7 @@ class AgentOptions:
     device: str = "auto"
     seed: int = 0
     eval_every: int = 1  # evaluate every N-th training round (and every other phase)
+    global_eval_every: int = 1  # score the global test set every N-th training round
     exit_when_finished: bool = True
     # the federation's classes, by name and in order: local labels are mapped onto them by name
     # (empty: the dataset's own numbering, which must then agree across the fleet)
@@ -258,6 +259,7 @@ def build_agent(
         federation=opts.federation,
         exit_when_finished=opts.exit_when_finished,
         eval_every=opts.eval_every,
+        global_eval_every=opts.global_eval_every,
         export_dir=opts.export_dir,
         class_names=train.class_names,
     )

@@ -81,6 +81,14 @@ def add_split_options(p: argparse.ArgumentParser, global_test_default: int) -> N
         metavar="N",
         help="agents evaluate every N-th training round (and always at the end)",
     )
+    p.add_argument(
+        "--global-eval-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="agents score the global test set only every N-th training round (and always at "
+        "the end): it is often many times a client's own test split",
+    )
 
 
 def add_credential_options(p: argparse.ArgumentParser) -> None:
@@ -150,6 +158,7 @@ def split_fields(args: argparse.Namespace) -> dict[str, Any]:
         "min_size": args.min_size,
         "global_test_size": args.global_test_size,
         "eval_every": args.eval_every,
+        "global_eval_every": args.global_eval_every,
     }
 
 

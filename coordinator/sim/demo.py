@@ -48,6 +48,7 @@ class DemoSpec:
     min_size: int = 10
     global_test_size: int = 360
     eval_every: int = 1
+    global_eval_every: int = 1
 
 
 class AgentProcessError(EdgeFLError):
@@ -140,6 +141,8 @@ def _split_flags(spec: DemoSpec) -> list[str]:
         str(spec.global_test_size),
         "--eval-every",
         str(spec.eval_every),
+        "--global-eval-every",
+        str(spec.global_eval_every),
     ]
     if spec.partition_seed is not None:
         cmd += ["--partition-seed", str(spec.partition_seed)]

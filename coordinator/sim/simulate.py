@@ -90,6 +90,7 @@ class FleetSpec:
     # a split file (train_idx_K / test_idx_K [/ global_test_idx]); replaces the four above
     partition_file: str | None = None
     eval_every: int = 1  # agents evaluate every N-th training round (and the final step)
+    global_eval_every: int = 1  # ... and score the global test set every N-th training round
     export: bool = False
     device: str = "cpu"  # where every simulated agent trains: cpu, cuda[:N] or auto
     data_root: str | None = None  # torchvision-style datasets read from local files
@@ -136,6 +137,7 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         data_root=fleet.data_root,
         seed=cfg.seed,
         eval_every=fleet.eval_every,
+        global_eval_every=fleet.global_eval_every,
         classes=cfg.classes,  # what a real agent adopts from the coordinator's state
     )
 

@@ -40,6 +40,17 @@ def test_summarize_weights_by_test_size_and_takes_best_and_last_rounds() -> None
     assert out["curve_personal"][0] == pytest.approx(0.75 / 20)
 
 
+def test_a_sparse_global_curve_is_summarised_over_its_scored_rounds() -> None:
+    steps = [step(r, [0.5, 0.5], [r / 100, r / 100]) for r in range(1, 21)]
+    for s in steps:  # the global set scored every 5th round only
+        if s["round"] % 5:
+            for agent in s["agents"].values():
+                del agent["acc_global"]
+    out = reference.summarize(steps, sizes=[1, 1])
+    assert out["best_global"] == pytest.approx(0.20) and out["best_round_global"] == 20
+    assert out["last_global"] == pytest.approx((0.15 + 0.20) / 2)  # rounds 15 and 20
+
+
 def run(method: str, seed: int, best: float, last: float) -> Record:
     spec = {"method": method, "algorithm": method, "alpha": 1.0, "seed": seed}
     return {

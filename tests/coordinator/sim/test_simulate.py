@@ -173,12 +173,13 @@ def test_split_knobs_reach_the_agents(tmp_path: Path) -> None:
         partition_seed=5,
         global_test_size=50,
         eval_every=4,
+        global_eval_every=3,
     )
     opts = agent_options(_cfg(tmp_path), fleet, 1)
     assert opts.partition is not None
     assert (opts.partition.test_fraction, opts.partition.min_size) == (0.3, 25)
     assert (opts.partition.seed, opts.partition.global_test_size) == (5, 50)
-    assert opts.eval_every == 4
+    assert (opts.eval_every, opts.global_eval_every) == (4, 3)
 
 
 def test_eval_every_skips_the_rounds_between(tmp_path: Path) -> None:
@@ -187,6 +188,15 @@ def test_eval_every_skips_the_rounds_between(tmp_path: Path) -> None:
     evaluated = [m["mean_acc_local"] is not None for m in result.metrics]
     assert [m["phase"] for m in result.metrics] == ["train"] * 3 + ["final"]
     assert evaluated == [False, True, False, True]  # rounds 2 and the final step
+
+
+def test_global_eval_every_scores_the_global_set_only_in_its_rounds(tmp_path: Path) -> None:
+    fleet = FleetSpec(num_agents=3, models=MODELS, global_test_size=100, global_eval_every=2)
+    result = simulate(_cfg(tmp_path, rounds=3), fleet)
+    own = [m["mean_acc_local"] is not None for m in result.metrics]
+    shared = [m["mean_acc_global"] is not None for m in result.metrics]
+    assert own == [True] * 4  # every round scores the agents' own splits
+    assert shared == [False, True, False, True]  # the global set: round 2 and the final step
 
 
 def test_the_runs_eval_every_from_its_config_reaches_every_agent(tmp_path: Path) -> None:
