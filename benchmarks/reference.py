@@ -144,7 +144,9 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             models=tuple(family_models(spec["family"], clients)),
             data="mnist5k",
             partition_file=str(split),
-            feature_dim=None,
+            # native features (HtFLlib's 512-d), unless the algorithm needs another size
+            # (FedKTL: its ETF's K dimensions; FedVTC: its generator's latent)
+            feature_dim=cfg.required_feature_dim() or None,
             global_eval_every=spec["global_every"],
             device=args.device,
         )

@@ -31,6 +31,7 @@ from edge_agent.algorithms.base import (
     task_payloads,
 )
 from edge_agent.class_stats import ClassMeans
+from edge_agent.seeding import derived_seed
 from edge_agent.trainer import ParamGroup, TensorData
 from models import Classifier
 from models.checkpoint import HeadSpec
@@ -94,6 +95,10 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
         self.images: Tensor | None = None  # received pairs: [N, ch, h, w] in [0, 1]
         self.latents: Tensor | None = None  # [N, H]
         self._order: list[int] = []  # what is left of the current pass over the pairs
+        # the pairs' order on a stream of its own: the batches over the private data then come
+        # in the same order as `local`'s on the same seed (a paired comparison)
+        seed = derived_seed(int(ctx.generator.initial_seed()), "fedktl-pairs")
+        self._pair_order = torch.Generator().manual_seed(seed)
 
     # ----- knowledge in ---------------------------------------------------------------------
     def receive(self, payloads: dict[str, Payload]) -> None:
@@ -224,7 +229,7 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
         if not self._order:
             assert self.latents is not None
             n = self.latents.shape[0]
-            self._order = torch.randperm(n, generator=self.ctx.generator).tolist()
+            self._order = torch.randperm(n, generator=self._pair_order).tolist()
         take, self._order = self._order[:batch], self._order[batch:]
         return torch.tensor(take, device=self.ctx.device)
 

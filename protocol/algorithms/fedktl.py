@@ -112,6 +112,9 @@ class FedKTLConfig(ScreeningConfig):
             "server_epochs": 100,
             "mse_weight": 1.0,
             "mu": 50.0,
+            # K' = 512: h' reads the whole 512-d feature vector of HtFLlib's networks, as h
+            # does (the authors' -fd 512); the default K' = 32 is the spec's edge setting
+            "feature_dim": 512,
         }
     }
     # sizes and epochs a task may ask for: the agent builds ETF, h' and images of these sizes, the

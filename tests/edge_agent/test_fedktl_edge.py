@@ -17,6 +17,7 @@ import coordinator.strategies.fedktl.strategy
 import edge_agent.algorithms.fedktl  # noqa: F401  (registers both halves)
 from coordinator.strategies.fedktl.server import make_setup
 from edge_agent.algorithms.fedktl import FedKTLEdge, extractor_output
+from edge_agent.seeding import derived_seed
 from models import Classifier, create_model
 from models.checkpoint import Checkpoint, save_checkpoint
 from models.ktl import arcface_logits
@@ -85,8 +86,12 @@ def test_step_loss_is_arcface_plus_mu_times_the_regression_on_the_extractor_outp
     features = model.forward_features(x)
     v_t = F.normalize(torch.as_tensor(SETUP["etf"]).T, dim=1)
     arc = F.cross_entropy(arcface_logits(F.normalize(features, dim=1) @ v_t.T, y), y)
-    # the first L^M batch: the seeded permutation of the 3 pairs (batch 10 takes them all)
-    order = torch.randperm(3, generator=torch.Generator().manual_seed(0))
+    # the first L^M batch: the seeded permutation of the 3 pairs (batch 10 takes them all), on
+    # a stream of its own: the private data's batch order stays `local`'s
+    base = edge.ctx.generator.initial_seed()
+    pair_seed = derived_seed(base, "fedktl-pairs")
+    order = torch.randperm(3, generator=torch.Generator().manual_seed(pair_seed))
+    batch_stream = edge.ctx.generator.get_state()
     assert edge.images is not None and edge.latents is not None
     f = extractor_output(model, edge.images[order], KP)
     w, b = torch.as_tensor(SETUP["proj.weight"]), torch.as_tensor(SETUP["proj.bias"])
@@ -98,6 +103,7 @@ def test_step_loss_is_arcface_plus_mu_times_the_regression_on_the_extractor_outp
     # Assert
     assert loss.item() == pytest.approx(arc.item() + 2.0 * mse.item(), rel=1e-5)
     assert f.shape == (3, KP)
+    assert torch.equal(edge.ctx.generator.get_state(), batch_stream)
 
 
 def test_regression_trains_the_extractor_and_h_prime_but_not_h() -> None:
