@@ -44,6 +44,9 @@ class _FeatureLogitConfig(AveragingConfig):
     knowledge_window: Literal["history_fifo", "latest_per_client", "current_round"] = "history_fifo"
     history_cap: int = 5000  # entries kept per class under history_fifo (the code's FIFO cap)
     count_weighted: bool = False  # True: entries weighted by their sample counts
+    # > 0: entries older than this many rounds leave the table whatever the window (stale
+    # features of models long since trained further); 0: no bound
+    window_rounds: int = 0
     kl_reduction: Literal["elementwise_mean", "batchmean"] = "elementwise_mean"  # §8-D7
     knowledge_encoding: Literal["raw", "f16"] = "raw"
     weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # group weights, both ways
@@ -53,6 +56,7 @@ class _FeatureLogitConfig(AveragingConfig):
     # the coordinator keeps up to history_cap entries per class
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "history_cap": (1, 1_000_000),
+        "window_rounds": (0, 1_000_000),
         "feature_dim": (0, 65_536),
     }
 

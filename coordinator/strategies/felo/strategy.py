@@ -46,7 +46,11 @@ class _FeatureLogitStrategy(Strategy[Any]):
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.table = KnowledgeTable(
-            num_classes, config.knowledge_window, config.history_cap, config.count_weighted
+            num_classes,
+            config.knowledge_window,
+            config.history_cap,
+            config.count_weighted,
+            config.window_rounds,
         )
         self.groups: dict[str, TensorMap] = {}
         self.warmup = config.warmup_rounds(1)

@@ -3,7 +3,9 @@
 Every uploaded (client, class) mean is one *entry*. The window (spec §8-D3) decides which
 entries are kept: ``history_fifo`` (the paper's "server dataset" and the authors' code: every
 entry, at most ``cap`` per class, oldest dropped first), ``latest_per_client`` (a K x C table of
-the freshest entries) or ``current_round`` (only the last aggregated round). The per-class
+the freshest entries) or ``current_round`` (only the last aggregated round); a bound in rounds
+(``rounds``) drops older entries under any of them, so that a count-weighted mean is not
+dominated by entries from models many rounds old. The per-class
 server knowledge is the mean over kept entries, and Velo's CVAE trains on the same entries'
 features, so Velo - Felo is not confounded by stale data.
 
@@ -42,6 +44,7 @@ class KnowledgeTable:
     window: Window = "history_fifo"
     cap: int = 5000
     count_weighted: bool = False
+    rounds: int = 0  # > 0: entries older than this many rounds are dropped, whatever the window
 
     def __post_init__(self) -> None:
         self.cls = np.zeros(0, np.int64)
@@ -93,6 +96,8 @@ class KnowledgeTable:
             keep = np.zeros(n, bool)
             for c in np.unique(self.cls):
                 keep[np.nonzero(self.cls == c)[0][-self.cap :]] = True
+        if self.rounds > 0:
+            keep &= self.round > round_ - self.rounds
         self._select(keep)
 
     def _select(self, keep: npt.NDArray[np.bool_]) -> None:

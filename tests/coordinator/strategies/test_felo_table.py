@@ -63,6 +63,17 @@ def test_count_weighted_means_weight_entries_by_samples() -> None:
     assert means.counts.tolist() == [4]
 
 
+def test_a_bound_in_rounds_drops_older_entries_under_any_window() -> None:
+    t = KnowledgeTable(C, count_weighted=True, rounds=2)
+    t.add(1, [("a", upload([0], 100.0, [50]))])
+    t.add(2, [("a", upload([0], 1.0, [3]))])
+    t.add(3, [("b", upload([0], 5.0, [1]))])
+    means = t.means()
+    assert means is not None  # round 1's heavy entry is 3 rounds old at round 3: gone
+    np.testing.assert_allclose(means.features[0], [2.0, 2.0])  # (3*1 + 1*5) / 4
+    assert t.round.tolist() == [2, 3]
+
+
 def test_empty_table_has_no_knowledge_and_round_trips() -> None:
     t = KnowledgeTable(C)
     assert t.means() is None
