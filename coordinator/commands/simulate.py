@@ -66,6 +66,14 @@ def add_parser(sub: Subparsers) -> None:
     sim.add_argument(
         "--device", default="cpu", help="where the agents train: cpu, cuda[:N] or auto"
     )
+    sim.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="device profiles (TOML): slower devices, link latency and bandwidth, dropout "
+        "(docs/howto/simulate-a-fleet.md)",
+    )
     _add_ray_options(sim)
 
 
@@ -153,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         if args.models
         else tuple(family_models(_family(args, cfg.algorithm), args.agents))
     )
+    from coordinator.sim.profile import load_profile
+
     fleet = FleetSpec(
         num_agents=args.agents,
         models=models,
@@ -163,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         image_size=args.image_size,
         export=args.export,
         device=args.device,
+        profile=None if args.profile is None else load_profile(args.profile),
         **split_fields(args),
     )
     from coordinator.sim.demo import summarize

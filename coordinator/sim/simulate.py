@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from coordinator.config import RunConfig
 from coordinator.engine.core import RunResult
 from coordinator.engine.runner import coordinator_will, run_coordinator
+from coordinator.sim.profile import FleetProfile, ProfiledTransport
 from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 from protocol.contract.codec import Envelope, encode
 from protocol.contract.messages import Status
@@ -93,6 +94,7 @@ class FleetSpec:
     global_eval_every: int = 1  # ... and score the global test set every N-th training round
     export: bool = False
     device: str = "cpu"  # where every simulated agent trains: cpu, cuda[:N] or auto
+    profile: FleetProfile | None = None  # slow, distant or flaky devices (coordinator.sim.profile)
     data_root: str | None = None  # torchvision-style datasets read from local files
 
 
@@ -158,6 +160,8 @@ class AgentThreads:
 
         self.cfg, self.fleet, self.make, self.networked = cfg, fleet, make, networked
         self.splits = SplitCache()  # the fleet's split, computed once for all our agents
+        profile = fleet.profile
+        self.profiles = None if profile is None else profile.assign(fleet.num_agents, cfg.seed)
         self.stop = threading.Event()
         self.running: list[tuple[Any, Transport, threading.Thread]] = []
         self._switch_interval = sys.getswitchinterval()  # the process's own, back at close
@@ -168,6 +172,14 @@ class AgentThreads:
 
         opts = agent_options(self.cfg, self.fleet, index)
         transport = self.make(opts.device_id, agent_will(self.cfg.federation, opts.device_id))
+        if self.profiles is not None:
+            transport = ProfiledTransport(
+                transport,
+                self.profiles[index],
+                Topics(self.cfg.federation),
+                opts.device_id,
+                seed=self.cfg.seed * 7919 + index,
+            )
         agent = build_agent(opts, transport, splits=self.splits)
         transport.connect()
         agent.start()
