@@ -175,6 +175,8 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
             derived_seed(int(self.ctx.generator.initial_seed()), "fedtype-split")
         )
         order = torch.randperm(len(data), generator=g).to(data.x.device)
+        if cfg.calibration_split == "train":  # the authors' code: no hold-out, calibrate on D_i
+            return _Split(data, TensorData(data.x[order], data.y[order]))
         n_val = round(cfg.val_fraction * len(data))
         if n_val < 20:
             log.warning("calibration split of %d samples: conformal sets will be coarse", n_val)
@@ -313,6 +315,8 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
         ce_w, ce_p = F.cross_entropy(logits, y), F.cross_entropy(zp, y)
         fkd = forward_kd(zp, logits, cfg.kd_temperature)
         bkd = self._bkd(x, logits, zp)
+        if not cfg.bkd_private:  # the authors' code: the term is computed, its gradient lost
+            bkd = bkd.detach()
         loss = ce_w + bkd + ce_p + fkd
         if self._anchor is not None:
             prox = sum(
@@ -338,13 +342,14 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
         """S (proxy, penalty g), L (private, lambda) and eta from this epoch's snapshots."""
         cfg = self.config
         zp, zw = cp.proxy(x), cp.private(x)
-        u = uniform(len(x), self.noise, x.device)  # one u per sample, shared by S and L
+        u = uniform(len(x), self.noise, x.device)  # one u per sample for the proxy's sets
         s_lam = prediction_sets(zp, cp.cal_p, u)
         if cfg.bkd == "topk":
             s = topk_sets(zp, cfg.top_k)
         else:
             s = prediction_sets(zp, cp.cal_p, u, penalty=cp.penalty_s)
-        l_set = prediction_sets(zw, cp.cal_w, u)
+        u_l = uniform(len(x), self.noise, x.device) if cfg.raps_draws == "independent" else u
+        l_set = prediction_sets(zw, cp.cal_w, u_l)
         eta = consensus(s, l_set) if cfg.eta_mode == "consensus" else torch.ones(len(x))
         st = self.stats
         st["sets_n"] += len(x)

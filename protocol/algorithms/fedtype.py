@@ -59,6 +59,14 @@ class FedTypeConfig(FedAvgConfig):
     eta_mode: Literal["consensus", "one"] = "consensus"  # one: the FedType_eta=1 arm
     bkd_reduction: Literal["sum", "mean_over_set"] = "sum"
     bkd_form: Literal["printed", "pairwise"] = "printed"
+    # RAPS randomisation u: each prediction set (S of the proxy, L of the private model) its own
+    # draw ("independent"), or one u per sample shared by both ("shared")
+    raps_draws: Literal["independent", "shared"] = "independent"
+    # the authors' released code (spec §9-0), as an arm: its backward KD sends no gradient to
+    # the private model (bkd_private = false), and it calibrates on the training split, holding
+    # nothing out (calibration_split = "train"); the paper's: true and "held_out"
+    bkd_private: bool = True
+    calibration_split: Literal["held_out", "train"] = "held_out"
     # the proxy's FL algorithm (§3.4): fedprox adds mu/2 ||p - p_g||^2 to the proxy's loss
     proxy_fl: Literal["fedavg", "fedprox"] = "fedavg"
     prox_mu: float = 0.01

@@ -193,6 +193,80 @@ def test_too_small_a_calibration_split_skips_backward_kd() -> None:
     assert m["bkd_skipped_epochs"] == 2 and m["bkd"] == 0.0 and "mean_eta" not in m
 
 
+def _bkd_gradient(edge: FedTypeEdge) -> float:
+    """The private model's gradient norm from the BKD term alone, after one calibration."""
+    edge.handle(task(local_epochs=0))
+    edge.cfg = edge.parse_config(task(local_epochs=1, bkd_form="pairwise"))
+    edge._start_epoch()
+    assert edge.conformal is not None and edge.conformal.valid
+    x, y = edge.ctx.train.x[:32], edge.ctx.train.y[:32]
+    model = edge.ctx.model
+    model.zero_grad()
+    logits = model.forward_head(model.forward_features(x))
+    with_bkd = edge.step_loss(x, y, model.forward_features(x), logits)
+    ce = torch.nn.functional.cross_entropy(logits, y)
+    proxy, _ = edge._ready()
+    zp = proxy(x)
+    rest = ce + torch.nn.functional.cross_entropy(zp, y) + fedtype_edge.forward_kd(zp, logits, 1.0)
+    (with_bkd - rest).backward()  # what the BKD term sends back
+    return sum(float(p.grad.norm()) for p in model.parameters() if p.grad is not None)
+
+
+def test_the_authors_arm_sends_no_bkd_gradient_to_the_private_model() -> None:
+    paper = make_edge()
+    assert _bkd_gradient(paper) > 0
+    authors = make_edge()
+    authors.handle(task(local_epochs=0))
+    authors.cfg = authors.parse_config(task(bkd_private=False, bkd_form="pairwise"))
+    authors._start_epoch()
+    x, y = authors.ctx.train.x[:32], authors.ctx.train.y[:32]
+    model = authors.ctx.model
+    feats = model.forward_features(x)
+    logits = model.forward_head(feats)
+    loss = authors.step_loss(x, y, feats, logits)
+    assert authors.stats["sum_bkd"] > 0  # computed (and reported) ...
+    proxy, _ = authors._ready()
+    zp = proxy(x)
+    rest = torch.nn.functional.cross_entropy(logits, y) + torch.nn.functional.cross_entropy(zp, y)
+    rest = rest + fedtype_edge.forward_kd(zp, logits, 1.0)
+    assert loss.item() == pytest.approx(rest.item() + authors.stats["sum_bkd"], rel=1e-5)
+    model.zero_grad()
+    (loss - rest).backward()  # ... but its gradient reaches no parameter
+    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in model.parameters())
+
+
+def test_calibration_on_the_training_split_holds_nothing_out() -> None:
+    held = make_edge()
+    held.handle(task(local_epochs=0))
+    _, split = held._ready()
+    assert len(split.train) + len(split.val) == len(held.ctx.train) and len(split.val) > 0
+    train = make_edge()
+    train.handle(task(local_epochs=0, calibration_split="train"))
+    _, split = train._ready()
+    assert len(split.train) == len(split.val) == len(train.ctx.train)
+
+
+@pytest.mark.parametrize(("draws", "calls"), [("independent", 2), ("shared", 1)])
+def test_each_prediction_set_draws_its_own_u_unless_shared(
+    monkeypatch: pytest.MonkeyPatch, draws: str, calls: int
+) -> None:
+    edge = make_edge()
+    edge.handle(task(local_epochs=0))
+    edge.cfg = edge.parse_config(task(raps_draws=draws))
+    edge._start_epoch()
+    assert edge.conformal is not None
+    drawn: list[int] = []
+    real = fedtype_edge.uniform
+
+    def counted(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+        drawn.append(n)
+        return real(n, gen, device)
+
+    monkeypatch.setattr(fedtype_edge, "uniform", counted)
+    edge._sets(edge.ctx.train.x[:16], edge.conformal)
+    assert drawn == [16] * calls
+
+
 def test_fedprox_adds_the_proximal_term_to_the_proxy_loss() -> None:
     edge = make_edge()
     edge.handle(task(local_epochs=0, proxy_fl="fedprox", prox_mu=0.5))
