@@ -8,9 +8,15 @@ from torch import Tensor
 from edge_agent.trainer import TensorData
 from models import Classifier
 from protocol.contract.arrays import Encoding
-from protocol.contract.payloads import PrototypeSet
+from protocol.contract.payloads import LabelledVectors, PrototypeSet
 
-__all__ = ["ClassMeans", "class_prototypes", "prototype_scores", "prototype_table"]
+__all__ = [
+    "ClassMeans",
+    "ClassReservoir",
+    "class_prototypes",
+    "prototype_scores",
+    "prototype_table",
+]
 
 
 class ClassMeans:
@@ -46,6 +52,45 @@ class ClassMeans:
             class_ids=present.cpu().numpy(),
             vectors=self.means(present).cpu().numpy(),
             counts=self.counts[present].cpu().numpy(),
+            encoding=encoding,
+        )
+
+
+class ClassReservoir:
+    """A uniform sample of at most ``size`` vectors of each class from a stream of batches
+    (reservoir sampling, Algorithm R), drawn with its own generator so that sampling does not
+    move any other random stream."""
+
+    def __init__(self, num_classes: int, size: int, generator: torch.Generator) -> None:
+        self.size, self.generator = size, generator
+        self.seen = [0] * num_classes
+        self.kept: list[list[Tensor]] = [[] for _ in range(num_classes)]
+
+    def add(self, vectors: Tensor, y: Tensor) -> None:
+        """Offer ``vectors`` ([B, D], detached) under their labels ``y`` ([B])."""
+        for vector, label in zip(vectors.float().cpu(), y.tolist(), strict=True):
+            seen, kept = self.seen[label], self.kept[label]
+            self.seen[label] += 1
+            if seen < self.size:
+                kept.append(vector.clone())
+                continue
+            j = int(torch.randint(seen + 1, (1,), generator=self.generator))
+            if j < self.size:
+                kept[j] = vector.clone()
+
+    def reset(self) -> None:
+        """Forget everything offered."""
+        self.seen = [0] * len(self.seen)
+        self.kept = [[] for _ in self.kept]
+
+    def payload(self, dim: int, encoding: Encoding = "raw") -> LabelledVectors:
+        """The kept vectors with their labels, class by class."""
+        labels = [c for c, kept in enumerate(self.kept) for _ in kept]
+        rows = [v for kept in self.kept for v in kept]
+        vectors = torch.stack(rows) if rows else torch.zeros(0, dim)
+        return LabelledVectors(
+            labels=torch.tensor(labels, dtype=torch.int32).numpy(),
+            vectors=vectors.numpy(),
             encoding=encoding,
         )
 

@@ -26,7 +26,8 @@ from edge_agent.algorithms.base import (
     task_payloads,
 )
 from edge_agent.algorithms.weights import WeightExchangeEdge
-from edge_agent.class_stats import ClassMeans
+from edge_agent.class_stats import ClassMeans, ClassReservoir
+from edge_agent.seeding import derived_seed
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
 from protocol.contract.payloads import FeatureLogitSet, Payload
@@ -183,7 +184,36 @@ class FeloEdge(FeatureLogitEdge):
 
 @register_edge_algorithm("velo")
 class VeloEdge(FeatureLogitEdge):
-    """Velo: the server's features are CVAE samples; nothing changes on the edge."""
+    """Velo: the server's features are CVAE samples. With ``upload_samples`` > 0 the edge also
+    uploads a uniform sample of its training passes' individual features (at most that many
+    per class), from which the CVAE learns their distribution."""
+
+    def __init__(self, ctx: EdgeContext) -> None:
+        super().__init__(ctx)
+        seed = derived_seed(int(ctx.generator.initial_seed()), "velo-samples")
+        self._sample_stream = torch.Generator().manual_seed(seed)
+        self._samples: ClassReservoir | None = None
+
+    def train_phase(self, task: Task) -> PhaseResult:
+        """One participation; the sample restarts with it."""
+        size = int(self.config.upload_samples)
+        c = self.ctx.num_classes
+        self._samples = ClassReservoir(c, size, self._sample_stream) if size > 0 else None
+        return super().train_phase(task)
+
+    def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
+        """The class sums, and the sample of individual features."""
+        super().after_step(x, y, features, logits)
+        if self._samples is not None:
+            self._samples.add(features.detach(), y)
+
+    def reply_payloads(self) -> dict[str, Payload]:
+        """Felo's, and the sample when one is asked for."""
+        out = super().reply_payloads()
+        if self._samples is not None:
+            dim = self.ctx.model.num_features
+            out["samples"] = self._samples.payload(dim, self.config.knowledge_encoding)
+        return out
 
 
 @register_edge_algorithm("fedhe")

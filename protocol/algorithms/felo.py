@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from protocol.algorithms.base import AveragingConfig, PayloadSpec, ScreeningConfig, register_config
-from protocol.contract.payloads import FeatureLogitSet, TensorMap
+from protocol.contract.payloads import FeatureLogitSet, LabelledVectors, TensorMap
 
 __all__ = ["FedHeConfig", "FeloConfig", "VeloConfig"]
 
@@ -111,8 +111,21 @@ class VeloConfig(_FeatureLogitConfig, ScreeningConfig):
     # §8-D6: "code" = mean MSE + KL summed over batch and latent dims (the authors'); "elbo" =
     # per-sample summed squared error + KL, averaged over the batch.
     cvae_loss: Literal["code", "elbo"] = "code"
+    # > 0: each participation also uploads up to this many individual training features per
+    # class (a uniform sample of the round's training passes, `samples`), and the CVAE learns
+    # their distribution instead of that of class means; 0: class means only (the paper's
+    # wire, on which Velo's CVAE can only learn where the means lie)
+    upload_samples: int = 0
+    REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
+        "train": (
+            PayloadSpec("knowledge", FeatureLogitSet),
+            PayloadSpec("weights", TensorMap, False),
+            PayloadSpec("samples", LabelledVectors, False),
+        ),
+    }
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         **_FeatureLogitConfig.LIMITS,
+        "upload_samples": (0, 65_536),
         "cvae_epochs": (0, 1000),
         "cvae_batch_size": (1, 65_536),
         "cvae_z_dim": (1, 65_536),

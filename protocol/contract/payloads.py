@@ -26,6 +26,7 @@ __all__ = [
     "ClassStats",
     "FeatureLogitSet",
     "ImageVectorPairs",
+    "LabelledVectors",
     "Payload",
     "PrototypeSet",
     "TensorMap",
@@ -202,6 +203,33 @@ class ImageVectorPairs(WireModel):
 
 
 @dataclass(frozen=True, slots=True)
+class LabelledVectors(WireModel):
+    """Individual vectors, each with its class: a sample of a device's per-sample features
+    (Velo's ``upload_samples``), so that the server learns their distribution, not a mean.
+
+    Labels repeat (several vectors per class); the receiver that knows the class count checks
+    the upper bound and how many a class may have.
+    """
+
+    KIND: ClassVar[str] = "labelled"
+    ENCODING_FIELD: ClassVar[str | None] = "encoding"
+
+    labels: I32
+    vectors: F32
+    encoding: Encoding = "raw"
+
+    def __post_init__(self) -> None:
+        _check_encoding(self.encoding, ("raw", "f16"))
+        _set(self, "labels", as_array(self.labels, "<i4", "labels"))
+        _set(self, "vectors", as_array(self.vectors, "<f4", "vectors"))
+        check_shape(self.labels, (None,), "labels")
+        check_shape(self.vectors, (self.labels.shape[0], None), "vectors")
+        check_finite(self.vectors, "vectors")
+        if self.labels.size and int(self.labels.min()) < 0:
+            raise ValidationError("labels", "non-negative class ids", int(self.labels.min()))
+
+
+@dataclass(frozen=True, slots=True)
 class TensorMap(WireModel):
     """Named tensors: model, generator or proxy weights (a state dict without pickle).
 
@@ -234,9 +262,19 @@ class TensorMap(WireModel):
         return sum(int(a.nbytes) for a in self.tensors.values())
 
 
-Payload = Union[PrototypeSet, FeatureLogitSet, ClassStats, ImageVectorPairs, TensorMap]  # noqa: UP007
+Payload = Union[  # noqa: UP007
+    PrototypeSet, FeatureLogitSet, ClassStats, ImageVectorPairs, LabelledVectors, TensorMap
+]
 PAYLOAD_TYPES: dict[str, type[WireModel]] = {
-    t.KIND: t for t in (PrototypeSet, FeatureLogitSet, ClassStats, ImageVectorPairs, TensorMap)
+    t.KIND: t
+    for t in (
+        PrototypeSet,
+        FeatureLogitSet,
+        ClassStats,
+        ImageVectorPairs,
+        LabelledVectors,
+        TensorMap,
+    )
 }
 
 

@@ -54,6 +54,7 @@ from protocol.contract.payloads import (
     ClassStats,
     FeatureLogitSet,
     ImageVectorPairs,
+    LabelledVectors,
     PrototypeSet,
     TensorMap,
 )
@@ -187,6 +188,15 @@ def _ivpairs(encoding: Encoding) -> ImageVectorPairs:
     )
 
 
+def _labelled(encoding: Encoding) -> LabelledVectors:
+    r = _rng(6)
+    return LabelledVectors(
+        labels=np.array([2, 0, 2], np.int32),
+        vectors=r.standard_normal((3, 4)).astype(np.float32),
+        encoding=encoding,
+    )
+
+
 def _tensors(encoding: Encoding) -> TensorMap:
     r = _rng(4)
     return TensorMap(
@@ -271,6 +281,7 @@ def _messages() -> dict[str, tuple[Message, str]]:
         "reply_featlogits_raw": (_reply("featlogits", _featlogits("raw")), "Felo features"),
         "reply_featlogits_f16": (_reply("featlogits", _featlogits("f16")), "as float16"),
         "reply_classstats_raw": (_reply("stats", _classstats("raw")), "CCVR class statistics"),
+        "reply_labelled_f16": (_reply("samples", _labelled("f16")), "Velo per-sample features"),
         "task_ivpairs_raw": (_task("pairs", _ivpairs("raw")), "FedKTL image-vector pairs"),
         "task_ivpairs_f16": (_task("pairs", _ivpairs("f16")), "pairs, vectors as float16"),
         "error": (

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from edge_agent.algorithms import EdgeContext
-from edge_agent.algorithms.felo import FeloEdge, felo_kd_loss
+from edge_agent.algorithms.felo import FeloEdge, VeloEdge, felo_kd_loss
+from edge_agent.class_stats import ClassReservoir
 from edge_agent.trainer import TensorData
 from models import Classifier, create_model
-from protocol.algorithms.felo import FeloConfig
+from protocol.algorithms import config_type
 from protocol.contract.messages import Task
-from protocol.contract.payloads import FeatureLogitSet, Payload, TensorMap
+from protocol.contract.payloads import FeatureLogitSet, LabelledVectors, Payload, TensorMap
 from protocol.errors import ValidationError
 
 C, D = 3, 4
@@ -35,7 +36,7 @@ def test_kd_loss_matches_hand_computed_mse_and_kl() -> None:
     assert both == pytest.approx(2.5 + KL / 2, rel=1e-5)
 
 
-def make_edge(seed: int = 0) -> FeloEdge:
+def make_edge(seed: int = 0, kind: type[FeloEdge] = FeloEdge) -> FeloEdge:
     g = torch.Generator().manual_seed(1)
     y = torch.tensor([0, 2]).repeat_interleave(10)  # the client holds classes 0 and 2
     x = torch.rand(len(y), 1, 8, 8, generator=g)
@@ -54,18 +55,20 @@ def make_edge(seed: int = 0) -> FeloEdge:
         device=torch.device("cpu"),
         generator=torch.Generator().manual_seed(seed),
     )
-    return FeloEdge(ctx)
+    return kind(ctx)
 
 
-def task(payloads: dict[str, Payload] | None = None, **cfg: object) -> Task:
-    config = FeloConfig(local_epochs=1, batch_size=8).replace(**cfg)
+def task(
+    payloads: dict[str, Payload] | None = None, algorithm: str = "felo", **cfg: object
+) -> Task:
+    config = config_type(algorithm)(local_epochs=1, batch_size=8).replace(**cfg)
     return Task(
         task_id="t",
         run_id="r",
         round=2,
         phase="train",
         deadline=0.0,
-        algorithm="felo",
+        algorithm=algorithm,
         config=config.to_dict(),
         payloads=payloads or {},
     )
@@ -146,3 +149,35 @@ def test_knowledge_of_the_wrong_shape_is_refused() -> None:
     )
     with pytest.raises(ValidationError, match="features of dim 4"):
         edge.receive({"knowledge": bad})
+
+
+def test_a_reservoir_keeps_a_uniform_sample_of_each_class_on_its_own_stream() -> None:
+    # Prepare: 1,000 vectors of class 0 (value = their index) and 3 of class 1
+    other = torch.Generator().manual_seed(5)
+    before = other.get_state()
+    counts = torch.zeros(1000)
+    for trial in range(200):
+        r = ClassReservoir(2, 10, torch.Generator().manual_seed(trial))
+        for start in range(0, 1000, 10):
+            r.add(torch.arange(start, start + 10.0).unsqueeze(1), torch.zeros(10, dtype=torch.long))
+        r.add(torch.ones(3, 1), torch.ones(3, dtype=torch.long))
+        out = r.payload(dim=1)
+        assert out.labels.tolist() == [0] * 10 + [1] * 3  # at most 10 a class, all of a few
+        counts[torch.as_tensor(out.vectors[:10, 0]).long()] += 1
+    # Assert: every vector kept about as often (expected 200 x 10 / 1000 = 2 per vector):
+    # the first and the last hundred alike
+    assert (
+        abs(float(counts[:100].mean()) - 2.0) < 0.5 and abs(float(counts[-100:].mean()) - 2.0) < 0.5
+    )
+    assert torch.equal(other.get_state(), before)
+
+
+def test_velo_uploads_a_sample_of_its_training_features_only_when_asked() -> None:
+    edge = make_edge(kind=VeloEdge)
+    assert "samples" not in edge.handle(task(algorithm="velo")).payloads
+    out = edge.handle(task(algorithm="velo", upload_samples=3)).payloads
+    s = out["samples"]
+    assert isinstance(s, LabelledVectors)
+    assert s.labels.tolist() == [0, 0, 0, 2, 2, 2] and s.vectors.shape == (6, D)
+    k = out["knowledge"]
+    assert isinstance(k, FeatureLogitSet) and k.class_ids.tolist() == [0, 2]

@@ -110,6 +110,7 @@ def train_and_sample(
     synthetic = PrototypeSet(classes.numpy(), samples, np.ones(classes.numel(), np.int32))
     metrics = {f"cvae_{k}": v for k, v in stats.terms.items()}
     metrics["cvae_steps"] = float(stats.steps)
+    metrics["cvae_entries"] = float(keep.sum())  # what it trained on
     metrics["cvae_s"] = stats.seconds
     if cfg.upload_screen > 0:
         metrics["screened_uploads"] = float((~keep).sum())

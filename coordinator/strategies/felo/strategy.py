@@ -26,7 +26,13 @@ from coordinator.strategies.base import (
 from coordinator.strategies.felo.table import KnowledgeTable
 from protocol.algorithms.felo import FedHeConfig, FeloConfig, VeloConfig
 from protocol.contract.messages import Reply
-from protocol.contract.payloads import FeatureLogitSet, Payload, PrototypeSet, TensorMap
+from protocol.contract.payloads import (
+    FeatureLogitSet,
+    LabelledVectors,
+    Payload,
+    PrototypeSet,
+    TensorMap,
+)
 from protocol.errors import AggregationError, ValidationError
 
 __all__ = ["FedHeStrategy", "FeloStrategy", "VeloStrategy", "group_key"]
@@ -262,6 +268,53 @@ class VeloStrategy(_FeatureLogitStrategy):
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.cvae: TensorMap | None = None  # the CVAE's state dict (torch stays lazy)
         self.synthetic: PrototypeSet | None = None  # this round's sample per class
+        # the uploaded individual features (upload_samples > 0), under the table's window
+        self.samples = KnowledgeTable(
+            num_classes,
+            config.knowledge_window,
+            config.history_cap,
+            rounds=config.window_rounds,
+        )
+
+    def check_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
+        """Felo's checks, and a sample of individual features only when the run asks for one:
+        of the agent's own classes, at most ``upload_samples`` a class, of the knowledge's
+        feature size."""
+        super().check_upload(step, agent, reply)
+        s = reply.payloads.get("samples")
+        if s is None:
+            return
+        where = "reply.payloads.samples"
+        if not isinstance(s, LabelledVectors) or self.config.upload_samples <= 0:
+            raise ValidationError(where, "none (upload_samples = 0)", type(s).KIND)
+        labels = s.labels.tolist()
+        unknown = sorted(set(labels) - set(agent.classes))
+        if unknown:
+            raise ValidationError(f"{where}.labels", f"classes registered {agent.classes}", unknown)
+        per_class = np.bincount(s.labels, minlength=self.num_classes)
+        if per_class.max(initial=0) > self.config.upload_samples:
+            got = int(per_class.max())
+            raise ValidationError(
+                f"{where}.labels", f"<= {self.config.upload_samples} a class", got
+            )
+        k = reply.payloads["knowledge"]
+        assert isinstance(k, FeatureLogitSet)  # super() checked it
+        if s.labels.size and k.class_ids.size and s.vectors.shape[1] != k.features.shape[1]:
+            dim = k.features.shape[1]
+            raise ValidationError(f"{where}.vectors", f"dimension {dim}", s.vectors.shape[1])
+
+    def fold_uploads(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
+        """Felo's, and the individual features into their own table."""
+        metrics = super().fold_uploads(step, replies)
+        uploads = [
+            (a.device_id, s)
+            for a, r in replies
+            if isinstance(s := r.payloads.get("samples"), LabelledVectors)
+        ]
+        if uploads or len(self.samples):
+            self.samples.add_samples(step.round, uploads)
+            metrics["sample_entries"] = float(len(self.samples))
+        return metrics
 
     def server_knowledge(self) -> FeatureLogitSet | None:
         """Table logits with the CVAE's features; classes without a sample keep the mean
@@ -290,8 +343,10 @@ class VeloStrategy(_FeatureLogitStrategy):
         from models.fit import FitError
 
         try:
+            # individual features when the agents send them, else the class means
+            source = self.samples if len(self.samples) else self.table
             self.cvae, self.synthetic, metrics = train_and_sample(
-                self.cvae, self.table, self.config, ctx
+                self.cvae, source, self.config, ctx
             )
         except FitError as exc:  # the engine closes the step failed and keeps the last state
             raise AggregationError(f"velo: CVAE training failed: {exc}") from exc
@@ -300,6 +355,8 @@ class VeloStrategy(_FeatureLogitStrategy):
     def state_dict(self) -> dict[str, Payload]:
         """Felo's state, the CVAE weights and the current samples."""
         out = super().state_dict()
+        if len(self.samples):
+            out["samples"] = self.samples.to_tensormap()
         if self.cvae is not None:
             out["cvae"] = self.cvae
         if self.synthetic is not None:
@@ -309,6 +366,9 @@ class VeloStrategy(_FeatureLogitStrategy):
     def load_state_dict(self, state: dict[str, Payload]) -> None:
         """Restore Felo's state, the CVAE and the samples."""
         super().load_state_dict(state)
+        samples = state.get("samples")
+        if isinstance(samples, TensorMap):
+            self.samples.load_tensormap(samples)
         cvae, synthetic = state.get("cvae"), state.get("synthetic")
         self.cvae = cvae if isinstance(cvae, TensorMap) else None
         self.synthetic = synthetic if isinstance(synthetic, PrototypeSet) else None

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from protocol.contract.payloads import FeatureLogitSet, TensorMap
+from protocol.contract.payloads import FeatureLogitSet, LabelledVectors, TensorMap
 from protocol.errors import ValidationError
 
 __all__ = ["KnowledgeTable", "Window", "client_key"]
@@ -65,20 +65,40 @@ class KnowledgeTable:
     def add(self, round_: int, uploads: list[tuple[str, FeatureLogitSet]]) -> None:
         """Append one round's uploads, then prune to the window."""
         for device_id, s in uploads:
-            m = int(s.class_ids.size)
-            if not m:
-                continue
-            dim = self.feature_dim
-            if dim is not None and s.features.shape[1] != dim:
-                raise ValidationError("knowledge.features", f"dimension {dim}", s.features.shape[1])
-            self.cls = np.concatenate([self.cls, s.class_ids.astype(np.int64)])
-            self.client = np.concatenate([self.client, np.full(m, client_key(device_id))])
-            self.round = np.concatenate([self.round, np.full(m, round_, np.int64)])
-            self.counts = np.concatenate([self.counts, s.counts.astype(np.int64)])
-            feats = s.features if dim is not None else s.features.reshape(m, -1)
-            self.features = np.concatenate([self.features.reshape(-1, feats.shape[1]), feats])
-            self.logits = np.concatenate([self.logits, s.logits])
+            if s.class_ids.size:
+                self._append(round_, device_id, s.class_ids, s.features, s.logits, s.counts)
         self._prune(round_)
+
+    def add_samples(self, round_: int, uploads: list[tuple[str, LabelledVectors]]) -> None:
+        """Append one round's individual vectors (one entry each, count 1, no logits), then
+        prune to the window: a table of samples rather than of means."""
+        for device_id, s in uploads:
+            m = int(s.labels.size)
+            if m:
+                logits = np.zeros((m, self.num_classes), np.float32)
+                self._append(round_, device_id, s.labels, s.vectors, logits, np.ones(m))
+        self._prune(round_)
+
+    def _append(  # noqa: PLR0917 - one entry's columns
+        self,
+        round_: int,
+        device_id: str,
+        classes: npt.NDArray[np.int32],
+        features: npt.NDArray[np.float32],
+        logits: npt.NDArray[np.float32],
+        counts: npt.NDArray[Any],
+    ) -> None:
+        m = int(classes.size)
+        dim = self.feature_dim
+        if dim is not None and features.shape[1] != dim:
+            raise ValidationError("knowledge.features", f"dimension {dim}", features.shape[1])
+        self.cls = np.concatenate([self.cls, classes.astype(np.int64)])
+        self.client = np.concatenate([self.client, np.full(m, client_key(device_id))])
+        self.round = np.concatenate([self.round, np.full(m, round_, np.int64)])
+        self.counts = np.concatenate([self.counts, counts.astype(np.int64)])
+        feats = features if dim is not None else features.reshape(m, -1)
+        self.features = np.concatenate([self.features.reshape(-1, feats.shape[1]), feats])
+        self.logits = np.concatenate([self.logits, logits])
 
     def _prune(self, round_: int) -> None:
         n = len(self)

@@ -9,7 +9,7 @@ from coordinator.strategies.base import ServerContext
 from coordinator.strategies.felo.strategy import group_key
 from protocol.algorithms import config_type
 from protocol.contract.messages import Reply
-from protocol.contract.payloads import FeatureLogitSet, TensorMap
+from protocol.contract.payloads import FeatureLogitSet, LabelledVectors, TensorMap
 from protocol.errors import ValidationError
 
 C, D = 3, 4
@@ -150,6 +150,7 @@ def test_velo_trains_after_warm_up_replays_exactly_and_survives_a_restart() -> N
     b, _ = velo_after_round(7)
     c, _ = velo_after_round(8)
     assert metrics["cvae_steps"] == 3 and np.isfinite(metrics["cvae_kl_per_dim"])
+    assert metrics["cvae_entries"] == 4.0  # the table's class means
     assert a.synthetic is not None and b.synthetic is not None and c.synthetic is not None
     np.testing.assert_array_equal(a.synthetic.vectors, b.synthetic.vectors)
     assert not np.array_equal(a.synthetic.vectors, c.synthetic.vectors)
@@ -215,3 +216,62 @@ def test_velo_trains_its_cvae_without_the_entries_upload_screen_screens() -> Non
     assert metrics["screened_uploads"] == 1.0
     assert "screened_uploads" not in plain_metrics
     assert metrics["cvae_loss"] < plain_metrics["cvae_loss"] / 1000  # the 1e4 entry dominates
+
+
+def samples(labels: list[int], value: float = 0.0, dim: int = D) -> LabelledVectors:
+    rng = np.random.default_rng(len(labels))
+    vectors = value + rng.standard_normal((len(labels), dim)).astype(np.float32)
+    return LabelledVectors(np.array(labels, np.int32), vectors)
+
+
+def velo_with_samples(**hyper: object):
+    return strategy(
+        "velo",
+        cvae_z_dim=3,
+        cvae_embed_dim=2,
+        cvae_hidden=8,
+        cvae_epochs=3,
+        same_arch_avg=False,
+        **hyper,
+    )
+
+
+@pytest.mark.parametrize(
+    ("hyper", "payload", "field"),
+    [
+        ({}, samples([0, 1]), "reply.payloads.samples"),  # not asked for
+        ({"upload_samples": 2}, samples([0, 0, 0]), "reply.payloads.samples.labels"),  # 3 > 2
+        ({"upload_samples": 2}, samples([2]), "reply.payloads.samples.labels"),  # not A's class
+        ({"upload_samples": 2}, samples([0], dim=D + 1), "reply.payloads.samples.vectors"),
+    ],
+)
+def test_a_sample_of_features_is_refused_unless_asked_for_and_fitting(
+    hyper: dict, payload: LabelledVectors, field: str
+) -> None:
+    s = velo_with_samples(**hyper)
+    r = reply({"knowledge": knowledge([0, 1], 1.0), "samples": payload})
+    with pytest.raises(ValidationError) as err:
+        s.validate(Step(1, "train"), A, r)
+    assert err.value.field == field
+
+
+def test_velo_trains_its_cvae_on_the_uploaded_samples_when_it_has_them() -> None:
+    # Prepare: class means at +-1, individual features around +-5 (4 a class)
+    s = velo_with_samples(upload_samples=4)
+    replies = [
+        (A, reply({"knowledge": knowledge([0, 1], 1.0), "samples": samples([0] * 4 + [1] * 4, 5)})),
+        (B, reply({"knowledge": knowledge([1, 2], -1.0), "samples": samples([1, 2] * 4, -5)})),
+    ]
+    for a, r in replies:
+        s.validate(Step(1, "train"), a, r)
+    # Execute
+    metrics = s.aggregate(Step(1, "train"), replies)
+    trained = s.server_train(Step(1, "train"), ctx(0))
+    # Assert: 16 individual entries beside the 4 means; the CVAE trained on the 16, and the
+    # state keeps them across a restart
+    assert metrics["sample_entries"] == 16.0 and len(s.table) == 4
+    assert trained["cvae_entries"] == 16.0
+    restored = velo_with_samples(upload_samples=4)
+    restored.load_state_dict(s.state_dict())
+    np.testing.assert_array_equal(restored.samples.features, s.samples.features)
+    np.testing.assert_array_equal(restored.samples.cls, s.samples.cls)
