@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.accuracy import MONITORS, PERSONALISED
+from coordinator.tracking.follow import TRACKERS
 from protocol.algorithms import AlgorithmConfig, config_type
 from protocol.algorithms.base import config_value
 from protocol.errors import ConfigError
@@ -103,6 +104,9 @@ class RunConfig:
     patience: int = 0
     min_delta: float = 0.0  # an improvement must exceed the best so far by more than this
     monitor: str = PERSONALISED
+    # experiment trackers fed from metrics.jsonl as it grows (optional extras; coordinator.tracking)
+    trackers: tuple[str, ...] = ()
+    tracking_uri: str = ""  # MLflow's tracking URI; "" = a file store in RUN_DIR/mlruns
     hyper: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -141,6 +145,12 @@ class RunConfig:
             raise ConfigError(
                 f"run: patience >= 0, min_delta >= 0, monitor one of {', '.join(MONITORS)}; "
                 f"got {self.patience}, {self.min_delta}, {self.monitor!r}"
+            )
+        unknown = sorted(set(self.trackers) - set(TRACKERS))
+        if unknown:
+            raise ConfigError(
+                f"run.trackers: unknown {unknown}; known: {', '.join(TRACKERS)} (the `tracking` "
+                "extra installs their libraries)"
             )
         self.algorithm_config()  # validates the hyperparameters against the algorithm
 
@@ -223,6 +233,11 @@ RUN_KEY_HELP: dict[str, str] = {
     "min_delta": "early stopping: how much a round must beat the best so far to count",
     "monitor": "early stopping's metric: acc_local_weighted (personalised accuracy, "
     "sample-weighted) or acc_global (mean over the agents)",
+    "trackers": 'experiment trackers fed as the run goes: "mlflow", "tensorboard" (e.g. '
+    '["mlflow"] or "mlflow,tensorboard"; the `tracking` extra); a failing tracker never stops '
+    "the run",
+    "tracking_uri": 'MLflow tracking URI (e.g. http://HOST:5000); "" = a file store in '
+    "RUN_DIR/mlruns",
 }
 
 
@@ -322,12 +337,12 @@ def build_config(data: dict[str, dict[str, Any]], base: dict[str, Any] | None = 
 
 
 def _coerce_run(key: str, value: Any, hint: Any) -> Any:
-    if key != "classes":
+    if key not in ("classes", "trackers"):
         return config_value(hint, value, f"run.{key}")
     if isinstance(value, str):  # --set run.classes=cat,dog
         value = [] if not value.strip() else [n.strip() for n in value.split(",")]
     if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
-        raise ConfigError(f"run.classes: expected a list of class names, got {value!r}")
+        raise ConfigError(f"run.{key}: expected a list of names, got {value!r}")
     return tuple(value)
 
 

@@ -14,6 +14,7 @@ from coordinator.config import RunConfig
 from coordinator.engine.core import Coordinator, QuorumError, RunResult
 from coordinator.store.database import CHECKPOINT_S, Store
 from coordinator.strategies import create_strategy
+from coordinator.tracking import start_tracking
 from protocol.contract.codec import Envelope, encode
 from protocol.contract.messages import CoordinatorState, Status
 from protocol.contract.topics import COORDINATOR_ID, Topics
@@ -156,6 +157,9 @@ def run_coordinator(
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+        tracking = start_tracking(
+            cfg.trackers, run_dir, cfg.run_id, cfg.to_dict(), cfg.tracking_uri
+        )
         try:
             return coord.run()
         except QuorumError:
@@ -165,5 +169,8 @@ def run_coordinator(
             # (a clean disconnect sends no will), or agents would wait for a coordinator gone
             coord.interrupted()
             raise
+        finally:
+            if tracking is not None:
+                tracking.stop()  # the last records and the exported bundles
     finally:
         coord.store.close()
