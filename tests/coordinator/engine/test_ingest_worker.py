@@ -325,7 +325,7 @@ def test_chunks_pass_the_workers_by_and_one_on_the_reply_topic_is_refused(setup:
     agent.publish(setup.topic, chunks[0])
     # Assert: that one refused, counted as invalid; nothing judged, stored or acked
     assert len(chunks) > 1 and setup.worker.endpoint.rejected == {"ProtocolError": 1}
-    assert received(setup.worker.endpoint) == {"rx.invalid": len(chunks[0])}
+    assert setup.worker.endpoint.traffic.refused_snapshot() == {"rx.invalid": len(chunks[0])}
     assert setup.worker.inbox.empty() and setup.stored() == [] and setup.acks == []
 
 
