@@ -75,6 +75,11 @@ class RunConfig:
     # inside the signature window, so that agents joining later never see it stale (WIRE.md §7)
     state_heartbeat_s: float = 60.0
     max_retries: int = 2  # re-runs of a step that missed quorum before the run stops
+    # new device ids admitted in all; past that a registration of a new id is refused (without
+    # signing anyone may register: the bound on what a flood of forged devices can join)
+    max_agents: int = 10_000
+    # new device ids admitted a minute (0: no limit); the run's own min_agents may come at once
+    max_registrations_per_min: int = 1_000
     seed: int = 0
     num_classes: int = 10
     # the classes by name, in order (empty: undeclared); agents must name theirs the same
@@ -123,6 +128,12 @@ class RunConfig:
             raise ConfigError(
                 f"run.state_heartbeat_s: expected a value in (0, {MAX_HEARTBEAT_S:g}] seconds "
                 f"(half the {DEFAULT_WINDOW:g} s signature window), got {self.state_heartbeat_s}"
+            )
+        if not self.min_agents <= self.max_agents or self.max_registrations_per_min < 0:
+            raise ConfigError(
+                f"run: max_agents >= min_agents ({self.min_agents}) and "
+                f"max_registrations_per_min >= 0; got {self.max_agents}, "
+                f"{self.max_registrations_per_min}"
             )
         if self.ingest_workers < 0:
             raise ConfigError(
@@ -209,6 +220,9 @@ RUN_KEY_HELP: dict[str, str] = {
     "state_heartbeat_s": "with signing, seconds between re-publications of the retained "
     "coordinator state (at most half the 300 s signature window)",
     "max_retries": "re-runs of a step that missed its quorum before the run stops",
+    "max_agents": "devices the run admits in all; a new device past it is refused",
+    "max_registrations_per_min": "new devices admitted a minute (min_agents may register at "
+    "once); past it a registration is answered rate_limited; 0 = no limit",
     "seed": "seed of selection and server-side training",
     "num_classes": "classes of the federation's task; every agent must have as many",
     "classes": 'the classes by name, in order (e.g. ["cat", "dog"] or "cat,dog"); '

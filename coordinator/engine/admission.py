@@ -1,5 +1,12 @@
 """Who may join a run: the engine's registration checks, then the strategy's, and the agents
-admitted (and refused) so far."""
+admitted (and refused) so far.
+
+New device ids are bounded: ``run.max_agents`` in all, ``run.max_registrations_per_min`` a
+minute (a token bucket that holds at least ``run.min_agents``, so the fleet the run waits for
+may come at once). Without signing anyone may register in any name; the bounds keep a flood
+of forged devices from growing the fleet (and every step's quorum) without limit. A device
+turned away by them is not remembered: a flood costs no memory.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ from coordinator.engine.step import QuorumError
 from coordinator.store.database import Store
 from coordinator.strategies import AgentInfo, Strategy
 from protocol.contract.codec import Envelope, encode
-from protocol.contract.messages import REFUSED, ErrorReply, Register
+from protocol.contract.messages import RATE_LIMITED, REFUSED, ErrorReply, Register
 from protocol.contract.topics import Topics
 from protocol.errors import AdmissionError
 from protocol.logs import listing
@@ -23,7 +30,7 @@ from protocol.transport.endpoint import Endpoint
 
 REGISTRATIONS_LOGGED = 100  # new agents logged one line each; past that, one line a thousand
 
-__all__ = ["REGISTRATIONS_LOGGED", "Admission"]
+__all__ = ["REGISTRATIONS_LOGGED", "Admission", "NewDevices"]
 
 
 class Admission:
@@ -49,6 +56,7 @@ class Admission:
         self.agents: dict[str, AgentInfo] = {}
         self.refused: dict[str, str] = {}  # device -> why its latest registration was refused
         self._registered: dict[str, bytes] = {}  # registrations of the batch: their frames
+        self._bucket = NewDevices(cfg.max_registrations_per_min, cfg.min_agents)
 
     def register(self, env: Envelope, reg: Register) -> str | None:
         """Admit or refuse ``reg``. Returns the session the agent registered with before
@@ -56,13 +64,17 @@ class Admission:
         if reg.device_id != env.sender:
             self.reject("sender_mismatch", f"register for {reg.device_id} sent by {env.sender}")
             return None
+        known = reg.device_id in self.agents
+        if not known and not self._room_for_new(env):
+            return None
         agent = AgentInfo(reg.device_id, reg)
         try:
             self.check(agent)
         except AdmissionError as exc:
             self._refuse(env, exc)
             return None
-        known = reg.device_id in self.agents
+        if not known:
+            self._bucket.take()
         previous = self.agents[reg.device_id].register.session if known else ""
         self.refused.pop(reg.device_id, None)
         self.agents[reg.device_id] = agent
@@ -71,6 +83,24 @@ class Admission:
         if not known:
             self._log_registration(reg)
         return previous
+
+    def _room_for_new(self, env: Envelope) -> bool:
+        """Whether a new device may join now; if not, it is told why (and not remembered)."""
+        if len(self.agents) >= self.cfg.max_agents:
+            why = f"the run admits at most {self.cfg.max_agents} agents (run.max_agents)"
+            self._turn_away(env, REFUSED, "refused_agent", why)
+            return False
+        if not self._bucket.available():
+            rate = self.cfg.max_registrations_per_min
+            why = f"more than {rate} new devices a minute (run.max_registrations_per_min)"
+            self._turn_away(env, RATE_LIMITED, "rate_limited", f"{why}: register again later")
+            return False
+        return True
+
+    def _turn_away(self, env: Envelope, code: str, counter: str, why: str) -> None:
+        self.reject(counter, f"{env.sender}: {why}")
+        body = ErrorReply(code=code, reason=why, ref_id=env.msg_id)
+        self.endpoint.send(self.topics.down(env.sender, "error"), body)
 
     def check(self, agent: AgentInfo) -> None:
         """The engine's own checks, then the strategy's, against the agents admitted so far."""
@@ -184,3 +214,30 @@ class Admission:
         """Store the batch's registrations, in the batch's transaction."""
         registered, self._registered = self._registered, {}
         store.upsert_agents(registered)  # one statement a batch, not one a message
+
+
+class NewDevices:
+    """A token bucket of new device ids: ``per_min`` a minute (0: no limit), holding at most
+    ``max(per_min, burst)`` tokens, full at the start."""
+
+    def __init__(
+        self, per_min: int, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_s = per_min / 60.0
+        self.capacity = float(max(per_min, burst))
+        self.clock = clock
+        self._tokens, self._at = self.capacity, clock()
+
+    def available(self) -> bool:
+        """Whether a new device may join now."""
+        if not self.per_s:
+            return True
+        now = self.clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        return self._tokens >= 1.0
+
+    def take(self) -> None:
+        """A new device joined."""
+        if self.per_s:
+            self._tokens -= 1.0

@@ -11,7 +11,7 @@ from typing import Any
 
 from coordinator.config import RunConfig
 from coordinator.engine.intake import ReplySource
-from coordinator.engine.metrics import append_line, step_record
+from coordinator.engine.metrics import REFUSED, append_line, step_record
 from coordinator.engine.step import OpenStep
 from coordinator.engine.stopping import EarlyStop
 from coordinator.store.database import Store
@@ -49,6 +49,13 @@ class StepCloser:
         self.steps = steps  # in the run's plan
         self.stopping = stopping  # sees every record before it is stored
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
+
+    def traffic_now(self) -> dict[str, int]:
+        """The endpoint's accepted bytes by key, and its refused ones under ``refused.``: a
+        step's figures are the difference between two of these."""
+        traffic = self.endpoint.traffic
+        refused = {REFUSED + k: n for k, n in traffic.refused_snapshot().items()}
+        return {**traffic.snapshot(), **refused}
 
     def finish(self, open_step: OpenStep, started: float, traffic0: dict[str, int]) -> None:
         """Close ``open_step`` as done (as failed if its aggregation fails)."""
@@ -119,13 +126,17 @@ class StepCloser:
         started: float,
         traffic0: dict[str, int],
     ) -> dict[str, Any]:
-        now = self.endpoint.traffic.snapshot()
-        traffic = {k: v - traffic0.get(k, 0) for k, v in now.items() if v - traffic0.get(k, 0)}
-        # the replies and acks the ingest workers moved
+        now = self.traffic_now()
+        # a frame received before the step and refused in it moves out of an accepted count
+        # the step did not see grow: never below zero
+        traffic = {k: d for k, v in now.items() if (d := max(0, v - traffic0.get(k, 0)))}
+        # the replies and acks the ingest workers moved (and refused)
         for key, n in self.replies.traffic(open_step.rec.idx).items():
             traffic[key] = traffic.get(key, 0) + n
-        # progress heartbeats are the runtime's, not the algorithm's: kept out of its byte
-        # figures (they depend on the progress interval and on training speed), counted apart
+        # refused frames are the senders' cost, not the algorithm's: counted apart, as are
+        # progress heartbeats, the runtime's (they depend on the interval and training speed)
+        refused_keys = [k for k in traffic if k.startswith(REFUSED)]
+        refused = {k.removeprefix(REFUSED): traffic.pop(k) for k in refused_keys}
         progress = {k: traffic.pop(k) for k in list(traffic) if k.endswith(".progress")}
         record = step_record(
             open_step.step,
@@ -137,6 +148,8 @@ class StepCloser:
             traffic,
         )
         record["bytes_progress"] = sum(progress.values())
+        record["bytes_refused"] = refused
+        record["bytes_refused_total"] = sum(refused.values())
         self.stopping.observe(record)
         return record
 

@@ -49,6 +49,7 @@ from protocol.contract.messages import (
 from protocol.contract.topics import Topics
 from protocol.contract.wire import reuse_encodings
 from protocol.errors import EdgeFLError
+from protocol.logs import RefusalLog
 from protocol.transport.endpoint import Endpoint
 
 __all__ = ["Coordinator", "QuorumError", "RunResult"]
@@ -88,6 +89,8 @@ class Coordinator:
         self.log = logger or logging.getLogger("edgefl.coordinator")
         self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()
         self.rejected: dict[str, int] = {}
+        self.refusals = RefusalLog(self.log, what="messages")  # a flood: a few lines, then sums
+        self._handling: Envelope | None = None  # the message being handled, until refused
         self.plan = strategy.plan(cfg.rounds)
         self.stopping = EarlyStop(cfg)
         self._open_step: OpenStep | None = None  # set only while collect() is waiting
@@ -177,15 +180,22 @@ class Coordinator:
         try:
             self._run_steps(first)
         except QuorumError:
+            self._flush_refusals()
             self.store.set_meta("outcome", "failed")
             # agents must not wait for a coordinator that gave up: the retained state ends it
             self.announcer.publish("finished", self.announcer.state[1])
             raise
+        self._flush_refusals()
         self.store.set_meta("outcome", "finished")
         # the cap even after an early stop: agents read a lower round as a coordinator that gave up
         self.announcer.publish("finished", self.cfg.rounds)
         self.broadcast.clear()
         return RunResult(self.cfg.run_id, len(self.plan), self.store.metrics(), dict(self.rejected))
+
+    def _flush_refusals(self) -> None:
+        """The refusals not logged one by one, summed up (the engine's and the endpoint's)."""
+        self.refusals.flush()
+        self.endpoint.refusals.flush()
 
     def interrupted(self) -> None:
         """Ctrl-C or SIGTERM: mark the run resumable and tell the fleet we are gone.
@@ -233,7 +243,7 @@ class Coordinator:
         if rec is None or rec.status != "open":
             rec = self._open(idx, step, attempt=0)
         while True:
-            started, traffic0 = time.time(), self.endpoint.traffic.snapshot()
+            started, traffic0 = time.time(), self.closer.traffic_now()
             open_step = self.collect(rec, step)
             outcome = open_step.outcome
             needed = max(
@@ -278,6 +288,8 @@ class Coordinator:
     def collect(self, rec: StepRecord, step: Step) -> OpenStep:
         """Send tasks to participants without a stored update and wait for their replies."""
         open_step = OpenStep(rec, step)
+        # the dimension replies must have, from the participants' registrations (never a reply)
+        self.strategy.observe_fleet(self.agents[d] for d in rec.participants if d in self.agents)
         self.collector.take_stored(open_step, worker_checked=False)  # a resumed step's: every check
         deadline = time.time() + self.cfg.deadline_s
         config = self.strategy.config.to_dict()  # the same for every task of the step
@@ -323,8 +335,7 @@ class Coordinator:
             self.collector.take_polled(open_step, self.replies.poll(open_step))
         # closed before the deadline's verdict: none slips in
         self.collector.take_polled(open_step, self.replies.close(open_step))
-        for d in sorted(open_step.outstanding):
-            open_step.fail(d, "deadline")
+        open_step.expire()
 
     def _pump(self, timeout: float) -> None:
         """Handle what arrived (waiting up to ``timeout`` for the first message).
@@ -336,6 +347,8 @@ class Coordinator:
         if self.health_check is not None:
             self.health_check()
         self.announcer.heartbeat()
+        self.refusals.tick()  # a flood's summary line, once its interval is over
+        self.endpoint.refusals.tick()
         batch = take_batch(self.inbox, timeout)
         if not batch:
             return
@@ -350,6 +363,13 @@ class Coordinator:
 
     # ----- messages -------------------------------------------------------------------------
     def _handle(self, env: Envelope, topic: str) -> None:
+        self._handling = env  # a refusal while handling it counts its bytes as refused
+        try:
+            self._dispatch(env, topic)
+        finally:
+            self._handling = None
+
+    def _dispatch(self, env: Envelope, topic: str) -> None:
         worker = self.replies.worker_of(topic)
         if worker is not None:
             self._on_worker(env, worker)
@@ -381,10 +401,16 @@ class Coordinator:
         self.broadcast.answer(env.sender, fetch, self._task_of(env.sender))
 
     def _on_error(self, env: Envelope, error: ErrorReply) -> None:
-        device = env.sender
+        """An agent says its task failed. Only a verified frame closes the device's slot
+        early; an unverified one may be anyone's, so it is recorded and the step keeps waiting
+        for the device until its deadline (a failing device costs the deadline, no more)."""
+        device, what = env.sender, f"{error.code}: {error.reason}"
         if self._open_step is not None and self._task_of(device, error.task_id) is not None:
-            self._open_step.fail(device, f"{error.code}: {error.reason}")
-        self.log.warning("agent %s reported %s: %s", device, error.code, error.reason)
+            if env.verified:
+                self._open_step.fail(device, what)
+            else:
+                self._open_step.note(device, f"unverified error {what}")
+        self.refusals("error", "agent %s reported %s: %s", device, error.code, error.reason)
 
     def _on_progress(self, env: Envelope, p: Progress) -> None:
         line = "%s round %d %s: %d/%d loss %.4f"
@@ -417,5 +443,9 @@ class Coordinator:
         return None if self._open_step is None else self._open_step.task_of(device, task_id)
 
     def _reject(self, reason: str, detail: str) -> None:
+        """Count and log a message not acted on; its bytes count as refused, not traffic."""
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        self.log.warning("rejected (%s): %s", reason, detail)
+        if self._handling is not None:
+            self.endpoint.refuse(self._handling)
+            self._handling = None  # once, whatever else is refused about it
+        self.refusals(reason, "rejected (%s): %s", reason, detail)

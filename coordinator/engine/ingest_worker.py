@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig, build_config
 from coordinator.engine.ingest import share_group
+from coordinator.engine.metrics import REFUSED
 from coordinator.engine.replies import (
     AckFrames,
     AgentBook,
@@ -41,6 +42,7 @@ from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.contract.codec import Envelope, encode
 from protocol.contract.messages import Ack, CoordinatorState, Reply, Status
 from protocol.contract.topics import COORDINATOR_ID, Topics, shared
+from protocol.logs import RefusalLog
 from protocol.transport.base import Will
 from protocol.transport.endpoint import Endpoint
 
@@ -96,6 +98,7 @@ class IngestWorker:
         self.cfg, self.store, self.endpoint, self.worker = cfg, store, endpoint, worker
         self.topics = Topics(cfg.federation)
         self.log = logger or logging.getLogger(f"edgefl.ingest.{worker}")
+        self.refusals = RefusalLog(self.log, what="messages")  # a flood: a few lines, then sums
         strategy = create_strategy(
             cfg.algorithm, cfg.algorithm_config(), num_classes=cfg.num_classes, seed=cfg.seed
         )
@@ -106,6 +109,7 @@ class IngestWorker:
         self.counts: Counter[str] = Counter()  # stored, acked, refused, deferred, rejected.*
         self.lock_wait_s = 0.0  # time spent waiting for the store's write lock
         self._received = 0  # reply bytes received up to the last batch (the endpoint's count)
+        self._refused: dict[str, int] = {}  # and refused bytes, by key
         self._intake: dict[str, Any] | None = None
         self._step: Step | None = None
         self._participants: set[str] = set()
@@ -183,9 +187,15 @@ class IngestWorker:
         """The replies received since the last batch and this batch's acks, under the open
         step (inside the batch's transaction): the leader adds them to the step's record,
         whose byte figures would otherwise miss every reply and ack a worker handled."""
-        received = self.endpoint.traffic.snapshot().get("rx.reply", 0)
-        counts = {"rx.reply": received - self._received, "tx.ack": ack_bytes}
-        self._received = received
+        traffic = self.endpoint.traffic
+        received = traffic.snapshot().get("rx.reply", 0)
+        refused = {REFUSED + k: n for k, n in traffic.refused_snapshot().items()}
+        counts = {
+            "rx.reply": received - self._received,
+            "tx.ack": ack_bytes,
+            **{k: n - self._refused.get(k, 0) for k, n in refused.items()},
+        }
+        self._received, self._refused = received, refused
         if self._intake is not None:
             self.store.add_worker_traffic(self._intake["step"], counts)
 
@@ -195,6 +205,7 @@ class IngestWorker:
             refused = "unexpected_kind", f"{env.kind} from {env.sender} on {topic}"
         if refused is not None:
             self._count_reject(*refused)
+            self.endpoint.refuse(env)
             return None
         assert isinstance(env.body, Reply)  # checked just above (for mypy)
         device, step = env.sender, self._step
@@ -204,6 +215,7 @@ class IngestWorker:
         verdict = self.desk.judge(env, env.body, step, task, self._agents.get(device))
         if verdict.reject is not None:
             self._count_reject(*verdict.reject)
+            self.endpoint.refuse(env)
         return env, env.body, verdict
 
     def _stage(self, judged: list[Judged]) -> list[Staged]:
@@ -243,7 +255,7 @@ class IngestWorker:
 
     def _count_reject(self, counter: str, detail: str) -> None:
         self.counts[f"rejected.{counter}"] += 1
-        self.log.warning("rejected (%s): %s", counter, detail)
+        self.refusals(counter, "rejected (%s): %s", counter, detail)
 
     def _refresh(self) -> None:
         """Follow the leader: the open step, its participants, the global state, the fleet."""
@@ -260,6 +272,8 @@ class IngestWorker:
         if previous is None or previous.get("step") != intake["step"]:
             self.desk.strategy.load_state_dict(self.store.global_state())
         self._agents = self._book.read()
+        participants = (self._agents[d] for d in self._participants if d in self._agents)
+        self.desk.strategy.observe_fleet(participants)  # as the leader: the same dimension
 
 
 def run_ingest_worker(

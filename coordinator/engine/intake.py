@@ -157,6 +157,8 @@ class Collector:
         )
         if verdict.reject is not None:
             self.reject(*verdict.reject)
+            if open_step is not None and verdict.fail is None:
+                open_step.note(device, f"refused reply: {verdict.reject[1]}")
         if open_step is not None and verdict.fail is not None:
             open_step.fail(device, verdict.fail)
         if verdict.ack is None:  # the resend passes the endpoint's filter: see Coordinator.start
@@ -199,9 +201,9 @@ class Collector:
     def take_rows(
         self, open_step: OpenStep, rows: list[tuple[str, bytes]], *, worker_checked: bool
     ) -> None:
-        """Stored replies, (device, envelope), validated again: rebuilds per-step rules
-        (round 1's dim) in the order they come. ``worker_checked``: stored by this run's ingest
-        workers during this attempt (:meth:`ReplyDesk.check`)."""
+        """Stored replies, (device, envelope), validated again, in the order they come.
+        ``worker_checked``: stored by this run's ingest workers during this attempt
+        (:meth:`ReplyDesk.check`)."""
         step, replies, read = open_step.step, open_step.outcome.replies, open_step.read
         for device_id, blob in rows:
             if device_id in replies or device_id in read:  # stored by this engine, or taken

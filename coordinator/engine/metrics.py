@@ -9,7 +9,9 @@ from typing import Any
 from coordinator.strategies import AgentInfo, Step
 from protocol.contract.messages import Reply
 
-__all__ = ["append_line", "step_record"]
+__all__ = ["REFUSED", "append_line", "step_record"]
+
+REFUSED = "refused."  # prefix of the traffic keys of refused bytes (an ingest worker's too)
 
 
 def step_record(  # noqa: PLR0917 - one record's parts, in order

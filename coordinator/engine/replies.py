@@ -144,7 +144,9 @@ class Verdict:
     ack: Ack | None  # sent after the commit; None: not now (deferred: no step is open)
     store: bool = False  # valid for the open step: store it, then ack
     reject: tuple[str, str] | None = None  # (counter, detail) of a refused reply
-    fail: str | None = None  # why the device fails this attempt (an invalid reply)
+    # why the device fails this attempt: an invalid reply whose signature verified. An
+    # unverified one may be anyone's: it is refused, and the device's slot stays open
+    fail: str | None = None
 
 
 class ReplyDesk:
@@ -203,7 +205,8 @@ class ReplyDesk:
             self.check(step, agent, reply)
         except ValidationError as exc:
             reject = ("invalid_reply", f"{env.sender}: {exc}")
-            return self._refuse(env, reply, str(exc), reject, fail=str(exc))
+            fail = str(exc) if env.verified else None  # a forgery must not fail the device
+            return self._refuse(env, reply, str(exc), reject, fail=fail)
         return Verdict(accepted, store=True)
 
     def check(
@@ -212,8 +215,8 @@ class ReplyDesk:
         """Raise :class:`ValidationError` for a reply that cannot be aggregated.
 
         ``worker_checked``: an ingest worker of this run stored it after this very check, so
-        only the strategy's own rules run again (its per-step state, such as round 1's feature
-        dimension, lives in this process); the checks that depend on the reply, the agent
+        only the strategy's own rules run again (they depend on the global state of this
+        process); the checks that depend on the reply, the agent
         and the configuration alone gave their verdict there (~40 us a FedProto reply)."""
         if reply.phase != step.phase or reply.round != step.round:
             raise ValidationError(

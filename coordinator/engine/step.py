@@ -23,6 +23,9 @@ class StepOutcome:
     replies: dict[str, Reply] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # device -> reason
     late: int = 0
+    # device -> the last unverified refusal or error in its name: kept for the reason of a
+    # deadline, never acted on (anyone may have sent it)
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,6 +57,18 @@ class OpenStep:
         """``device`` will not deliver a valid reply this attempt."""
         self.outcome.failed[device] = reason
         self.outstanding.discard(device)
+
+    def note(self, device: str, what: str) -> None:
+        """An unverified frame in ``device``'s name was refused or said its task failed: the
+        device may still reply; if it does not, its deadline failure says what came."""
+        if device in self.outstanding:
+            self.outcome.notes[device] = what
+
+    def expire(self) -> None:
+        """The deadline passed: every device still waited for fails."""
+        for device in sorted(self.outstanding):
+            note = self.outcome.notes.get(device)
+            self.fail(device, "deadline" if note is None else f"deadline (before it: {note})")
 
     def stored(self, device: str) -> None:
         """An ingest worker stored ``device``'s reply (the engine takes it from the store)."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
@@ -24,7 +25,7 @@ from protocol.algorithms import AlgorithmConfig, TrainConfig, config_type
 from protocol.algorithms.base import AveragingConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Register, Reply
-from protocol.contract.payloads import FeatureLogitSet, Payload, PrototypeSet, TensorMap
+from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
 from protocol.contract.validate import MAX_ABS_FEATURE, MAX_ABS_WEIGHT, check_max_abs, float_arrays
 from protocol.contract.wire import WireModel
 from protocol.errors import AdmissionError, ConfigError, ValidationError
@@ -173,8 +174,8 @@ class Strategy(Generic[C]):
         self.config = config
         self.num_classes = num_classes
         self.seed = seed
-        # payload key -> (step, dimension fixed by that step's first valid reply)
-        self._pinned_dims: dict[str, tuple[Step, int]] = {}
+        # the feature size most of the open step's participants registered (None: none told)
+        self.fleet_feature_dim: int | None = None
 
     # ----- the plan -------------------------------------------------------------------------
     def plan(self, rounds: int) -> list[Step]:
@@ -337,32 +338,30 @@ class Strategy(Generic[C]):
                 reply.num_samples,
             )
 
-    def expected_dim(
-        self, step: Step, key: str, current: PrototypeSet | None, declared: int = 0
-    ) -> int | None:
-        """The feature dimension a ``key`` payload must have in ``step``.
+    def observe_fleet(self, agents: Iterable[AgentInfo]) -> None:
+        """The engine calls this when a step opens, with its participants' registrations:
+        :meth:`expected_dim` falls back on the feature size most of them registered
+        (``Register.feature_dim``; ties: the smaller size), never on a reply, so that no
+        single frame can choose the size every other reply must have."""
+        sizes = Counter(a.register.feature_dim for a in agents if a.register.feature_dim > 0)
+        best = max(sizes.items(), key=lambda kv: (kv[1], -kv[0]), default=None)
+        self.fleet_feature_dim = None if best is None else best[0]
 
-        ``declared`` (the config's ``feature_dim``) when the run declares one; else the global
-        state's once it holds vectors; before that (round 1), the dimension of the step's first
-        valid reply (:meth:`pin_dim`), so that a reply of another dimension is refused in
-        :meth:`validate` instead of failing the aggregation. ``None``: anything. Only a declared
-        dimension stops a forger who answers first in round 1 from fixing the wrong one.
-        """
+    def expected_dim(self, current: int | None = None, declared: int = 0) -> int | None:
+        """The feature dimension a reply's vectors must have: ``declared`` (the config's
+        ``feature_dim``) when the run declares one; else ``current``, the global state's,
+        once it holds vectors; else the fleet's registered size (:meth:`observe_fleet`).
+        ``None``: nothing is known (no participant told its size), anything goes."""
         if declared > 0:
             return declared
-        if current is not None and current.class_ids.size:
-            return current.dim
-        pinned = self._pinned_dims.get(key)
-        return pinned[1] if pinned is not None and pinned[0] == step else None
+        if current is not None:
+            return current
+        return self.fleet_feature_dim
 
-    def pin_dim(self, step: Step, key: str, protos: PrototypeSet | FeatureLogitSet) -> None:
-        """Call at the end of :meth:`validate`, once the reply is valid: the first valid reply
-        of ``step`` with vectors (prototypes, or a knowledge set's features) fixes the dimension
-        the others must match."""
-        pinned = self._pinned_dims.get(key)
-        dim = protos.dim if isinstance(protos, PrototypeSet) else int(protos.features.shape[1])
-        if protos.class_ids.size and (pinned is None or pinned[0] != step):
-            self._pinned_dims[key] = (step, dim)
+    @staticmethod
+    def held_dim(protos: PrototypeSet | None) -> int | None:
+        """The dimension of the prototypes a global state holds (``None``: none yet)."""
+        return protos.dim if protos is not None and protos.class_ids.size else None
 
 
 def admit_one_input(agent: AgentInfo, fleet: list[AgentInfo], shared_model: str) -> None:

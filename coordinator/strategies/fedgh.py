@@ -58,8 +58,9 @@ class FedGHStrategy(Strategy[FedGHConfig]):
         return {} if self.head is None else {"weights": self.head}
 
     def check_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Prototypes of the agent's classes, of the head's input size."""
-        self.check_prototypes(agent, reply, "protos", self.feature_dim)
+        """Prototypes of the agent's classes, of the head's input size (before the head: the
+        fleet's registered size)."""
+        self.check_prototypes(agent, reply, "protos", self.expected_dim(self.feature_dim))
 
     def keep_prototypes(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]

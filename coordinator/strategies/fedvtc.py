@@ -77,9 +77,9 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
         )
 
     def _validate_train(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """Prototypes with an SD of the fleet's dimension: declared, or the global prototypes',
-        or round 1: the first valid reply's; generators with the known layout."""
-        dim = self.expected_dim(step, "protos", self.protos, self.config.feature_dim)
+        """Prototypes with an SD of the fleet's dimension (:meth:`~Strategy.expected_dim`);
+        generators with the known layout."""
+        dim = self.expected_dim(self.held_dim(self.protos), self.config.feature_dim)
         protos = self.check_prototypes(agent, reply, "protos", dim)
         if protos.sd is None:
             raise ValidationError("reply.payloads.protos.sd", "the agent's SD vector", None)
@@ -89,7 +89,6 @@ class FedVTCStrategy(Strategy[FedVTCConfig]):
             )
         if self.config.generator_exchange == "every_round":  # optional in the schema only
             self._validate_upload(step, agent, reply)
-        self.pin_dim(step, "protos", protos)
 
     def _validate_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """A generator with the fleet's layout."""

@@ -35,10 +35,9 @@ class PrototypeExchangeStrategy(Strategy[Any]):
 
     def check_upload(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
         """Prototypes of the agent's own classes, within ``max_abs_feature``, with the fleet's
-        feature dimension (round 1: the step's first valid reply's)."""
-        dim = self.expected_dim(step, "protos", self.protos, self.config.feature_dim)
-        protos = self.check_prototypes(agent, reply, "protos", dim)
-        self.pin_dim(step, "protos", protos)
+        feature dimension (:meth:`~Strategy.expected_dim`)."""
+        dim = self.expected_dim(self.held_dim(self.protos), self.config.feature_dim)
+        self.check_prototypes(agent, reply, "protos", dim)
 
     def fold_prototypes(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]

@@ -99,6 +99,9 @@ class Envelope:
     # Set by the receiving endpoint when the frame's signature verified (``WIRE.md`` §7): an
     # unsigned frame it accepts anyway (a last will) arrives with ``False``. Never encoded.
     verified: bool = field(default=False, compare=False, repr=False)
+    # Bytes the receiving endpoint counted for it (its frame, or its chunk frames), so that a
+    # handler that refuses it can count them as refused (``Endpoint.refuse``). Never encoded.
+    received: int = field(default=0, compare=False, repr=False)
 
     @property
     def kind(self) -> str:
@@ -243,10 +246,13 @@ def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
 _FRAME_KEYS = frozenset({"v", "k", "f", "s", "i", "r", "t", "b"})
 
 
-def envelope_from_map(obj: dict[str, Any], *, wire: bytes = b"", fast: bool = True) -> Envelope:
+def envelope_from_map(
+    obj: dict[str, Any], *, wire: bytes = b"", fast: bool = True, received: int = 0
+) -> Envelope:
     """Validate an unpacked unsigned frame map and build its :class:`Envelope`.
 
-    ``wire``: the frame's bytes, kept on the envelope. ``fast=False`` forces the typed walk
+    ``wire``: the frame's bytes, kept on the envelope; ``received``: the bytes counted for
+    it. ``fast=False`` forces the typed walk
     for the body; by default the kinds ``protocol.contract.lean`` knows (replies) try the lean
     decoder
     first, which returns a body only where the typed walk would build an equal one and leaves
@@ -282,4 +288,5 @@ def envelope_from_map(obj: dict[str, Any], *, wire: bytes = b"", fast: bool = Tr
         msg_id=obj["i"],
         ts=obj["t"],
         wire=wire,
+        received=received,
     )

@@ -20,6 +20,7 @@ from protocol.errors import ValidationError
 
 __all__ = [
     "MESSAGE_TYPES",
+    "RATE_LIMITED",
     "REFUSED",
     "UNKNOWN_KNOWLEDGE",
     "Ack",
@@ -237,6 +238,9 @@ class Reply(WireModel):
 
 #: ``ErrorReply.code`` of the coordinator's answer to a registration it does not admit.
 REFUSED = "refused"
+#: ``ErrorReply.code`` of the coordinator's answer to a registration of a new device that came
+#: past the run's registration rate: not admitted now; the device may register again later.
+RATE_LIMITED = "rate_limited"
 #: ``ErrorReply.code`` of the coordinator's answer to a ``fetch`` it cannot serve
 #: (``ref_id``: the digest asked for, in hex).
 UNKNOWN_KNOWLEDGE = "unknown_knowledge"
@@ -247,7 +251,8 @@ class ErrorReply(WireModel):
     """Agent -> coordinator (or either way): a task failed or a message was rejected.
 
     Coordinator -> agent with ``code`` :data:`REFUSED`: the agent is not admitted to the run
-    (``reason`` says why, ``ref_id`` is its ``register`` message); it stops.
+    (``reason`` says why, ``ref_id`` is its ``register`` message); it stops. With
+    :data:`RATE_LIMITED`: not admitted yet; it may register again later.
     """
 
     KIND: ClassVar[str] = "error"

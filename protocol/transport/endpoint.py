@@ -13,8 +13,11 @@ Byte accounting (``WIRE.md`` §Byte accounting): :attr:`Endpoint.traffic` counts
 bytes of every frame published or received, under the kind of the message the frame carries;
 chunk frames count under the kind of the message they are pieces of, with the number of
 chunk frames in ``traffic.chunks``. Received chunks count under ``chunk`` until their message
-is complete (bytes of messages never completed stay there), and rejected frames under
-``invalid``, so the per-kind totals always add up to the bytes on the wire.
+is complete (bytes of messages never completed stay there). Refused bytes count apart
+(``traffic.refused``): frames this endpoint rejects under ``invalid``, and messages a handler
+refuses (:meth:`Endpoint.refuse`) under their kind, so ``bytes`` are the accepted traffic and
+the two together add up to the bytes on the wire. Rejections are logged through a
+:class:`~protocol.logs.RefusalLog` (a few lines, then one summary line an interval).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from protocol.contract.codec import Envelope, Limits, decode_frame_map, encode, 
 from protocol.contract.messages import Chunk, ChunkRequest, Message
 from protocol.contract.topics import CHUNKS, Topics
 from protocol.errors import LimitError, ProtocolError, SignatureError, TransportError
+from protocol.logs import RefusalLog
 from protocol.security.signing import Signer, Verifier
 from protocol.transport.base import Transport
 from protocol.transport.routes import Routes
@@ -53,11 +57,13 @@ INVALID = "invalid"  # traffic kind of frames rejected before their kind was kno
 
 @dataclass
 class TrafficCounter:
-    """Encoded bytes, message and chunk counts per (direction, kind); thread-safe."""
+    """Encoded bytes, message and chunk counts per (direction, kind); thread-safe. ``bytes``
+    are accepted traffic; ``refused`` the bytes of frames refused on receipt."""
 
     bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     messages: Counter[tuple[str, str]] = field(default_factory=Counter)
     chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
+    refused: Counter[tuple[str, str]] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(
@@ -84,15 +90,31 @@ class TrafficCounter:
                 self.chunks[(direction, src)] -= chunks
                 self.chunks[(direction, dst)] += chunks
 
+    def refuse(self, direction: str, kind: str, size: int, *, counted: bool = True) -> None:
+        """Count ``size`` bytes of a refused ``kind`` frame; ``counted``: they were counted as
+        accepted on receipt (a message a handler refused) and move out of ``bytes``."""
+        with self._lock:
+            if counted:
+                self.bytes[(direction, kind)] -= size
+                self.messages[(direction, kind)] -= 1
+            self.refused[(direction, kind)] += size
+
     def snapshot(self) -> dict[str, int]:
-        """``{"tx.reply": bytes, "rx.task": bytes, ...}``."""
+        """Accepted bytes: ``{"tx.reply": bytes, "rx.task": bytes, ...}``."""
         with self._lock:
             return {f"{d}.{k}": n for (d, k), n in sorted(self.bytes.items()) if n}
 
-    def total(self, direction: str | None = None) -> int:
-        """Total bytes, optionally for one direction (``tx`` or ``rx``)."""
+    def refused_snapshot(self) -> dict[str, int]:
+        """Refused bytes: ``{"rx.invalid": bytes, "rx.reply": bytes, ...}``."""
         with self._lock:
-            return sum(n for (d, _), n in self.bytes.items() if direction in (None, d))
+            return {f"{d}.{k}": n for (d, k), n in sorted(self.refused.items()) if n}
+
+    def total(self, direction: str | None = None) -> int:
+        """Total bytes on the wire, accepted and refused, optionally for one direction (``tx``
+        or ``rx``)."""
+        with self._lock:
+            counts = (*self.bytes.items(), *self.refused.items())
+            return sum(n for (d, _), n in counts if direction in (None, d))
 
 
 class Endpoint:
@@ -155,6 +177,7 @@ class Endpoint:
         self.traffic = TrafficCounter()
         self.rejected: Counter[str] = Counter()
         self.log = logger or logging.getLogger(f"edgefl.endpoint.{sender}")
+        self.refusals = RefusalLog(self.log)  # a flood of bad frames: a few lines, then sums
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._seen_lock = threading.Lock()
         self._dedupe_window = dedupe_window
@@ -369,11 +392,15 @@ class Endpoint:
         self.traffic.add("rx", env.kind, len(data))
         self._deliver(env, topic)
 
-    def _open(self, topic: str, data: bytes, *, count: bool = True) -> Envelope | None:
+    def _open(
+        self, topic: str, data: bytes, *, count: bool = True, received: int = 0
+    ) -> Envelope | None:
         """Verify and decode one frame; count and log a rejection instead of raising.
 
-        ``count=False`` for reassembled frames, whose bytes were counted chunk by chunk.
+        ``count=False`` for reassembled frames, whose bytes were counted chunk by chunk;
+        ``received``: the bytes counted for it (default: the frame's).
         """
+        received = received or len(data)
         try:
             obj = decode_frame_map(data, self.limits)
             if "sm" in obj:
@@ -382,16 +409,22 @@ class Endpoint:
                         f"signed frame (key {obj.get('kid')!r}) but this endpoint has no verifier"
                     )
                 env = self.verifier.open(obj, self.limits)
-                return replace(env, wire=obj["sm"], verified=True)
+                return replace(env, wire=obj["sm"], verified=True, received=received)
             if self.require_signatures and obj.get("k") not in self.unsigned_kinds:
                 raise SignatureError(
                     f"unsigned {obj.get('k')!r} frame from {obj.get('s')!r}: "
                     "signatures are required"
                 )
-            return envelope_from_map(obj, wire=bytes(data))
+            return envelope_from_map(obj, wire=bytes(data), received=received)
         except ProtocolError as exc:
             self._reject(exc, topic, len(data) if count else 0)
             return None
+
+    def refuse(self, env: Envelope) -> None:
+        """A handler refused ``env``, received here: its bytes count as refused, not as
+        traffic (a flood of forgeries must not inflate a step's byte figures)."""
+        if env.received:
+            self.traffic.refuse("rx", env.kind, env.received)
 
     def trusted(self, env: Envelope) -> bool:
         """Whether a handler may act on ``env`` as evidence: its signature verified, or this
@@ -400,10 +433,11 @@ class Endpoint:
         return env.verified or not self.require_signatures
 
     def _reject(self, exc: ProtocolError, topic: str, size: int) -> None:
-        self.rejected[type(exc).__name__] += 1
+        reason = type(exc).__name__
+        self.rejected[reason] += 1
         if size:
-            self.traffic.add("rx", INVALID, size)
-        self.log.warning("rejected a frame on %s: %s", topic, exc)
+            self.traffic.refuse("rx", INVALID, size, counted=False)
+        self.refusals(reason, "rejected a frame on %s: %s", topic, exc)
 
     def _deliver(self, env: Envelope, topic: str) -> None:
         if self._is_duplicate(env):
@@ -453,7 +487,7 @@ class Endpoint:
         if done is None:
             return
         frame, wire_bytes, frames = done
-        inner = self._open(topic, frame, count=False)
+        inner = self._open(topic, frame, count=False, received=wire_bytes)
         if inner is None:
             return
         if isinstance(inner.body, Chunk) or inner.sender != env.sender:

@@ -113,7 +113,6 @@ class _FeatureLogitStrategy(Strategy[Any]):
         self._check_knowledge(step, agent, k)
         if self.config.same_arch_avg:
             self._check_weights(agent, reply.payloads.get("weights"))
-        self.pin_dim(step, "knowledge", k)
 
     def _check_knowledge(self, step: Step, agent: AgentInfo, k: FeatureLogitSet) -> None:
         where = "reply.payloads.knowledge"
@@ -127,11 +126,9 @@ class _FeatureLogitStrategy(Strategy[Any]):
             raise ValidationError(
                 f"{where}.logits", f"{self.num_classes} columns", k.logits.shape[1]
             )
-        # declared, or the table's, or before any entry the step's first valid reply's: a reply
+        # declared, or the table's, or before any entry the fleet's registered size: a reply
         # of another dimension is refused here, not in the table (which would fail the step)
-        dim = self.table.feature_dim if self.config.feature_dim <= 0 else self.config.feature_dim
-        if dim is None:
-            dim = self.expected_dim(step, "knowledge", None)
+        dim = self.expected_dim(self.table.feature_dim, self.config.feature_dim)
         if dim is not None and k.class_ids.size and k.features.shape[1] != dim:
             raise ValidationError(f"{where}.features", f"dimension {dim}", k.features.shape[1])
         held = agent.register.counts_by_class()

@@ -1,4 +1,5 @@
-"""The engine asks a strategy's ``admit`` only where the strategy declares admission rules."""
+"""The engine asks a strategy's ``admit`` only where the strategy declares admission rules;
+new devices are bounded in number and rate."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.engine.admission import NewDevices
 from coordinator.strategies import STRATEGIES, AgentInfo, Strategy
 from coordinator.strategies.fedproto import FedProtoStrategy
+from protocol.errors import ConfigError
 from protocol.transport.base import MemoryBroker
 from tests.helpers import fake_agent
 from tests.helpers_runtime import run_config, start_coordinator
@@ -42,3 +45,27 @@ def test_admit_is_asked_with_the_fleet_only_when_rules_are_declared(
     coord.admission.check(fake_agent("c", "fedproto", {0: 5}, num_classes=num_classes))
     # Assert
     assert asked == [("c", ["a"])]
+
+
+def test_new_devices_refill_at_the_rate_and_the_awaited_fleet_comes_at_once() -> None:
+    now = [0.0]
+    bucket = NewDevices(per_min=60, burst=100, clock=lambda: now[0])  # min_agents 100
+    for _ in range(100):
+        assert bucket.available()
+        bucket.take()
+    assert not bucket.available()
+    now[0] = 1.0  # a second: one more device
+    assert bucket.available()
+    bucket.take()
+    assert not bucket.available()
+    unbounded = NewDevices(per_min=0, burst=2, clock=lambda: now[0])
+    for _ in range(1000):
+        assert unbounded.available()
+        unbounded.take()
+
+
+def test_limits_below_the_awaited_fleet_are_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="max_agents >= min_agents"):
+        run_config(tmp_path, min_agents=3, max_agents=2)
+    with pytest.raises(ConfigError, match="max_registrations_per_min >= 0"):
+        run_config(tmp_path, max_registrations_per_min=-1)

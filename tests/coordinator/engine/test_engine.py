@@ -701,7 +701,9 @@ def test_registrations_are_logged_one_a_line_then_one_line_a_thousand(
     # 10,000 agents)
     from coordinator.engine.admission import REGISTRATIONS_LOGGED
 
-    coord = start_coordinator(run_config(tmp_path), MemoryBroker())
+    # (registration rate unbounded: 2,001 devices register at once)
+    cfg = run_config(tmp_path, max_registrations_per_min=0)
+    coord = start_coordinator(cfg, MemoryBroker())
     topics = Topics(coord.cfg.federation)
     caplog.set_level("INFO", logger=coord.log.name)
     # Execute

@@ -1,17 +1,24 @@
-"""``coordinator.engine.replies.AckFrames``: acks spliced from a template are the acks ``encode``
-makes."""
+"""``coordinator.engine.replies``: acks spliced from a template are the acks ``encode`` makes;
+a refused reply fails its device only when its frame verified."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
+from helpers import fake_agent
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.engine.replies import AckFrames
-from protocol.contract.codec import decode, encode
-from protocol.contract.messages import Ack
+from coordinator.engine.replies import AckFrames, ReplyDesk
+from coordinator.store.database import Store
+from coordinator.strategies import Step, create_strategy
+from protocol.algorithms import config_type
+from protocol.contract.codec import Envelope, decode, encode
+from protocol.contract.messages import Ack, Reply
+from protocol.contract.payloads import PrototypeSet
 from protocol.security.signing import HmacSigner, Verifier
 from protocol.transport.base import MemoryBroker, MemoryTransport
 from protocol.transport.endpoint import Endpoint
@@ -83,3 +90,23 @@ def test_a_sealed_spliced_ack_verifies_as_the_coordinators() -> None:
     frame = endpoint.seal(AckFrames(endpoint).unsigned(Ack(ref_id="m1", task_id="t1")))
     env = Verifier({"coordinator": SIGNER.verify_key()}).verify(frame)
     assert env.body == Ack(ref_id="m1", task_id="t1")
+
+
+@pytest.mark.parametrize("verified", [False, True])
+def test_only_a_verified_invalid_reply_fails_its_device(verified: bool, tmp_path: Path) -> None:
+    # Prepare: a fedproto desk; a reply of the open step's task with a class never registered
+    strategy = create_strategy("fedproto", config_type("fedproto")(), num_classes=10)
+    store = Store(tmp_path / "state.sqlite")
+    agent = fake_agent("a0", "fedproto", {0: 5, 1: 5})
+    protos = PrototypeSet(np.array([7]), np.ones((1, 4), np.float32), np.array([5]))
+    reply = Reply(task_id="t", round=1, phase="train", num_samples=5, payloads={"protos": protos})
+    env = Envelope(body=reply, sender="a0", verified=verified)
+    # Execute
+    try:
+        verdict = ReplyDesk(strategy, store).judge(env, reply, Step(1, "train"), "t", agent)
+    finally:
+        store.close()
+    # Assert: refused either way; only a verified frame closes the device's slot
+    assert verdict.ack is not None and not verdict.ack.accepted
+    assert verdict.reject is not None and verdict.reject[0] == "invalid_reply"
+    assert (verdict.fail is not None) == verified

@@ -1,8 +1,10 @@
 """``docs/concepts/security.md`` item 5: a declared ``feature_dim`` decides the dimension
 of
 prototypes and features, so a forger who answers first in round 1 cannot pin its own and get
-the honest replies of that round refused. Without one, Felo's round 1 is pinned like FedProto's
-(the table used to refuse the second dimension inside aggregation)."""
+the honest replies of that round refused. Without one, round 1 takes the size most of the
+step's participants registered (``Register.feature_dim``), never a reply's."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -19,6 +21,11 @@ ROUND1 = Step(1, "train")
 
 def agent(device_id: str, algorithm: str) -> AgentInfo:
     return fake_agent(device_id, algorithm, {0: 5, 1: 5})
+
+
+def registered(device_id: str, algorithm: str, feature_dim: int) -> AgentInfo:
+    info = agent(device_id, algorithm)
+    return AgentInfo(device_id, dataclasses.replace(info.register, feature_dim=feature_dim))
 
 
 def protos(dim: int) -> Reply:
@@ -57,11 +64,13 @@ def test_a_declared_dimension_refuses_the_forger_even_when_it_answers_first(
 
 
 @pytest.mark.parametrize(("name", "make"), [("fedproto", protos), ("felo", knowledge)])
-def test_without_a_declaration_the_first_valid_reply_pins_round_1(name: str, make) -> None:
+def test_without_a_declaration_the_registered_dimension_decides_round_1(name: str, make) -> None:
     s = strategy(name)
-    s.validate(ROUND1, agent("a0", name), make(16))
+    fleet = [registered(f"a{i}", name, 16) for i in range(3)]
+    s.observe_fleet(fleet)
     with pytest.raises(ValidationError, match="dimension 16"):
-        s.validate(ROUND1, agent("a1", name), make(7))
+        s.validate(ROUND1, fleet[0], make(7))  # the forger, first: it fixes nothing
+    s.validate(ROUND1, fleet[1], make(16))
 
 
 def test_the_declaration_is_a_bounded_config_key() -> None:

@@ -419,7 +419,7 @@ def test_a_chunk_off_its_chunk_topic_and_a_message_on_one_are_refused() -> None:
     # Assert: both refused and counted as invalid bytes; nothing held or delivered
     assert pair.coord.rejected == {"ProtocolError": 2}
     assert pair.coord._reassembler.pending == 0 and pair.at_coord == []
-    assert set(pair.coord.traffic.snapshot()) == {"rx.invalid"}
+    assert set(pair.coord.traffic.refused_snapshot()) == {"rx.invalid"}
 
 
 def test_chunk_topics_are_a_device_messages_own_and_map_back() -> None:

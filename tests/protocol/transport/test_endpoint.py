@@ -62,11 +62,22 @@ def test_a_failing_handler_does_not_starve_the_others() -> None:
     assert [name for name, _, _ in seen] == ["all"]
 
 
-def test_rejected_bytes_are_counted_as_invalid() -> None:
+def test_rejected_bytes_are_counted_as_refused_invalid() -> None:
     raw, endpoint, seen = _setup()
     raw.publish(T.up("dev1", "reply"), b"\x81\xa1v\x02")
     assert seen == [] and endpoint.rejected == {"DecodeError": 1}
-    assert endpoint.traffic.snapshot() == {"rx.invalid": 4}
+    assert endpoint.traffic.refused_snapshot() == {"rx.invalid": 4}
+    assert endpoint.traffic.snapshot() == {}  # accepted traffic only
+
+
+def test_a_message_a_handler_refuses_moves_to_the_refused_bytes() -> None:
+    raw, endpoint, seen = _setup()
+    frame = encode(Envelope(body=Ack(ref_id="r"), sender="dev1"))
+    raw.publish(T.up("dev1", "ack"), frame)
+    assert endpoint.traffic.snapshot() == {"rx.ack": len(frame)}
+    endpoint.refuse(seen[0][1])
+    assert endpoint.traffic.snapshot() == {}
+    assert endpoint.traffic.refused_snapshot() == {"rx.ack": len(frame)}
 
 
 def test_send_counts_what_it_publishes() -> None:
