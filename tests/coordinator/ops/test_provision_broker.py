@@ -29,6 +29,8 @@ from protocol.contract.topics import Topics
 from protocol.errors import ConnectError, TransportError
 from protocol.security.credentials import load_credentials
 from protocol.transport.base import Will
+from protocol.transport.lean_mqtt import LeanMqttTransport
+from protocol.transport.mqtt_common import MqttClient
 from protocol.transport.paho import MqttTransport, TlsOptions
 from tests.conftest import TLS_FEDERATION, ProvisionedBroker
 
@@ -369,3 +371,27 @@ def test_refused_clients_are_logged_in_one_line_each(
     lines = [r.getMessage() for r in caplog.records]
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     assert not [line for line in lines if "Traceback" in line or "\n" in line], lines
+
+
+@pytest.mark.parametrize("transport", [MqttTransport, LeanMqttTransport], ids=["paho", "lean"])
+def test_a_revoked_certificate_is_named_as_the_likely_cause(
+    fleet_broker: ProvisionedBroker, tmp_path: Path, transport: type[MqttClient]
+) -> None:
+    # Prepare: agent2 revoked; the broker restarted with the new CRL
+    b = fleet_broker
+    kept = shutil.copytree(b.kit("agent2"), tmp_path / "agent2")
+    revoke_devices(b.root, ["agent2"])
+    b.stop()
+    b.start()
+    creds = load_credentials(kit=kept, env={})
+    t = transport(client_id="a2", port=b.port, connect_timeout=5, **creds.transport_options())
+    # Execute
+    try:
+        with pytest.raises(ConnectError) as refused:
+            t.connect()
+    finally:
+        t.close()
+    # Assert: the broker ended the TLS handshake, and the message says what that likely means
+    message = str(refused.value)
+    assert "closed the TLS connection during the handshake" in message, message
+    assert "certificate revoked" in message and "MQTT broker?" not in message, message
