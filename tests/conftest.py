@@ -170,6 +170,12 @@ def mosquitto_tls() -> Iterator[ProvisionedBroker]:
     yield from _provisioned("mosquitto")
 
 
+@pytest.fixture
+def embedded_tls() -> Iterator[ProvisionedBroker]:
+    """The provisioned fleet on the embedded broker alone (rules Mosquitto does not have)."""
+    yield from _provisioned("embedded")
+
+
 @pytest.fixture(params=["mosquitto", "embedded"])
 def fleet_broker(request: pytest.FixtureRequest) -> Iterator[ProvisionedBroker]:
     """The provisioned fleet on each broker the toolkit runs: both must enforce its rules."""

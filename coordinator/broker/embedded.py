@@ -260,8 +260,9 @@ class EmbeddedBroker:
 
 
 def _import_amqtt(*, crlfile: str | None = None) -> Any:
-    """amqtt's broker class; with ``crlfile``, one whose TLS listener requires a client
-    certificate of the listener's CA that this CRL does not revoke."""
+    """amqtt's broker class; with ``crlfile``, the fleet's (:mod:`coordinator.broker.fleet`):
+    its TLS listener requires a client certificate of the listener's CA that this CRL does not
+    revoke, it authenticates before touching any session, and filters retained messages."""
     try:
         from amqtt.broker import Broker
     except ImportError as exc:
@@ -271,27 +272,9 @@ def _import_amqtt(*, crlfile: str | None = None) -> Any:
         ) from exc
     if crlfile is None:
         return Broker
-    from coordinator.broker.plugins import mutual_tls_context
+    from coordinator.broker.fleet import fleet_broker_class
 
-    crl: str = crlfile  # the narrowed type, for the closure below
-
-    class MutualTLSBroker(Broker):  # type: ignore[misc]  # amqtt ships no type information
-        """amqtt whose TLS listener demands a client certificate and checks the CRL."""
-
-        @staticmethod
-        def _create_ssl_context(listener: Any) -> Any:
-            ca, cert, key = (str(listener[k]) for k in ("cafile", "certfile", "keyfile"))
-            return mutual_tls_context(ca, cert, key, crl)
-
-        async def _initialize_client_session(self, reader: Any, writer: Any, *rest: Any) -> Any:
-            handler, session = await super()._initialize_client_session(reader, writer, *rest)
-            # a resumed persistent session keeps the TLS object of the connection that made it:
-            # authenticating with it would let a device log in with the certificate of whoever
-            # used that client id before
-            session.ssl_object = writer.get_ssl_info()
-            return handler, session
-
-    return MutualTLSBroker
+    return fleet_broker_class(crlfile)
 
 
 def mosquitto_executable() -> str | None:

@@ -205,6 +205,7 @@ def _run_over(
 
     from coordinator.engine.ingest_worker import spawned_workers
     from coordinator.engine.runner import mqtt_transport, run_coordinator
+    from coordinator.ops.revocation import kit_revocations
 
     options = creds.transport_options() if creds is not None else {}
     transport = mqtt_transport(cfg, host, port, **options)
@@ -213,7 +214,8 @@ def _run_over(
     )
     try:
         with workers:
-            return run_coordinator(cfg, transport, signing=signing)
+            revocations = kit_revocations(creds.kit if creds is not None else None)
+            return run_coordinator(cfg, transport, signing=signing, revocations=revocations)
     finally:
         transport.close()  # a clean disconnect: the retained state stays "finished"
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from coordinator.config import RunConfig
 from coordinator.engine.liveness import Presence
-from coordinator.engine.step import QuorumError
+from coordinator.engine.step import OpenStep, QuorumError
+from coordinator.ops.revocation import RevocationWatch
 from coordinator.store.database import Store
 from coordinator.strategies import AgentInfo, Strategy
 from protocol.contract.codec import Envelope, encode
@@ -29,6 +30,7 @@ from protocol.logs import listing
 from protocol.transport.endpoint import Endpoint
 
 REGISTRATIONS_LOGGED = 100  # new agents logged one line each; past that, one line a thousand
+REVOKED = "its certificate was revoked"
 
 __all__ = ["REGISTRATIONS_LOGGED", "Admission", "NewDevices"]
 
@@ -45,6 +47,7 @@ class Admission:
         *,
         log: logging.Logger,
         reject: Callable[[str, str], None],
+        revocations: RevocationWatch | None = None,
     ) -> None:
         self.cfg = cfg
         self.strategy = strategy
@@ -57,6 +60,9 @@ class Admission:
         self.refused: dict[str, str] = {}  # device -> why its latest registration was refused
         self._registered: dict[str, bytes] = {}  # registrations of the batch: their frames
         self._bucket = NewDevices(cfg.max_registrations_per_min, cfg.min_agents)
+        self.revocations = revocations  # the coordinator kit's revocation list, if any
+        self.revoked: frozenset[str] = frozenset()
+        self.poll_revocations(None)  # before the first registration is judged
 
     def register(self, env: Envelope, reg: Register) -> str | None:
         """Admit or refuse ``reg``. Returns the session the agent registered with before
@@ -105,6 +111,8 @@ class Admission:
     def check(self, agent: AgentInfo) -> None:
         """The engine's own checks, then the strategy's, against the agents admitted so far."""
         reg = agent.register
+        if agent.device_id in self.revoked:
+            raise AdmissionError(agent.device_id, REVOKED)
         if reg.algorithm != self.strategy.name:
             raise AdmissionError(
                 agent.device_id, f"it runs {reg.algorithm}; this run is {self.strategy.name}"
@@ -131,6 +139,34 @@ class Admission:
             if d != agent.device_id and d not in self.refused
         ]
         self.strategy.admit(agent, fleet)
+
+    def poll_revocations(self, open_step: OpenStep | None) -> None:
+        """Drop the devices the revocation list names since the last look (a cheap stat at most
+        once a second): never selected again, and withdrawn from ``open_step``, whose quorum
+        counts only the participants left. A connection of theirs may stay open (Mosquitto
+        checks the CRL only at a handshake): whatever they send is refused from now on."""
+        watch = self.revocations
+        listed = watch.poll() if watch is not None else None
+        if watch is None or listed is None:
+            return
+        new, self.revoked = listed - self.revoked, listed
+        for device in sorted(new):
+            self.refused[device] = REVOKED
+            self.presence.online.discard(device)
+            waited = open_step is not None and device in open_step.rec.participants
+            self.log.warning(
+                "agent %s revoked (%s): no longer selected%s",
+                device,
+                watch.path,
+                "; the open step no longer waits for it" if waited else "",
+            )
+        if open_step is not None:
+            self.withdraw_revoked(open_step)
+
+    def withdraw_revoked(self, open_step: OpenStep) -> None:
+        """Withdraw the revoked participants of ``open_step`` (a resumed step's too)."""
+        for device in self.revoked.intersection(open_step.rec.participants):
+            open_step.withdraw(device)
 
     def _check_class_names(self, agent: AgentInfo) -> None:
         """Same class count is not enough: index 0 must mean the same class on every device."""

@@ -15,6 +15,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from coordinator.config import RunConfig
@@ -34,6 +35,7 @@ from coordinator.engine.replies import (
 )
 from coordinator.engine.step import OpenStep, QuorumError
 from coordinator.engine.stopping import EarlyStop
+from coordinator.ops.revocation import RevocationWatch
 from coordinator.store.database import StepRecord, Store
 from coordinator.strategies import Step, Strategy
 from protocol.contract.codec import Envelope
@@ -77,6 +79,7 @@ class Coordinator:
         logger: logging.Logger | None = None,
         *,
         health_check: Callable[[], None] | None = None,
+        revocations: Path | None = None,
     ) -> None:
         self.cfg = cfg
         # called before every wait for messages; raises to end the run (the demo uses it to stop
@@ -98,8 +101,16 @@ class Coordinator:
             cfg, endpoint, self.topics, strategy.name, strategy.declared_feature_dim()
         )
         self.presence = Presence()
+        # the coordinator kit's revocation list: its devices are dropped, even mid-step
+        watch = RevocationWatch(revocations, self.log) if revocations is not None else None
         self.admission = Admission(
-            cfg, strategy, endpoint, self.presence, log=self.log, reject=self._reject
+            cfg,
+            strategy,
+            endpoint,
+            self.presence,
+            log=self.log,
+            reject=self._reject,
+            revocations=watch,
         )
         self.agents, self.refused = self.admission.agents, self.admission.refused
         self.online = self.presence.online
@@ -246,9 +257,8 @@ class Coordinator:
             started, traffic0 = time.time(), self.closer.traffic_now()
             open_step = self.collect(rec, step)
             outcome = open_step.outcome
-            needed = max(
-                self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * len(rec.participants))
-            )
+            remaining = len(rec.participants) - len(open_step.gone)  # the revoked are gone
+            needed = max(self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * remaining))
             if len(outcome.replies) >= needed:
                 self.closer.finish(open_step, started, traffic0)
                 return
@@ -291,12 +301,13 @@ class Coordinator:
         # the dimension replies must have, from the participants' registrations (never a reply)
         self.strategy.observe_fleet(self.agents[d] for d in rec.participants if d in self.agents)
         self.collector.take_stored(open_step, worker_checked=False)  # a resumed step's: every check
+        self.admission.withdraw_revoked(open_step)  # revoked since it was opened (a resume)
         deadline = time.time() + self.cfg.deadline_s
         config = self.strategy.config.to_dict()  # the same for every task of the step
         payloads = {
             d: self.strategy.configure(step, self.agents[d])
             for d in rec.participants
-            if d not in open_step.outcome.replies
+            if d not in open_step.outcome.replies and d not in open_step.gone
         }
         # what several tasks still share is encoded once, and the fields all tasks share
         # (config, run id, deadline) once a step (protocol.contract.wire.reuse_encodings)
@@ -349,6 +360,7 @@ class Coordinator:
         self.announcer.heartbeat()
         self.refusals.tick()  # a flood's summary line, once its interval is over
         self.endpoint.refusals.tick()
+        self.admission.poll_revocations(self._open_step)
         batch = take_batch(self.inbox, timeout)
         if not batch:
             return

@@ -102,11 +102,13 @@ def make_coordinator(
     *,
     health_check: Callable[[], None] | None = None,
     signing: SigningKeys | None = None,
+    revocations: Path | None = None,
 ) -> Coordinator:
     """Lock the run directory, open its store and strategy and wire them to ``transport``.
 
     ``health_check`` runs before every wait for messages and may raise to end the run.
     ``signing``: sign every frame and refuse unsigned ones except the agents' wills (§7).
+    ``revocations``: the coordinator kit's revocation list, watched during the run.
     ``run.json`` is written once, when the run starts: a resumed run keeps its record.
     """
     run_dir = Path(cfg.run_dir)
@@ -120,7 +122,15 @@ def make_coordinator(
             (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         options = {} if signing is None else signing.endpoint_options(UNSIGNED_KINDS)
         endpoint = Endpoint(transport, sender=SENDER, federation=cfg.federation, **options)
-        return Coordinator(cfg, endpoint, store, strategy, logger, health_check=health_check)
+        return Coordinator(
+            cfg,
+            endpoint,
+            store,
+            strategy,
+            logger,
+            health_check=health_check,
+            revocations=revocations,
+        )
     except BaseException:
         store.close()
         raise
@@ -133,6 +143,7 @@ def run_coordinator(
     *,
     health_check: Callable[[], None] | None = None,
     signing: SigningKeys | None = None,
+    revocations: Path | None = None,
 ) -> RunResult:
     """Connect, run every step, disconnect.
 
@@ -142,7 +153,14 @@ def run_coordinator(
     run_dir = Path(cfg.run_dir)
     created = not run_dir.exists()
     try:
-        coord = make_coordinator(cfg, transport, logger, health_check=health_check, signing=signing)
+        coord = make_coordinator(
+            cfg,
+            transport,
+            logger,
+            health_check=health_check,
+            signing=signing,
+            revocations=revocations,
+        )
     except BaseException:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)

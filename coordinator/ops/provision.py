@@ -20,7 +20,10 @@ The ACL uses Mosquitto ``pattern`` rules with ``%u`` (``WIRE.md`` §11), so it n
 device: any certificate of this CA reaches exactly its own topics. A device is revoked
 through the CRL, which the config names from the start (empty until then), so that a reload
 (SIGHUP) of Mosquitto takes a new one: the broker then refuses the device's TLS handshake.
-Its kit and public key are deleted, so the coordinator no longer holds its signing key either.
+Its kit and public key are deleted, so the coordinator no longer holds its signing key either,
+and its id goes on the coordinator kit's revocation list (``OUT/coordinator/revoked``,
+:mod:`coordinator.ops.revocation`), which a running coordinator watches: it stops selecting
+the device and waiting for it, even while the device's connection stays open.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from coordinator.ops import pki
+from coordinator.ops.revocation import REVOKED_FILE, write_revoked
 from protocol.contract.topics import COORDINATOR_ID, PREFIX, validate_id
 from protocol.errors import ConfigError, ValidationError
 from protocol.security.kit import Kit, write_kit
@@ -203,6 +207,10 @@ class _Fleet:
 
     def save(self) -> None:
         pki.write_public(self.out / STATE_FILE, json.dumps(asdict(self.spec), indent=2) + "\n")
+        coordinator = self.out / COORDINATOR_ID
+        if coordinator.is_dir():  # the list a running coordinator watches (a re-issued id is off)
+            revoked = set(self.spec.revoked.values()) - set(self.spec.devices_issued)
+            write_revoked(coordinator / REVOKED_FILE, revoked)
 
     @property
     def broker_dir(self) -> Path:
@@ -382,10 +390,12 @@ def _archive(kit_dir: Path) -> Path:
 
 
 def revoke_devices(out: str | Path, ids: Sequence[str]) -> Path:
-    """Revoke devices: the CRL rewritten, their kits and public keys deleted.
+    """Revoke devices: the CRL and the coordinator's revocation list rewritten, their kits and
+    public keys deleted.
 
     Returns the broker directory, whose ``crl.pem`` must reach the broker, which must then
-    reload (SIGHUP) or restart: Mosquitto reads the CRL only then.
+    reload (SIGHUP) or restart: Mosquitto reads the CRL only then. A coordinator running with
+    this fleet's coordinator kit drops the devices by itself (``OUT/coordinator/revoked``).
 
     Raises:
         ConfigError: an id that holds no valid certificate.

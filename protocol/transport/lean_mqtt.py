@@ -38,7 +38,12 @@ from collections.abc import Sequence
 
 from protocol.errors import ConfigError, ConnectError, TransportError
 from protocol.transport.base import Handler, TlsOptions, Will
-from protocol.transport.mqtt_common import MqttClient, SessionRefusedError
+from protocol.transport.mqtt_common import (
+    MqttClient,
+    SessionRefusedError,
+    ended_by_tls_peer,
+    tls_refusal,
+)
 from protocol.transport.mqtt_packets import (
     CONNACK,
     CONNACK_REASONS,
@@ -320,6 +325,8 @@ class LeanMqttTransport(MqttClient):
             while (found := parse_packet(inbuf)) is None:
                 sock.settimeout(max(0.01, deadline - time.monotonic()))
                 chunk = sock.recv(READ_SIZE)
+                if not chunk and self._tls is not None:
+                    raise tls_refusal(self.where, "end of stream")
                 if not chunk:
                     raise ConnectError(
                         f"cannot reach MQTT broker at {self.where}: it closed the connection "
@@ -334,6 +341,8 @@ class LeanMqttTransport(MqttClient):
             ) from None
         except (OSError, ValueError) as exc:
             sock.close()
+            if self._tls is not None and ended_by_tls_peer(exc):
+                raise tls_refusal(self.where, exc) from exc
             raise ConnectError(f"cannot reach MQTT broker at {self.where}: {exc}") from exc
         kind, _flags, start, end = found
         if kind != CONNACK or end - start != 2:

@@ -11,17 +11,38 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 import time
 from abc import abstractmethod
 
 from protocol.errors import ConfigError, ConnectError
 from protocol.transport.base import Transport, Will
 
-__all__ = ["MqttClient", "SessionRefusedError"]
+__all__ = ["MqttClient", "SessionRefusedError", "ended_by_tls_peer", "tls_refusal"]
 
 
 class SessionRefusedError(ConnectError):
     """The broker answered but refused the session (credentials, client id): never retried."""
+
+
+def ended_by_tls_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is the broker ending a TLS handshake (an alert, a reset, an early end of
+    the stream), not this client rejecting the broker's own certificate."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return False
+    return isinstance(exc, (ssl.SSLError, ConnectionResetError, BrokenPipeError))
+
+
+def tls_refusal(where: str, detail: object) -> ConnectError:
+    """The error of a TLS connection the broker closed before its CONNACK.
+
+    A broker that refuses a client's certificate (revoked by its CRL, expired, of another CA)
+    ends the handshake; with TLS 1.3 the client learns it only once it waits for the CONNACK,
+    where a missing CONNACK otherwise suggests that the port is not an MQTT broker at all."""
+    return ConnectError(
+        f"MQTT broker at {where} closed the TLS connection during the handshake ({detail}): "
+        "is this client's certificate revoked, expired or from another CA?"
+    )
 
 
 class MqttClient(Transport):

@@ -28,7 +28,12 @@ from paho.mqtt.properties import Properties
 
 from protocol.errors import ConfigError, ConnectError, TransportError
 from protocol.transport.base import Handler, TlsOptions, Will
-from protocol.transport.mqtt_common import MqttClient, SessionRefusedError
+from protocol.transport.mqtt_common import (
+    MqttClient,
+    SessionRefusedError,
+    ended_by_tls_peer,
+    tls_refusal,
+)
 from protocol.transport.routes import Routes
 
 __all__ = ["DEFAULT_PORT", "MqttTransport", "TlsOptions", "parse_broker"]
@@ -126,6 +131,9 @@ class MqttTransport(MqttClient):
         self._closing = False
         self._aborting = False
         self._loop_ident: int | None = None
+        self._tls = tls is not None
+        self._awaiting_connack = False  # an attempt of _connect_once waits for its CONNACK
+        self._lost_before_connack: str | None = None  # why the connection ended before it
         self._last_info: paho.MQTTMessageInfo | None = None
         self._client = self._make_client(username, password, tls, max_inflight)
 
@@ -174,9 +182,20 @@ class MqttTransport(MqttClient):
     def _connect_once(self) -> None:
         if self._started:
             raise TransportError(f"mqtt {self.client_id}: connect() called twice")
-        deadline = time.monotonic() + self.connect_timeout
         self._connack.clear()
-        self._connack_error = None
+        self._connack_error = self._lost_before_connack = None
+        self._awaiting_connack = True
+        # paho tells why a read failed (a TLS alert) only in its log: listened to during the
+        # attempt alone, as formatting every packet's log line would cost all the time after
+        self._client.on_log = self._on_attempt_log
+        try:
+            self._try_connect()
+        finally:
+            self._awaiting_connack = False
+            self._client.on_log = None
+
+    def _try_connect(self) -> None:
+        deadline = time.monotonic() + self.connect_timeout
         kwargs: dict[str, Any] = {}
         if self.protocol == "5":
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
@@ -185,6 +204,8 @@ class MqttTransport(MqttClient):
         try:
             self._client.connect(self.host, self.port, keepalive=self.keepalive, **kwargs)
         except (OSError, ValueError) as exc:  # refused, timed out, DNS failure, bad host
+            if self._tls and ended_by_tls_peer(exc):  # a TLS 1.2 handshake fails right here
+                raise tls_refusal(self.where, exc) from exc
             raise ConnectError(f"cannot reach MQTT broker at {self.where}: {exc}") from exc
         self._started = True
         self._client.loop_start()
@@ -193,6 +214,15 @@ class MqttTransport(MqttClient):
             raise ConnectError(
                 f"cannot reach MQTT broker at {self.where}: no CONNACK within "
                 f"{self.connect_timeout:g} s (is it an MQTT broker?)"
+            )
+        lost = self._lost_before_connack
+        if lost is not None:
+            self._abandon()
+            if self._tls:  # TLS 1.3: the broker's verdict on our certificate comes now
+                raise tls_refusal(self.where, lost)
+            raise ConnectError(
+                f"cannot reach MQTT broker at {self.where}: it closed the connection before a "
+                f"CONNACK ({lost}; is it an MQTT broker?)"
             )
         if self._connack_error is not None:
             self._abandon()
@@ -351,10 +381,19 @@ class MqttTransport(MqttClient):
         self._connack.set()
         self._notify_connect(self.session_present)
 
+    def _on_attempt_log(self, client: paho.Client, userdata: Any, level: int, buf: str) -> None:
+        if level == paho.MQTT_LOG_ERR and self._lost_before_connack is None:
+            self._lost_before_connack = buf  # the first: e.g. the TLS alert a read failed with
+
     def _on_disconnect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
     ) -> None:
         self._connected = False
+        if self._awaiting_connack and not self._connack.is_set():
+            # the connection ended before its CONNACK: the attempt ends, with paho's reason
+            self._lost_before_connack = self._lost_before_connack or str(reason)
+            self._connack.set()
+            return
         if self._aborting:
             client.disconnect()  # marks the state so paho's loop ends instead of reconnecting
             return

@@ -13,11 +13,13 @@ order, so when the fence has arrived the forbidden message would have arrived be
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import Inbox, wait_for
@@ -27,6 +29,8 @@ from protocol.contract.topics import Topics
 from protocol.errors import ConnectError, TransportError
 from protocol.security.credentials import load_credentials
 from protocol.transport.base import Will
+from protocol.transport.lean_mqtt import LeanMqttTransport
+from protocol.transport.mqtt_common import MqttClient
 from protocol.transport.paho import MqttTransport, TlsOptions
 from tests.conftest import TLS_FEDERATION, ProvisionedBroker
 
@@ -269,3 +273,125 @@ def test_the_workers_share_group_passes_the_acl_and_no_device_can_join_it_blind(
         assert workers.wait(6), workers.items
         assert [p for _t, p in workers.items] == [f"reply {i}".encode() for i in range(6)]
         assert device.items == []
+
+
+class Eavesdropper(MqttTransport):
+    """A client that records the topic of every message the broker sends it, including the
+    ones no subscription of its own routes (the transport would drop those unseen)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.topics: list[str] = []
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        self.topics.append(msg.topic)
+        super()._on_message(client, userdata, msg)
+
+
+def test_retained_messages_reach_only_a_reader_that_subscribed(
+    fleet_broker: ProvisionedBroker,
+) -> None:
+    # Prepare: agent1's retained status, and the coordinator subscribed to every status (a
+    # filter the broker now holds, which agent0's connection must not inherit)
+    b = fleet_broker
+    statuses, own = Inbox(), Inbox()
+    with (
+        client(b, b.kit("agent1"), "a1") as a1,
+        client(b, b.kit("coordinator"), "coord") as coord,
+    ):
+        a1.connect()
+        a1.publish(T.status("agent1"), b"agent1 online", retain=True)
+        coord.subscribe(f"{T.base}/dev/+/status", statuses)
+        coord.connect()
+        assert statuses.wait(1), "agent1's status was not retained"
+        creds = load_credentials(kit=b.kit("agent0"), env={})
+        spy = Eavesdropper(
+            client_id="a0", port=b.port, connect_timeout=5, **creds.transport_options()
+        )
+        try:
+            # Execute: agent0 connects, asks for agent1's status (refused, or granted and
+            # filtered), then its own tasks; a task for agent0 is the fence
+            spy.connect()
+            for flt in (T.status("agent1"), f"{T.base}/dev/+/status", "#"):
+                with contextlib.suppress(TransportError):
+                    spy.subscribe(flt, Inbox())
+            spy.subscribe(f"{T.base}/dev/agent0/down/#", own)
+            coord.publish(T.down("agent0", "task"), b"task for agent0")
+            assert own.wait(1)
+        finally:
+            spy.close()
+    # Assert: nothing of agent1's reached agent0's connection
+    assert spy.topics == [T.down("agent0", "task")]
+
+
+def test_a_refused_takeover_leaves_the_victims_session_untouched(
+    embedded_tls: ProvisionedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The embedded broker refuses agent1 using agent0's client id: agent0 stays connected and
+    keeps receiving its tasks (Mosquitto has no client id owners: see deploy-a-fleet.md)."""
+    b = embedded_tls
+    tasks = Inbox()
+    with (
+        caplog.at_level(logging.WARNING),
+        client(b, b.kit("coordinator"), "coord") as coord,
+        client(b, b.kit("agent0"), "shared-id") as victim,
+        client(b, b.kit("agent1"), "shared-id") as thief,
+    ):
+        connects: list[bool] = []
+        victim.add_connect_listener(connects.append)
+        victim.subscribe(f"{T.base}/dev/agent0/down/#", tasks)
+        victim.connect()
+        coord.connect()
+        coord.publish(T.down("agent0", "task"), b"task 1")
+        assert tasks.wait(1)
+        # Execute
+        with pytest.raises(ConnectError, match="refused the session"):
+            thief.connect()
+        coord.publish(T.down("agent0", "task"), b"task 2")
+        # Assert: the victim got its next task on the connection it had
+        assert tasks.wait(2), "the victim's session was cut by a refused takeover"
+        assert [p for _t, p in tasks.items] == [b"task 1", b"task 2"]
+        assert victim.connected and len(connects) == 1, "the victim was disconnected"
+    refusals = [r for r in caplog.records if "refused agent1" in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in caplog.records]
+    assert "client id 'shared-id' belongs to agent0" in refusals[0].getMessage()
+
+
+def test_refused_clients_are_logged_in_one_line_each(
+    embedded_tls: ProvisionedBroker, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    b = embedded_tls
+    kept = shutil.copytree(b.kit("agent2"), tmp_path / "agent2")
+    with caplog.at_level(logging.WARNING):
+        revoke_devices(b.root, ["agent2"])
+        for _ in range(3):  # a revoked device retrying, then a client without a certificate
+            assert not _connects(b, kept, "a2")
+        _connect_refused(b, TlsOptions(ca_certs=str(b.root / "broker" / "ca.crt")))
+        assert _connects(b, b.kit("agent0"), "a0")  # the broker still serves
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert not [line for line in lines if "Traceback" in line or "\n" in line], lines
+
+
+@pytest.mark.parametrize("transport", [MqttTransport, LeanMqttTransport], ids=["paho", "lean"])
+def test_a_revoked_certificate_is_named_as_the_likely_cause(
+    fleet_broker: ProvisionedBroker, tmp_path: Path, transport: type[MqttClient]
+) -> None:
+    # Prepare: agent2 revoked; the broker restarted with the new CRL
+    b = fleet_broker
+    kept = shutil.copytree(b.kit("agent2"), tmp_path / "agent2")
+    revoke_devices(b.root, ["agent2"])
+    b.stop()
+    b.start()
+    creds = load_credentials(kit=kept, env={})
+    t = transport(client_id="a2", port=b.port, connect_timeout=5, **creds.transport_options())
+    # Execute
+    try:
+        with pytest.raises(ConnectError) as refused:
+            t.connect()
+    finally:
+        t.close()
+    # Assert: the broker ended the TLS handshake, and the message says what that likely means
+    message = str(refused.value)
+    assert "closed the TLS connection during the handshake" in message, message
+    assert "certificate revoked" in message and "MQTT broker?" not in message, message
