@@ -184,6 +184,7 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["hyper"] = self.algorithm_config().to_dict()
         out["classes"] = list(self.classes)
+        out["trackers"] = list(self.trackers)
         return out
 
 
@@ -356,7 +357,8 @@ def _coerce_run(key: str, value: Any, hint: Any) -> Any:
     if isinstance(value, str):  # --set run.classes=cat,dog
         value = [] if not value.strip() else [n.strip() for n in value.split(",")]
     if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
-        raise ConfigError(f"run.{key}: expected a list of names, got {value!r}")
+        what = "class names" if key == "classes" else "tracker names"
+        raise ConfigError(f"run.{key}: expected a list of {what}, got {value!r}")
     return tuple(value)
 
 

@@ -49,6 +49,9 @@ OPERATIONAL_KEYS = frozenset(
         "state_heartbeat_s",
         # who takes the replies (the engine or ingest workers): the same checks either way
         "ingest_workers",
+        # where the figures are also sent: the run computes the same
+        "trackers",
+        "tracking_uri",
     }
 )
 
