@@ -239,8 +239,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     stop = StopRequest()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = 0
     try:
         while not stop.event.is_set():
@@ -249,6 +248,9 @@ def _run(args: argparse.Namespace) -> int:
                 break
     except KeyboardInterrupt:  # a second signal: stopped at once
         pass
+    finally:  # main() may run inside another program (the tests)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return stop.exit_code if stop.event.is_set() else code
 
 

@@ -82,12 +82,12 @@ class Recorder(FakeCoordinator):
             if isinstance(env.body, kind) and task_id in ("", getattr(env.body, "task_id", "")):
                 return env
 
-    def task(self, task_id: str, round_: int, **config: int) -> None:
+    def task(self, task_id: str, round_: int, phase: str = "train", **config: int) -> None:
         body = Task(
             task_id=task_id,
             run_id="r1",
             round=round_,
-            phase="train",
+            phase=phase,
             deadline=1e12,
             algorithm="fedproto",
             config=config_type("fedproto")(**config).to_dict(),
