@@ -406,7 +406,7 @@ def _coordinator_state(
     Waits for a coordinator that is starting or running (not one that finished or vanished):
     an agent adopts what the run it joins runs, and the classes it names. With signing, only
     a verified state counts: a forged one could make the agent adopt another algorithm. The
-    ``finished`` of a run the agent never joined is said once, and the agent waits for the next.
+    ``finished`` of a run the agent never joined is logged, and the agent waits for the next.
     """
     import queue
 
