@@ -251,7 +251,7 @@ class EdgeAgent:
             if env.sender != COORDINATOR_ID:
                 self._ignore_foreign_state(env.sender, body)
             elif self.endpoint.trusted(env) or body.state == "offline":
-                self.on_coordinator_state(body, verified=env.verified)
+                self.on_coordinator_state(body)
             else:
                 self._ignore_unsigned_state(body)
         elif isinstance(body, Knowledge):
@@ -377,14 +377,15 @@ class EdgeAgent:
             state.run_id,
         )
 
-    def on_coordinator_state(self, state: CoordinatorState, verified: bool = False) -> None:
+    def on_coordinator_state(self, state: CoordinatorState) -> None:
         """Re-register when a coordinator (re)starts; stop when our run is finished.
 
         How it ended (:attr:`end`) is judged by :func:`~edge_agent.run_end.judge_end`: a
-        ``finished`` ends the run as completed only if this agent did the run's final phase
-        (``verified``: the state's frame was signed by the coordinator, which the message
-        says). In daemon mode (``exit_when_finished=False``) the agent archives the ended
-        run's state and stays registered, so it takes part in the next run of its federation.
+        ``finished`` ends the run as completed only if this agent did the run's final phase.
+        With signatures required only a verified state gets here (see below), so the message
+        says whether the state was signed. In daemon mode (``exit_when_finished=False``) the
+        agent archives the ended run's state and stays registered, so it takes part in the next
+        run of its federation.
 
         With signatures required, :meth:`dispatch` passes only verified states here, and the
         unsigned ``offline`` will (a hint: the coordinator may not know us when it is back). A
@@ -417,6 +418,7 @@ class EdgeAgent:
                 state.total_rounds,
             )
             return
+        verified = self.endpoint.require_signatures
         end = judge_end(state, did_final=state.run_id in self.finals_done, verified=verified)
         self.end = end
         if end.kind == "completed":

@@ -443,7 +443,7 @@ def _coordinator_state(
             if state.state in ("starting", "running"):
                 return state
             if state.state == "finished":
-                agent.on_coordinator_state(state, verified=verifier is not None)
+                agent.on_coordinator_state(state)
                 if agent.finished.is_set():
                     return None
         return None
