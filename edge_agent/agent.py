@@ -25,12 +25,14 @@ from edge_agent.algorithms import EdgeAlgorithm
 from edge_agent.exporting import export_models
 from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
 from edge_agent.progress import TerminalProgress
+from edge_agent.run_end import FINAL_PHASE, RunEnd, archive_run, judge_end
 from edge_agent.state import AgentState
-from edge_agent.trainer import evaluate
+from edge_agent.trainer import TrainingStoppedError, evaluate
 from models.checkpoint import Checkpoint, ModelSpec, load_checkpoint, save_checkpoint
 from protocol.contract.codec import Envelope
 from protocol.contract.messages import (
     REFUSED,
+    STOPPED,
     UNKNOWN_KNOWLEDGE,
     Ack,
     Capabilities,
@@ -101,10 +103,12 @@ class EdgeAgent:
         self.history: list[dict[str, float]] = []
         self.finished = threading.Event()
         self.refusal: str | None = None  # the coordinator's reason, if it refused us
-        self.gave_up: str | None = None  # set when our run ended before its last round
+        self.end: RunEnd | None = None  # how our run ended, once it did
         # runs this agent took part in: only their end ends it (a retained "finished" of an
         # earlier run must not stop an agent that arrives for the next one)
         self.joined: set[str] = set()
+        # runs whose final phase this agent answered: only they can end as completed
+        self.finals_done: set[str] = set()
         self._current: Task | None = None
         # the round's shared payloads (WIRE.md §5, knowledge) and the tasks waiting for theirs
         self.knowledge = KnowledgeCache()
@@ -127,6 +131,8 @@ class EdgeAgent:
         ckpt = load_checkpoint(path)
         if ckpt.meta.get("run_id"):
             self.joined.add(str(ckpt.meta["run_id"]))
+            if ckpt.meta.get("phase") == FINAL_PHASE:
+                self.finals_done.add(str(ckpt.meta["run_id"]))
         self.ctx.model.load_state_dict(ckpt.state_dict)
         self.algorithm.load_extra_state(dict(ckpt.extra))
         self.log.info("resumed from %s (round %s)", path, ckpt.meta.get("round"))
@@ -199,10 +205,28 @@ class EdgeAgent:
     def _enqueue(self, env: Envelope, topic: str) -> None:
         self.inbox.put(env)
 
+    @property
+    def gave_up(self) -> str | None:
+        """Why our run ended before its last round (``None``: it did not, or not yet)."""
+        return self.end.message if self.end is not None and self.end.kind == "gave_up" else None
+
     # ----- main loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None, idle_timeout: float | None = None) -> None:
-        """Process messages until the run finishes, ``stop`` is set or ``idle_timeout`` passes."""
+        """Process messages until the run finishes, ``stop`` is set or ``idle_timeout`` passes.
+
+        ``stop`` also reaches the training loop (``EdgeContext.stop``): a task being trained
+        ends within one batch, with an ``error`` ``stopped`` instead of a reply.
+        """
         stop = stop or threading.Event()
+        self.ctx.stop = stop
+        try:
+            self._loop(stop, idle_timeout)
+        finally:
+            self.ctx.stop = None
+        if stop.is_set() and not self.finished.is_set():
+            self._sign_off()
+
+    def _loop(self, stop: threading.Event, idle_timeout: float | None) -> None:
         last_activity = time.monotonic()
         while not stop.is_set() and not self.finished.is_set():
             self._fetch_due()
@@ -359,8 +383,12 @@ class EdgeAgent:
     def on_coordinator_state(self, state: CoordinatorState) -> None:
         """Re-register when a coordinator (re)starts; stop when our run is finished.
 
-        In daemon mode (``exit_when_finished=False``) the agent archives the finished run's
-        state and stays registered, so it takes part in the next run of its federation.
+        How it ended (:attr:`end`) is judged by :func:`~edge_agent.run_end.judge_end`: a
+        ``finished`` ends the run as completed only if this agent did the run's final phase.
+        With signatures required only a verified state gets here (see below), so the message
+        says whether the state was signed. In daemon mode (``exit_when_finished=False``) the
+        agent archives the ended run's state and stays registered, so it takes part in the next
+        run of its federation.
 
         With signatures required, :meth:`dispatch` passes only verified states here, and the
         unsigned ``offline`` will (a hint: the coordinator may not know us when it is back). A
@@ -386,35 +414,37 @@ class EdgeAgent:
             return
         if state.run_id not in self.joined:
             self.log.info(
-                "run %s ended before this agent joined; waiting for the next", state.run_id
+                "run %s (round %d of %d) ended before this agent joined; waiting for a "
+                "coordinator to start the next run",
+                state.run_id,
+                state.round,
+                state.total_rounds,
             )
             return
-        if state.round < state.total_rounds:
-            self.gave_up = (
-                f"run {state.run_id} ended at round {state.round} of {state.total_rounds}"
-            )
-            self.log.error("%s: the coordinator gave up", self.gave_up)
+        verified = self.endpoint.require_signatures
+        end = judge_end(state, did_final=state.run_id in self.finals_done, verified=verified)
+        self.end = end
+        if end.kind == "completed":
+            self.log.info("%s", end.message)
         else:
-            self.log.info("run %s finished", state.run_id)
+            self.log.error("%s", end.message)
         self.joined.discard(state.run_id)
         if self.settings.exit_when_finished:
             self.endpoint.send(
                 self.topics.status(self.settings.device_id), Status(state="done"), retain=True
             )
         else:  # daemon: the caller builds a fresh agent for the next run on this state dir
-            archived = self._archive(state.run_id)
+            names = (self.state.checkpoint_path.name, "agent.json", "outbox")
+            archived = archive_run(self.settings.state_dir, state.run_id, names)
             self.log.info("run %s archived in %s; staying for the next run", state.run_id, archived)
         self.finished.set()
 
-    def _archive(self, run_id: str) -> Path:
-        """Move a finished run's checkpoint, task record and outbox to ``runs/RUN_ID``."""
-        root = self.settings.state_dir
-        dest = root / "runs" / run_id
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in (self.state.checkpoint_path.name, "agent.json", "outbox"):
-            if (root / name).exists():
-                (root / name).replace(dest / name)
-        return dest
+    def _sign_off(self) -> None:
+        """Told to stop: say ``offline`` (retained) as the last will would have, since a clean
+        disconnect does not publish it, so the coordinator stops choosing this agent."""
+        status = Status(state="offline", detail="stopped")
+        with contextlib.suppress(EdgeFLError):  # best effort: the broker may be gone too
+            self.endpoint.send(self.topics.status(self.settings.device_id), status, retain=True)
 
     def on_task(self, task: Task, env: Envelope) -> None:
         """Run a task once; a repeated task id gets the stored reply again."""
@@ -448,8 +478,12 @@ class EdgeAgent:
         try:
             result = self.algorithm.handle(task)
             metrics = {**result.metrics, **(self._evaluate(task) if self._evaluates(task) else {})}
-            if task.phase == "final":
+            if task.phase == FINAL_PHASE:
                 metrics.update(self._export_safely(task))
+        except TrainingStoppedError as exc:
+            self._bar.close()
+            self._stopped(task, reply_topic, exc)
+            return
         except EdgeFLError as exc:
             self._bar.close()
             self._fail(task, reply_topic, exc)
@@ -461,6 +495,8 @@ class EdgeAgent:
             return
         finally:
             self._current = None
+        if task.phase == FINAL_PHASE:
+            self.finals_done.add(task.run_id)
         self.history.append({"round": float(task.round), **metrics})
         self.log.info("round %d %s: %s", task.round, task.phase, _fmt_metrics(metrics))
         self._save_checkpoint(task)
@@ -481,6 +517,17 @@ class EdgeAgent:
         self.state.put_outbox(reply_topic, out)  # durable before it leaves
         self.state.mark_completed(task.task_id, out.msg_id)
         self.endpoint.send_envelope(reply_topic, out)
+
+    def _stopped(self, task: Task, topic: str, exc: TrainingStoppedError) -> None:
+        """The task was cut short by a stop: no half-trained reply. An ``error`` ``stopped``
+        tells the coordinator at once that no result comes for it (instead of its deadline);
+        the state directory keeps the checkpoint of the last completed task, and the task runs
+        again from it when the coordinator sends it again (it is not marked completed)."""
+        self.log.warning("task %s %s; no result sent for it", task.task_id, exc)
+        reason = f"the agent was stopped during the task ({exc}); no result"
+        body = ErrorReply(code=STOPPED, reason=reason, task_id=task.task_id)
+        with contextlib.suppress(EdgeFLError):  # best effort: the broker may be gone too
+            self.endpoint.send(topic, body, round=task.round)
 
     def _fail(self, task: Task, topic: str, exc: Exception) -> None:
         self.log.error("task %s failed: %s: %s", task.task_id, type(exc).__name__, exc)

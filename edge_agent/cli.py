@@ -194,34 +194,71 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-EXIT_ERROR = 2  # bad options, unreachable broker, unreadable data
+EXIT_ERROR = 2  # bad options, unreachable broker, unreadable data, insecure broker
 EXIT_REFUSED = 3  # the coordinator refused this agent (the reason is logged)
 EXIT_GAVE_UP = 4  # the run ended before its last round (the coordinator gave up)
+EXIT_UNCONFIRMED = 5  # a "finished" this agent cannot confirm: it did not do the final phase
+EXIT_SIGNAL = 128  # + the signal's number: stopped by SIGINT (130) or SIGTERM (143)
+_END_CODES = {"completed": 0, "gave_up": EXIT_GAVE_UP, "unconfirmed": EXIT_UNCONFIRMED}
+
+
+class StopRequest:
+    """The signal handler of SIGTERM and SIGINT: the first asks the agent to stop (the training
+    loop sees it within one batch); a second stops at once (``KeyboardInterrupt``)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum = 0
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.signum = signum
+        self.event.set()
+        logging.getLogger("edgefl.agent").warning(
+            "%s: stopping after the current batch (send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    @property
+    def exit_code(self) -> int:
+        """The conventional status of a process ended by the signal: 128 + its number."""
+        return EXIT_SIGNAL + self.signum
 
 
 def _run(args: argparse.Namespace) -> int:
     import socket
 
     from protocol.contract.topics import validate_id
+    from protocol.security.mode import connection_mode
     from protocol.transport.paho import parse_broker
 
     args.creds = _credentials(args)
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
     args.signing = _signing(args, device_id)
-    parse_broker(args.broker)  # a bad address fails before the data is loaded
+    host, _port = parse_broker(args.broker)  # a bad address fails before the data is loaded
+    mode = connection_mode(
+        host, args.creds, signing=args.signing is not None, insecure=args.insecure
+    )
+    mode.announce(logging.getLogger("edgefl.agent"))
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = StopRequest()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code = 0
     try:
-        while True:
-            code = _one_run(args, device_id, stop)
-            if not args.stay or stop.is_set() or code == EXIT_REFUSED:
-                return code
-    except KeyboardInterrupt:
-        return 0
+        while not stop.event.is_set():
+            code = _one_run(args, device_id, stop.event)
+            if not args.stay or code == EXIT_REFUSED:
+                break
+    except KeyboardInterrupt:  # a second signal: stopped at once
+        pass
+    finally:  # main() may run inside another program (the tests)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return stop.exit_code if stop.event.is_set() else code
 
 
 def _credentials(args: argparse.Namespace) -> Any:
@@ -308,9 +345,9 @@ def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) ->
         opts = _options(args, device_id, guess)
         agent = build_agent(opts, transport, signing=args.signing)
         if args.algorithm is None or not guess.classes:
-            state = _coordinator_state(args, transport, stop)
-            if state is None:  # stopped while waiting
-                return 0
+            state = _coordinator_state(args, transport, stop, agent)
+            if state is None:  # stopped while waiting, or the run it had joined ended
+                return _exit_code(agent)
             adopted = _adopt(args, state)
             if adopted != guess:
                 opts = _options(args, device_id, adopted)
@@ -321,9 +358,15 @@ def _one_run(args: argparse.Namespace, device_id: str, stop: threading.Event) ->
         agent.run(stop)
     finally:
         transport.close()
+    return _exit_code(agent)
+
+
+def _exit_code(agent: Any) -> int:
+    """How the agent's part in the run ended, as an exit code (0 only for a completed run, or
+    for no end at all: the caller then says it was stopped)."""
     if agent.refusal is not None:
         return EXIT_REFUSED
-    return EXIT_GAVE_UP if agent.gave_up is not None else 0
+    return 0 if agent.end is None else _END_CODES[agent.end.kind]
 
 
 class Adopted(NamedTuple):
@@ -361,12 +404,16 @@ def _adopt(args: argparse.Namespace, state: Any) -> Adopted:
     return Adopted(algorithm, tuple(state.classes), feature_dim)
 
 
-def _coordinator_state(args: argparse.Namespace, transport: Any, stop: threading.Event) -> Any:
-    """The retained state of the federation's current run (``None`` if stopped first).
+def _coordinator_state(
+    args: argparse.Namespace, transport: Any, stop: threading.Event, agent: Any
+) -> Any:
+    """The retained state of the federation's current run (``None`` if stopped first, or if a
+    run ``agent`` had joined, per its checkpoint, is finished: the agent has judged its end).
 
     Waits for a coordinator that is starting or running (not one that finished or vanished):
     an agent adopts what the run it joins runs, and the classes it names. With signing, only
-    a verified state counts: a forged one could make the agent adopt another algorithm.
+    a verified state counts: a forged one could make the agent adopt another algorithm. The
+    ``finished`` of a run the agent never joined is logged, and the agent waits for the next.
     """
     import queue
 
@@ -402,6 +449,10 @@ def _coordinator_state(args: argparse.Namespace, transport: Any, stop: threading
                 continue
             if state.state in ("starting", "running"):
                 return state
+            if state.state == "finished":
+                agent.on_coordinator_state(state)
+                if agent.finished.is_set():
+                    return None
         return None
     finally:
         done.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -31,6 +32,7 @@ __all__ = [
     "TrainHooks",
     "TrainStats",
     "TrainingError",
+    "TrainingStoppedError",
     "evaluate",
     "make_optimizer",
     "train_epochs",
@@ -46,6 +48,10 @@ FIXED_ORDER_SEED = 0  # batch_order = "fixed" without a generator: one order for
 
 class TrainingError(EdgeFLError):
     """Local training diverged or could not run."""
+
+
+class TrainingStoppedError(EdgeFLError):
+    """The agent was told to stop (SIGTERM, SIGINT) during training: the task has no result."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +261,7 @@ def train_epochs(
     generator: torch.Generator | None = None,
     on_progress: ProgressFn | None = None,
     on_epoch: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> TrainStats:
     """Train ``groups`` (default: all of ``model``) for ``epochs`` (default ``cfg.local_epochs``).
 
@@ -262,6 +269,10 @@ def train_epochs(
     sub-step group on its own loss; then ``hooks.after_step``. ``on_epoch(e)`` runs before
     epoch ``e`` (0-based) draws its first batch, after the previous epoch's last update (e.g.
     conformal calibration from a snapshot of the models as they enter the epoch).
+
+    Raises:
+        TrainingStoppedError: ``stop`` was set; checked before every batch, so a stop is seen
+            within one batch however many epochs the task asked for.
     """
     epochs = cfg.local_epochs if epochs is None else epochs
     steppers = [_Stepper.of(g, cfg) for g in groups or [ParamGroup("model", model)]]
@@ -291,6 +302,8 @@ def train_epochs(
             # generator started with (the run's seed and the client), not from its state
             order = torch.Generator().manual_seed(fixed_seed) if fixed else generator
             for x, y in data.batches(cfg.batch_size, order, drop_last=drop_last):
+                if stop is not None and stop.is_set():
+                    raise TrainingStoppedError(f"stopped at step {steps + 1} of {total}")
                 if subs:  # the last sub-step switched modes and gradients to its group
                     _activate(steppers, main)
                 with _autocast(use_amp, data.x.device):

@@ -97,7 +97,12 @@ def _demo_generator(cfg: RunConfig) -> RunConfig:
 
 def run(args: argparse.Namespace) -> int:
     from coordinator.sim.demo import DemoSpec, run_demo
+    from protocol.security.mode import SecurityMode
 
+    mode = SecurityMode(
+        "in-process", "coordinator demo: broker, coordinator and agents on 127.0.0.1"
+    )
+    mode.announce(logging.getLogger("edgefl.demo"))
     cfg = demo_config(args)
     if args.partition_file is not None:  # a count mismatch fails before agents start
         from edge_agent.data import load_partition_file

@@ -34,14 +34,19 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     from coordinator.engine.ingest_worker import run_ingest_worker
     from coordinator.engine.runner import SENDER
     from protocol.security.keys import load_signing
+    from protocol.security.mode import connection_mode
     from protocol.transport.paho import parse_broker
 
     creds = coordinator_credentials(args)
     signing = load_signing(creds, SENDER, enabled=not args.no_signing)
     host, port = parse_broker(args.broker)
+    mode = connection_mode(host, creds, signing=signing is not None, insecure=args.insecure)
+    mode.announce(logging.getLogger("edgefl"))
     counts = run_ingest_worker(
         Path(args.run_dir),
         host,

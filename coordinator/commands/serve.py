@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.config import RunConfig
     from coordinator.engine.core import RunResult
     from protocol.security.credentials import Credentials
+    from protocol.security.mode import SecurityMode
 
 __all__ = ["add_parser", "run"]
 
@@ -55,7 +56,9 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from coordinator.engine.core import RunResult
+    from coordinator.engine.runner import SENDER
     from coordinator.sim.demo import describe_algorithm, summarize
+    from protocol.security.keys import load_signing
 
     creds = coordinator_credentials(args)
     cfg, info = resolve_run(
@@ -69,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     spawn = _worker_options(args, cfg) if args.spawn_workers else None
+    # on whenever the kit (or --credentials, EDGEFL_*) has signing keys
+    signing = load_signing(creds, SENDER, enabled=not args.no_signing)
+    _security_mode(args, cfg, creds, signing is not None).announce(logging.getLogger("edgefl"))
     if info is not None and info.outcome == "finished":
         from coordinator.store.database import Store
 
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg, creds, args.no_signing, _fleet_broker(args), spawn)
+        result = _serve_run(cfg, creds, signing, _fleet_broker(args), spawn)
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
@@ -132,6 +138,38 @@ def _kit_run_keys(args: argparse.Namespace, creds: Credentials) -> dict[str, obj
     return out
 
 
+def _security_mode(
+    args: argparse.Namespace, cfg: RunConfig, creds: Credentials, signing: bool
+) -> SecurityMode:
+    """The run's security mode (:mod:`protocol.security.mode`): a broker given (``--broker``,
+    the kit's), or the embedded one, which authenticates nobody unless ``--broker-dir`` gives
+    it the fleet's rules (then the kit names it as the broker)."""
+    from protocol.errors import ConfigError
+    from protocol.security.mode import SecurityMode, connection_mode, is_loopback
+    from protocol.transport.paho import parse_broker
+
+    if cfg.broker:
+        host = parse_broker(cfg.broker)[0]
+        return connection_mode(host, creds, signing=signing, insecure=args.insecure)
+    host = cfg.embedded_host
+    if is_loopback(host):
+        return SecurityMode(
+            "loopback", f"embedded broker on {host}, reachable from this machine only"
+        )
+    if args.insecure:
+        return SecurityMode(
+            "insecure",
+            f"--insecure: embedded broker on {host} without authentication; anyone who "
+            "reaches it can read and forge every message",
+        )
+    raise ConfigError(
+        f"refusing to run the embedded broker on {host} without authentication: keep it on "
+        "127.0.0.1 (no --listen), give it the fleet's mutual TLS (--broker-dir OUT/broker "
+        "--kit OUT/coordinator), connect to a secured broker (--broker HOST with --kit DIR or "
+        "--credentials FILE), or --insecure to run it unauthenticated anyway"
+    )
+
+
 def _fleet_broker(args: argparse.Namespace) -> EmbeddedBroker | None:
     """``--broker-dir``: the embedded broker on a provisioned broker directory, listening where
     its ``mosquitto.conf`` says unless ``--listen`` / ``--port`` say otherwise."""
@@ -148,16 +186,15 @@ def _fleet_broker(args: argparse.Namespace) -> EmbeddedBroker | None:
 def _serve_run(
     cfg: RunConfig,
     creds: Credentials,
-    no_signing: bool = False,
+    signing: Any,
     fleet_broker: EmbeddedBroker | None = None,
     spawn: list[str] | None = None,
 ) -> RunResult:
     """The run over ``cfg.broker``; over the embedded broker when there is none; over the
-    embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``."""
+    embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``. ``signing``:
+    the coordinator's keys (``None``: frames unsigned)."""
     from coordinator.broker.embedded import EmbeddedBroker
-    from coordinator.engine.runner import SENDER
     from protocol.errors import ConfigError
-    from protocol.security.keys import load_signing
     from protocol.transport.paho import parse_broker
 
     if cfg.ingest_workers and (fleet_broker is not None or not cfg.broker):
@@ -167,8 +204,6 @@ def _serve_run(
             "support: they would receive none. Give --broker HOST of a Mosquitto 2, EMQX or "
             "HiveMQ broker, or set run.ingest_workers=0"
         )
-    # on whenever the kit (or --credentials, EDGEFL_*) has signing keys
-    signing = load_signing(creds, SENDER, enabled=not no_signing)
     if fleet_broker is not None:
         if creds.kit is None or not cfg.broker:
             raise ConfigError(
@@ -231,4 +266,5 @@ def _worker_options(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
         )
     options = [] if args.kit is None else ["--kit", str(args.kit)]
     options += [] if args.credentials is None else ["--credentials", str(args.credentials)]
+    options += ["--insecure"] if args.insecure else []
     return options + (["--no-signing"] if args.no_signing else [])

@@ -21,6 +21,7 @@ from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 if TYPE_CHECKING:
     from coordinator.commands.options import Subparsers
     from coordinator.config import RunConfig
+    from protocol.security.mode import SecurityMode
 
 __all__ = ["add_parser", "run", "simulate_feature_dim", "simulated_deadline"]
 
@@ -150,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from models.families import family_models
 
     ray = _ray_spec(args)  # misplaced Ray flags fail before anything starts
+    _security_mode(args).announce(logging.getLogger("edgefl"))
     cfg = run_config(
         args,
         unused=("broker", "embedded_port", "embedded_host", "min_agents"),
@@ -186,6 +188,17 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(cfg, fleet, backend=args.backend, ray=ray)
     print(summarize(result, Path(cfg.run_dir), cfg))
     return 0
+
+
+def _security_mode(args: argparse.Namespace) -> SecurityMode:
+    """A simulation is no deployment: its agents run here (or in Ray actors the run starts),
+    so no broker connection is refused; the line says where the messages go."""
+    from protocol.security.mode import SecurityMode
+
+    if args.backend != "ray":
+        return SecurityMode("in-process", "coordinator simulate: agents in this process")
+    where = args.broker or "a broker started on 127.0.0.1"
+    return SecurityMode("in-process", f"coordinator simulate: Ray actors over {where}")
 
 
 _RAY_FLAGS = ("ray_address", "agents_per_actor", "actor_cpus", "actor_gpus", "broker")

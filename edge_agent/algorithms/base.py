@@ -11,6 +11,7 @@ identically), ``reply_payloads`` (knowledge to upload), ``scores`` (how the mode
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
@@ -84,6 +85,9 @@ class EdgeContext:
     # a fresh model of the same architecture (the factory's create_model call), so that an
     # algorithm can re-initialise the model from a seed shared by the fleet
     model_builder: Callable[[], Classifier] | None = None
+    # the agent's stop request (its run loop sets it here): the training loop checks it every
+    # batch, so a SIGTERM ends a task of 1,000 epochs within one batch
+    stop: threading.Event | None = None
 
     @property
     def class_counts(self) -> list[int]:
@@ -208,6 +212,7 @@ class EdgeAlgorithm(Generic[C]):
             generator=self.ctx.generator,
             on_progress=self.ctx.on_progress,
             on_epoch=self.before_epoch,
+            stop=self.ctx.stop,
         )
 
     def before_epoch(self, epoch: int) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "MESSAGE_TYPES",
     "RATE_LIMITED",
     "REFUSED",
+    "STOPPED",
     "UNKNOWN_KNOWLEDGE",
     "Ack",
     "Capabilities",
@@ -244,6 +245,9 @@ RATE_LIMITED = "rate_limited"
 #: ``ErrorReply.code`` of the coordinator's answer to a ``fetch`` it cannot serve
 #: (``ref_id``: the digest asked for, in hex).
 UNKNOWN_KNOWLEDGE = "unknown_knowledge"
+#: ``ErrorReply.code`` of an agent told to stop (SIGTERM, SIGINT) while it ran the task: it
+#: sends no result for it; the task runs again if the coordinator sends it again.
+STOPPED = "stopped"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ __all__ = ["add_arguments"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--kit`` and ``--credentials``: the flags name files, never secrets (``ps`` shows argv)."""
+    """``--kit``, ``--credentials``, ``--no-signing`` and ``--insecure``: the flags name files,
+    never secrets (``ps`` shows argv)."""
     parser.add_argument(
         "--kit",
         type=Path,
@@ -37,4 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not sign or verify frames even though signing keys are available (a kit has "
         "them; by default every frame is signed and unsigned ones refused, WIRE.md §7)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="connect to a broker off this machine without TLS client authentication or "
+        "signing (refused otherwise: anyone who reaches such a broker can read and forge every "
+        "message); a loopback broker needs no flag",
     )

@@ -32,15 +32,17 @@ def test_only_the_end_of_a_run_the_agent_joined_ends_it(tmp_path: Path) -> None:
     agent.on_coordinator_state(state("finished", "old", 3))
     assert not agent.finished.is_set()
     agent.on_coordinator_state(state("running", "r1", 1))
+    agent.finals_done.add("r1")  # as answering r1's final task does
     agent.on_coordinator_state(state("finished", "r1", 3))
-    assert agent.finished.is_set() and agent.gave_up is None
+    assert agent.finished.is_set() and agent.end is not None and agent.end.kind == "completed"
 
 
 def test_a_run_that_ends_early_is_reported_as_given_up(tmp_path: Path) -> None:
     agent = make(tmp_path, MemoryBroker())
     agent.on_coordinator_state(state("starting", "r1"))
     agent.on_coordinator_state(state("finished", "r1", 1))  # the coordinator gave up
-    assert agent.finished.is_set() and agent.gave_up == "run r1 ended at round 1 of 3"
+    assert agent.finished.is_set() and agent.end is not None and agent.end.kind == "gave_up"
+    assert agent.gave_up is not None and agent.gave_up.startswith("run r1 ended at round 1 of 3")
 
 
 class FakeCoordinator:
