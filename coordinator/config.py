@@ -218,8 +218,8 @@ RUN_KEY_HELP: dict[str, str] = {
     "grace_s": "extra seconds after the deadline for replies already in flight",
     "wait_agents_s": "seconds to wait for min_agents before the run gives up",
     "rejoin_wait_s": "seconds each later step waits for min_agents to be online again",
-    "state_heartbeat_s": "with signing, seconds between re-publications of the retained "
-    "coordinator state (at most half the 300 s signature window)",
+    "state_heartbeat_s": "seconds between re-publications of the retained coordinator state "
+    "(signed afresh where signing is on; at most half the 300 s signature window)",
     "max_retries": "re-runs of a step that missed its quorum before the run stops",
     "max_agents": "devices the run admits in all; a new device past it is refused",
     "max_registrations_per_min": "new devices admitted a minute (min_agents may register at "

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import queue
+import random
 import secrets
 import threading
 import time
@@ -31,6 +32,7 @@ from edge_agent.trainer import TrainingStoppedError, evaluate
 from models.checkpoint import Checkpoint, ModelSpec, load_checkpoint, save_checkpoint
 from protocol.contract.codec import Envelope
 from protocol.contract.messages import (
+    RATE_LIMITED,
     REFUSED,
     STOPPED,
     UNKNOWN_KNOWLEDGE,
@@ -58,6 +60,8 @@ PRIVATE_ARCH = "private"  # registered instead of the name of a model that stays
 VERSION = "0.1.0"
 _CONNECTED = "\x00connected"  # not a run id: ids are printable
 IDLE_WAIT_S = 1.0  # longest wait for a message: how late a stop or an idle timeout is seen
+RATE_LIMIT_BACKOFF_S = 5.0  # first wait before registering again when the run turned us away
+RATE_LIMIT_BACKOFF_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ class EdgeAgent:
         # run id of the live coordinator our registration reached (_CONNECTED: the one, if
         # any, that was live when we connected); a repeat of its state needs no new register
         self._registered_with: str | None = None
+        # the coordinator turned us away for now (registration rate): register again then
+        self._register_at: float | None = None
+        self._rate_limited = 0  # consecutive times, for the back-off
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress
@@ -230,6 +237,7 @@ class EdgeAgent:
         last_activity = time.monotonic()
         while not stop.is_set() and not self.finished.is_set():
             self._fetch_due()
+            self._register_due()
             try:
                 env = self.inbox.get(timeout=self._idle_wait())
             except queue.Empty:
@@ -261,6 +269,8 @@ class EdgeAgent:
             self.on_knowledge(body, env)
         elif isinstance(body, ErrorReply) and body.code == REFUSED:
             self.on_refused(body)
+        elif isinstance(body, ErrorReply) and body.code == RATE_LIMITED:
+            self._on_rate_limited(body, env)
         elif isinstance(body, ErrorReply) and body.code == UNKNOWN_KNOWLEDGE:
             self._on_unknown_knowledge(body, env)
         else:
@@ -307,6 +317,25 @@ class EdgeAgent:
             self.endpoint.send(topic, Fetch(digest=waiting.task.shared), round=waiting.task.round)
         except EdgeFLError as exc:  # a broker gone for now: the next try goes again
             self.log.warning("fetch of %s failed: %s", waiting.task.shared.hex()[:16], exc)
+
+    def _on_rate_limited(self, error: ErrorReply, env: Envelope) -> None:
+        """Not admitted yet: the run's registration rate is spent. Register again after a
+        back-off (5 s, doubling to at most 60 s, each with jitter so that a turned-away crowd
+        does not return at once)."""
+        if env.sender != COORDINATOR_ID:
+            return
+        self._rate_limited += 1
+        delay = min(RATE_LIMIT_BACKOFF_MAX_S, RATE_LIMIT_BACKOFF_S * 2 ** (self._rate_limited - 1))
+        delay *= random.uniform(0.5, 1.0)
+        self._register_at = time.monotonic() + delay
+        self.log.info(
+            "registration deferred (%s); registering again in %.0f s", error.reason, delay
+        )
+
+    def _register_due(self) -> None:
+        if self._register_at is not None and time.monotonic() >= self._register_at:
+            self._register_at = None
+            self.register()
 
     def _idle_wait(self) -> float:
         """How long the loop may wait for a message: until the next fetch is due, at most
@@ -448,6 +477,7 @@ class EdgeAgent:
 
     def on_task(self, task: Task, env: Envelope) -> None:
         """Run a task once; a repeated task id gets the stored reply again."""
+        self._rate_limited = 0  # admitted: a later deferral starts its back-off afresh
         reply_topic = self.topics.up(self.settings.device_id, "reply")
         done_id = self.state.completed_reply(task.task_id)
         if done_id is not None:

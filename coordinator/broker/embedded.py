@@ -17,7 +17,6 @@ one it authenticates nobody and warns when it listens on a non-loopback interfac
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import shutil
 import socket
@@ -32,27 +31,17 @@ from types import TracebackType
 from typing import Any
 
 from protocol.errors import ConfigError, EdgeFLError
+from protocol.security.mode import is_loopback
 
 __all__ = [
     "BrokerFiles",
     "EmbeddedBroker",
     "MosquittoBroker",
     "free_port",
-    "is_loopback",
     "mosquitto_executable",
 ]
 
 _QUIET_LOGGERS = ("amqtt", "transitions")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether listening on ``host`` keeps a server unreachable from other machines."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # "" or a name: may resolve to anything
-        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

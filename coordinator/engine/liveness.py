@@ -80,14 +80,16 @@ class StatePublisher:
         self.publish(state, round_)
 
     def heartbeat(self) -> None:
-        """Publish the retained state again, freshly signed, every ``state_heartbeat_s``.
+        """Publish the retained state again (freshly signed where signing is on) every
+        ``state_heartbeat_s``.
 
         A signed frame is refused once its timestamp is older than the replay window (300 s,
         ``WIRE.md`` §7), so a retained state published once would be refused by every agent
-        joining later; a fresh one also replaces, within one interval, a forged retained state
-        that a broker without ACL let through. Unsigned states never go stale: no heartbeat.
+        joining later. Signed or not, a fresh one also replaces, within one interval, a forged
+        retained state that a broker without ACL let through (on an anonymous broker anyone can
+        publish a retained ``finished``: agents that restart would otherwise read it for good).
         """
-        if self.endpoint.signer is None or time.monotonic() < self._next_heartbeat:
+        if time.monotonic() < self._next_heartbeat:
             return
         with contextlib.suppress(EdgeFLError):  # a broker gone for now: the next pass retries
             self.publish(*self.state)

@@ -6,6 +6,7 @@ import queue
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from coordinator.sim.simulate import agent_options
 from edge_agent.factory import build_agent
@@ -163,3 +164,35 @@ def test_a_repeated_running_state_does_not_register_again_and_a_lost_session_is_
     agent._on_connect(session_present=False)  # it lost them: the coordinator must resend
     drain()
     assert [r.session == first.session for r in registers[4:]] == [True, False]
+
+
+def test_a_rate_limited_agent_registers_again_after_a_back_off_and_only_for_the_coordinator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import edge_agent.agent as agent_module
+    from protocol.contract.codec import encode
+    from protocol.contract.messages import RATE_LIMITED
+
+    monkeypatch.setattr(agent_module, "RATE_LIMIT_BACKOFF_S", 0.05)
+    broker = MemoryBroker()
+    coord = FakeCoordinator(broker)
+    agent = make(tmp_path, broker)
+    agent.start()
+    coord.next(Register)
+    topic = Topics().down("agent0", "error")
+    error = ErrorReply(code=RATE_LIMITED, reason="registration rate", ref_id="x")
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        # Execute: a forger's deferral changes nothing; the coordinator's brings a new register
+        coord.transport.publish(topic, encode(Envelope(body=error, sender="agent7")))
+        coord.transport.publish(topic, encode(Envelope(body=error, sender="coordinator")))
+        again = coord.next(Register)
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+    # Assert: one deferral counted (the forged one ignored), and the same session again
+    assert agent._rate_limited == 1 and again.body.device_id == "agent0"

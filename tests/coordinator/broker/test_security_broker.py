@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from coordinator.broker.embedded import EmbeddedBroker, is_loopback
+from coordinator.broker.embedded import EmbeddedBroker
+from protocol.security.mode import is_loopback
 
 
 def _lan_address() -> str | None:
