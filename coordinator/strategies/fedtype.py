@@ -19,7 +19,6 @@ from coordinator.strategies.weight_averaging import WeightAveragingStrategy
 from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.contract.messages import Reply
 from protocol.contract.payloads import TensorMap
-from protocol.errors import ValidationError
 
 __all__ = ["FedTypeStrategy"]
 
@@ -30,11 +29,6 @@ class FedTypeStrategy(WeightAveragingStrategy):
 
     one_architecture = False  # only the proxy is averaged
 
-    def __init__(self, config: FedTypeConfig, *, num_classes: int, seed: int = 0) -> None:
-        super().__init__(config, num_classes=num_classes, seed=seed)
-        # round 1 has no global proxy yet: its uploads must agree with the first one validated
-        self._layout: tuple[Step, dict[str, tuple[int, ...]]] | None = None
-
     @property
     def fedtype(self) -> FedTypeConfig:
         """The config with FedType's own fields."""
@@ -44,30 +38,13 @@ class FedTypeStrategy(WeightAveragingStrategy):
         """Any private architecture; one input spec, since every agent builds the same proxy."""
         admit_one_input(agent, fleet, f"proxy ({self.fedtype.proxy_model})")
 
-    def check_weights(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """The proxy's tensors: those of the global proxy, or in round 1 those of the round's
-        first valid upload (values are finite by the payload's own decoding)."""
-        super().check_weights(step, agent, reply)
-        if self.weights is not None:
-            return
-        upload = self.payload(reply, "weights", TensorMap)
-        layout = {k: tuple(v.shape) for k, v in upload.tensors.items()}
-        if self._layout is None or self._layout[0] != step:
-            self._layout = (step, layout)
-            return
-        expected = self._layout[1]
-        if layout != expected:
-            diff = sorted(set(layout.items()) ^ set(expected.items()))[:3]
-            raise ValidationError(
-                "reply.payloads.weights", "the proxy tensors of this round's uploads", diff
-            )
-
     def average_weights(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
         """p_g = sum_i n_i p_i / sum n (§3.4); ``aggregation_weights = uniform``: plain mean."""
         if self.fedtype.aggregation_weights == "samples":
             return super().average_weights(step, replies)
+        replies, outliers = self.agreeing(replies)
         maps = [self.payload(r, "weights", TensorMap) for _, r in replies]
         self.weights = self.average(maps, None, self.config.weight_encoding, "fedtype proxies")
-        return {"aggregated": float(len(replies))}
+        return {"aggregated": float(len(replies)), **outliers}

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from coordinator.aggregation import weighted_mean
@@ -89,13 +90,33 @@ class WeightAveragingStrategy(Strategy[Any]):
     ) -> dict[str, float]:
         """Weights averaged by sample count (integer buffers: the maximum), or combined by the
         configured robust rule."""
+        replies, outliers = self.agreeing(replies)
         maps = [w for _, r in replies if isinstance(w := r.payloads["weights"], TensorMap)]
         n = [max(r.num_samples, 1) for _, r in replies]
         if self.robust.plain:  # FedAvg's own rule, bit for bit
             self.weights = weighted_mean(maps, n, self.config.weight_encoding, "fedavg weights")
         else:
             self.weights = self.average(maps, n, self.config.weight_encoding, "fedavg weights")
-        return {"aggregated": float(len(replies))}
+        return {"aggregated": float(len(replies)), **outliers}
+
+    def agreeing(
+        self, replies: list[tuple[AgentInfo, Reply]]
+    ) -> tuple[list[tuple[AgentInfo, Reply]], dict[str, float]]:
+        """The replies to average, and ``layout_outliers`` when some are left out.
+
+        Once a global module exists, validation held every upload to its tensors. Before it
+        (round 1), the uploads whose tensor layout most of them share are averaged and the
+        others left out: no single upload, a forged one among them, can fix the layout every
+        other upload must have (ties go to the layout that sorts first, the same in every
+        process)."""
+        if self.weights is not None or not replies:
+            return replies, {}
+        keys = [_layout_key(r.payloads.get("weights")) for _, r in replies]
+        counts = Counter(keys)
+        best = min(counts, key=lambda k: (-counts[k], k))
+        kept = [pair for pair, k in zip(replies, keys, strict=True) if k == best]
+        left = len(replies) - len(kept)
+        return kept, ({"layout_outliers": float(left)} if left else {})
 
     def state_dict(self) -> dict[str, Payload]:
         """The global weights."""
@@ -117,37 +138,21 @@ def tensor_layout(tensors: TensorMap) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in tensors.tensors.items()}
 
 
+def _layout_key(weights: object) -> str:
+    """A layout as one comparable string (empty: not weights)."""
+    if not isinstance(weights, TensorMap):
+        return ""
+    return ";".join(f"{k}:{list(s)}" for k, s in sorted(tensor_layout(weights).items()))
+
+
 class SharedModuleStrategy(WeightAveragingStrategy):
     """FedAvg of one module every agent holds in one shape (LG-FedAvg's head, FML's and FedKD's
     shared model), whatever the rest of each agent's model is."""
 
     one_architecture = False  # only the shared module must agree
 
-    def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
-        super().__init__(config, num_classes=num_classes, seed=seed)
-        # before the first aggregation, uploads must agree with the step's first valid one
-        self._first: tuple[Step, dict[str, tuple[int, ...]]] | None = None
-
     def admit(self, agent: AgentInfo, fleet: list[AgentInfo]) -> None:
         """Any architecture (FedAvg's one-architecture rule does not apply)."""
-
-    def check_weights(self, step: Step, agent: AgentInfo, reply: Reply) -> None:
-        """The module's tensors: those of the global module, or before the first aggregation
-        those of the step's first valid upload."""
-        super().check_weights(step, agent, reply)  # matches the global module once there is one
-        if self.weights is not None:
-            return
-        layout = tensor_layout(self.payload(reply, "weights", TensorMap))
-        if self._first is None or self._first[0] != step:
-            self._first = (step, layout)
-            return
-        if layout != self._first[1]:
-            diff = sorted(set(layout.items()) ^ set(self._first[1].items()))[:4]
-            raise ValidationError(
-                "reply.payloads.weights",
-                f"the tensors of this round's first upload {self._first[1]}",
-                f"{agent.device_id}: differs in {diff}",
-            )
 
 
 class SharedModelStrategy(SharedModuleStrategy):

@@ -91,13 +91,18 @@ def test_any_private_architecture_is_admitted_but_one_input_spec() -> None:
         s.admit(agent("c", "mlp_s", size=16), [A, B])
 
 
-def test_round_one_uploads_must_agree_and_later_ones_match_the_global_proxy() -> None:
+def test_round_one_averages_the_common_layout_and_later_ones_match_the_global_proxy() -> None:
     s = strategy()
     step = Step(1, "train")
-    s.validate(step, A, reply(proxy(1.0), 10))
-    with pytest.raises(ValidationError, match="this round's uploads"):
-        s.validate(step, B, reply(proxy(1.0, shape=(3,)), 10))
-    s.aggregate(step, [(A, reply(proxy(1.0), 10))])
+    c = agent("c", "mlp_s")
+    replies = [
+        (A, reply(proxy(1.0), 10)),
+        (B, reply(proxy(1.0, shape=(3,)), 10)),  # alone in its layout: left out
+        (c, reply(proxy(3.0), 10)),
+    ]
+    for a, r in replies:
+        s.validate(step, a, r)  # no single upload fixes the layout
+    assert s.aggregate(step, replies)["layout_outliers"] == 1.0
     with pytest.raises(ValidationError, match="global model"):
         s.validate(Step(2, "train"), B, reply(proxy(1.0, shape=(3,)), 10))
     s.validate(Step(2, "train"), B, reply(proxy(2.0), 10))

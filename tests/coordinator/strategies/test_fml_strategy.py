@@ -45,10 +45,20 @@ def test_memes_average_by_sample_count_across_private_architectures() -> None:
     assert int(sent.tensors["n"]) == 4  # integer buffers: the maximum
 
 
-def test_another_input_is_refused_at_admission_and_another_meme_at_upload() -> None:
+def test_another_input_is_refused_at_admission_and_another_meme_left_out_of_round_one() -> None:
     s = create_strategy("fml", FMLConfig(), num_classes=C)
     with pytest.raises(AdmissionError, match="1x16x16"):
         s.admit(agent("x", "mlp_s", size=16), [A])
-    s.validate(Step(1, "train"), A, reply(meme(1.0), 10))
-    with pytest.raises(ValidationError, match="first upload"):
-        s.validate(Step(1, "train"), B, reply(meme(1.0, (3,)), 10))
+    # round 1: no upload fixes the layout; the one most uploads share is averaged
+    odd = agent("odd", "mlp_s")
+    replies = [(A, reply(meme(1.0), 10)), (odd, reply(meme(9.0, (3,)), 10))]
+    replies.append((B, reply(meme(4.0), 20)))
+    for a, r in replies:
+        s.validate(Step(1, "train"), a, r)
+    metrics = s.aggregate(Step(1, "train"), replies)
+    assert metrics["layout_outliers"] == 1.0 and metrics["aggregated"] == 2.0
+    sent = s.configure(Step(2, "train"), A)["weights"]
+    assert isinstance(sent, TensorMap)
+    np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), 3.0))  # A and B only
+    with pytest.raises(ValidationError, match="global model"):
+        s.validate(Step(2, "train"), odd, reply(meme(1.0, (3,)), 10))
