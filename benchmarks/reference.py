@@ -45,7 +45,7 @@ from typing import Any
 
 import experiment
 from experiment.summary import steps_failed
-from harness import ROOT, ci95, ci_cell, paired_diffs
+from harness import ROOT, ci95, ci_cell, paired_diffs, spec_key
 
 logging.basicConfig(level=logging.ERROR)
 
@@ -224,6 +224,14 @@ def tables(results: experiment.Results) -> str:
         s = r["spec"]
         groups.setdefault(s["alpha"], {}).setdefault(s["method"], {})[s["seed"]] = r
     out: list[str] = []
+    done = {spec_key(r["spec"]) for r in results.runs}
+    missing = [s for s in results.specs if spec_key(s) not in done]
+    if missing:  # a grid still running: every figure below is provisional
+        out += [
+            f"**Provisional**: {len(results.specs) - len(missing)} of the {len(results.specs)} "
+            f"planned runs are done; {len(missing)} to go (the grid resumes where it stopped).",
+            "",
+        ]
     for alpha, by in sorted(groups.items(), key=lambda kv: -kv[0]):
         out += [
             f"### MNIST-5k, Dirichlet {alpha:g}",
