@@ -170,6 +170,10 @@ class SimRun:
     run_id: str = "bench"
     device: str = "cpu"  # where the agents train
     server_device: str | None = None  # the coordinator's server-side training; None: device
+    partition_file: str | None = None  # a split file, instead of ``partition``
+    preset: str = ""  # run.preset (e.g. "htfllib")
+    patience: int = 0  # run.patience: early stopping (0: every round runs)
+    global_eval_every: int = 1  # agents score the global test set every N-th round
 
     @classmethod
     def from_spec(cls, spec: Record, **fields: Any) -> SimRun:
@@ -208,6 +212,10 @@ class SimRun:
         }
         if self.max_retries is not None:
             values["max_retries"] = self.max_retries
+        if self.preset:
+            values["preset"] = self.preset
+        if self.patience:
+            values["patience"] = self.patience
         if self.wait_agents_s is not None:
             values["wait_agents_s"] = self.wait_agents_s
         return values
@@ -225,6 +233,8 @@ class SimRun:
             image_size=self.image_size,
             global_test_size=self.global_test,
             device=self.device,
+            partition_file=self.partition_file,
+            global_eval_every=self.global_eval_every,
         )
 
 

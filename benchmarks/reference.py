@@ -36,16 +36,14 @@ import logging
 import math
 import os
 import platform
-import shutil
 import statistics
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import experiment
 from experiment.summary import steps_failed
-from harness import ROOT, ci95, ci_cell, paired_diffs, spec_key
+from harness import ROOT, SimRun, ci95, ci_cell, paired_diffs, simulate_run, spec_key
+
+from coordinator import accuracy
 
 logging.basicConfig(level=logging.ERROR)
 
@@ -111,70 +109,52 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
 
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """One simulation on the split file, reduced to its two summaries on both metrics."""
-    import torch
-
     from coordinator.config import load_config
-    from coordinator.sim.simulate import FleetSpec, simulate
     from edge_agent.data import load_partition_file
     from models.families import family_models
 
-    torch.set_num_threads(args.threads)
     split = ROOT / spec["split"]
     sizes = [len(t) for t in load_partition_file(split).test]
     clients = len(sizes)
-    run_dir = Path(tempfile.mkdtemp(prefix="reference-"))
-    try:
-        cfg = load_config(
-            None,
-            [],
-            algorithm=spec["algorithm"],
-            preset=spec["preset"],
-            rounds=spec["rounds"],
-            patience=spec["patience"],
-            run_dir=str(run_dir),
-            min_agents=clients,
-            seed=spec["seed"],
-            deadline_s=args.deadline,
-            max_retries=1,
-            run_id="reference",
-        ).replace(hyper=spec["hyper"])
-        cfg.algorithm_config()
-        fleet = FleetSpec(
-            num_agents=clients,
-            models=tuple(family_models(spec["family"], clients)),
-            data="mnist5k",
-            partition_file=str(split),
-            # native features (HtFLlib's 512-d), unless the algorithm needs another size
-            # (FedKTL: its ETF's K dimensions; FedVTC: its generator's latent)
-            feature_dim=cfg.required_feature_dim() or None,
-            global_eval_every=spec["global_every"],
-            device=args.device,
-        )
-        t0 = time.time()
-        result = simulate(cfg, fleet)
-        wall = time.time() - t0
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    needs = load_config(
+        None, [], algorithm=spec["algorithm"], preset=spec["preset"], run_dir=str(ROOT)
+    ).replace(hyper=spec["hyper"])
+    run = SimRun(
+        algorithm=spec["algorithm"],
+        hyper=spec["hyper"],
+        seed=spec["seed"],
+        rounds=spec["rounds"],
+        clients=clients,
+        models=tuple(family_models(spec["family"], clients)),
+        data="mnist5k",
+        partition_file=str(split),
+        # native features (HtFLlib's 512-d), unless the algorithm needs another size (FedKTL:
+        # its ETF's K dimensions; FedVTC: its generator's latent)
+        feature_dim=needs.required_feature_dim() or None,
+        global_test=0,
+        deadline_s=args.deadline,
+        max_retries=1,
+        run_id="reference",
+        device=args.device,
+        preset=spec["preset"],
+        patience=spec["patience"],
+        global_eval_every=spec["global_every"],
+    )
+    steps, wall = simulate_run(run, args.threads)
     host = f"{platform.node()} ({os.cpu_count()} CPUs)"
     return {
         "spec": spec,
         "wall_s": wall,
         "device": args.device,
         "host": host,
-        **summarize(result.metrics, sizes),
+        **summarize(steps, sizes),
     }
 
 
 def _weighted(agents: dict[str, Any], sizes: list[int]) -> float | None:
     """Sample-weighted personalised accuracy over the agents that reported (agentK holds
     ``sizes[K]`` test samples)."""
-    num = den = 0.0
-    for device, agent in agents.items():
-        acc = agent.get("acc_local")
-        if isinstance(acc, (int, float)) and math.isfinite(acc):
-            n = sizes[int(device.removeprefix("agent"))]
-            num, den = num + acc * n, den + n
-    return num / den if den else None
+    return accuracy.personalised_accuracy(agents, {f"agent{k}": n for k, n in enumerate(sizes)})
 
 
 def _global(agents: dict[str, Any]) -> float | None:
@@ -279,10 +259,14 @@ def tables(results: experiment.Results) -> str:
     return "\n".join(out)
 
 
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.2f}"
+
+
 def _describe(r: dict[str, Any]) -> str:
     return (
-        f"best {100 * r['best_personal']:.2f} (r{r['best_round_personal']}) "
-        f"last10 {100 * r['last_personal']:.2f} global {100 * r['last_global']:.2f} "
+        f"best {_pct(r['best_personal'])} (r{r['best_round_personal']}) "
+        f"last10 {_pct(r['last_personal'])} global {_pct(r['last_global'])} "
         f"{r['rounds_done']} rounds ({r['wall_s']:.0f} s)"
     )
 
