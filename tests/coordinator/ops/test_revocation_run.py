@@ -24,10 +24,7 @@ from coordinator.ops.provision import add_devices, revoke_devices
 from coordinator.ops.revocation import REVOKED_FILE, RevocationWatch, kit_revocations
 from protocol.contract.codec import Envelope
 from protocol.contract.messages import (
-    Capabilities,
     CoordinatorState,
-    InputSpec,
-    Register,
     Reply,
     Task,
 )
@@ -38,6 +35,7 @@ from protocol.security.keys import load_signing
 from protocol.transport.endpoint import Endpoint
 from protocol.transport.paho import MqttTransport
 from tests.conftest import TLS_FEDERATION, ProvisionedBroker, provisioned_fleet
+from tests.helpers_mqtt import fedproto_register
 from tests.helpers_runtime import clean_env
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -80,17 +78,7 @@ class KitDevice:
         """Register when the coordinator starts, as an agent does."""
         if not isinstance(env.body, CoordinatorState) or env.body.state != "starting":
             return
-        reg = Register(
-            device_id=self.device_id,
-            arch="mlp_s",
-            num_params=100,
-            capabilities=Capabilities(device="cpu"),
-            input_spec=InputSpec(1, 8, 8),
-            num_classes=10,
-            class_counts={"0": 5, "1": 5},
-            algorithm="fedproto",
-        )
-        self.endpoint.send(T.up(self.device_id, "register"), reg)
+        self.endpoint.send(T.up(self.device_id, "register"), fedproto_register(self.device_id))
 
     def _on_message(self, env: Envelope, topic: str) -> None:
         task = env.body
