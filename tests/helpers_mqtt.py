@@ -16,7 +16,16 @@ import numpy as np
 from helpers import unique_id
 
 from protocol.contract.codec import Envelope, decode, encode
-from protocol.contract.messages import Ack, Capabilities, InputSpec, Message, Register, Reply, Task
+from protocol.contract.messages import (
+    Ack,
+    Capabilities,
+    CoordinatorState,
+    InputSpec,
+    Message,
+    Register,
+    Reply,
+    Task,
+)
 from protocol.contract.payloads import PrototypeSet
 from protocol.contract.topics import Topics
 from protocol.errors import ProtocolError
@@ -86,18 +95,28 @@ class ScriptedAgent:
         self.acks: list[Ack] = []
         self.sent: list[str] = []  # msg ids of the replies sent
         self.acked = threading.Event()
+        self.registers = False
+        self._runs: set[str] = set()  # the runs registered with, once each
         self.endpoint.subscribe(f"{self.topics.base}/dev/{device_id}/down/#", self._on_message)
+        # as a real agent: register when a coordinator announces its run (its retained state
+        # is published once its subscriptions are in place; a register sent before them would
+        # be lost at the broker)
+        self.endpoint.subscribe(self.topics.coord_state, self._on_message)
 
     def start(self, register: bool = True) -> ScriptedAgent:
+        self.registers = register
         self.transport.connect()
-        if register:
-            reg = fedproto_register(self.device_id, self.feature_dim)
-            self.endpoint.send(self.topics.up(self.device_id, "register"), reg)
         return self
 
     def _on_message(self, env: Envelope, topic: str) -> None:
         body = env.body
-        if isinstance(body, Task):
+        if isinstance(body, CoordinatorState):
+            live = body.state in ("starting", "running") and body.run_id not in self._runs
+            if live and self.registers:
+                self._runs.add(body.run_id)
+                reg = fedproto_register(self.device_id, self.feature_dim)
+                self.endpoint.send(self.topics.up(self.device_id, "register"), reg)
+        elif isinstance(body, Task):
             threading.Thread(target=self._reply, args=(body,), daemon=True).start()
         elif isinstance(body, Ack) and body.ref_id in self.sent:
             self.acks.append(body)
