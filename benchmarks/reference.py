@@ -203,7 +203,22 @@ def tables(results: experiment.Results) -> str:
     for r in results.runs:
         s = r["spec"]
         groups.setdefault(s["alpha"], {}).setdefault(s["method"], {})[s["seed"]] = r
-    out: list[str] = []
+    codes = sorted({str(r.get("code", "?")) for r in results.runs})
+    out: list[str] = [
+        "# The reference tier: HtFLlib's setting",
+        "",
+        "MNIST-5k (28x28), 20 clients, the split files of `benchmarks/splits/` (Dirichlet 1.0 "
+        "and 0.1, 75/25 per client, no global hold-out: the global test set is the union of "
+        "the clients' test splits), HtFLlib's 1-channel CNN family `htfl_cnn` (512-d pooled "
+        'features), every algorithm under `run.preset = "htfllib"` (HtFLlib\'s client '
+        "recipe, SGD lr 0.01, batch 10, one epoch, and `total.sh`'s values), trained until "
+        "its best round (personalised) is `patience` rounds old or the round cap; seeds vary "
+        "the start and batch order, never the split. "
+        f"Code {', '.join(codes) or '–'}. Produced by `python benchmarks/reference.py --jobs 2 "
+        "--threads 1` (results: `benchmarks/results/reference.json`); HtFLlib's own runs on the "
+        "same files: `benchmarks/htfllib/`.",
+        "",
+    ]
     done = {spec_key(r["spec"]) for r in results.runs}
     missing = [s for s in results.specs if spec_key(s) not in done]
     if missing:  # a grid still running: every figure below is provisional
