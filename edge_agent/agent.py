@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import queue
-import random
 import secrets
 import threading
 import time
@@ -20,13 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from edge_agent.algorithms import EdgeAlgorithm
 from edge_agent.exporting import export_models
 from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
+from edge_agent.membership import CONNECTED, VERSION, Membership
 from edge_agent.progress import TerminalProgress
-from edge_agent.run_end import FINAL_PHASE, RunEnd, archive_run, judge_end
+from edge_agent.run_end import FINAL_PHASE, RunEnd
 from edge_agent.state import AgentState
 from edge_agent.trainer import TrainingStoppedError, evaluate
 from models.checkpoint import Checkpoint, ModelSpec, load_checkpoint, save_checkpoint
@@ -37,16 +35,12 @@ from protocol.contract.messages import (
     STOPPED,
     UNKNOWN_KNOWLEDGE,
     Ack,
-    Capabilities,
     CoordinatorState,
     ErrorReply,
     Fetch,
-    InputSpec,
     Knowledge,
     Progress,
-    Register,
     Reply,
-    Status,
     Task,
 )
 from protocol.contract.topics import COORDINATOR_ID, Topics
@@ -55,13 +49,7 @@ from protocol.transport.endpoint import Endpoint
 
 __all__ = ["AgentSettings", "EdgeAgent"]
 
-PRIVATE_ARCH = "private"  # registered instead of the name of a model that stays private
-
-VERSION = "0.1.0"
-_CONNECTED = "\x00connected"  # not a run id: ids are printable
 IDLE_WAIT_S = 1.0  # longest wait for a message: how late a stop or an idle timeout is seen
-RATE_LIMIT_BACKOFF_S = 5.0  # first wait before registering again when the run turned us away
-RATE_LIMIT_BACKOFF_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -84,7 +72,7 @@ class AgentSettings:
     global_eval_every: int = 1
 
 
-class EdgeAgent:
+class EdgeAgent(Membership):
     """One device of the federation."""
 
     def __init__(
@@ -119,7 +107,7 @@ class EdgeAgent:
         self.fetch_policy = FetchPolicy()
         self._waiting: dict[str, Waiting] = {}  # task id -> its wait
         self._session = secrets.token_hex(8)  # see Register.session
-        # run id of the live coordinator our registration reached (_CONNECTED: the one, if
+        # run id of the live coordinator our registration reached (CONNECTED: the one, if
         # any, that was live when we connected); a repeat of its state needs no new register
         self._registered_with: str | None = None
         # the coordinator turned us away for now (registration rate): register again then
@@ -161,53 +149,8 @@ class EdgeAgent:
     def _on_connect(self, session_present: bool) -> None:
         if not session_present:  # tasks queued for us are gone: the coordinator must resend
             self._session = secrets.token_hex(8)
-        self._registered_with = _CONNECTED
+        self._registered_with = CONNECTED
         self.announce()
-
-    def announce(self) -> None:
-        """Retained birth, registration, and every reply not yet acknowledged."""
-        me = self.settings.device_id
-        self.endpoint.send(self.topics.status(me), Status(state="online"), retain=True)
-        self.register()
-        for topic, env in self.state.pending():
-            self.log.info("resending unacknowledged %s %s", env.kind, env.msg_id)
-            self.endpoint.send_envelope(topic, env)
-
-    def register(self) -> None:
-        """Tell the coordinator who we are and what data we hold (counts, never data)."""
-        ctx = self.ctx
-        cuda = ctx.device.type == "cuda"
-        caps = Capabilities(
-            device=ctx.device.type,
-            accelerator=torch.cuda.get_device_name(ctx.device) if cuda else "",
-            memory_mb=(torch.cuda.get_device_properties(ctx.device).total_memory >> 20)
-            if cuda
-            else 0,
-            cpu_count=torch.get_num_threads(),
-        )
-        h, w = self.spec.input_size
-        counts = {str(c): n for c, n in enumerate(ctx.class_counts) if n > 0}
-        body = Register(
-            device_id=self.settings.device_id,
-            arch=self.spec.name if self.algorithm.discloses_model else PRIVATE_ARCH,
-            num_params=(
-                sum(p.numel() for p in ctx.model.parameters())
-                if self.algorithm.discloses_model
-                else 0
-            ),
-            capabilities=caps,
-            input_spec=InputSpec(self.spec.in_chans, h, w),
-            num_classes=ctx.num_classes,
-            class_counts=counts,
-            algorithm=self.algorithm.name,
-            agent_version=VERSION,
-            class_names=_wire_class_names(self.settings.class_names, ctx.num_classes),
-            session=self._session,
-            feature_dim=int(getattr(ctx.model, "num_features", 0))
-            if self.algorithm.discloses_model
-            else 0,
-        )
-        self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
 
     def _enqueue(self, env: Envelope, topic: str) -> None:
         self.inbox.put(env)
@@ -318,25 +261,6 @@ class EdgeAgent:
         except EdgeFLError as exc:  # a broker gone for now: the next try goes again
             self.log.warning("fetch of %s failed: %s", waiting.task.shared.hex()[:16], exc)
 
-    def _on_rate_limited(self, error: ErrorReply, env: Envelope) -> None:
-        """Not admitted yet: the run's registration rate is spent. Register again after a
-        back-off (5 s, doubling to at most 60 s, each with jitter so that a turned-away crowd
-        does not return at once)."""
-        if env.sender != COORDINATOR_ID:
-            return
-        self._rate_limited += 1
-        delay = min(RATE_LIMIT_BACKOFF_MAX_S, RATE_LIMIT_BACKOFF_S * 2 ** (self._rate_limited - 1))
-        delay *= random.uniform(0.5, 1.0)
-        self._register_at = time.monotonic() + delay
-        self.log.info(
-            "registration deferred (%s); registering again in %.0f s", error.reason, delay
-        )
-
-    def _register_due(self) -> None:
-        if self._register_at is not None and time.monotonic() >= self._register_at:
-            self._register_at = None
-            self.register()
-
     def _idle_wait(self) -> float:
         """How long the loop may wait for a message: until the next fetch is due, at most
         ``IDLE_WAIT_S``. An idle agent wakes once a second, not five times: a process of 500
@@ -375,105 +299,6 @@ class EdgeAgent:
             f"task {task.task_id} needs knowledge {task.shared.hex()} (round {task.round}): {why}"
         )
         self._fail(task, self.topics.up(self.settings.device_id, "reply"), exc)
-
-    def on_refused(self, error: ErrorReply) -> None:
-        """The coordinator will not admit us: say why and stop instead of waiting forever."""
-        self.refusal = error.reason
-        self.log.error("coordinator refused this agent: %s; stopping", error.reason)
-        status = Status(state="done", detail=f"refused: {error.reason}"[:1000])
-        self.endpoint.send(self.topics.status(self.settings.device_id), status, retain=True)
-        self.finished.set()
-
-    def _ignore_foreign_state(self, sender: str, state: CoordinatorState) -> None:
-        """A state from another sender than the coordinator: the verify directory holds the
-        devices' keys too, so a device could sign a ``finished`` that verifies. Counted,
-        logged, never acted on, signed or not."""
-        self.endpoint.rejected["foreign_coord_state"] += 1
-        self.log.warning(
-            "ignored a coordinator state %r of run %s sent by %r, not %r",
-            state.state,
-            state.run_id,
-            sender,
-            COORDINATOR_ID,
-        )
-
-    def _ignore_unsigned_state(self, state: CoordinatorState) -> None:
-        """An unverified state other than ``offline``, with signatures required: the
-        coordinator's last will says only ``offline``, so this is a forgery. Counted, logged,
-        never acted on (a forged ``finished`` would end the agent, a forged ``starting`` make
-        it register with a run that does not exist)."""
-        self.endpoint.rejected["unsigned_coord_state"] += 1
-        self.log.warning(
-            "ignored an unsigned coordinator state %r of run %s: signatures are required",
-            state.state,
-            state.run_id,
-        )
-
-    def on_coordinator_state(self, state: CoordinatorState) -> None:
-        """Re-register when a coordinator (re)starts; stop when our run is finished.
-
-        How it ended (:attr:`end`) is judged by :func:`~edge_agent.run_end.judge_end`: a
-        ``finished`` ends the run as completed only if this agent did the run's final phase.
-        With signatures required only a verified state gets here (see below), so the message
-        says whether the state was signed. In daemon mode (``exit_when_finished=False``) the
-        agent archives the ended run's state and stays registered, so it takes part in the next
-        run of its federation.
-
-        With signatures required, :meth:`dispatch` passes only verified states here, and the
-        unsigned ``offline`` will (a hint: the coordinator may not know us when it is back). A
-        stale signed state never arrives (the endpoint refuses it), and a signed ``finished``
-        of another run (an old one replayed) is ignored below: only the end of a run this
-        agent joined ends it.
-        """
-        if state.state in ("starting", "running"):
-            self.joined.add(state.run_id)
-            # `starting`: a coordinator (re)started and may not know us. `running` of the run
-            # we registered with (or found running on connecting, when our connect's register
-            # reached it) is that coordinator moving on or reconnecting: registering again
-            # only cost traffic
-            if state.state == "starting" or self._registered_with not in (
-                state.run_id,
-                _CONNECTED,
-            ):
-                self.announce()
-            self._registered_with = state.run_id
-            return
-        self._registered_with = None
-        if state.state != "finished":
-            return
-        if state.run_id not in self.joined:
-            self.log.info(
-                "run %s (round %d of %d) ended before this agent joined; waiting for a "
-                "coordinator to start the next run",
-                state.run_id,
-                state.round,
-                state.total_rounds,
-            )
-            return
-        verified = self.endpoint.require_signatures
-        end = judge_end(state, did_final=state.run_id in self.finals_done, verified=verified)
-        self.end = end
-        if end.kind == "completed":
-            self.log.info("%s", end.message)
-        else:
-            self.log.error("%s", end.message)
-        self.joined.discard(state.run_id)
-        if self.settings.exit_when_finished:
-            self.endpoint.send(
-                self.topics.status(self.settings.device_id), Status(state="done"), retain=True
-            )
-        else:  # daemon: the caller builds a fresh agent for the next run on this state dir
-            names = (self.state.checkpoint_path.name, "agent.json", "outbox")
-            archived = archive_run(self.settings.state_dir, state.run_id, names)
-            self.log.info("run %s archived in %s; staying for the next run", state.run_id, archived)
-        self.finished.set()
-
-    def _sign_off(self) -> None:
-        """Told to stop: say ``offline`` (retained) as the last will would have, since a clean
-        disconnect does not publish it, so the coordinator stops choosing this agent."""
-        status = Status(state="offline", detail="stopped")
-        with contextlib.suppress(EdgeFLError):  # best effort: the broker may be gone too
-            self.endpoint.send(self.topics.status(self.settings.device_id), status, retain=True)
 
     def on_task(self, task: Task, env: Envelope) -> None:
         """Run a task once; a repeated task id gets the stored reply again."""
@@ -653,20 +478,6 @@ class EdgeAgent:
         )
         with contextlib.suppress(EdgeFLError):  # progress is best effort; the reply counts
             self.endpoint.send(self.topics.progress(self.settings.device_id), body, qos=0)
-
-
-def _wire_class_names(names: tuple[str, ...], num_classes: int) -> list[str]:
-    """The class names to register: only a valid list (unique, one per class, 1..128 chars).
-
-    A dataset's own names may repeat or be over-long (an ``.npz`` says what it likes); such a
-    device registers unnamed classes rather than fail to start.
-    """
-    ok = (
-        len(names) == num_classes
-        and len(set(names)) == len(names)
-        and all(1 <= len(n) <= 128 for n in names)
-    )
-    return list(names) if ok else []
 
 
 def _fmt_metrics(metrics: dict[str, float]) -> str:

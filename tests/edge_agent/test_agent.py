@@ -171,11 +171,11 @@ def test_a_rate_limited_agent_registers_again_after_a_back_off_and_only_for_the_
 ) -> None:
     import threading
 
-    import edge_agent.agent as agent_module
+    from edge_agent import membership
     from protocol.contract.codec import encode
     from protocol.contract.messages import RATE_LIMITED
 
-    monkeypatch.setattr(agent_module, "RATE_LIMIT_BACKOFF_S", 0.05)
+    monkeypatch.setattr(membership, "RATE_LIMIT_BACKOFF_S", 0.05)
     broker = MemoryBroker()
     coord = FakeCoordinator(broker)
     agent = make(tmp_path, broker)

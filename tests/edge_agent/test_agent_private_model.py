@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.sim.simulate import agent_options
-from edge_agent.agent import PRIVATE_ARCH
 from edge_agent.factory import build_agent
+from edge_agent.membership import PRIVATE_ARCH
 from protocol.contract.messages import Register
 from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
