@@ -72,15 +72,16 @@ def test_a_class_the_federation_does_not_declare_is_a_one_line_error(
 
 
 def test_an_agent_without_classes_adopts_the_runs_and_its_own_list_wins() -> None:
-    from edge_agent.cli import _adopt, build_parser
+    from edge_agent.cli import build_parser
+    from edge_agent.joining import adopt
     from protocol.contract.messages import CoordinatorState
 
     state = CoordinatorState(
         state="running", run_id="r", algorithm="fedavg", round=0, total_rounds=1, classes=[*DIGITS]
     )
     bare = build_parser().parse_args(["--broker", "h"])
-    assert _adopt(bare, state)[:2] == ("fedavg", DIGITS)
+    assert adopt(bare, state)[:2] == ("fedavg", DIGITS)
     own = build_parser().parse_args(["--broker", "h", "--classes", "a,b", "--algorithm", "fd"])
-    assert _adopt(own, state)[:2] == ("fd", ("a", "b"))
+    assert adopt(own, state)[:2] == ("fd", ("a", "b"))
     unnamed = CoordinatorState(state="running", run_id="r", algorithm="fd", round=0, total_rounds=1)
-    assert _adopt(bare, unnamed)[:2] == ("fd", ())
+    assert adopt(bare, unnamed)[:2] == ("fd", ())

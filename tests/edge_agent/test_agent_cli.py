@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from coordinator.broker.embedded import free_port
-from edge_agent.cli import Adopted, _adopt, _options, build_parser, main
+from edge_agent.cli import _options, build_parser, main
+from edge_agent.joining import Adopted, adopt
 from protocol.algorithms import DEFAULT_FEATURE_DIM
 from protocol.contract.messages import CoordinatorState
 
@@ -116,7 +117,7 @@ def test_an_agent_adopting_the_run_builds_the_feature_size_it_announces(
     flags: list[str], announced: int, built: int | None
 ) -> None:
     args = build_parser().parse_args(flags)
-    adopted = _adopt(args, state(announced))
+    adopted = adopt(args, state(announced))
     assert adopted == Adopted("fedktl", (), built)
     assert _options(args, "dev", adopted).feature_dim == built
 

@@ -172,7 +172,7 @@ def test_a_state_signed_by_another_device_is_ignored_and_counted(tmp_path: Path)
 
 def test_waiting_to_join_trusts_only_the_coordinators_states(tmp_path: Path) -> None:
     # Prepare: the frames an agent waiting to join reads off the retained coord_state topic
-    from edge_agent.cli import _trusted_state
+    from edge_agent.joining import trusted_state
 
     verifier = SigningKeys(PEER, {"coordinator": COORD.verify_key(), "agent9": PEER.verify_key()})
     frames: list[bytes] = []
@@ -183,6 +183,6 @@ def test_waiting_to_join_trusts_only_the_coordinators_states(tmp_path: Path) -> 
         env = Envelope(body=state("starting", "r2"), sender=sender, ts=time.time())
         Endpoint(sink, sender=sender, signer=signer).send_envelope(T.coord_state, env)
     # Execute / Assert: the coordinator's is adopted, the peer's refused naming the sender
-    assert _trusted_state(frames[0], verifier.verifier()).run_id == "r2"
+    assert trusted_state(frames[0], verifier.verifier()).run_id == "r2"
     with pytest.raises(ValidationError, match="coord_state sender: expected 'coordinator'"):
-        _trusted_state(frames[1], verifier.verifier())
+        trusted_state(frames[1], verifier.verifier())

@@ -208,7 +208,8 @@ def test_coordinator_partition_writes_our_seeded_split(tmp_path: Path) -> None:
 
 
 def _agent_options(*extra: str) -> object:
-    from edge_agent.cli import Adopted, _options, build_parser
+    from edge_agent.cli import _options, build_parser
+    from edge_agent.joining import Adopted
 
     args = build_parser().parse_args(["--broker", "localhost", *extra])
     return _options(args, "dev", Adopted("fedproto", (), 64))
