@@ -65,7 +65,13 @@ class RunConfig:
     min_agents: int = 2  # agents that must have registered before the first round
     min_replies: int = 1  # quorum: valid replies needed to aggregate a step
     quorum_fraction: float = 0.5  # quorum: share of the selected agents that must reply
-    deadline_s: float = 120.0  # per step, from the tasks' dispatch
+    deadline_s: float = 120.0  # per step, from the tasks' dispatch (adaptive: the cap)
+    # "adaptive": each step's deadline from the reply times of the steps before
+    # (coordinator/engine/deadlines.py), between deadline_min_s and deadline_s
+    deadline_mode: str = "fixed"
+    deadline_quantile: float = 0.9
+    deadline_margin: float = 1.5
+    deadline_min_s: float = 5.0
     grace_s: float = 2.0  # extra wait after the deadline for replies already in flight
     wait_agents_s: float = 300.0  # how long to wait for min_agents before giving up
     # before each later step, how long to wait for min_agents to be online again (an agent
@@ -157,6 +163,17 @@ class RunConfig:
                 f"run: patience >= 0, min_delta >= 0, monitor one of {', '.join(MONITORS)}; "
                 f"got {self.patience}, {self.min_delta}, {self.monitor!r}"
             )
+        if self.deadline_mode not in ("fixed", "adaptive") or not (
+            0 < self.deadline_quantile <= 1
+            and self.deadline_margin >= 1
+            and 0 < self.deadline_min_s <= self.deadline_s
+        ):
+            raise ConfigError(
+                "run: deadline_mode fixed or adaptive, deadline_quantile in (0, 1], "
+                "deadline_margin >= 1, 0 < deadline_min_s <= deadline_s; got "
+                f"{self.deadline_mode!r}, {self.deadline_quantile}, {self.deadline_margin}, "
+                f"{self.deadline_min_s}"
+            )
         unknown = sorted(set(self.trackers) - set(TRACKERS))
         if unknown:
             raise ConfigError(
@@ -214,7 +231,13 @@ RUN_KEY_HELP: dict[str, str] = {
     "min_agents": "agents that must be registered and online before the first round",
     "min_replies": "quorum: valid replies a step needs at least",
     "quorum_fraction": "quorum: share of the selected agents that must reply, in [0, 1]",
-    "deadline_s": "seconds a step waits for replies after dispatching its tasks",
+    "deadline_s": "seconds a step waits for replies after dispatching its tasks (adaptive "
+    "deadlines: the longest a step waits)",
+    "deadline_mode": "fixed (deadline_s) or adaptive: each step waits deadline_quantile of the "
+    "recent reply times x deadline_margin, between deadline_min_s and deadline_s",
+    "deadline_quantile": "adaptive deadlines: the quantile of the last 200 reply times",
+    "deadline_margin": "adaptive deadlines: the factor on that quantile (>= 1)",
+    "deadline_min_s": "adaptive deadlines: the shortest a step waits",
     "grace_s": "extra seconds after the deadline for replies already in flight",
     "wait_agents_s": "seconds to wait for min_agents before the run gives up",
     "rejoin_wait_s": "seconds each later step waits for min_agents to be online again",

@@ -148,6 +148,9 @@ class StepCloser:
             traffic,
         )
         record["bytes_progress"] = sum(progress.values())
+        record["deadline_s"] = open_step.deadline_s
+        record["reply_s"] = {d: round(t, 3) for d, t in sorted(open_step.reply_s.items())}
+        record["stragglers"] = open_step.stragglers
         record["bytes_refused"] = refused
         record["bytes_refused_total"] = sum(refused.values())
         self.stopping.observe(record)

@@ -22,6 +22,7 @@ from coordinator.config import RunConfig
 from coordinator.engine.admission import Admission
 from coordinator.engine.broadcast import KnowledgeBroadcast, build_tasks, send_tasks
 from coordinator.engine.closing import StepCloser
+from coordinator.engine.deadlines import MISSES_REPORTED, DeadlineRule
 from coordinator.engine.dispatch import MessageTable
 from coordinator.engine.ingest import new_share_group
 from coordinator.engine.intake import Collector, ReplySource, reply_source
@@ -120,6 +121,13 @@ class Coordinator:
         )
         self.replies: ReplySource = reply_source(cfg, store, self.topics)
         self.broadcast = KnowledgeBroadcast(cfg, endpoint, self.topics, self._reject)
+        self.deadlines = DeadlineRule(
+            cfg.deadline_s,
+            adaptive=cfg.deadline_mode == "adaptive",
+            quantile=cfg.deadline_quantile,
+            margin=cfg.deadline_margin,
+            floor_s=cfg.deadline_min_s,
+        )
         self.closer = StepCloser(
             cfg,
             store,
@@ -256,6 +264,7 @@ class Coordinator:
         while True:
             started, traffic0 = time.time(), self.closer.traffic_now()
             open_step = self.collect(rec, step)
+            self._observe_deadline(open_step)
             outcome = open_step.outcome
             remaining = len(rec.participants) - len(open_step.gone)  # the revoked are gone
             needed = max(self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * remaining))
@@ -302,7 +311,11 @@ class Coordinator:
         self.strategy.observe_fleet(self.agents[d] for d in rec.participants if d in self.agents)
         self.collector.take_stored(open_step, worker_checked=False)  # a resumed step's: every check
         self.admission.withdraw_revoked(open_step)  # revoked since it was opened (a resume)
-        deadline = time.time() + self.cfg.deadline_s
+        due = self.deadlines.next()
+        if self.deadlines.adaptive:
+            self.log.info("step %d: deadline %.1f s, %s", rec.idx + 1, due.seconds, due.reason)
+        open_step.deadline_s = due.seconds
+        deadline = time.time() + due.seconds
         config = self.strategy.config.to_dict()  # the same for every task of the step
         payloads = {
             d: self.strategy.configure(step, self.agents[d])
@@ -324,6 +337,7 @@ class Coordinator:
             )
             self.broadcast.open(knowledge)  # before the tasks that name it
             self.replies.open(open_step)  # before the tasks: their replies may come at once
+            open_step.dispatched = time.time()
             send_tasks(self.endpoint, self.topics, open_step, tasks)
         self.announcer.publish_round(step, deadline, rec.participants)
         self._open_step = open_step
@@ -336,6 +350,18 @@ class Coordinator:
             self._open_step = None
         self.collector.take_rows(open_step, self.replies.unread(open_step), worker_checked=True)
         return open_step
+
+    def _observe_deadline(self, open_step: OpenStep) -> None:
+        """Feed the step's reply times and deadline misses to the deadline rule; report the
+        devices that keep missing it."""
+        missed = [d for d, why in open_step.outcome.failed.items() if why.startswith("deadline")]
+        open_step.stragglers = self.deadlines.observe(open_step.reply_s, missed)
+        if open_step.stragglers:
+            self.log.warning(
+                "missed the deadline in %d or more steps in a row: %s",
+                MISSES_REPORTED,
+                ", ".join(open_step.stragglers),
+            )
 
     def _wait_for_replies(self, open_step: OpenStep, end: float) -> None:
         while open_step.outstanding:

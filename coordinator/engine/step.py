@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from coordinator.store.database import StepRecord, Store
@@ -35,6 +36,10 @@ class OpenStep:
     rec: StepRecord
     step: Step
     outcome: StepOutcome = field(default_factory=StepOutcome)
+    dispatched: float = 0.0  # time.time() when its tasks went out (0: not yet)
+    deadline_s: float = 0.0  # its deadline, seconds from dispatch
+    reply_s: dict[str, float] = field(default_factory=dict)  # device -> seconds to its reply
+    stragglers: list[str] = field(default_factory=list)  # devices that keep missing deadlines
     tasks: dict[str, Task] = field(default_factory=dict)  # device -> task sent this attempt
     # devices with a task in flight that have neither replied nor failed, kept up to date by
     # the three methods below: the wait loop tests it every pass, and recomputing it from the
@@ -53,6 +58,11 @@ class OpenStep:
         """``device``'s reply was accepted."""
         self.outcome.replies[device] = reply
         self.outstanding.discard(device)
+        self._timed(device)
+
+    def _timed(self, device: str) -> None:
+        if self.dispatched and device not in self.reply_s:
+            self.reply_s[device] = time.time() - self.dispatched
 
     def fail(self, device: str, reason: str) -> None:
         """``device`` will not deliver a valid reply this attempt."""
@@ -86,6 +96,7 @@ class OpenStep:
     def stored(self, device: str) -> None:
         """An ingest worker stored ``device``'s reply (the engine takes it from the store)."""
         self.outstanding.discard(device)
+        self._timed(device)
 
     def waiting_for(self) -> set[str]:
         """Devices with a task in flight that have neither replied nor failed."""
