@@ -109,7 +109,7 @@ class Agent:
 
         self.agent.algorithm.handle = handle  # type: ignore[method-assign]
         self.agent.ctx.global_test = None
-        self.agent._evaluate = lambda: {}  # type: ignore[method-assign]
+        self.agent._evaluate = lambda task: {}  # type: ignore[method-assign]
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.agent.run, args=(self.stop,), daemon=True)
         self.transport.connect()

@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
 AGENTS = ["agent0", "agent1", "agent2"]
 # what follows the clock, not the seed; and the byte totals (compared kind by kind below)
-CLOCK_KEYS = frozenset({"samples_per_s", "train_s", "duration_s", "time", "bytes_progress"})
+CLOCK_KEYS = frozenset(
+    {"samples_per_s", "train_s", "duration_s", "time", "bytes_progress", "reply_s"}
+)
 BYTE_KEYS = frozenset({"bytes", "bytes_total"})
 
 

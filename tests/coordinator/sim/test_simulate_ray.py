@@ -26,7 +26,7 @@ from protocol.errors import ConfigError
 from tests.conftest import _missing
 
 # measured, not simulated: they differ between any two runs
-TIMING_KEYS = frozenset({"samples_per_s", "train_s", "duration_s", "time"})
+TIMING_KEYS = frozenset({"samples_per_s", "train_s", "duration_s", "time", "reply_s"})
 # timed by the clock, not by the run: which step counts their bytes varies
 PRESENCE_BYTES = frozenset({"rx.register", "rx.status"})
 RUNTIME_KEYS = TIMING_KEYS | {"bytes_progress", "bytes_total"}
