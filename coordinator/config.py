@@ -163,14 +163,16 @@ class RunConfig:
                 f"run: patience >= 0, min_delta >= 0, monitor one of {', '.join(MONITORS)}; "
                 f"got {self.patience}, {self.min_delta}, {self.monitor!r}"
             )
+        adaptive = self.deadline_mode == "adaptive"
         if self.deadline_mode not in ("fixed", "adaptive") or not (
             0 < self.deadline_quantile <= 1
             and self.deadline_margin >= 1
-            and 0 < self.deadline_min_s <= self.deadline_s
+            and self.deadline_min_s > 0
+            and (self.deadline_min_s <= self.deadline_s or not adaptive)
         ):
             raise ConfigError(
                 "run: deadline_mode fixed or adaptive, deadline_quantile in (0, 1], "
-                "deadline_margin >= 1, 0 < deadline_min_s <= deadline_s; got "
+                "deadline_margin >= 1, 0 < deadline_min_s (<= deadline_s when adaptive); got "
                 f"{self.deadline_mode!r}, {self.deadline_quantile}, {self.deadline_margin}, "
                 f"{self.deadline_min_s}"
             )

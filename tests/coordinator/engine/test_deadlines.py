@@ -53,8 +53,12 @@ def test_a_device_is_reported_after_three_misses_in_a_row_and_forgiven_by_a_repl
 def test_deadline_settings_out_of_range_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="deadline_mode fixed or adaptive"):
         load_config(None, ["run.deadline_mode=soon"], run_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match="deadline_min_s <= deadline_s"):
-        load_config(None, ["run.deadline_min_s=200"], run_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="deadline_min_s"):
+        load_config(
+            None, ["run.deadline_mode=adaptive", "run.deadline_min_s=200"], run_dir=str(tmp_path)
+        )
+    # a fixed deadline shorter than the adaptive floor is fine: the floor does not apply
+    assert load_config(None, ["run.deadline_s=1"], run_dir=str(tmp_path)).deadline_s == 1.0
 
 
 def test_an_adaptive_deadline_stops_waiting_for_a_straggler_and_reports_it(
