@@ -99,7 +99,7 @@ def wait_for_run(
             if state.state in ("starting", "running"):
                 return state
             if state.state == "finished":
-                agent.onwait_for_run(state)
+                agent.on_coordinator_state(state)
                 if agent.finished.is_set():
                     return None
         return None
