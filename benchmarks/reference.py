@@ -157,16 +157,11 @@ def _weighted(agents: dict[str, Any], sizes: list[int]) -> float | None:
     return accuracy.personalised_accuracy(agents, {f"agent{k}": n for k, n in enumerate(sizes)})
 
 
-def _global(agents: dict[str, Any]) -> float | None:
-    vals = [float(a["acc_global"]) for a in agents.values() if a.get("acc_global") is not None]
-    return statistics.fmean(vals) if vals else None
-
-
 def summarize(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
     """Per training round both metrics; each one's best round and last-10 mean."""
     train = [s for s in steps if s["phase"] == "train" and s.get("quorum_met") is not False]
     personal = [_weighted(s["agents"], sizes) for s in train]
-    glob = [_global(s["agents"]) for s in train]
+    glob = [accuracy.round_value(s, "acc_global") for s in train]  # the recorded mean
     out: dict[str, Any] = {
         "rounds_done": len(train),
         "steps_failed": steps_failed(steps),
