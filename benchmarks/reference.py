@@ -31,6 +31,7 @@ Settings, arms and split files: ``benchmarks/presets/reference.toml``; results i
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
 import logging
 import math
@@ -54,6 +55,7 @@ BASELINE: str = PRESET.other["report"]["baseline"]
 PRESET_NAME = "htfllib"
 LAST = 10  # the last rounds a run's second summary averages
 KEYS = ("best_personal", "last_personal", "best_global", "last_global")
+HTFLLIB: dict[str, Any] = PRESET.other["htfllib"]
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -265,8 +267,75 @@ def tables(results: experiment.Results) -> str:
                 "|---|---|---|---|---|---|",
                 *rows,
             ]
+        out += parity(alpha, by)
         out.append("")
     return "\n".join(out)
+
+
+# ----- HtFLlib on the same split files --------------------------------------------------------
+Curve = list[tuple[int, float]]
+
+
+def htfllib_curves(alpha: float) -> dict[str, list[Curve]]:
+    """HtFLlib's personalised accuracy per round on the split of ``alpha`` (the TSV of
+    ``benchmarks/htfllib/run_reference.sh``): algorithm -> one curve per run."""
+    path = ROOT / HTFLLIB["runs"].format(alpha=f"{alpha:.1f}")
+    runs: dict[str, dict[str, Curve]] = {}
+    if path.exists():
+        with path.open(newline="") as fh:
+            for row in csv.DictReader(fh, delimiter="\t"):
+                curve = runs.setdefault(row["algorithm"], {}).setdefault(row["run"], [])
+                curve.append((int(row["round"]), float(row["accuracy"])))
+    return {algo: [sorted(c) for c in by_run.values()] for algo, by_run in runs.items()}
+
+
+def curve_summary(curve: Curve) -> tuple[float, float, int]:
+    """Best round after training began (round 0 is the untrained start), the mean of the last
+    ``LAST`` rounds, and the last round."""
+    trained = [a for r, a in curve if r >= 1]
+    return max(trained), statistics.fmean(trained[-LAST:]), curve[-1][0]
+
+
+def parity(alpha: float, by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """Markdown: HtFLlib's own runs on this split beside our matching arm, on its metric."""
+    curves = htfllib_curves(alpha)
+    rows = []
+    for algo, arm in HTFLLIB["arms"].items():
+        if not curves.get(algo):
+            continue
+        sums = [curve_summary(c) for c in curves[algo] if any(r >= 1 for r, _ in c)]
+        if not sums:
+            continue
+        ours = list(by.get(arm, {}).values())
+        best = [b for b, _, _ in sums]
+        last = [m for _, m, _ in sums]
+        mine_best = [r["best_personal"] for r in ours if r.get("best_personal") is not None]
+        mine_last = [r["last_personal"] for r in ours if r.get("last_personal") is not None]
+        gap = (
+            f"{100 * (statistics.fmean(mine_best) - statistics.fmean(best)):+.2f}"
+            if mine_best
+            else "–"
+        )
+        rounds = "–".join(str(n) for n in sorted({s[2] for s in sums}))
+        rows.append(
+            f"| {algo} | `{arm}` | {len(sums)} / {len(ours)} | {rounds} | {_cell(best)} | "
+            f"{_cell(last)} | {_cell(mine_best)} | {_cell(mine_last)} | {gap} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "HtFLlib itself on the same split file (`benchmarks/htfllib/run_reference.sh`, "
+        f"`{HTFLLIB['runs'].format(alpha=f'{alpha:.1f}')}`), on its metric: each client's model "
+        "on its own test split, correct / samples over all clients (our personalised figure). "
+        "HtFLlib runs a fixed number of rounds; ours stop when the best round is `patience` "
+        "rounds old.",
+        "",
+        "| HtFLlib | ours | runs (HtFLlib / ours) | HtFLlib rounds | HtFLlib best | "
+        "HtFLlib last 10 | ours best | ours last 10 | best: ours − HtFLlib |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _pct(value: float | None) -> str:

@@ -4,6 +4,7 @@ personalised one weighted by each client's test split, paired differences from `
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,23 @@ def test_plan_runs_a_whole_seed_before_the_next() -> None:
     by = {s["method"]: s for s in specs}
     assert by["fedproto"]["preset"] == "htfllib"
     assert all(s["split"].startswith("benchmarks/splits/") for s in specs)
+
+
+def test_htfllib_runs_are_summarised_on_trained_rounds_beside_the_matching_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HtFLlib's round 0 is the untrained start: a high value there must not count as its best
+    lines = ["algorithm\trun\tround\taccuracy\tseconds", "FedProto\t0\t0\t0.99\t"]
+    lines += [f"FedProto\t0\t{r}\t{0.5 + r / 100:.2f}\t1.0" for r in range(1, 21)]
+    (tmp_path / "htfl_1.0.tsv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(reference, "ROOT", tmp_path)
+    monkeypatch.setitem(reference.HTFLLIB, "runs", "htfl_{alpha}.tsv")
+    assert reference.curve_summary(reference.htfllib_curves(1.0)["FedProto"][0]) == (
+        pytest.approx(0.70),
+        pytest.approx(statistics.fmean(0.5 + r / 100 for r in range(11, 21))),
+        20,
+    )
+    by = {"fedproto": {1: run("fedproto", 1, 0.72, 0.70)}}
+    rows = [line for line in reference.parity(1.0, by) if line.startswith("| FedProto")]
+    assert len(rows) == 1 and rows[0].endswith("| +2.00 |")  # 72.00 (ours) - 70.00 (HtFLlib)
+    assert reference.parity(0.1, by) == []  # no HtFLlib file for that split: no section
