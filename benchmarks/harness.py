@@ -216,6 +216,9 @@ class SimRun:
             values["preset"] = self.preset
         if self.patience:
             values["patience"] = self.patience
+            # HtFLlib's protocol reports the best test round: the benchmarks stop on the
+            # personalised test accuracy on purpose, whatever run.monitor's default
+            values["monitor"] = accuracy.PERSONALISED
         if self.wait_agents_s is not None:
             values["wait_agents_s"] = self.wait_agents_s
         return values

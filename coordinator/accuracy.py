@@ -10,6 +10,9 @@ model on its own test split), ``acc_global`` (on the test set all agents share) 
   HtFLlib reports it). The record's ``num_samples`` counts an agent's training samples; the
   stratified split holds out the same share of every agent's data for its test split, so the
   weights are the test splits' sizes up to rounding (the benchmarks pass the exact sizes).
+- ``acc_val_weighted``: the same over ``acc_val``, each agent's accuracy on its validation
+  split (``hyper.validation_fraction`` of its training data, never trained on): what a run
+  may stop on without choosing its rounds by the test data it reports.
 - ``acc_local``: the plain mean of ``acc_local`` over the agents (the record's
   ``mean_acc_local``).
 - ``acc_global``: the mean of ``acc_global`` over the agents (``mean_acc_global``); every agent
@@ -27,12 +30,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.contract.messages import Reply
+from protocol.errors import ValidationError
+
 __all__ = [
     "LAST_ROUNDS",
     "MONITORS",
     "PERSONALISED",
+    "VALIDATION",
     "RoundValue",
     "best_round",
+    "check_accuracies",
     "last_mean",
     "personalised_accuracy",
     "round_value",
@@ -42,7 +50,12 @@ __all__ = [
 ]
 
 PERSONALISED = "acc_local_weighted"
-MONITORS = (PERSONALISED, "acc_global")  # what early stopping can watch
+VALIDATION = "acc_val_weighted"
+MONITORS = (PERSONALISED, "acc_global", VALIDATION)  # what early stopping can watch
+# the weighted metrics, by the agents' key they weigh
+_WEIGHTED = {PERSONALISED: "acc_local", VALIDATION: "acc_val"}
+# accuracies a reply may report, each a share of samples: what the stop rule and the report read
+ACCURACIES = ("acc_local", "acc_global", "acc_val")
 LAST_ROUNDS = 10
 
 Record = Mapping[str, Any]
@@ -62,16 +75,27 @@ def _number(value: object) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def check_accuracies(reply: Reply) -> None:
+    """Raise :class:`ValidationError` for an accuracy of ``reply.metrics`` outside [0, 1]
+    (finite it is already): one such value would outweigh a round's every other agent."""
+    for key in ACCURACIES:
+        value = reply.metrics.get(key)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ValidationError(f"reply.metrics.{key}", "an accuracy in [0, 1]", value)
+
+
 def personalised_accuracy(
-    agents: Mapping[str, Record], weights: Mapping[str, float] | None = None
+    agents: Mapping[str, Record],
+    weights: Mapping[str, float] | None = None,
+    key: str = "acc_local",
 ) -> float | None:
-    """``acc_local`` of ``agents`` weighted by ``weights[device]`` (default: each agent's
-    ``num_samples``); None when no agent has both."""
+    """``key`` (``acc_local``, or ``acc_val``) of ``agents`` weighted by ``weights[device]``
+    (default: each agent's ``num_samples``); None when no agent has both."""
     total = correct = 0.0
     for device, agent in agents.items():
         if not isinstance(agent, Mapping):
             continue
-        acc = _number(agent.get("acc_local"))
+        acc = _number(agent.get(key))
         weight = _number(agent.get("num_samples") if weights is None else weights.get(device))
         if acc is None or weight is None or weight <= 0:
             continue
@@ -96,13 +120,13 @@ def sample_weights(rounds: Iterable[Record]) -> dict[str, float]:
 def round_value(
     record: Record, metric: str, weights: Mapping[str, float] | None = None
 ) -> float | None:
-    """``metric`` of one step record: :data:`PERSONALISED` (``weights`` as
-    :func:`personalised_accuracy`'s), or ``KEY`` for the recorded ``mean_KEY`` (else the mean
-    of the agents' ``KEY``)."""
+    """``metric`` of one step record: :data:`PERSONALISED` or :data:`VALIDATION` (``weights``
+    as :func:`personalised_accuracy`'s), or ``KEY`` for the recorded ``mean_KEY`` (else the
+    mean of the agents' ``KEY``)."""
     agents = record.get("agents")
     agents = agents if isinstance(agents, Mapping) else {}
-    if metric == PERSONALISED:
-        return personalised_accuracy(agents, weights)
+    if metric in _WEIGHTED:
+        return personalised_accuracy(agents, weights, _WEIGHTED[metric])
     recorded = _number(record.get(f"mean_{metric}"))
     if recorded is not None:
         return recorded

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.accuracy import MONITORS, PERSONALISED
+from coordinator.accuracy import MONITORS, PERSONALISED, VALIDATION
 from coordinator.tracking.follow import TRACKERS
 from protocol.algorithms import AlgorithmConfig, config_type
 from protocol.algorithms.base import config_value
@@ -50,6 +50,9 @@ __all__ = [
 _SERVER_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MQTT_CLIENTS = ("lean", "paho")
 MAX_HEARTBEAT_S = DEFAULT_WINDOW / 2  # a late joiner must find the retained state fresh
+# run.monitor's default: the validation accuracy where the agents hold a validation split
+# (hyper.validation_fraction > 0), else personalised test accuracy
+AUTO_MONITOR = "auto"
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,9 @@ class RunConfig:
     # `monitor` is `patience` rounds old, `rounds` being the cap; the final steps still run
     patience: int = 0
     min_delta: float = 0.0  # an improvement must exceed the best so far by more than this
-    monitor: str = PERSONALISED
+    # "auto": acc_val_weighted with a validation split, else acc_local_weighted (`monitored`)
+    monitor: str = AUTO_MONITOR
+    stop_target: float = 0.0  # training ends once `monitor` reaches this; 0 = off
     # experiment trackers fed from metrics.jsonl as it grows (optional extras; coordinator.tracking)
     trackers: tuple[str, ...] = ()
     tracking_uri: str = ""  # MLflow's tracking URI; "" = a file store in RUN_DIR/mlruns
@@ -158,11 +163,7 @@ class RunConfig:
             raise ConfigError(
                 f"run.server_device: expected auto, cpu, cuda or cuda:N, got {self.server_device!r}"
             )
-        if self.patience < 0 or self.min_delta < 0 or self.monitor not in MONITORS:
-            raise ConfigError(
-                f"run: patience >= 0, min_delta >= 0, monitor one of {', '.join(MONITORS)}; "
-                f"got {self.patience}, {self.min_delta}, {self.monitor!r}"
-            )
+        self._check_stopping()
         adaptive = self.deadline_mode == "adaptive"
         if self.deadline_mode not in ("fixed", "adaptive") or not (
             0 < self.deadline_quantile <= 1
@@ -183,6 +184,35 @@ class RunConfig:
                 "extra installs their libraries)"
             )
         self.algorithm_config()  # validates the hyperparameters against the algorithm
+
+    def _check_stopping(self) -> None:
+        monitors = (AUTO_MONITOR, *MONITORS)
+        if self.patience < 0 or self.min_delta < 0 or self.monitor not in monitors:
+            raise ConfigError(
+                f"run: patience >= 0, min_delta >= 0, monitor one of {', '.join(monitors)}; "
+                f"got {self.patience}, {self.min_delta}, {self.monitor!r}"
+            )
+        if not 0 <= self.stop_target <= 1:
+            raise ConfigError(
+                f"run.stop_target: expected an accuracy in (0, 1] (0: off), got {self.stop_target}"
+            )
+        if self.monitor == VALIDATION and self.validation_fraction() <= 0:
+            raise ConfigError(
+                f"run.monitor = {VALIDATION!r} watches the agents' validation accuracy, and "
+                "hyper.validation_fraction is 0 (no validation split): set "
+                "hyper.validation_fraction (e.g. 0.1) or choose another run.monitor"
+            )
+
+    def validation_fraction(self) -> float:
+        """The share of each agent's training data it holds out for validation (0: none)."""
+        return float(getattr(self.algorithm_config(), "validation_fraction", 0.0))
+
+    @property
+    def monitored(self) -> str:
+        """The metric early stopping watches: ``monitor``, with ``auto`` resolved."""
+        if self.monitor != AUTO_MONITOR:
+            return self.monitor
+        return VALIDATION if self.validation_fraction() > 0 else PERSONALISED
 
     def algorithm_config(self) -> AlgorithmConfig:
         """The typed hyperparameters of the chosen algorithm: its defaults, then the preset's
@@ -271,8 +301,12 @@ RUN_KEY_HELP: dict[str, str] = {
     "patience": "early stopping: end training once the best round of `monitor` is this many "
     "rounds old, then run the final steps (rounds is the cap); 0 = off",
     "min_delta": "early stopping: how much a round must beat the best so far to count",
-    "monitor": "early stopping's metric: acc_local_weighted (personalised accuracy, "
-    "sample-weighted) or acc_global (mean over the agents)",
+    "monitor": "early stopping's metric: acc_val_weighted (the agents' validation accuracy, "
+    "sample-weighted; needs hyper.validation_fraction), acc_local_weighted (personalised test "
+    "accuracy, sample-weighted) or acc_global (mean over the agents); auto = acc_val_weighted "
+    "when hyper.validation_fraction > 0, else acc_local_weighted",
+    "stop_target": "early stopping: end training once `monitor` reaches this accuracy, then run "
+    "the final steps; 0 = off",
     "trackers": 'experiment trackers fed as the run goes: "mlflow", "tensorboard" (e.g. '
     '["mlflow"] or "mlflow,tensorboard"; the `tracking` extra); a failing tracker never stops '
     "the run",

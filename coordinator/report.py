@@ -284,6 +284,8 @@ def _stop_line(stop: Mapping[str, Any]) -> str:
             f"Stopped early: `{stop.get('monitor')}` {best}, not bettered by more than "
             f"{stop.get('min_delta')} for {stop.get('patience')} rounds."
         )
+    if stop.get("reason") == "target":
+        return f"Stopped early: `{stop.get('monitor')}` reached the target {stop.get('target')}."
     return f"Early stopping (patience {stop.get('patience')}) ran to the cap: {best}."
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.algorithms import EdgeAlgorithm
+from edge_agent.best_model import BestRound, ValidationSplit
 from edge_agent.exporting import export_models
 from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
 from edge_agent.membership import CONNECTED, VERSION, Membership
@@ -116,6 +117,8 @@ class EdgeAgent(Membership):
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress
+        self.split = ValidationSplit(self.ctx, settings.device_id, self.log)
+        self.best = BestRound(self.state.checkpoint_path, self.log)
         self._restore()
 
     # ----- set-up ---------------------------------------------------------------------------
@@ -331,10 +334,11 @@ class EdgeAgent(Membership):
         self._current = task
         self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)
         try:
+            self.split.use(self.algorithm.parse_config(task).validation_fraction)
             result = self.algorithm.handle(task)
             metrics = {**result.metrics, **(self._evaluate(task) if self._evaluates(task) else {})}
             if task.phase == FINAL_PHASE:
-                metrics.update(self._export_safely(task))
+                metrics.update(self._export_safely(task, metrics))
         except TrainingStoppedError as exc:
             self._bar.close()
             self._stopped(task, reply_topic, exc)
@@ -403,13 +407,18 @@ class EdgeAgent(Membership):
         local = evaluate(self.ctx.model, self.ctx.test, self.algorithm.scores)
         if local.samples:
             out.update(acc_local=local.accuracy, loss_local=local.loss)
+        if self.ctx.validation is not None and len(self.ctx.validation):
+            val = evaluate(self.ctx.model, self.ctx.validation, self.algorithm.scores)
+            out.update(acc_val=val.accuracy, loss_val=val.loss)
         every = max(1, self.settings.global_eval_every)
         if self.ctx.global_test is not None and (task.phase != "train" or task.round % every == 0):
             glob = evaluate(self.ctx.model, self.ctx.global_test, self.algorithm.scores)
             out.update(acc_global=glob.accuracy, loss_global=glob.loss)
         return out
 
-    def _meta(self, task: Task) -> dict[str, Any]:
+    def _meta(self, task: Task, metrics: dict[str, float] | None = None) -> dict[str, Any]:
+        if metrics is None:
+            metrics = dict(self.history[-1]) if self.history else {}
         return {
             "algorithm": self.algorithm.name,
             "round": task.round,
@@ -419,42 +428,45 @@ class EdgeAgent(Membership):
             "device_id": self.settings.device_id,
             "class_names": list(self.settings.class_names),
             "toolkit_version": VERSION,
-            "metrics": dict(self.history[-1]) if self.history else {},
+            "metrics": metrics,
         }
 
-    def _checkpoint(self, task: Task) -> Checkpoint:
+    def _checkpoint(self, task: Task, metrics: dict[str, float] | None = None) -> Checkpoint:
         model_state = {k: v.detach().cpu() for k, v in self.ctx.model.state_dict().items()}
         return Checkpoint(
             model_spec=self.spec,
             state_dict=model_state,
             head=self.algorithm.head_spec(),
-            meta=self._meta(task),
+            meta=self._meta(task, metrics),
             extra=self.algorithm.extra_state(),
         )
 
-    def _save_checkpoint(self, task: Task) -> None:
-        save_checkpoint(self.state.checkpoint_path, self._checkpoint(task))
+    def _save_checkpoint(self, task: Task, metrics: dict[str, float] | None = None) -> None:
+        """The last checkpoint, and the best one when this round's ``acc_val`` beats it."""
+        ckpt = self._checkpoint(task, metrics)
+        save_checkpoint(self.state.checkpoint_path, ckpt)
+        self.best.offer(task.run_id, task.round, ckpt.meta["metrics"].get("acc_val"), ckpt)
 
-    def _export_safely(self, task: Task) -> dict[str, float]:
+    def _export_safely(self, task: Task, metrics: dict[str, float]) -> dict[str, float]:
         """A failed export is reported (``onnx_exported = 0``), never loses the run's result."""
         try:
-            return self._export(task)
+            return self._export(task, metrics)
         except Exception as exc:  # export is a boundary: torch.onnx/onnx/ORT errors land here
             self.log.error("ONNX export failed: %s: %s", type(exc).__name__, exc)
             return {"onnx_exported": 0.0}
 
-    def _export(self, task: Task) -> dict[str, float]:
-        """Export the final model and the algorithm's extra models as verified bundles."""
+    def _export(self, task: Task, metrics: dict[str, float]) -> dict[str, float]:
+        """Export the device's model (its best round's: ``export_models``) and extras."""
         if self.settings.export_dir is None:
             return {}
-        self._save_checkpoint(task)
+        self._save_checkpoint(task, metrics)
         samples = self.ctx.test if len(self.ctx.test) else self.ctx.train
         return export_models(
             self.state.checkpoint_path,
             self.settings.export_dir,
             (samples.x[:64].cpu().numpy(), samples.y[:64].cpu().numpy()),
             self.algorithm.extra_exports(),
-            meta=self._meta(task),
+            meta=self._meta(task, metrics),
             state_dir=self.settings.state_dir,
             log=self.log,
         )

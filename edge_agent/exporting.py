@@ -1,9 +1,11 @@
 """The end of a run on the device: the final model, and each extra model its algorithm names
 (:meth:`~edge_agent.algorithms.EdgeAlgorithm.extra_exports`), as verified ONNX bundles.
 
-The metrics returned here go into the final reply (``onnx_exported``, ``onnx_bytes``,
-``onnx_verified``, ...; ``onnx_NAME_*`` for an extra model). An extra bundle that fails costs
-only that bundle: the main one is already written.
+The device's own model comes from its best round's checkpoint where it keeps one (a run with
+``hyper.validation_fraction``), else from its last (``models/selection.py``). The metrics
+returned here go into the final reply (``onnx_exported``, ``onnx_bytes``, ``onnx_verified``,
+...; ``export_round``: the round exported; ``onnx_NAME_*`` for an extra model). An extra
+bundle that fails costs only that bundle: the main one is already written.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from models.checkpoint import Checkpoint, save_checkpoint
+from models.selection import choose
 
 __all__ = ["EXPORT_NAME", "bundle_metrics", "export_models"]
 
@@ -32,12 +35,19 @@ def export_models(
     state_dir: Path,
     log: logging.Logger,
 ) -> dict[str, float]:
-    """Export ``checkpoint`` to ``export_dir`` (with its inference head) and verify it on
-    ``samples`` (images, labels); then each of ``extras`` into ``export_dir/NAME``."""
+    """Export the best checkpoint beside the last one, ``checkpoint`` (the last itself when
+    there is none), with its inference head to ``export_dir`` and verify it on ``samples``
+    (images, labels); then each of ``extras`` into ``export_dir/NAME``."""
     from export import export_bundle  # lazy: onnx is only needed at the end of a run
 
-    manifest = export_bundle(checkpoint, export_dir, samples=samples[0], labels=samples[1])
+    chosen = choose(checkpoint, "best")
+    log.info("exporting round %s: %s", chosen.round, chosen.note)
+    manifest = export_bundle(
+        chosen.path, export_dir, samples=samples[0], labels=samples[1], selection=chosen.to_dict()
+    )
     out = bundle_metrics("onnx", manifest, export_dir, log)
+    if chosen.round is not None:
+        out["export_round"] = float(chosen.round)
     for name, ckpt in extras.items():
         dest = export_dir / name
         out.update(

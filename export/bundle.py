@@ -11,8 +11,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,8 @@ class Manifest:
             empty when it was not written.
         metadata: The ONNX ``metadata_props`` of the fp32 file.
         metrics: The checkpoint's own metrics (training-time evaluation).
+        checkpoint: Which of a device's checkpoints this is and its round
+            (:class:`models.selection.Selection`; empty when the caller did not choose).
     """
 
     path: Path
@@ -105,6 +107,7 @@ class Manifest:
     calibration: dict[str, Any]
     metadata: dict[str, str]
     metrics: dict[str, float]
+    checkpoint: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (non-finite floats become strings)."""
@@ -132,6 +135,7 @@ def export_bundle(
     calibration: np.ndarray | None = None,
     opset: int = DEFAULT_OPSET,
     dynamo: bool = DEFAULT_DYNAMO,
+    selection: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Export a checkpoint to ``out_dir/model.onnx`` plus variants and ``manifest.json``.
 
@@ -149,6 +153,8 @@ def export_bundle(
             training images here when ``samples`` is a held-out test set.
         opset: ONNX opset.
         dynamo: torch exporter (True: dynamo, False: legacy).
+        selection: Which of the device's checkpoints ``checkpoint_path`` is, and its round
+            (``Selection.to_dict()``): recorded in the manifest and the ONNX metadata.
 
     Returns:
         The manifest, also written to ``out_dir/manifest.json``.
@@ -184,7 +190,10 @@ def export_bundle(
         input_shape=shape,
         opset=opset,
         dynamo=dynamo,
-        metadata=_metadata(ckpt, sha),
+        metadata={
+            **_metadata(ckpt, sha),
+            **({"checkpoint": json.dumps(dict(selection))} if selection else {}),
+        },
     )
     reference = with_head(model, ckpt.head)
     records: list[VariantRecord] = []
@@ -222,6 +231,7 @@ def export_bundle(
         else {},
         metadata=result.metadata,
         metrics={k: float(v) for k, v in ckpt.meta.get("metrics", {}).items()},
+        checkpoint=dict(selection or {}),
     )
     _write_json(manifest.path, manifest.to_dict())
     return manifest

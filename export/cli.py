@@ -36,6 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
         "it against PyTorch and write a deployment bundle with manifest.json.",
     )
     p.add_argument("checkpoint", type=Path, help="agent checkpoint file (.pt)")
+    p.add_argument(
+        "--checkpoint",
+        dest="which",
+        choices=("best", "last"),
+        default="best",
+        help="best: the device's best round by its validation accuracy (checkpoint.best.pt "
+        "beside CHECKPOINT, kept when the run has hyper.validation_fraction), the given file "
+        "when there is none; last: the given file (default: %(default)s)",
+    )
     p.add_argument("-o", "--out-dir", type=Path, required=True, help="bundle directory")
     p.add_argument("--fp16", action="store_true", help="also write model.fp16.onnx")
     p.add_argument(
@@ -115,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> Manifest:
     from export.bundle import export_bundle
+    from models.selection import choose
 
+    selection = choose(args.checkpoint, args.which)
     x, y = _load_data(args, "--data") if args.data is not None else (None, None)
     calib = _load_data(args, "--calibration")[0] if args.calibration is not None else None
     variants = [
@@ -125,7 +136,7 @@ def _run(args: argparse.Namespace) -> Manifest:
     ]
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
     return export_bundle(
-        args.checkpoint,
+        selection.path,
         args.out_dir,
         variants=variants,
         verify=args.verify,
@@ -135,6 +146,7 @@ def _run(args: argparse.Namespace) -> Manifest:
         calibration=calib,
         opset=args.opset,
         dynamo=args.exporter == "dynamo",
+        selection=selection.to_dict(),
     )
 
 
@@ -151,6 +163,12 @@ def _load_data(args: argparse.Namespace, flag: str) -> tuple[np.ndarray, np.ndar
 
 
 def _print_summary(manifest: Manifest) -> None:
+    chosen = manifest.checkpoint
+    if chosen:
+        print(
+            f"checkpoint: {chosen['checkpoint']} ({chosen['file']}), round {chosen['round']}: "
+            f"{chosen['note']}"
+        )
     print(
         f"bundle: {manifest.path.parent}  (verification inputs: "
         f"{manifest.verification_inputs}, {manifest.num_samples} samples)"

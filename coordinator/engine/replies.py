@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from coordinator.accuracy import check_accuracies
 from coordinator.store.database import Store
 from coordinator.strategies import AgentInfo, Step, Strategy
 from protocol.algorithms.base import check_payloads
@@ -228,6 +229,7 @@ class ReplyDesk:
             if specs is not None:
                 check_payloads(specs, reply.payloads, step.phase)
             self.strategy.check_values(reply)  # magnitude bounds for every algorithm
+            check_accuracies(reply)  # what the stop rule and the report weigh
             self.strategy.check_num_samples(step, agent, reply)  # weights of sample means
         self.strategy.validate(step, agent, reply)
 

@@ -81,6 +81,9 @@ class EdgeContext:
     device: torch.device
     generator: torch.Generator
     global_test: TensorData | None = None
+    # held out of the training data when the run asks for it (hyper.validation_fraction): the
+    # agent reports acc_val on it and keeps its best round by it; nothing trains on it
+    validation: TensorData | None = None
     on_progress: ProgressFn | None = None
     # a fresh model of the same architecture (the factory's create_model call), so that an
     # algorithm can re-initialise the model from a seed shared by the fleet

@@ -183,6 +183,7 @@ TRAIN_LIMITS: dict[str, tuple[float, float]] = {
     "weight_decay": (0.0, 1.0),
     "grad_clip": (0.0, 1e6),
     "eval_every": (1, 1_000_000),
+    "validation_fraction": (0.0, 0.5),
 }
 
 
@@ -207,6 +208,10 @@ class TrainConfig(AlgorithmConfig):
     # the final step always); an agent's own --eval-every, if larger, wins. Evaluating the
     # global test set every round can dominate a round's time
     eval_every: int = 1
+    # share of each device's training data held out as its validation split (seeded by the
+    # device id, class-stratified; never trained on, never test data): the agents report
+    # acc_val on it, keep their best round's checkpoint by it and export that one. 0 = none
+    validation_fraction: float = 0.0
     # True: every agent of one architecture starts from the same weights, seeded by the
     # architecture and input alone (HtFLlib's torch.manual_seed(0) before every client's
     # model); False: each agent starts from its own seed, unless the algorithm shares the

@@ -110,3 +110,37 @@ def test_only_a_verified_invalid_reply_fails_its_device(verified: bool, tmp_path
     assert verdict.ack is not None and not verdict.ack.accepted
     assert verdict.reject is not None and verdict.reject[0] == "invalid_reply"
     assert (verdict.fail is not None) == verified
+
+
+@pytest.mark.parametrize(
+    ("metrics", "valid"),
+    [
+        ({"acc_val": 0.75, "acc_local": 1.0, "acc_global": 0.0, "loss_val": 7.5}, True),
+        ({"acc_val": 1.5}, False),  # would outweigh every other agent of the round
+        ({"acc_val": -0.1}, False),
+        ({"acc_local": 2.0}, False),
+    ],
+)
+def test_an_accuracy_outside_zero_to_one_is_refused(
+    metrics: dict[str, float], valid: bool, tmp_path: Path
+) -> None:
+    strategy = create_strategy("fedproto", config_type("fedproto")(), num_classes=10)
+    store = Store(tmp_path / "state.sqlite")
+    agent = fake_agent("a0", "fedproto", {0: 5, 1: 5})
+    protos = PrototypeSet(np.array([0]), np.ones((1, 4), np.float32), np.array([5]))
+    reply = Reply(
+        task_id="t",
+        round=1,
+        phase="train",
+        num_samples=5,
+        payloads={"protos": protos},
+        metrics=metrics,
+    )
+    env = Envelope(body=reply, sender="a0", verified=True)
+    try:
+        verdict = ReplyDesk(strategy, store).judge(env, reply, Step(1, "train"), "t", agent)
+    finally:
+        store.close()
+    assert verdict.store is valid
+    if not valid:
+        assert verdict.reject is not None and "an accuracy in [0, 1]" in verdict.reject[1]

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from coordinator.config import RunConfig
+from coordinator.accuracy import round_value
+from coordinator.config import RunConfig, load_config
 from coordinator.engine import closing
 from coordinator.engine.stopping import EarlyStop
 from coordinator.strategies import Step, create_strategy
@@ -49,6 +50,7 @@ def test_stops_once_the_best_round_is_patience_rounds_old_and_notes_it_on_that_r
         "monitor": "acc_local_weighted",
         "patience": 2,
         "min_delta": 0.0,
+        "target": 0.0,
         "best_round": 2,
         "best": 0.6,
     }
@@ -109,6 +111,57 @@ def test_the_config_refuses_bad_values() -> None:
     for bad in ({"patience": -1}, {"min_delta": -0.1}, {"monitor": "loss"}):
         with pytest.raises(ConfigError):
             RunConfig(**bad)
+
+
+def _val_round(number: int, val: float, local: float = 0.9) -> dict[str, Any]:
+    record = _round(number, local)
+    record["agents"]["a"]["acc_val"] = val
+    return record
+
+
+def test_a_validation_split_makes_the_validation_accuracy_the_default_monitor() -> None:
+    assert RunConfig().monitored == "acc_local_weighted"  # no split: personalised test
+    split = {"hyper": {"validation_fraction": 0.2}}
+    assert RunConfig(**split).monitored == "acc_val_weighted"
+    assert RunConfig(monitor="acc_local_weighted", **split).monitored == "acc_local_weighted"
+
+
+def test_the_validation_monitor_stops_on_acc_val_whatever_the_test_accuracy() -> None:
+    rule = _rule(hyper={"validation_fraction": 0.2})
+    # acc_local rises every round: a test-monitored run would never stop here
+    for number, val in ((1, 0.5), (2, 0.7), (3, 0.65), (4, 0.6)):
+        rule.observe(_val_round(number, val, local=0.5 + number / 10))
+    assert rule.decision is not None and rule.decision.best is not None
+    assert (rule.decision.round, rule.decision.best.round) == (4, 2)
+
+
+def test_the_validation_accuracy_is_sample_weighted() -> None:
+    record = _val_round(1, 0.9)  # 100 samples
+    record["agents"]["b"] = {"acc_val": 0.0, "num_samples": 300}
+    assert round_value(record, "acc_val_weighted") == pytest.approx(0.225)
+
+
+def test_a_target_stops_the_rounds_once_the_monitor_reaches_it() -> None:
+    rule = _rule(patience=0, stop_target=0.8, hyper={"validation_fraction": 0.2})
+    records = [_val_round(n, v) for n, v in ((1, 0.5), (2, 0.79), (3, 0.8), (4, 0.95))]
+    for record in records[:3]:
+        rule.observe(record)
+    assert rule.decision is not None and rule.decision.round == 3
+    assert records[2]["stop"]["reason"] == "target"
+    assert records[2]["stop"]["target"] == 0.8
+    assert records[2]["stop"]["monitor"] == "acc_val_weighted"
+    strategy = create_strategy("fedproto", config_type("fedproto")(), num_classes=10)
+    cut = rule.cut(strategy.plan(100), strategy)
+    assert [(s.round, s.phase) for s in cut][-2:] == [(3, "train"), (4, "final")]
+
+
+def test_the_validation_monitor_without_a_validation_split_is_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"hyper\.validation_fraction"):
+        load_config(None, ["run.monitor=acc_val_weighted", "run.patience=3"], run_dir="r")
+    with pytest.raises(ConfigError, match="stop_target"):
+        RunConfig(stop_target=1.5)
+    with pytest.raises(ConfigError, match=r"validation_fraction must be in \[0, 0.5\]"):
+        load_config(None, ["hyper.validation_fraction=0.6"], run_dir="r")
 
 
 # ----- the plan -------------------------------------------------------------------------------
