@@ -21,6 +21,7 @@ import pytest
 from coordinator.config import RunConfig
 from coordinator.engine.ingest_worker import spawned_workers, worker_argv
 from coordinator.sim.simulate import simulate
+from protocol.transport.address import BrokerAddress
 from protocol.transport.base import Transport, Will
 from protocol.transport.paho import MqttTransport
 from tests.helpers_runtime import FLEET, clean_env, run_config
@@ -53,7 +54,7 @@ def start_worker(
     cfg: RunConfig, port: int, worker: str, log: Path, stall: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """A ``coordinator ingest-worker`` process (with ``stall``: one that hangs holding replies)."""
-    argv = worker_argv(cfg, "127.0.0.1", port, worker, ["--log-level", "INFO"])
+    argv = worker_argv(cfg, BrokerAddress("127.0.0.1", port), worker, ["--log-level", "INFO"])
     if stall is not None:  # the same command line through the stalling wrapper
         argv[1:3] = ["-m", "tests.coordinator.engine.stalling_worker", str(stall)]
     with log.open("wb") as out:
@@ -188,7 +189,9 @@ def test_a_worker_killed_holding_replies_loses_none_and_stores_none_twice(
 def test_spawned_workers_take_the_replies_and_leave_with_the_run(mosquitto, tmp_path: Path) -> None:
     # `coordinator serve --spawn-workers`: the leader starts its workers and they end with it
     cfg = config(tmp_path, "ings", ingest_workers=2)
-    with spawned_workers(cfg, "127.0.0.1", mosquitto.port, ["--log-level", "INFO"]) as workers:
+    with spawned_workers(
+        cfg, BrokerAddress("127.0.0.1", mosquitto.port), ["--log-level", "INFO"]
+    ) as workers:
         result = simulate(cfg, FLEET, transport_factory=over(mosquitto.port))
     assert [w.returncode for w in workers] == [0, 0]  # left by themselves: the run finished
     logs = sorted((Path(cfg.run_dir) / "ingest").glob("w*.log"))
