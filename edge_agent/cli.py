@@ -32,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         "train its own model on its private data, exchange compact knowledge over MQTT.",
     )
     p.add_argument(
-        "--broker", default=None, help="MQTT broker HOST[:PORT] (default port 1883; or the kit's)"
+        "--broker",
+        default=None,
+        help="MQTT broker HOST[:PORT] (default port 1883; or the kit's) or URL mqtt://, "
+        "mqtts://, ws://, wss://HOST[:PORT][/PATH] (WebSockets: path /mqtt by default)",
     )
     p.add_argument(
         "--id", dest="device_id", default=None, help="device id (default: the kit's, else hostname)"
@@ -232,14 +235,14 @@ def _run(args: argparse.Namespace) -> int:
 
     from protocol.contract.topics import validate_id
     from protocol.security.mode import connection_mode
-    from protocol.transport.paho import parse_broker
+    from protocol.transport.address import parse_broker
 
     args.creds = _credentials(args)
     device_id = validate_id(args.device_id or socket.gethostname().split(".")[0], "--id")
     args.signing = _signing(args, device_id)
-    host, _port = parse_broker(args.broker)  # a bad address fails before the data is loaded
+    broker = parse_broker(args.broker)  # a bad address fails before the data is loaded
     mode = connection_mode(
-        host, args.creds, signing=args.signing is not None, insecure=args.insecure
+        broker, args.creds, signing=args.signing is not None, insecure=args.insecure
     )
     mode.announce(logging.getLogger("edgefl.agent"))
     import torch
@@ -293,7 +296,9 @@ def _credentials(args: argparse.Namespace) -> Any:
             setattr(args, name, value)
         args.broker = args.broker or kit.broker
     if args.broker is None:
-        raise ConfigError("--broker: expected HOST[:PORT] (or a --kit that names the broker)")
+        raise ConfigError(
+            "--broker: expected HOST[:PORT] or a broker URL (or a --kit that names the broker)"
+        )
     args.federation = args.federation or "default"
     logging.getLogger("edgefl.agent").info("broker credentials: %s", creds.describe())
     return creds
@@ -310,17 +315,15 @@ def _transport(args: argparse.Namespace, device_id: str) -> Any:
     from protocol.contract.codec import Envelope, encode
     from protocol.contract.messages import Status
     from protocol.contract.topics import Topics
+    from protocol.transport.address import parse_broker
     from protocol.transport.base import Will
-    from protocol.transport.paho import MqttTransport, parse_broker
+    from protocol.transport.paho import MqttTransport
 
-    host, port = parse_broker(args.broker)
     status = Envelope(body=Status(state="offline"), sender=device_id, federation=args.federation)
-    options = args.creds.transport_options()
+    options = parse_broker(args.broker).client_options(args.creds.transport_options())
     if args.username:  # a user name is no secret: the command line may give it
         options["username"] = args.username
     return MqttTransport(
-        host=host,
-        port=port,
         client_id=f"edgefl-{args.federation}-{device_id}",
         will=Will(Topics(args.federation).status(device_id), encode(status)),
         **options,

@@ -6,19 +6,24 @@ and yields a :class:`coordinator.broker.embedded.MosquittoBroker` (``.host``, ``
 ``.start()`` to restart on the same port). ``embedded_broker`` does the same with the
 in-process amqtt broker. ``mosquitto_tls`` runs mosquitto with what ``coordinator provision``
 wrote (mutual TLS, per-device ACL) for the devices in :data:`TLS_DEVICES`; ``fleet_broker``
-runs the same fleet on mosquitto and on the embedded broker in turn. Without mosquitto
-the tests skip, except in CI (``CI`` set), where a missing broker is a failure: CI installs
-it, so a skip there would hide a broken set-up.
+runs the same fleet on mosquitto and on the embedded broker in turn; ``wss_broker`` runs it
+with the WebSockets listener of ``provision --ws-port`` too. Without mosquitto the tests skip,
+except in CI (``CI`` set), where a missing broker is a failure: CI installs it, so a skip there
+would hide a broken set-up. A mosquitto built without WebSockets skips the WebSockets tests on
+it, saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pwd
 import shutil
 import signal
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +36,7 @@ from coordinator.broker.embedded import (
     free_port,
     mosquitto_executable,
 )
+from protocol.errors import EdgeFLError
 
 
 def _missing(reason: str) -> None:
@@ -76,6 +82,16 @@ class ProvisionedMosquitto(MosquittoBroker):
     def __init__(self, root: Path, port: int) -> None:
         super().__init__(port=port)
         self.root = root
+        self.ws_port = BrokerFiles.open(root / "broker").websocket_port()
+
+    def start(self) -> ProvisionedMosquitto:
+        """Start, and wait for the WebSockets listener too (opened after the first)."""
+        super().start()
+        if self.ws_port is not None:
+            deadline = time.monotonic() + self.start_timeout
+            while not _accepts(self.ws_port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return self
 
     def config_text(self) -> str:
         conf = (self.root / "broker" / "mosquitto.conf").read_text()
@@ -99,7 +115,8 @@ class ProvisionedEmbedded(EmbeddedBroker):
     flavour = "embedded"
 
     def __init__(self, root: Path, port: int) -> None:
-        super().__init__(port=port, fleet=BrokerFiles.open(root / "broker"))
+        files = BrokerFiles.open(root / "broker")  # its WebSockets listener too, as serve's
+        super().__init__(port=port, fleet=files, ws_port=files.websocket_port())
         self.root = root
 
     def reload(self) -> None:
@@ -114,6 +131,12 @@ class ProvisionedEmbedded(EmbeddedBroker):
 ProvisionedBroker = ProvisionedMosquitto | ProvisionedEmbedded
 
 
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
 def _system_user(name: str) -> bool:
     try:
         pwd.getpwnam(name)
@@ -123,9 +146,10 @@ def _system_user(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def provisioned_fleet(*, broker_user: str = "") -> Iterator[Path]:
+def provisioned_fleet(*, broker_user: str = "", websockets: bool = False) -> Iterator[Path]:
     """A fleet provisioned by ``coordinator provision`` for :data:`TLS_DEVICES` whose broker
-    listens on a free loopback port (``ProvisionSpec.port``); deleted afterwards."""
+    listens on a free loopback port (``ProvisionSpec.port``), with ``websockets`` a WebSockets
+    listener on another (``ws_port``); deleted afterwards."""
     pytest.importorskip("cryptography")
     from coordinator.ops.provision import ProvisionSpec, provision
 
@@ -138,6 +162,7 @@ def provisioned_fleet(*, broker_user: str = "") -> Iterator[Path]:
         devices=TLS_DEVICES,
         hostnames=("127.0.0.1", "localhost"),
         port=free_port(),
+        ws_port=free_port() if websockets else 0,
         listen="127.0.0.1",
         broker_user=broker_user,
     )
@@ -148,12 +173,16 @@ def provisioned_fleet(*, broker_user: str = "") -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _provisioned(flavour: str) -> Iterator[ProvisionedBroker]:
-    """A provisioned fleet and its mutual-TLS broker, running."""
+def _provisioned(flavour: str, *, websockets: bool = False) -> Iterator[ProvisionedBroker]:
+    """A provisioned fleet and its mutual-TLS broker, running (``websockets``: with its
+    WebSockets listener too)."""
     if flavour == "mosquitto" and mosquitto_executable() is None:
         _missing("mosquitto is not installed (apt-get install mosquitto)")
+    if flavour == "mosquitto" and websockets:
+        _skip_without_mosquitto_websockets()
     mosquitto_user = flavour == "mosquitto" and os.geteuid() == 0 and _system_user("mosquitto")
-    with provisioned_fleet(broker_user="mosquitto" if mosquitto_user else "") as root:
+    user = "mosquitto" if mosquitto_user else ""
+    with provisioned_fleet(broker_user=user, websockets=websockets) as root:
         port = BrokerFiles.open(root / "broker").listener()[0]
         cls = ProvisionedMosquitto if flavour == "mosquitto" else ProvisionedEmbedded
         broker = cls(root, port)
@@ -180,3 +209,40 @@ def embedded_tls() -> Iterator[ProvisionedBroker]:
 def fleet_broker(request: pytest.FixtureRequest) -> Iterator[ProvisionedBroker]:
     """The provisioned fleet on each broker the toolkit runs: both must enforce its rules."""
     yield from _provisioned(request.param)
+
+
+@pytest.fixture
+def mosquitto_wss() -> Iterator[ProvisionedBroker]:
+    """The provisioned fleet on Mosquitto, with its WebSockets-over-TLS listener."""
+    yield from _provisioned("mosquitto", websockets=True)
+
+
+@pytest.fixture(params=["mosquitto", "embedded"])
+def wss_broker(request: pytest.FixtureRequest) -> Iterator[ProvisionedBroker]:
+    """The provisioned fleet with its WebSockets-over-TLS listener, on each broker."""
+    yield from _provisioned(request.param, websockets=True)
+
+
+@functools.cache
+def mosquitto_websockets_error() -> str:
+    """Why the local mosquitto cannot serve MQTT over WebSockets ("" when it can): probed once,
+    by starting it with a ``protocol websockets`` listener (a build without WebSockets, such
+    as some distributions ship, refuses to start with one)."""
+    probe = MosquittoBroker(extra_config=f"listener {free_port()} 127.0.0.1\nprotocol websockets\n")
+    try:
+        probe.start()
+    except EdgeFLError as exc:
+        errors = [line for line in str(exc).splitlines() if "rror" in line]
+        return errors[0] if errors else str(exc).splitlines()[0]
+    finally:
+        probe.cleanup()
+    return ""
+
+
+def _skip_without_mosquitto_websockets() -> None:
+    error = mosquitto_websockets_error()
+    if error:  # not a broken set-up: a build choice, so no failure in CI either
+        pytest.skip(
+            f"{mosquitto_executable()} is built without WebSockets support: a `protocol "
+            f"websockets` listener does not start ({error})"
+        )

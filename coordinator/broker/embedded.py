@@ -4,7 +4,9 @@
 background thread: zero set-up, good for demos and small federations (~2k QoS 1 msg/s).
 :class:`MosquittoBroker` starts the ``mosquitto`` executable on a loopback port from a
 generated config file: the fast, real broker used by the integration tests and benchmarks.
-Both are context managers exposing ``host`` and ``port``; ``port=0`` picks a free port.
+Both are context managers exposing ``host`` and ``port``; ``port=0`` picks a free port. The
+embedded broker can also serve MQTT over WebSockets (``ws_port``; any request path), over TLS
+with a fleet's rules.
 
 Both listen on ``127.0.0.1`` unless given another ``host``. Given a broker directory of
 ``coordinator provision`` (:class:`BrokerFiles`), the embedded broker enforces that fleet's
@@ -93,13 +95,28 @@ class BrokerFiles:
         return str(self.directory / name)
 
     def listener(self) -> tuple[int, str]:
-        """Port and interface of the ``listener`` line in ``mosquitto.conf`` (all interfaces,
+        """Port and interface of the MQTT ``listener`` in ``mosquitto.conf`` (all interfaces,
         ``0.0.0.0``, when it names none, as Mosquitto reads it)."""
+        for port, host, protocol in self._listeners():
+            if protocol == "mqtt":
+                return port, host
+        raise ConfigError(f"{self.directory / 'mosquitto.conf'}: no `listener PORT [HOST]` line")
+
+    def websocket_port(self) -> int | None:
+        """Port of the ``listener`` with ``protocol websockets`` in ``mosquitto.conf``, if any
+        (``coordinator provision --ws-port``)."""
+        return next((p for p, _host, protocol in self._listeners() if protocol != "mqtt"), None)
+
+    def _listeners(self) -> list[tuple[int, str, str]]:
+        """``(port, interface, protocol)`` of each ``listener`` block of ``mosquitto.conf``."""
+        found: list[tuple[int, str, str]] = []
         for line in (self.directory / "mosquitto.conf").read_text().splitlines():
             words = line.split()
             if len(words) in (2, 3) and words[0] == "listener" and words[1].isdigit():
-                return int(words[1]), words[2] if len(words) == 3 else "0.0.0.0"
-        raise ConfigError(f"{self.directory / 'mosquitto.conf'}: no `listener PORT [HOST]` line")
+                found.append((int(words[1]), words[2] if len(words) == 3 else "0.0.0.0", "mqtt"))
+            elif len(words) == 2 and words[0] == "protocol" and found:
+                found[-1] = (*found[-1][:2], words[1])
+        return found
 
 
 class EmbeddedBroker:
@@ -112,6 +129,8 @@ class EmbeddedBroker:
             warning.
         port: TCP port; ``0`` picks a free one (read it back from :attr:`port`).
         fleet: A provisioned broker directory: mutual TLS, CN as username, the fleet's ACL.
+        ws_port: Also serve MQTT over WebSockets on this port of ``host`` (``0``: a free one,
+            read back from :attr:`ws_port`), over the fleet's mutual TLS with ``fleet``.
         start_timeout: Seconds to wait for the listener.
     """
 
@@ -121,13 +140,16 @@ class EmbeddedBroker:
         port: int = 0,
         *,
         fleet: BrokerFiles | None = None,
+        ws_port: int | None = None,
         start_timeout: float = 10.0,
         logger: logging.Logger | None = None,
     ) -> None:
         self.host = host
         self.fleet = fleet
         self.port = port
+        self.ws_port = ws_port
         self._requested_port = port
+        self._requested_ws_port = ws_port
         self.start_timeout = start_timeout
         self.log = logger or logging.getLogger("edgefl.broker")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -151,10 +173,15 @@ class EmbeddedBroker:
         for level_name in _QUIET_LOGGERS:  # amqtt logs every connection at INFO
             logging.getLogger(level_name).setLevel(logging.WARNING)
         attempts = 3 if self._requested_port == 0 else 1
+        if self._requested_ws_port == 0:
+            attempts = 3
         for attempt in range(attempts):
             port = self._requested_port or free_port(self.host)
+            ws_port = self._requested_ws_port
+            if ws_port == 0:
+                ws_port = free_port(self.host)
             try:
-                self._start_on(broker_cls, port)
+                self._start_on(broker_cls, port, ws_port)
                 break
             except EdgeFLError:
                 if attempt == attempts - 1:
@@ -163,6 +190,11 @@ class EmbeddedBroker:
         self.log.info(
             "embedded MQTT broker (amqtt) listening on %s:%d (%s)", self.host, self.port, mode
         )
+        if self.ws_port is not None:
+            scheme = "wss" if self.fleet else "ws"
+            self.log.info(
+                "  and MQTT over WebSockets on %s://%s:%d", scheme, self.host, self.ws_port
+            )
         if self.fleet is None and not is_loopback(self.host):
             self.log.warning(
                 "embedded MQTT broker listens on %s:%d without authentication: anyone who can "
@@ -173,13 +205,13 @@ class EmbeddedBroker:
             )
         return self
 
-    def _start_on(self, broker_cls: Any, port: int) -> None:
+    def _start_on(self, broker_cls: Any, port: int, ws_port: int | None) -> None:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(
             target=loop.run_forever, name="edgefl-embedded-broker", daemon=True
         )
         thread.start()
-        config = self._config(port)
+        config = self._config(port, ws_port)
 
         async def boot() -> Any:
             broker = broker_cls(config)  # binds to the running loop: build it on that loop
@@ -192,34 +224,37 @@ class EmbeddedBroker:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
             loop.close()
+            ports = f"{port}" if ws_port is None else f"{port} and {ws_port} (WebSockets)"
             raise EdgeFLError(
-                f"embedded MQTT broker could not listen on {self.host}:{port}: {exc}"
+                f"embedded MQTT broker could not listen on {self.host}:{ports}: {exc}"
             ) from exc
-        self._loop, self._thread, self.port = loop, thread, port
+        self._loop, self._thread, self.port, self.ws_port = loop, thread, port, ws_port
 
-    def _config(self, port: int) -> dict[str, Any]:
+    def _config(self, port: int, ws_port: int | None) -> dict[str, Any]:
         listener: dict[str, Any] = {"type": "tcp", "bind": f"{self.host}:{port}"}
-        if self.fleet is None:
-            plugins: dict[str, Any] = {
-                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
-            }
-            return {"listeners": {"default": listener}, "plugins": plugins}
-        files = self.fleet
-        listener.update(
-            ssl=True,
-            cafile=files.path("ca.crt"),
-            certfile=files.path("server.crt"),
-            keyfile=files.path("server.key"),
-        )
-        acl = {"acl_file": files.path("acl")}
-        plugins = {
-            "coordinator.broker.plugins.CertificateIdentityAuth": {
-                **acl,
-                "crl_file": files.path("crl.pem"),
-            },
-            "coordinator.broker.plugins.FleetAclTopics": acl,
+        plugins: dict[str, Any] = {
+            "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
         }
-        return {"listeners": {"default": listener}, "plugins": plugins}
+        if self.fleet is not None:
+            files = self.fleet
+            listener.update(
+                ssl=True,
+                cafile=files.path("ca.crt"),
+                certfile=files.path("server.crt"),
+                keyfile=files.path("server.key"),
+            )
+            acl = {"acl_file": files.path("acl")}
+            plugins = {
+                "coordinator.broker.plugins.CertificateIdentityAuth": {
+                    **acl,
+                    "crl_file": files.path("crl.pem"),
+                },
+                "coordinator.broker.plugins.FleetAclTopics": acl,
+            }
+        listeners = {"default": listener}
+        if ws_port is not None:  # the same TLS files and plugins: one fleet, two transports
+            listeners["ws"] = {**listener, "type": "ws", "bind": f"{self.host}:{ws_port}"}
+        return {"listeners": listeners, "plugins": plugins}
 
     def stop(self) -> None:
         """Shut the broker down and end its thread. Idempotent."""

@@ -24,7 +24,12 @@ def add_parser(sub: Subparsers) -> None:
         help="take a run's replies off the broker for its coordinator (run.ingest_workers)",
     )
     ing.add_argument("--run-dir", required=True, help="the run directory of `coordinator serve`")
-    ing.add_argument("--broker", required=True, help="MQTT broker HOST[:PORT] (a real one)")
+    ing.add_argument(
+        "--broker",
+        required=True,
+        help="MQTT broker HOST[:PORT] or URL mqtt://, mqtts://, ws://, wss://HOST[:PORT][/PATH] "
+        "(a real one)",
+    )
     ing.add_argument("--id", default="w1", help="this worker's id, unique in the run")
     ing.add_argument(
         "--wait", type=float, default=60.0, help="seconds to wait for the run and the broker"
@@ -40,21 +45,19 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.engine.runner import SENDER
     from protocol.security.keys import load_signing
     from protocol.security.mode import connection_mode
-    from protocol.transport.paho import parse_broker
+    from protocol.transport.address import parse_broker
 
     creds = coordinator_credentials(args)
     signing = load_signing(creds, SENDER, enabled=not args.no_signing)
-    host, port = parse_broker(args.broker)
-    mode = connection_mode(host, creds, signing=signing is not None, insecure=args.insecure)
+    broker = parse_broker(args.broker)
+    mode = connection_mode(broker, creds, signing=signing is not None, insecure=args.insecure)
     mode.announce(logging.getLogger("edgefl"))
     counts = run_ingest_worker(
         Path(args.run_dir),
-        host,
-        port,
-        args.id,
+        worker=args.id,
         signing=signing,
         wait_s=args.wait,
-        **creds.transport_options(),
+        **broker.client_options(creds.transport_options()),
     )
     print(f"ingest worker {args.id}: {dict(sorted(counts.items()))}")
     return 0

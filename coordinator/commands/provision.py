@@ -34,6 +34,14 @@ def add_parser(sub: Subparsers) -> None:
     )
     init.add_argument("--broker-host", default="", help="host the kits connect to (first name)")
     init.add_argument("--port", type=int, default=8883, help="TLS listener port")
+    init.add_argument(
+        "--ws-port",
+        type=int,
+        default=0,
+        help="also a listener of MQTT over WebSockets over TLS (wss://) on this port, with "
+        "the same mutual TLS, for devices behind HTTPS-only firewalls (default: none; needs a "
+        "Mosquitto built with WebSockets)",
+    )
     init.add_argument("--listen", default="", help="broker bind address (default: all)")
     init.add_argument(
         "--broker-dir", default="", help="where OUT/broker will be on the broker host"
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         hostnames=tuple(args.hostnames or ("localhost", "127.0.0.1")),
         broker_host=args.broker_host,
         port=args.port,
+        ws_port=args.ws_port,
         listen=args.listen,
         broker_dir=args.broker_dir,
         broker_user=args.broker_user,

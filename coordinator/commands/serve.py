@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.engine.core import RunResult
     from protocol.security.credentials import Credentials
     from protocol.security.mode import SecurityMode
+    from protocol.transport.address import BrokerAddress
 
 __all__ = ["add_parser", "run"]
 
@@ -29,8 +30,21 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Subparsers) -> None:
     serve = sub.add_parser("serve", help="run the coordinator for a fleet of edge agents")
     add_run_options(serve)
-    serve.add_argument("--broker", default=None, help="MQTT broker HOST[:PORT]; none = embedded")
+    serve.add_argument(
+        "--broker",
+        default=None,
+        help="MQTT broker HOST[:PORT] or URL mqtt://, mqtts://, ws://, wss://HOST[:PORT][/PATH]; "
+        "none = embedded",
+    )
     serve.add_argument("--port", type=int, default=None, help="embedded broker port (default 1883)")
+    serve.add_argument(
+        "--ws-port",
+        type=int,
+        default=None,
+        help="the embedded broker also serves MQTT over WebSockets on this port (agents: "
+        "--broker ws://HOST:PORT; with --broker-dir WebSockets over the fleet's mutual TLS, "
+        "wss://, by default on the broker directory's websockets listener if it has one)",
+    )
     serve.add_argument(
         "--listen",
         default=None,
@@ -87,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg, creds, signing, _fleet_broker(args), spawn)
+        result = _serve_run(
+            cfg, creds, signing, _fleet_broker(args), spawn=spawn, ws_port=args.ws_port
+        )
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
@@ -146,11 +162,11 @@ def _security_mode(
     it the fleet's rules (then the kit names it as the broker)."""
     from protocol.errors import ConfigError
     from protocol.security.mode import SecurityMode, connection_mode, is_loopback
-    from protocol.transport.paho import parse_broker
+    from protocol.transport.address import parse_broker
 
     if cfg.broker:
-        host = parse_broker(cfg.broker)[0]
-        return connection_mode(host, creds, signing=signing, insecure=args.insecure)
+        broker = parse_broker(cfg.broker)
+        return connection_mode(broker, creds, signing=signing, insecure=args.insecure)
     host = cfg.embedded_host
     if is_loopback(host):
         return SecurityMode(
@@ -180,7 +196,8 @@ def _fleet_broker(args: argparse.Namespace) -> EmbeddedBroker | None:
     files = BrokerFiles.open(args.broker_dir)
     port, host = files.listener()
     host = args.listen if args.listen is not None else host
-    return EmbeddedBroker(host=host, port=args.port or port, fleet=files)
+    ws_port = args.ws_port if args.ws_port is not None else files.websocket_port()
+    return EmbeddedBroker(host=host, port=args.port or port, fleet=files, ws_port=ws_port)
 
 
 def _serve_run(
@@ -188,14 +205,17 @@ def _serve_run(
     creds: Credentials,
     signing: Any,
     fleet_broker: EmbeddedBroker | None = None,
+    *,
     spawn: list[str] | None = None,
+    ws_port: int | None = None,
 ) -> RunResult:
     """The run over ``cfg.broker``; over the embedded broker when there is none; over the
     embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``. ``signing``:
-    the coordinator's keys (``None``: frames unsigned)."""
+    the coordinator's keys (``None``: frames unsigned); ``ws_port``: the embedded broker also
+    serves MQTT over WebSockets there."""
     from coordinator.broker.embedded import EmbeddedBroker
     from protocol.errors import ConfigError
-    from protocol.transport.paho import parse_broker
+    from protocol.transport.address import BrokerAddress, parse_broker
 
     if cfg.ingest_workers and (fleet_broker is not None or not cfg.broker):
         raise ConfigError(
@@ -204,6 +224,12 @@ def _serve_run(
             "support: they would receive none. Give --broker HOST of a Mosquitto 2, EMQX or "
             "HiveMQ broker, or set run.ingest_workers=0"
         )
+    if ws_port is not None and fleet_broker is None and cfg.broker:
+        raise ConfigError(
+            f"--ws-port {ws_port} is a listener of the embedded broker, but the run uses the "
+            f"broker at {cfg.broker}: give that broker a WebSockets listener (`coordinator "
+            "provision --ws-port`) and connect with --broker ws:// or wss://"
+        )
     if fleet_broker is not None:
         if creds.kit is None or not cfg.broker:
             raise ConfigError(
@@ -211,41 +237,42 @@ def _serve_run(
                 "(--kit OUT/coordinator) to connect to it"
             )
         with fleet_broker:
-            return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
+            return _run_over(cfg, parse_broker(cfg.broker), creds, signing, spawn=spawn)
     if cfg.broker:
-        return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
+        return _run_over(cfg, parse_broker(cfg.broker), creds, signing, spawn=spawn)
     if creds.tls or creds.password:
         raise ConfigError(
             f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
             "authenticates only a provisioned fleet; give --broker, a kit, or --broker-dir "
             "OUT/broker with the coordinator's kit"
         )
-    with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
+    embedded = EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port, ws_port=ws_port)
+    with embedded as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
-        return _run_over(cfg, "127.0.0.1", broker.port, None, signing, spawn=spawn)
+        local = BrokerAddress("127.0.0.1", broker.port)
+        return _run_over(cfg, local, None, signing, spawn=spawn)
 
 
 def _run_over(
     cfg: RunConfig,
-    host: str,
-    port: int,
+    broker: BrokerAddress,
     creds: Credentials | None,
     signing: Any,
     *,
     spawn: list[str] | None = None,
 ) -> RunResult:
-    """The run over the broker at ``host:port``; with ``spawn`` (the workers' credential
-    options), its ingest workers started here for the run's duration."""
+    """The run over ``broker``; with ``spawn`` (the workers' credential options), its ingest
+    workers started here for the run's duration."""
     from contextlib import AbstractContextManager, nullcontext
 
     from coordinator.engine.ingest_worker import spawned_workers
     from coordinator.engine.runner import mqtt_transport, run_coordinator
     from coordinator.ops.revocation import kit_revocations
 
-    options = creds.transport_options() if creds is not None else {}
-    transport = mqtt_transport(cfg, host, port, **options)
+    options = broker.client_options(creds.transport_options() if creds is not None else {})
+    transport = mqtt_transport(cfg, **options)
     workers: AbstractContextManager[object] = (
-        spawned_workers(cfg, host, port, spawn) if spawn is not None else nullcontext()
+        spawned_workers(cfg, broker, spawn) if spawn is not None else nullcontext()
     )
     try:
         with workers:

@@ -48,6 +48,7 @@ from protocol.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
     from protocol.security.keys import SigningKeys
+    from protocol.transport.address import BrokerAddress
 
 __all__ = [
     "IngestWorker",
@@ -293,7 +294,8 @@ def run_ingest_worker(
     try:
         # a clean session: the broker keeps no queue for a dead member, so the share group's
         # messages go to the members alive (a kept session would hold its share of them)
-        transport = mqtt_client(cfg)(
+        websockets = transport_options.get("websocket_path") is not None
+        transport = mqtt_client(cfg, websockets=websockets)(
             host=host,
             port=port,
             client_id=f"edgefl-ingest-{cfg.federation}-{worker}",
@@ -318,20 +320,18 @@ def run_ingest_worker(
 
 
 def worker_argv(
-    cfg: RunConfig, host: str, port: int, worker: str, options: Sequence[str] = ()
+    cfg: RunConfig, broker: BrokerAddress, worker: str, options: Sequence[str] = ()
 ) -> list[str]:
     """The command line of one ``coordinator ingest-worker`` of ``cfg``'s run (``options``:
     ``--kit``, ``--credentials``, ``--no-signing`` as the leader was given them)."""
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     command = [sys.executable, "-m", "coordinator.cli", "ingest-worker"]
-    return [*command, "--run-dir", cfg.run_dir, "--broker", where, "--id", worker, *options]
+    return [*command, "--run-dir", cfg.run_dir, "--broker", str(broker), "--id", worker, *options]
 
 
 @contextlib.contextmanager
 def spawned_workers(
     cfg: RunConfig,
-    host: str,
-    port: int,
+    broker: BrokerAddress,
     options: Sequence[str] = (),
     *,
     leave_s: float = 30.0,
@@ -346,7 +346,7 @@ def spawned_workers(
     try:
         for k in range(1, cfg.ingest_workers + 1):
             with (logs / f"w{k}.log").open("ab") as out:
-                argv = worker_argv(cfg, host, port, f"w{k}", options)
+                argv = worker_argv(cfg, broker, f"w{k}", options)
                 workers.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
         yield workers
     finally:

@@ -56,10 +56,12 @@ def coordinator_client_id(cfg: RunConfig) -> str:
 def mqtt_transport(cfg: RunConfig, host: str, port: int, **options: Any) -> Transport:
     """The coordinator's MQTT transport (client id per run, retained ``offline`` will).
 
-    ``run.mqtt_client`` picks the implementation; ``options`` go to it (``username``,
-    ``password``, ``tls``: ``Credentials.transport_options()``).
+    ``run.mqtt_client`` picks the implementation (paho over WebSockets); ``options`` go to it
+    (``username``, ``password``, ``tls``, ``websocket_path``:
+    ``BrokerAddress.client_options()``).
     """
-    return mqtt_client(cfg)(
+    client = mqtt_client(cfg, websockets=options.get("websocket_path") is not None)
+    return client(
         host=host,
         port=port,
         client_id=coordinator_client_id(cfg),
@@ -68,9 +70,18 @@ def mqtt_transport(cfg: RunConfig, host: str, port: int, **options: Any) -> Tran
     )
 
 
-def mqtt_client(cfg: RunConfig) -> type[MqttTransport | LeanMqttTransport]:
-    """The transport class ``run.mqtt_client`` names (imported only when asked for)."""
-    if cfg.mqtt_client == "paho":
+def mqtt_client(
+    cfg: RunConfig, *, websockets: bool = False
+) -> type[MqttTransport | LeanMqttTransport]:
+    """The transport class ``run.mqtt_client`` names (imported only when asked for); paho for a
+    broker reached over WebSockets (``ws://``, ``wss://``), which the lean client, a plain or
+    TLS socket, does not speak."""
+    if cfg.mqtt_client == "paho" or websockets:
+        if cfg.mqtt_client != "paho":
+            logging.getLogger("edgefl.coordinator").info(
+                "MQTT over WebSockets: the paho client (run.mqtt_client=%s speaks TCP only)",
+                cfg.mqtt_client,
+            )
         from protocol.transport.paho import MqttTransport
 
         return MqttTransport

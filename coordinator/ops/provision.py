@@ -71,6 +71,7 @@ class ProvisionSpec:
     hostnames: tuple[str, ...] = ("localhost", "127.0.0.1")  # the broker certificate's SAN
     broker_host: str = ""  # what clients connect to (default: the first hostname)
     port: int = 8883
+    ws_port: int = 0  # a listener of MQTT over WebSockets over TLS too (0: none)
     listen: str = ""  # the broker's bind address ("": every interface)
     broker_dir: str = ""  # where OUT/broker's files live on the broker host (default: there)
     days: int = 825  # validity of the leaf certificates
@@ -88,12 +89,25 @@ class ProvisionSpec:
             raise ConfigError(
                 f"--port 1..65535 and --days 1..{pki.CA_DAYS}, got {self.port} and {self.days}"
             )
+        if not 0 <= self.ws_port <= 65535 or self.ws_port == self.port:
+            raise ConfigError(
+                f"--ws-port: expected 1..65535 other than --port {self.port} (or 0: no "
+                f"WebSockets listener), got {self.ws_port}"
+            )
 
     @property
     def broker(self) -> str:
         """``host:port`` the kits point at."""
+        return self._netloc(self.port)
+
+    @property
+    def websocket_url(self) -> str:
+        """``wss://host:port/mqtt`` of the WebSockets listener ("" without one)."""
+        return f"wss://{self._netloc(self.ws_port)}/mqtt" if self.ws_port else ""
+
+    def _netloc(self, port: int) -> str:
         host = self.broker_host or self.hostnames[0]
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _checked_id(value: str, field: str) -> str:
@@ -163,26 +177,40 @@ def acl_text(federation: str) -> str:
 
 
 def mosquitto_conf(spec: ProvisionSpec, broker_dir: Path) -> str:
-    """``mosquitto.conf``: one mTLS listener; certificate CN as username; ACL; CRL if any."""
-    d = broker_dir
+    """``mosquitto.conf``: an mTLS listener, and with ``ws_port`` one of MQTT over WebSockets
+    over the same mutual TLS; certificate CN as username; ACL; CRL."""
     lines = [
         "# edgefl broker, written by `coordinator provision`: mutual TLS, one ACL.",
         "# After `coordinator provision revoke`: copy crl.pem here and reload mosquitto (SIGHUP).",
         "per_listener_settings false",
-        f"listener {spec.port}" + (f" {spec.listen}" if spec.listen else ""),
+        "allow_anonymous false",
+        f"acl_file {broker_dir / 'acl'}",
+        *_tls_listener(spec.port, spec.listen, broker_dir),
+    ]
+    if spec.ws_port:
+        lines += [
+            "# MQTT over WebSockets over TLS (wss://HOST:PORT/mqtt, any path) with the same",
+            "# mutual TLS: needs a Mosquitto built with WebSockets (mosquitto.org packages are)",
+            *_tls_listener(spec.ws_port, spec.listen, broker_dir),
+            "protocol websockets",
+        ]
+    # the runtime's persistent sessions queue QoS 1 messages while a device is away
+    lines += ["set_tcp_nodelay true", "max_queued_messages 100000"]
+    return "\n".join(lines) + "\n"
+
+
+def _tls_listener(port: int, listen: str, d: Path) -> list[str]:
+    """A ``listener`` block with the fleet's mutual TLS (TLS options are per listener)."""
+    return [
+        f"listener {port}" + (f" {listen}" if listen else ""),
         f"cafile {d / 'ca.crt'}",
         f"certfile {d / 'server.crt'}",
         f"keyfile {d / 'server.key'}",
         "require_certificate true",
         "use_identity_as_username true",
-        "allow_anonymous false",
-        f"acl_file {d / 'acl'}",
         # always named (empty at first): a reload then takes a new CRL, a restart is not needed
         f"crlfile {d / 'crl.pem'}",
     ]
-    # the runtime's persistent sessions queue QoS 1 messages while a device is away
-    lines += ["set_tcp_nodelay true", "max_queued_messages 100000"]
-    return "\n".join(lines) + "\n"
 
 
 # -- the provisioning directory ------------------------------------------------------------------
@@ -430,6 +458,14 @@ def summary(out: str | Path) -> str:
             f"{len(spec.devices)} device kit(s); keep ca/ca.key offline",
             f"broker:      copy {root}/broker to the broker host, then "
             f"`mosquitto -c {root}/broker/mosquitto.conf` (listens on {spec.port}, mTLS, ACL)",
+            *(
+                [
+                    f"websockets: {spec.websocket_url} (mTLS too): edge-agent --kit {first} "
+                    f"--broker {spec.websocket_url}"
+                ]
+                if spec.ws_port
+                else []
+            ),
             f"coordinator: coordinator serve --kit {root}/{COORDINATOR_ID} --algorithm fedavg",
             f"device:      copy {root}/devices/{first} to the device, then "
             f"edge-agent --kit {first}",

@@ -209,10 +209,16 @@ def _connect(ray: Any, options: RayOptions) -> bool:
 def _broker(options: RayOptions) -> Iterator[tuple[str, int]]:
     """The broker's address: the given one, or one started here on loopback."""
     from coordinator.broker.embedded import EmbeddedBroker, MosquittoBroker, mosquitto_executable
-    from protocol.transport.paho import parse_broker
+    from protocol.transport.address import parse_broker
 
     if options.broker is not None:
-        yield parse_broker(options.broker)
+        given = parse_broker(options.broker)
+        if given.scheme not in (None, "mqtt"):
+            raise ConfigError(
+                f"--broker {given}: the Ray simulation's agents and coordinator connect over "
+                "plain MQTT on TCP, without credentials; give HOST[:PORT] or mqtt://HOST[:PORT]"
+            )
+        yield given.host, given.port
         return
     # Mosquitto moves far more messages per second than the embedded (Python) broker
     broker = MosquittoBroker() if mosquitto_executable() else EmbeddedBroker(port=0)

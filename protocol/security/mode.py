@@ -4,7 +4,9 @@ Secure by default: ``coordinator serve``, ``coordinator ingest-worker`` and ``ed
 connect to a broker only with TLS client authentication (a client certificate) and signed
 frames, unless the broker is on this machine (a loopback address: nobody else can reach the
 connection) or ``--insecure`` says that an unauthenticated fleet is meant. Each says at
-start-up, in one line, which mode it runs in and why.
+start-up, in one line, which mode it runs in and why. MQTT over WebSockets is judged as MQTT
+over TCP: ``ws://`` is plain (refused with TLS credentials, which would not be used), ``wss://``
+is TLS, and secure only with a client certificate.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Literal
 
 from protocol.errors import ConfigError
 from protocol.security.credentials import ENV, Credentials
+from protocol.transport.address import BrokerAddress
 
 __all__ = ["SecurityMode", "connection_mode", "is_loopback"]
 
@@ -52,20 +55,28 @@ class SecurityMode:
 
 
 def connection_mode(
-    host: str, creds: Credentials, *, signing: bool, insecure: bool, what: str = "broker"
+    broker: BrokerAddress,
+    creds: Credentials,
+    *,
+    signing: bool,
+    insecure: bool,
+    what: str = "broker",
 ) -> SecurityMode:
-    """The mode of a connection to the broker at ``host`` with ``creds``; ``signing``: frames
-    are signed and verified. ``what`` names the connection in the messages.
+    """The mode of a connection to ``broker`` with ``creds``; ``signing``: frames are signed
+    and verified. ``what`` names the connection in the messages.
 
     Raises:
-        ConfigError: ``host`` is not a loopback address, TLS client authentication or signing
-            is missing, and ``insecure`` is false; the message names the flags that fix it.
+        ConfigError: a plain scheme (``mqtt://``, ``ws://``) with TLS credentials; or the
+            broker's host is not a loopback address, TLS client authentication or signing is
+            missing, and ``insecure`` is false; the message names the flags that fix it.
     """
+    broker.check_tls(creds.tls)
+    host = broker.host if broker.scheme is None else str(broker)  # a URL says its transport
     missing = _missing(creds, signing)
     if not missing:
         return SecurityMode("secure", f"TLS client certificate, signed frames; {creds.describe()}")
     lacks = " and ".join(missing)
-    if is_loopback(host):
+    if is_loopback(broker.host):
         return SecurityMode("loopback", f"{what} {host} is on this machine; without {lacks}")
     if insecure:
         return SecurityMode(

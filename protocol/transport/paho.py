@@ -3,7 +3,9 @@
 :class:`MqttTransport` implements :class:`~protocol.transport.base.Transport` with the choices of
 ``WIRE.md`` §Transport: QoS 1 by default, a persistent session (``clean_session=False``, or
 clean start false with a session expiry on MQTT 5), a last will, TCP_NODELAY, re-subscription
-on every connect and a jittered, capped exponential reconnect backoff.
+on every connect and a jittered, capped exponential reconnect backoff. With ``websocket_path``
+it speaks MQTT over WebSockets (``ws://``, with ``tls`` ``wss://``), for devices behind
+firewalls that pass HTTPS only.
 
 Threading: paho runs one network thread per transport. Subscribed handlers are called on that
 thread, one message at a time, so they must not block: hand real work to a queue. Publishing
@@ -26,7 +28,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from protocol.errors import ConfigError, ConnectError, TransportError
+from protocol.errors import ConnectError, TransportError
+from protocol.transport.address import DEFAULT_PORT
 from protocol.transport.base import Handler, TlsOptions, Will
 from protocol.transport.mqtt_common import (
     MqttClient,
@@ -36,46 +39,7 @@ from protocol.transport.mqtt_common import (
 )
 from protocol.transport.routes import Routes
 
-__all__ = ["DEFAULT_PORT", "MqttTransport", "TlsOptions", "parse_broker"]
-
-DEFAULT_PORT = 1883
-
-
-def parse_broker(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """Split ``"host[:port]"`` (IPv6 as ``"[::1]:1883"``) into ``(host, port)``.
-
-    Raises:
-        ConfigError: empty host, a scheme or path, an unbracketed IPv6 address with a port, or a
-            port that is not an int in 1..65535.
-    """
-    text = address.strip() if isinstance(address, str) else ""
-    if not text:
-        raise ConfigError(f"broker address: expected 'host[:port]', got {address!r}")
-    if "/" in text:
-        raise ConfigError(
-            f"broker address: expected 'host[:port]' without scheme or path, got {address!r}"
-        )
-    port_text: str | None = None
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise ConfigError(f"broker address: expected '[ipv6]:port', got {address!r}")
-        port_text = rest[1:] if rest else None
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    elif ":" in text:
-        host = text  # a bare IPv6 address; a port needs brackets
-    else:
-        host = text
-    if not host:
-        raise ConfigError(f"broker address: empty host in {address!r}")
-    if port_text is None:
-        return host, default_port
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ConfigError(
-            f"broker port: expected an int in 1..65535, got {port_text!r} in {address!r}"
-        )
-    return host, int(port_text)
+__all__ = ["DEFAULT_PORT", "MqttTransport", "TlsOptions"]
 
 
 class MqttTransport(MqttClient):
@@ -104,6 +68,7 @@ class MqttTransport(MqttClient):
         reconnect_max: float = 30.0,
         max_inflight: int = 20,
         flush_timeout: float = 5.0,
+        websocket_path: str | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         super().__init__(
@@ -121,6 +86,7 @@ class MqttTransport(MqttClient):
         )
         self.protocol = protocol
         self.session_expiry = session_expiry
+        self.websocket_path = websocket_path
         self._lock = threading.Lock()
         self._subs: list[tuple[str, Handler, int]] = []
         self._routes: Routes[Handler] = Routes(distinct=True)
@@ -137,12 +103,26 @@ class MqttTransport(MqttClient):
         self._last_info: paho.MQTTMessageInfo | None = None
         self._client = self._make_client(username, password, tls, max_inflight)
 
+    @property
+    def where(self) -> str:
+        """The broker's URL over WebSockets (``wss://host:port/path``), else ``host:port``."""
+        if self.websocket_path is None:
+            return super().where
+        scheme = "wss" if self._tls else "ws"
+        return f"{scheme}://{super().where}{self.websocket_path}"
+
     def _make_client(
         self, username: str | None, password: str | None, tls: TlsOptions | None, max_inflight: int
     ) -> paho.Client:
+        transport: Literal["tcp", "websockets"] = "tcp"
+        if self.websocket_path is not None:
+            transport = "websockets"
         if self.protocol == "5":
             client = paho.Client(
-                CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5
+                CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                protocol=paho.MQTTv5,
+                transport=transport,
             )
         else:
             client = paho.Client(
@@ -150,7 +130,10 @@ class MqttTransport(MqttClient):
                 client_id=self.client_id,
                 clean_session=self.clean_session,
                 protocol=paho.MQTTv311,
+                transport=transport,
             )
+        if self.websocket_path is not None:
+            client.ws_set_options(path=self.websocket_path)
         client.connect_timeout = self.connect_timeout
         client.max_inflight_messages_set(max_inflight)
         client.max_queued_messages_set(0)  # unbounded: QoS 1 messages wait out a reconnect
@@ -257,9 +240,9 @@ class MqttTransport(MqttClient):
             return
         self._closing = self._aborting = True
         sock = self._client.socket()
-        if isinstance(sock, socket.socket):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        if sock is not None:
+            with contextlib.suppress(OSError), _descriptor(sock) as raw:
+                raw.shutdown(socket.SHUT_RDWR)
         self._client.loop_stop()
         self._started = False
         self._connected = False
@@ -345,7 +328,8 @@ class MqttTransport(MqttClient):
     def _on_socket_open(self, client: paho.Client, userdata: Any, sock: Any) -> None:
         # Without TCP_NODELAY, Nagle + delayed ACK stall every QoS 1 round trip by ~40-90 ms.
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with _descriptor(sock) as raw:
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, AttributeError) as exc:
             self.log.debug("TCP_NODELAY not set: %s", exc)
 
@@ -438,3 +422,10 @@ class MqttTransport(MqttClient):
                 handler(topic, payload)
             except Exception:  # a failing handler must not kill paho's network thread
                 self.log.exception("handler for %s failed", topic)
+
+
+def _descriptor(sock: Any) -> socket.socket:
+    """A duplicate of the descriptor under paho's socket, plain, TLS or WebSocket (whose
+    wrapper has no socket methods): options and a shutdown set on it reach the connection
+    itself, while closing it closes the duplicate only."""
+    return socket.fromfd(sock.fileno(), socket.AF_INET, socket.SOCK_STREAM)

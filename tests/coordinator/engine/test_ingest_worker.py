@@ -282,16 +282,21 @@ def test_a_spawned_workers_command_line_names_the_run_broker_and_credentials(
     tmp_path: Path,
 ) -> None:
     from coordinator.engine.ingest_worker import worker_argv
+    from protocol.transport.address import BrokerAddress, parse_broker
 
     cfg = run_config(tmp_path, "fedproto", rounds=1, ingest_workers=2)
-    argv = worker_argv(cfg, "::1", 1883, "w2", ["--kit", "kits/coordinator"])
+    argv = worker_argv(cfg, BrokerAddress("::1", 1883), "w2", ["--kit", "kits/coordinator"])
     assert argv[1:4] == ["-m", "coordinator.cli", "ingest-worker"]
     assert argv[4:] == [
         "--run-dir", cfg.run_dir, "--broker", "[::1]:1883", "--id", "w2", "--kit",
         "kits/coordinator",
     ]  # fmt: skip
-    assert worker_argv(cfg, "broker.local", 8883, "w1")[-4:] == [
+    assert worker_argv(cfg, BrokerAddress("broker.local", 8883), "w1")[-4:] == [
         "--broker", "broker.local:8883", "--id", "w1",
+    ]  # fmt: skip
+    wss = parse_broker("wss://broker.local/edge")  # the leader's URL, as it was given
+    assert worker_argv(cfg, wss, "w1")[-4:] == [
+        "--broker", "wss://broker.local:443/edge", "--id", "w1",
     ]  # fmt: skip
 
 

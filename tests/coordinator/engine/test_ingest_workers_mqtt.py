@@ -18,11 +18,14 @@ from typing import Any
 
 import pytest
 
+from coordinator.broker.embedded import MosquittoBroker, free_port
 from coordinator.config import RunConfig
 from coordinator.engine.ingest_worker import spawned_workers, worker_argv
 from coordinator.sim.simulate import simulate
+from protocol.transport.address import BrokerAddress, parse_broker
 from protocol.transport.base import Transport, Will
 from protocol.transport.paho import MqttTransport
+from tests.conftest import mosquitto_websockets_error
 from tests.helpers_runtime import FLEET, clean_env, run_config
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -53,7 +56,7 @@ def start_worker(
     cfg: RunConfig, port: int, worker: str, log: Path, stall: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """A ``coordinator ingest-worker`` process (with ``stall``: one that hangs holding replies)."""
-    argv = worker_argv(cfg, "127.0.0.1", port, worker, ["--log-level", "INFO"])
+    argv = worker_argv(cfg, BrokerAddress("127.0.0.1", port), worker, ["--log-level", "INFO"])
     if stall is not None:  # the same command line through the stalling wrapper
         argv[1:3] = ["-m", "tests.coordinator.engine.stalling_worker", str(stall)]
     with log.open("wb") as out:
@@ -188,7 +191,9 @@ def test_a_worker_killed_holding_replies_loses_none_and_stores_none_twice(
 def test_spawned_workers_take_the_replies_and_leave_with_the_run(mosquitto, tmp_path: Path) -> None:
     # `coordinator serve --spawn-workers`: the leader starts its workers and they end with it
     cfg = config(tmp_path, "ings", ingest_workers=2)
-    with spawned_workers(cfg, "127.0.0.1", mosquitto.port, ["--log-level", "INFO"]) as workers:
+    with spawned_workers(
+        cfg, BrokerAddress("127.0.0.1", mosquitto.port), ["--log-level", "INFO"]
+    ) as workers:
         result = simulate(cfg, FLEET, transport_factory=over(mosquitto.port))
     assert [w.returncode for w in workers] == [0, 0]  # left by themselves: the run finished
     logs = sorted((Path(cfg.run_dir) / "ingest").glob("w*.log"))
@@ -196,6 +201,25 @@ def test_spawned_workers_take_the_replies_and_leave_with_the_run(mosquitto, tmp_
     rows = stored_rows(cfg)
     assert len(rows) == 3 * len(AGENTS) and unacknowledged(cfg) == []
     assert sum(worker_counts(log)["stored"] for log in logs) == len(rows)
+    assert all(sorted(m["agents"]) == AGENTS for m in result.metrics)
+
+
+def test_spawned_workers_take_the_replies_over_websockets(tmp_path: Path) -> None:
+    # the workers reach the broker through its WebSockets listener (ws://), the run over TCP
+    if mosquitto_websockets_error():
+        pytest.skip(f"mosquitto without WebSockets: {mosquitto_websockets_error()}")
+    ws_port = free_port()
+    websockets = f"listener {ws_port} 127.0.0.1\nprotocol websockets\n"
+    cfg = config(tmp_path, "ingw", ingest_workers=1)
+    with MosquittoBroker(extra_config=websockets) as broker:
+        url = parse_broker(f"ws://127.0.0.1:{ws_port}/mqtt")
+        with spawned_workers(cfg, url, ["--log-level", "INFO"]) as workers:
+            result = simulate(cfg, FLEET, transport_factory=over(broker.port))
+    assert [w.returncode for w in workers] == [0]
+    log = Path(cfg.run_dir) / "ingest" / "w1.log"
+    assert f"connected to {url}" in log.read_text()
+    assert worker_counts(log)["stored"] == len(stored_rows(cfg)) == 3 * len(AGENTS)
+    assert unacknowledged(cfg) == []
     assert all(sorted(m["agents"]) == AGENTS for m in result.metrics)
 
 

@@ -162,6 +162,35 @@ def test_broker_dir_names_where_the_files_will_be(tmp_path: Path) -> None:
     assert "keyfile /etc/mosquitto/edgefl/server.key" in conf and "listener 9883\n" in conf
 
 
+def test_ws_port_adds_a_websockets_listener_with_the_same_mutual_tls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, broker = tmp_path / "f", (tmp_path / "f" / "broker").resolve()
+    argv = ["provision", "init", "--out", str(out), "--ws-port", "8884", "--listen", "10.0.0.5"]
+    assert main([*argv, "--devices", "cam-1"]) == 0
+    conf = (out / "broker" / "mosquitto.conf").read_text()
+    tls, _, websockets = conf.partition("listener 8884 10.0.0.5\n")
+    assert "listener 8883 10.0.0.5\n" in tls and "protocol websockets" not in tls
+    for line in (  # each listener carries its TLS settings: Mosquitto keeps them per listener
+        f"cafile {broker}/ca.crt",
+        f"certfile {broker}/server.crt",
+        f"keyfile {broker}/server.key",
+        "require_certificate true",
+        "use_identity_as_username true",
+        f"crlfile {broker}/crl.pem",
+    ):
+        assert f"\n{line}\n" in tls and f"{line}\n" in websockets, line
+    assert websockets.splitlines()[-3] == "protocol websockets"  # then the global settings
+    assert conf.count("acl_file ") == 1 and "allow_anonymous false" in conf
+    assert "--broker wss://localhost:8884/mqtt" in capsys.readouterr().out
+    assert read_kit(out / "devices" / "cam-1").broker == "localhost:8883"  # TLS stays the default
+    # without --ws-port: no WebSockets listener (a Mosquitto built without them would not start)
+    provision(tmp_path / "g", ProvisionSpec())
+    assert "protocol websockets" not in (tmp_path / "g" / "broker" / "mosquitto.conf").read_text()
+    with pytest.raises(ConfigError, match=r"--ws-port: expected 1\.\.65535 other than --port 8883"):
+        ProvisionSpec(ws_port=8883)
+
+
 def test_revoke_writes_a_crl_and_removes_the_device(fleet: Path) -> None:
     serial = cert(fleet / "devices" / "cam-1" / "device.crt").serial_number
     revoke_devices(fleet, ["cam-1"])

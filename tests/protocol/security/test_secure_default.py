@@ -18,15 +18,17 @@ import pytest
 from protocol.errors import ConfigError
 from protocol.security.credentials import Credentials
 from protocol.security.mode import connection_mode, is_loopback
+from protocol.transport.address import parse_broker
 from tests.helpers_runtime import clean_env
 
-FAR = "192.0.2.1"  # TEST-NET-1: never routed
+FAR_HOST = "192.0.2.1"  # TEST-NET-1: never routed
+FAR = parse_broker(FAR_HOST)
 MTLS = {"ca": Path("ca.crt"), "cert": Path("dev.crt"), "key": Path("dev.key")}
 
 
 def test_loopback_hosts() -> None:
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost"))
-    assert not any(is_loopback(h) for h in ("0.0.0.0", "", "::", FAR, "broker.local"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "", "::", FAR_HOST, "broker.local"))
 
 
 def test_a_far_broker_needs_tls_client_authentication_and_signing() -> None:
@@ -49,7 +51,7 @@ def test_a_far_broker_needs_tls_client_authentication_and_signing() -> None:
 def test_the_modes_and_their_lines() -> None:
     secure = connection_mode(FAR, Credentials(**MTLS), signing=True, insecure=False)
     assert secure.name == "secure" and secure.line.startswith("security: secure (")
-    local = connection_mode("127.0.0.1", Credentials(), signing=False, insecure=False)
+    local = connection_mode(parse_broker("127.0.0.1"), Credentials(), signing=False, insecure=False)
     assert local.name == "loopback" and "127.0.0.1 is on this machine" in local.line
     anyway = connection_mode(FAR, Credentials(), signing=False, insecure=True)
     assert anyway.name == "insecure" and "--insecure" in anyway.line and "forge" in anyway.line
@@ -69,7 +71,9 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_edge_agent_refuses_a_far_anonymous_broker_before_connecting() -> None:
-    result = _run("edge_agent.cli", "--broker", f"{FAR}:1883", "--id", "d1", "--connect-retry", "0")
+    result = _run(
+        "edge_agent.cli", "--broker", f"{FAR_HOST}:1883", "--id", "d1", "--connect-retry", "0"
+    )
     assert result.returncode == 2, result.stderr
     assert "refusing to connect to the broker at 192.0.2.1" in result.stderr
     assert "--insecure" in result.stderr and "--kit" in result.stderr
@@ -81,7 +85,7 @@ def test_edge_agent_with_insecure_goes_on_and_says_so(tmp_path: Path) -> None:
     result = _run(
         "edge_agent.cli",
         "--broker",
-        f"{FAR}:1883",
+        f"{FAR_HOST}:1883",
         "--id",
         "d1",
         "--insecure",
@@ -113,7 +117,7 @@ def test_edge_agent_on_loopback_needs_no_flag(tmp_path: Path) -> None:
 
 def test_serve_refuses_a_far_anonymous_broker_before_connecting(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = _run("coordinator.cli", "serve", "--broker", FAR, "--run-dir", str(run_dir))
+    result = _run("coordinator.cli", "serve", "--broker", FAR_HOST, "--run-dir", str(run_dir))
     assert result.returncode == 2, result.stderr
     assert "refusing to connect to the broker at 192.0.2.1" in result.stderr
     assert "--insecure" in result.stderr and "--kit" in result.stderr
@@ -134,14 +138,16 @@ def test_serves_decision_with_insecure_and_on_loopback() -> None:
     from coordinator.config import RunConfig
 
     args = argparse.Namespace(insecure=True)
-    far = RunConfig(broker=f"{FAR}:1883")
+    far = RunConfig(broker=f"{FAR_HOST}:1883")
     assert _security_mode(args, far, Credentials(), signing=False).name == "insecure"
     embedded = _security_mode(argparse.Namespace(insecure=False), RunConfig(), Credentials(), False)
     assert embedded.name == "loopback" and "embedded broker on 127.0.0.1" in embedded.line
 
 
 def test_ingest_worker_refuses_a_far_anonymous_broker(tmp_path: Path) -> None:
-    result = _run("coordinator.cli", "ingest-worker", "--run-dir", str(tmp_path), "--broker", FAR)
+    result = _run(
+        "coordinator.cli", "ingest-worker", "--run-dir", str(tmp_path), "--broker", FAR_HOST
+    )
     assert result.returncode == 2, result.stderr
     assert "refusing to connect to the broker at 192.0.2.1" in result.stderr
 
@@ -152,3 +158,42 @@ def test_serve_passes_insecure_on_to_the_workers_it_spawns() -> None:
 
     args = argparse.Namespace(kit=None, credentials=None, insecure=True, no_signing=False)
     assert "--insecure" in _worker_options(args, RunConfig(ingest_workers=2))
+
+
+def test_websockets_are_judged_as_tcp_ws_plain_and_wss_tls() -> None:
+    signed_mtls = Credentials(**MTLS)
+    # ws:// is plain: the kit's TLS files would go unused, so the pair is refused outright
+    with pytest.raises(ConfigError, match=r"ws:// is a plain connection.*use wss://192\.0\.2\.1"):
+        connection_mode(
+            parse_broker("ws://192.0.2.1:8080"), signed_mtls, signing=True, insecure=True
+        )
+    with pytest.raises(ConfigError, match=r"mqtt:// is a plain connection.*use mqtts://"):
+        connection_mode(parse_broker("mqtt://192.0.2.1"), signed_mtls, signing=True, insecure=True)
+    # wss:// without a client certificate is TLS without client authentication: refused
+    with pytest.raises(
+        ConfigError, match=r"wss://192\.0\.2\.1:443/mqtt without TLS client"
+    ):
+        connection_mode(
+            parse_broker("wss://192.0.2.1"), Credentials(), signing=True, insecure=False
+        )
+    wss = connection_mode(
+        parse_broker("wss://192.0.2.1"), signed_mtls, signing=True, insecure=False
+    )
+    assert wss.name == "secure"
+    local = connection_mode(
+        parse_broker("ws://localhost:9001"), Credentials(), signing=False, insecure=False
+    )
+    assert local.name == "loopback" and "ws://localhost:9001/mqtt is on this machine" in local.line
+    anyway = connection_mode(
+        parse_broker("ws://192.0.2.1"), Credentials(), signing=False, insecure=True
+    )
+    assert anyway.name == "insecure" and "ws://192.0.2.1:80/mqtt" in anyway.line
+
+
+def test_edge_agent_refuses_a_far_websockets_broker_without_a_kit() -> None:
+    result = _run(
+        "edge_agent.cli", "--broker", "wss://192.0.2.1/mqtt", "--id", "d1", "--connect-retry", "0"
+    )
+    assert result.returncode == 2, result.stderr
+    assert "refusing to connect to the broker at wss://192.0.2.1:443/mqtt" in result.stderr
+    assert "unreachable" not in result.stderr  # no connection was tried

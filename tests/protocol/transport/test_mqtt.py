@@ -16,11 +16,11 @@ from protocol.contract.codec import Envelope, decode, encode
 from protocol.contract.messages import Ack, Reply, Status
 from protocol.contract.payloads import TensorMap
 from protocol.contract.topics import Topics
-from protocol.errors import ConfigError, ConnectError, TransportError
+from protocol.errors import ConnectError, TransportError
 from protocol.transport.base import Will
 from protocol.transport.endpoint import Endpoint
 from protocol.transport.lean_mqtt import LeanMqttTransport
-from protocol.transport.paho import MqttTransport, parse_broker
+from protocol.transport.paho import MqttTransport
 
 T = Topics("fed")
 KINDS = pytest.mark.parametrize("kind", [MqttTransport, LeanMqttTransport], ids=["paho", "lean"])
@@ -89,36 +89,6 @@ def _exchange(port: int, made: Made, n_floats: int = 1000) -> None:
     assert coord.traffic.bytes[("rx", "reply")] == agent.traffic.bytes[("tx", "reply")]
     assert agent.traffic.bytes[("rx", "ack")] == coord.traffic.bytes[("tx", "ack")]
     assert coord.rejected == {} and agent.rejected == {}
-
-
-@pytest.mark.parametrize(
-    ("address", "expected"),
-    [
-        ("broker.local", ("broker.local", 1883)),
-        ("10.0.0.2:8883", ("10.0.0.2", 8883)),
-        ("[::1]:1884", ("::1", 1884)),
-        ("::1", ("::1", 1883)),
-        (" host:1 ", ("host", 1)),
-    ],
-)
-def test_parse_broker(address: str, expected: tuple[str, int]) -> None:
-    assert parse_broker(address) == expected
-
-
-@pytest.mark.parametrize(
-    ("address", "match"),
-    [
-        ("", "expected 'host\\[:port\\]'"),
-        ("host:abc", "port: expected an int in 1..65535, got 'abc'"),
-        ("host:70000", "1..65535"),
-        (":1883", "empty host"),
-        ("mqtt://host:1883", "without scheme"),
-        ("[::1", "ipv6"),
-    ],
-)
-def test_parse_broker_errors(address: str, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
-        parse_broker(address)
 
 
 @KINDS
