@@ -5,6 +5,7 @@ FedKTL)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -24,10 +25,12 @@ def mean_prototypes(
     *,
     sd: np.ndarray | None = None,
     rule: RobustRule = MEAN,
+    weights: Sequence[float] | None = None,
 ) -> PrototypeSet | None:
     """Per-class plain mean over the sets holding the class (or ``rule``'s robust reduction
     over them); classes held by none keep their previous value (FedProto's and FedVTC's
-    rule)."""
+    rule). ``weights``: one per set (its staleness weight in buffered mode); the mean of a
+    class is then weighted by them."""
     dims = {s.dim for s in sets if s.class_ids.size}
     if not dims:
         return current
@@ -36,6 +39,11 @@ def mean_prototypes(
     ):
         raise AggregationError(f"prototype dimensions differ across replies: {sorted(dims)}")
     dim = dims.pop()
+    if weights is not None and len(weights) != len(sets):
+        raise AggregationError(f"{len(weights)} weights for {len(sets)} prototype sets")
+    rows = None  # one weight per prototype row, when the sets' weights differ from 1
+    if weights is not None and any(w != 1.0 for w in weights):
+        rows = np.repeat(np.asarray(weights, np.float64), [s.class_ids.size for s in sets])
     held = [s for s in sets if s.class_ids.size]  # an empty set's vectors may be 0 x anything
     class_ids = np.concatenate([s.class_ids for s in held]).astype(np.int64, copy=False)
     vectors = np.concatenate([s.vectors for s in held])
@@ -49,7 +57,10 @@ def mean_prototypes(
     # replies' prototypes (~60 MB at 10,000 replies of 3 x 512 floats).
     table = np.zeros((num_classes, dim), np.float64)
     new = hits > 0
-    if rule.plain:
+    if rows is not None:
+        ids, weighted = reduce_by_class(class_ids, vectors, rule, rows)
+        table[ids] = weighted
+    elif rule.plain:
         order = np.argsort(class_ids, kind="stable")
         sorted_ids = class_ids[order]
         bounds = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1], True])

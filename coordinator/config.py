@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.accuracy import MONITORS, PERSONALISED, VALIDATION
+from coordinator.engine.staleness import StalenessRule
 from coordinator.tracking.follow import TRACKERS
 from protocol.algorithms import AlgorithmConfig, config_type
 from protocol.algorithms.base import config_value
@@ -49,6 +50,7 @@ __all__ = [
 
 _SERVER_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MQTT_CLIENTS = ("lean", "paho")
+MODES = ("sync", "buffered")
 MAX_HEARTBEAT_S = DEFAULT_WINDOW / 2  # a late joiner must find the retained state fresh
 # run.monitor's default: the validation accuracy where the agents hold a validation split
 # (hyper.validation_fraction > 0), else personalised test accuracy
@@ -123,6 +125,14 @@ class RunConfig:
     # experiment trackers fed from metrics.jsonl as it grows (optional extras; coordinator.tracking)
     trackers: tuple[str, ...] = ()
     tracking_uri: str = ""  # MLflow's tracking URI; "" = a file store in RUN_DIR/mlruns
+    # "sync": every round waits for its quorum; "buffered": semi-asynchronous (FedBuff), a
+    # global update every buffer_size replies, stale ones weighted (coordinator/engine/staleness.py)
+    mode: str = "sync"
+    buffer_size: int = 10
+    staleness: str = "polynomial"  # constant | polynomial (1 + s)^-a | hinge
+    staleness_a: float = 0.5
+    staleness_b: float = 4.0
+    max_staleness: int = 10  # a reply more global versions old than this is refused
     hyper: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -183,6 +193,7 @@ class RunConfig:
                 f"run.trackers: unknown {unknown}; known: {', '.join(TRACKERS)} (the `tracking` "
                 "extra installs their libraries)"
             )
+        self._check_mode()
         self.algorithm_config()  # validates the hyperparameters against the algorithm
 
     def _check_stopping(self) -> None:
@@ -213,6 +224,23 @@ class RunConfig:
         if self.monitor != AUTO_MONITOR:
             return self.monitor
         return VALIDATION if self.validation_fraction() > 0 else PERSONALISED
+
+    def _check_mode(self) -> None:
+        if self.mode not in MODES or self.buffer_size < 1:
+            raise ConfigError(
+                f"run: mode one of {', '.join(MODES)}, buffer_size >= 1; got {self.mode!r}, "
+                f"{self.buffer_size}"
+            )
+        self.staleness_rule()  # validates the staleness keys
+        if self.mode == "buffered" and self.ingest_workers:
+            raise ConfigError(
+                "run.mode = buffered takes the replies in the coordinator itself: ingest "
+                "workers judge replies against one round's tasks only (set run.ingest_workers = 0)"
+            )
+
+    def staleness_rule(self) -> StalenessRule:
+        """The staleness weight and bound of buffered mode."""
+        return StalenessRule(self.staleness, self.staleness_a, self.staleness_b, self.max_staleness)
 
     def algorithm_config(self) -> AlgorithmConfig:
         """The typed hyperparameters of the chosen algorithm: its defaults, then the preset's
@@ -312,6 +340,15 @@ RUN_KEY_HELP: dict[str, str] = {
     "the run",
     "tracking_uri": 'MLflow tracking URI (e.g. http://HOST:5000); "" = a file store in '
     "RUN_DIR/mlruns",
+    "mode": "sync (each round waits for its quorum) or buffered (semi-asynchronous: a global "
+    "update every buffer_size replies, a device gets its next task once its reply is folded)",
+    "buffer_size": "buffered mode: replies folded into each global update",
+    "staleness": "buffered mode: weight of a reply s versions old: constant (1), polynomial "
+    "((1 + s)^-a) or hinge (1 if s <= b, else 1 / (a (s - b) + 1))",
+    "staleness_a": "buffered mode: the a of the polynomial and hinge staleness weights",
+    "staleness_b": "buffered mode: the b of the hinge staleness weight",
+    "max_staleness": "buffered mode: a reply more global versions old than this is refused "
+    "(stale) and its device gets a fresh task",
 }
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import queue
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 from coordinator.config import RunConfig
 from coordinator.engine.admission import Admission
 from coordinator.engine.broadcast import KnowledgeBroadcast, build_tasks, send_tasks
+from coordinator.engine.buffered import TaskBuffer, task_buffer
 from coordinator.engine.closing import StepCloser
 from coordinator.engine.deadlines import MISSES_REPORTED, DeadlineRule
 from coordinator.engine.dispatch import MessageTable
@@ -115,6 +115,7 @@ class Coordinator:
         )
         self.agents, self.refused = self.admission.agents, self.admission.refused
         self.online = self.presence.online
+        self.buffer: TaskBuffer = task_buffer(cfg, store, strategy)  # buffered mode's tasks
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
         self.collector = Collector(
             self.desk, store, endpoint, self.topics, self.agents, log=self.log, reject=self._reject
@@ -266,10 +267,10 @@ class Coordinator:
             open_step = self.collect(rec, step)
             self._observe_deadline(open_step)
             outcome = open_step.outcome
-            remaining = len(rec.participants) - len(open_step.gone)  # the revoked are gone
-            needed = max(self.cfg.min_replies, math.ceil(self.cfg.quorum_fraction * remaining))
+            needed = open_step.quorum(self.cfg.min_replies, self.cfg.quorum_fraction)
             if len(outcome.replies) >= needed:
-                self.closer.finish(open_step, started, traffic0)
+                meta = self.buffer.fold(open_step, self.strategy)  # weighs the replies
+                self.closer.finish(open_step, started, traffic0, meta)
                 return
             self.log.warning(
                 "step %d (%s round %d) missed quorum: %d of %d needed valid replies; failed: %s",
@@ -288,7 +289,8 @@ class Coordinator:
                     f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
                     f"{rec.attempt + 1} times; stopping the run"
                 )
-            self.store.clear_updates(idx)
+            if not open_step.buffer_size:  # a buffered step keeps its replies for the next try
+                self.store.clear_updates(idx)
             rec = self._open(idx, step, attempt=rec.attempt + 1)
 
     def _open(self, idx: int, step: Step, attempt: int) -> StepRecord:
@@ -298,7 +300,8 @@ class Coordinator:
         online = self._online_agents()
         if not online:
             raise QuorumError(f"step {idx + 1} ({step.phase}, round {step.round}): no agent online")
-        participants = self.strategy.select(idx, step, online, self.cfg.fraction)
+        selected = self.strategy.select(idx, step, online, self.cfg.fraction)
+        participants = self.buffer.participants(step, selected)  # buffered: and the busy ones
         rec = StepRecord(idx, step.round, step.phase, participants, "open", attempt)
         self.store.open_step(rec)
         return rec
@@ -316,11 +319,12 @@ class Coordinator:
             self.log.info("step %d: deadline %.1f s, %s", rec.idx + 1, due.seconds, due.reason)
         open_step.deadline_s = due.seconds
         deadline = time.time() + due.seconds
+        again, restored = self.buffer.open(open_step, self.collector)  # buffered: in flight
         config = self.strategy.config.to_dict()  # the same for every task of the step
         payloads = {
             d: self.strategy.configure(step, self.agents[d])
             for d in rec.participants
-            if d not in open_step.outcome.replies and d not in open_step.gone
+            if open_step.needs_task(d)
         }
         # what several tasks still share is encoded once, and the fields all tasks share
         # (config, run id, deadline) once a step (protocol.contract.wire.reuse_encodings)
@@ -338,7 +342,12 @@ class Coordinator:
             self.broadcast.open(knowledge)  # before the tasks that name it
             self.replies.open(open_step)  # before the tasks: their replies may come at once
             open_step.dispatched = time.time()
+            again.update(TaskBuffer.rebuild(tasks, restored))
             send_tasks(self.endpoint, self.topics, open_step, tasks)
+        for device, task in again.items():  # each its own round: not spliced with the step's
+            open_step.sent(device, task)
+            self._send_task(device, task)
+        self.buffer.save(open_step)
         self.announcer.publish_round(step, deadline, rec.participants)
         self._open_step = open_step
         # the steps done before this one give their replies' rows and bytes up here, once the
@@ -364,7 +373,7 @@ class Coordinator:
             )
 
     def _wait_for_replies(self, open_step: OpenStep, end: float) -> None:
-        while open_step.outstanding:
+        while open_step.outstanding and not open_step.full:
             remaining = end - time.time()
             if remaining <= 0:
                 break
@@ -372,7 +381,8 @@ class Coordinator:
             self.collector.take_polled(open_step, self.replies.poll(open_step))
         # closed before the deadline's verdict: none slips in
         self.collector.take_polled(open_step, self.replies.close(open_step))
-        open_step.expire()
+        if not open_step.full:  # a full buffered step: the others keep their tasks
+            open_step.expire()
 
     def _pump(self, timeout: float) -> None:
         """Handle what arrived (waiting up to ``timeout`` for the first message).

@@ -140,6 +140,7 @@ class Collector:
         self.log = log
         self.reject = reject  # counts and logs a message that is not acted on
         self.deferred = 0  # replies that arrived while no step was open (left unacknowledged)
+        self.deferred_from: set[str] = set()  # their devices (buffered mode sends tasks again)
         self._updates: list[tuple[int, str, str, str, bytes]] = []  # the batch's accepted replies
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
         self._ack_frames = AckFrames(endpoint)
@@ -148,13 +149,19 @@ class Collector:
         """Judge a reply that reached the leader against ``open_step`` (``None``: none open)."""
         device = env.sender
         task = None if open_step is None else open_step.task_of(device)
+        step = None if open_step is None else open_step.step
+        if open_step is not None and task is not None:  # buffered: the round of an older task
+            step = open_step.step_for(task.round)
         verdict = self.desk.judge(
             env,
             reply,
-            None if open_step is None else open_step.step,
+            step,
             None if task is None else task.task_id,
             self.agents.get(device),
+            stale=None if open_step is None else open_step.stale_reason(device, reply.task_id),
         )
+        if verdict.reject is not None and verdict.reject[0] == "stale" and open_step is not None:
+            open_step.stale_refused.append(device)
         if verdict.reject is not None:
             self.reject(*verdict.reject)
             if open_step is not None and verdict.fail is None:
@@ -163,6 +170,7 @@ class Collector:
             open_step.fail(device, verdict.fail)
         if verdict.ack is None:  # the resend passes the endpoint's filter: see Coordinator.start
             self.deferred += 1
+            self.deferred_from.add(device)
             self.log.info("reply %s from %s deferred: no step is open", reply.task_id, device)
             return
         if verdict.store and open_step is not None:
@@ -204,7 +212,7 @@ class Collector:
         """Stored replies, (device, envelope), validated again, in the order they come.
         ``worker_checked``: stored by this run's ingest workers during this attempt
         (:meth:`ReplyDesk.check`)."""
-        step, replies, read = open_step.step, open_step.outcome.replies, open_step.read
+        replies, read = open_step.outcome.replies, open_step.read
         for device_id, blob in rows:
             if device_id in replies or device_id in read:  # stored by this engine, or taken
                 continue
@@ -218,7 +226,8 @@ class Collector:
             if not isinstance(body, Reply) or not agent:
                 continue
             try:
-                self.desk.check(step, agent, body, worker_checked=worker_checked)
+                task_step = open_step.step_for(body.round)  # buffered: an earlier round's reply
+                self.desk.check(task_step, agent, body, worker_checked=worker_checked)
             except ValidationError as exc:  # cannot pass twice differently; never aggregate it
                 self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
                 continue

@@ -183,9 +183,12 @@ class ReplyDesk:
         step: Step | None,
         task: str | None,
         agent: AgentInfo | None,
+        *,
+        stale: str | None = None,
     ) -> Verdict:
         """``step``: the open step (``None``: none is open); ``task``: the id of the task the
-        open step sent ``env.sender`` (``None``: it has none); ``agent``: its registration."""
+        open step sent ``env.sender`` (``None``: it has none); ``agent``: its registration;
+        ``stale``: why the reply is refused as stale (buffered mode; ``None``: it is not)."""
         accepted = Ack(ref_id=env.msg_id, task_id=reply.task_id)
         if self.is_stored(env.msg_id):  # resent after a lost ack: already durable
             return Verdict(accepted)
@@ -199,6 +202,8 @@ class ReplyDesk:
             # step's task reaches it; a reply to a step that is closed for good is refused once
             # it arrives again while a step is open.
             return Verdict(None)
+        if stale is not None:
+            return self._refuse(env, reply, stale, ("stale", f"{env.sender}: {stale}"))
         if task is None or task != reply.task_id or agent is None:
             detail = f"reply {reply.task_id} from {env.sender} matches no open task"
             return self._refuse(env, reply, "late or unknown task", ("late", detail))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -47,6 +49,44 @@ class OpenStep:
     outstanding: set[str] = field(default_factory=set)
     read: set[str] = field(default_factory=set)  # devices whose stored reply was taken
     gone: set[str] = field(default_factory=set)  # participants withdrawn: revoked meanwhile
+    # buffered mode (coordinator/engine/buffered.py); 0: a synchronous step
+    buffer_size: int = 0  # the step closes once it holds this many replies
+    max_staleness: int = 0  # replies to tasks of up to this many rounds before are taken
+    stale: dict[str, tuple[str, str]] = field(default_factory=dict)  # device -> (task, why)
+    stale_refused: list[str] = field(default_factory=list)  # devices refused as stale
+    staleness: dict[str, int] = field(default_factory=dict)  # device -> staleness of its reply
+
+    @property
+    def full(self) -> bool:
+        """A buffered step holds its ``buffer_size`` replies: it closes without waiting."""
+        return 0 < self.buffer_size <= len(self.outcome.replies)
+
+    def quorum(self, min_replies: int, fraction: float) -> int:
+        """Valid replies the step needs: ``min_replies``, and ``fraction`` of its participants
+        that were not withdrawn (revoked); a buffered step folds whatever came by its deadline,
+        so ``min_replies`` alone."""
+        if self.buffer_size:
+            return min_replies
+        remaining = len(self.rec.participants) - len(self.gone)
+        return max(min_replies, math.ceil(fraction * remaining))
+
+    def needs_task(self, device: str) -> bool:
+        """Whether participant ``device`` gets a task of this step: it has no reply, was not
+        withdrawn, and holds no task of an earlier step (buffered mode)."""
+        return not (device in self.outcome.replies or device in self.gone or device in self.tasks)
+
+    def step_for(self, round_: int) -> Step:
+        """The step a reply of round ``round_`` answers: this one, or in buffered mode the
+        same phase of an earlier round within ``max_staleness`` (any other round is checked
+        against this step, and refused)."""
+        if round_ == self.step.round or not 0 < self.step.round - round_ <= self.max_staleness:
+            return self.step
+        return dataclasses.replace(self.step, round=round_)
+
+    def stale_reason(self, device: str, task_id: str) -> str | None:
+        """Why ``device``'s reply to ``task_id`` is refused as stale (``None``: it is not)."""
+        stale = self.stale.get(device)
+        return stale[1] if stale is not None and stale[0] == task_id else None
 
     def sent(self, device: str, task: Task) -> None:
         """A task went out to ``device``."""

@@ -461,12 +461,20 @@ class Store:
         self.db.execute("DELETE FROM updates WHERE step=?", (step,))
 
     def complete_step(
-        self, step: int, status: str, state: dict[str, Payload], metrics_json: str
+        self,
+        step: int,
+        status: str,
+        state: dict[str, Payload],
+        metrics_json: str,
+        meta: Mapping[str, Any] | None = None,
     ) -> None:
         """Atomically close the step with the new global state and its metrics (one JSON
-        object: the engine encodes a step's record once, for here and ``metrics.jsonl``).
-        A done step's replies stay until :meth:`retire_done_steps`."""
+        object: the engine encodes a step's record once, for here and ``metrics.jsonl``) and
+        ``meta`` values (buffered mode's tasks in flight). A done step's replies stay until
+        :meth:`retire_done_steps`."""
         with self.transaction() as db:
+            for key, value in (meta or {}).items():
+                self.set_meta(key, value)
             db.execute(
                 "UPDATE steps SET status=?, finished=? WHERE idx=?", (status, time.time(), step)
             )

@@ -169,11 +169,20 @@ class Strategy(Generic[C]):
     #: The strategy's :meth:`admit` refuses some agents. The engine calls ``admit`` only when
     #: this is set: its fleet list costs O(N) a registration, O(N^2) a fleet.
     admission_rules: ClassVar[bool] = False
+    #: How the strategy takes a reply to a task of an older global version (``run.mode =
+    #: "buffered"``, ``docs/howto/stragglers.md``): ``"weighted"``: its aggregation multiplies
+    #: each reply's usual weight by :meth:`reply_weight`; ``""``: it cannot run buffered, and a
+    #: buffered run is refused at start with :attr:`unbuffered_reason`.
+    stale_replies: ClassVar[str] = ""
+    unbuffered_reason: ClassVar[str] = "it declares no way to fold replies of older rounds"
 
     def __init__(self, config: C, *, num_classes: int, seed: int = 0) -> None:
         self.config = config
         self.num_classes = num_classes
         self.seed = seed
+        # task id -> staleness weight of the replies being folded; set by the engine before
+        # each aggregation in buffered mode (empty: every reply is fresh)
+        self.staleness_weights: dict[str, float] = {}
         # the feature size most of the open step's participants registered (None: none told)
         self.fleet_feature_dim: int | None = None
 
@@ -258,6 +267,11 @@ class Strategy(Generic[C]):
         """Restore what :meth:`state_dict` produced."""
 
     # ----- shared aggregation helpers -------------------------------------------------------
+    def reply_weight(self, reply: Reply) -> float:
+        """The factor on ``reply``'s usual aggregation weight: its staleness weight in buffered
+        mode (:mod:`coordinator.engine.staleness`), 1 for a fresh reply and in sync mode."""
+        return self.staleness_weights.get(reply.task_id, 1.0)
+
     @property
     def robust(self) -> RobustRule:
         """How this run combines uploads: the config's ``aggregation``, ``trim_fraction`` and

@@ -23,6 +23,8 @@ __all__ = ["FDStrategy"]
 class FDStrategy(Strategy[FDConfig]):
     """Global per-class logits, the plain mean over the holders of each class."""
 
+    stale_replies = "weighted"  # staleness weights in the per-class mean of the logits
+
     def __init__(self, config: FDConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.logits: PrototypeSet | None = None
@@ -53,11 +55,19 @@ class FDStrategy(Strategy[FDConfig]):
             )
 
     def mean_logits(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """z_c <- mean of the uploaded z_c^k over the uploaders of class c."""
-        sets = [s for _, r in replies if isinstance(s := r.payloads.get("logits"), PrototypeSet)]
+        """z_c <- mean of the uploaded z_c^k over the uploaders of class c (in buffered mode
+        weighted by the replies' staleness weights)."""
+        uploads = [
+            (s, r) for _, r in replies if isinstance(s := r.payloads.get("logits"), PrototypeSet)
+        ]
         current = self.logits if self.config.carry_absent else None
         self.logits = mean_prototypes(
-            current, sets, self.num_classes, self.config.logit_encoding, rule=self.robust
+            current,
+            [s for s, _ in uploads],
+            self.num_classes,
+            self.config.logit_encoding,
+            rule=self.robust,
+            weights=[self.reply_weight(r) for _, r in uploads],
         )
         held = 0 if self.logits is None else int(self.logits.class_ids.size)
         return {"classes_with_logits": float(held)}

@@ -34,6 +34,11 @@ __all__ = ["FedGHStrategy"]
 class FedGHStrategy(Strategy[FedGHConfig]):
     """The server half of FedGH."""
 
+    unbuffered_reason = (
+        "its server trains the head on one round's prototypes as one unweighted set "
+        "(not yet made to weigh stale ones)"
+    )
+
     def __init__(self, config: FedGHConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.head: TensorMap | None = None  # ``weight`` [C, D], ``bias`` [C]

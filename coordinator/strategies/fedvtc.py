@@ -30,6 +30,8 @@ __all__ = ["FedVTCStrategy"]
 class FedVTCStrategy(Strategy[FedVTCConfig]):
     """The server half of FedVTC."""
 
+    unbuffered_reason = "its later phases depend on one another in lock-step"
+
     def __init__(self, config: FedVTCConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.protos: PrototypeSet | None = None  # global c^y of classes ever prototyped + sigma

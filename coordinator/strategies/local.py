@@ -12,3 +12,5 @@ __all__ = ["LocalStrategy"]
 @register_strategy("local")
 class LocalStrategy(Strategy[LocalConfig]):
     """Agents train alone; the coordinator only schedules and records."""
+
+    unbuffered_reason = "it has no global update to buffer (each agent trains alone)"

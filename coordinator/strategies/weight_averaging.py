@@ -34,6 +34,7 @@ class WeightAveragingStrategy(Strategy[Any]):
 
     one_architecture = True
     admission_rules = True
+    stale_replies = "weighted"  # sample count x staleness weight
 
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
@@ -92,7 +93,7 @@ class WeightAveragingStrategy(Strategy[Any]):
         configured robust rule."""
         replies, outliers = self.agreeing(replies)
         maps = [w for _, r in replies if isinstance(w := r.payloads["weights"], TensorMap)]
-        n = [max(r.num_samples, 1) for _, r in replies]
+        n = [max(r.num_samples, 1) * self.reply_weight(r) for _, r in replies]
         if self.robust.plain:  # FedAvg's own rule, bit for bit
             self.weights = weighted_mean(maps, n, self.config.weight_encoding, "fedavg weights")
         else:

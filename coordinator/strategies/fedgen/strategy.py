@@ -33,6 +33,11 @@ __all__ = ["FedGenStrategy"]
 class FedGenStrategy(Strategy[FedGenConfig]):
     """The server half of FedGen."""
 
+    unbuffered_reason = (
+        "its server trains the generator on the heads of one round's tasks (not yet made to "
+        "weigh heads of older rounds)"
+    )
+
     def __init__(self, config: FedGenConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.generator: TensorMap | None = None

@@ -48,6 +48,11 @@ DERANGEMENT_SALT, NOISE_SALT, RANDOM_LATENT_SALT = 0x4B4431, 0x4B4432, 0x4B4433
 class FedKTLStrategy(Strategy[FedKTLConfig]):
     """Prototypes up, generator-made image-vector pairs down."""
 
+    unbuffered_reason = (
+        "its server trains the transformer on one round's prototypes as one unweighted set "
+        "(not yet made to weigh stale ones)"
+    )
+
     admission_rules = True
 
     def __init__(self, config: FedKTLConfig, *, num_classes: int, seed: int = 0) -> None:

@@ -44,6 +44,11 @@ class FedTGPStrategy(PrototypeExchangeStrategy):
     """Global prototypes from a server-trained generator (validation and ``configure`` as
     FedProto's)."""
 
+    unbuffered_reason = (
+        "its server trains the prototype generator on one round's pairs as one unweighted "
+        "set (not yet made to weigh stale pairs)"
+    )
+
     config: FedTGPConfig
 
     def __init__(self, config: FedTGPConfig, *, num_classes: int, seed: int = 0) -> None:

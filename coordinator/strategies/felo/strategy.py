@@ -49,6 +49,11 @@ def group_key(agent: AgentInfo) -> str:
 class _FeatureLogitStrategy(Strategy[Any]):
     """Knowledge table + per-architecture weight groups; Velo adds the CVAE."""
 
+    unbuffered_reason = (
+        "its knowledge table dates entries by the round that folds them, so a stale entry "
+        "would pass for a fresh one (not yet dated by its task's round)"
+    )
+
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.table = KnowledgeTable(
