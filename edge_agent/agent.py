@@ -70,6 +70,10 @@ class AgentSettings:
     # score the global test set only every N-th evaluated training round (other phases always):
     # it is often many times a client's own test split, so it dominates an evaluation
     global_eval_every: int = 1
+    # register the label histogram (True) or only the class set and size (False), as the run's
+    # algorithm needs (``CoordinatorState.class_counts``); None: not known yet, so register
+    # only once the coordinator's state says which (an agent that joins by its own flags)
+    class_counts: bool | None = True
 
 
 class EdgeAgent(Membership):
@@ -113,6 +117,7 @@ class EdgeAgent(Membership):
         # the coordinator turned us away for now (registration rate): register again then
         self._register_at: float | None = None
         self._rate_limited = 0  # consecutive times, for the back-off
+        self.discloses_counts = settings.class_counts  # what register() sends (None: waits)
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress

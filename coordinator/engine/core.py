@@ -99,7 +99,12 @@ class Coordinator:
         self.stopping = EarlyStop(cfg)
         self._open_step: OpenStep | None = None  # set only while collect() is waiting
         self.announcer = StatePublisher(
-            cfg, endpoint, self.topics, strategy.name, strategy.declared_feature_dim()
+            cfg,
+            endpoint,
+            self.topics,
+            strategy.name,
+            strategy.declared_feature_dim(),
+            class_counts=strategy.needs_class_counts,
         )
         self.presence = Presence()
         # the coordinator kit's revocation list: its devices are dropped, even mid-step

@@ -33,6 +33,8 @@ __all__ = ["FedGenStrategy"]
 class FedGenStrategy(Strategy[FedGenConfig]):
     """The server half of FedGen."""
 
+    needs_class_counts = True  # the generator is trained on the fleet's label distribution
+
     def __init__(self, config: FedGenConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.generator: TensorMap | None = None

@@ -49,6 +49,8 @@ def group_key(agent: AgentInfo) -> str:
 class _FeatureLogitStrategy(Strategy[Any]):
     """Knowledge table + per-architecture weight groups; Velo adds the CVAE."""
 
+    needs_class_counts = True  # each entry's count is bounded by the class's registered samples
+
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.table = KnowledgeTable(
