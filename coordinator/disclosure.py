@@ -1,8 +1,10 @@
 """What leaves a device in a run of each algorithm, read from the declarations the code runs
 by: the strategy's :attr:`~coordinator.strategies.Strategy.needs_class_counts` (what a
 registration carries) and the config's ``REPLY_PAYLOADS`` (what each phase's replies carry,
-checked on every reply). ``docs/concepts/privacy.md`` holds the table this module renders;
-``python -m coordinator.disclosure --check`` (and a test) says whether it is current.
+checked on every reply), and whether ``hyper.dp`` covers them (the config's
+``DP_STATISTICS`` and ``dp_uncovered``). ``docs/concepts/privacy.md`` holds the table this
+module renders; ``python -m coordinator.disclosure --check`` (and a test) says whether it is
+current.
 """
 
 from __future__ import annotations
@@ -50,13 +52,28 @@ def _replies(name: str) -> str:
     return "; ".join(phases) or "nothing"
 
 
+def _dp(name: str) -> str:
+    cls = config_type(name)
+    if not getattr(cls, "DP_STATISTICS", False):
+        return "refused: its replies are not per-class sums"
+    uncovered = cls().dp_uncovered()  # type: ignore[attr-defined]
+    return (
+        f"sums and counts noised; refused while {uncovered}"
+        if uncovered
+        else "sums and counts noised"
+    )
+
+
 def disclosure_table() -> str:
-    """The markdown table: algorithm -> registration, and payloads per phase of its replies."""
+    """The markdown table: algorithm -> registration, payloads per phase of its replies, and
+    what ``hyper.dp`` does to them."""
     lines = [
-        "| algorithm | registers | each reply's payloads (phase: key (kind)) |",
-        "| --- | --- | --- |",
+        "| algorithm | registers | each reply's payloads (phase: key (kind)) | `hyper.dp` |",
+        "| --- | --- | --- | --- |",
     ]
-    lines += [f"| `{n}` | {_registration(n)} | {_replies(n)} |" for n in sorted(STRATEGIES)]
+    lines += [
+        f"| `{n}` | {_registration(n)} | {_replies(n)} | {_dp(n)} |" for n in sorted(STRATEGIES)
+    ]
     kinds = [f"| `{k}` | {v} |" for k, v in PAYLOAD_REVEALS.items()]
     return "\n".join([*lines, "", "| kind | reveals |", "| --- | --- |", *kinds])
 

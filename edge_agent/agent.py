@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.algorithms import EdgeAlgorithm
+from edge_agent.dp import PrivacyLedger
 from edge_agent.exporting import export_models
 from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
-from edge_agent.membership import CONNECTED, VERSION, Membership
+from edge_agent.membership import CONNECTED, PRIVACY_LEDGER, VERSION, Membership
 from edge_agent.progress import TerminalProgress
 from edge_agent.run_end import FINAL_PHASE, RunEnd
 from edge_agent.state import AgentState
@@ -121,6 +122,8 @@ class EdgeAgent(Membership):
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress
+        # the releases this device made in the run (hyper.dp), kept across restarts
+        self.ctx.privacy = PrivacyLedger(settings.state_dir / PRIVACY_LEDGER)
         self._restore()
 
     # ----- set-up ---------------------------------------------------------------------------

@@ -37,8 +37,9 @@ from protocol.transport.endpoint import Endpoint
 if TYPE_CHECKING:
     from edge_agent.agent import AgentSettings
 
-__all__ = ["CONNECTED", "PRIVATE_ARCH", "VERSION", "Membership"]
+__all__ = ["CONNECTED", "PRIVACY_LEDGER", "PRIVATE_ARCH", "VERSION", "Membership"]
 
+PRIVACY_LEDGER = "privacy.json"  # the device's DP releases in the run (edge_agent.dp)
 PRIVATE_ARCH = "private"  # registered instead of the name of a model that stays private
 VERSION = "0.1.0"
 CONNECTED = "\x00connected"  # not a run id: ids are printable
@@ -235,7 +236,7 @@ class Membership:
                 self.topics.status(self.settings.device_id), Status(state="done"), retain=True
             )
         else:  # daemon: the caller builds a fresh agent for the next run on this state dir
-            names = (self.state.checkpoint_path.name, "agent.json", "outbox")
+            names = (self.state.checkpoint_path.name, "agent.json", "outbox", PRIVACY_LEDGER)
             archived = archive_run(self.settings.state_dir, state.run_id, names)
             self.log.info("run %s archived in %s; staying for the next run", state.run_id, archived)
         self.finished.set()

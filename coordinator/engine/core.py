@@ -321,7 +321,7 @@ class Coordinator:
             self.log.info("step %d: deadline %.1f s, %s", rec.idx + 1, due.seconds, due.reason)
         open_step.deadline_s = due.seconds
         deadline = time.time() + due.seconds
-        config = self.strategy.config.to_dict()  # the same for every task of the step
+        config = self.strategy.config.task_config()  # the same for every task of the step
         payloads = {
             d: self.strategy.configure(step, self.agents[d])
             for d in rec.participants
