@@ -246,7 +246,10 @@ class RunConfig:
         """The typed hyperparameters of the chosen algorithm: its defaults, then the preset's
         values, then the run's ``hyper``."""
         cls = config_type(self.algorithm)
-        return cls.from_dict({**cls.preset(self.preset), **self.hyper}, where="hyper")
+        values = {**cls.preset(self.preset), **flat_hyper(self.hyper)}
+        if values.get("dp_epsilon") and not values.get("dp_releases"):
+            values["dp_releases"] = self.rounds  # the budget spread over the run's rounds
+        return cls.from_dict(values, where="hyper")
 
     def required_feature_dim(self) -> int:
         """The feature size the algorithm requires of every agent's model (0: none)."""
@@ -379,6 +382,19 @@ def preset_differences(name: str) -> list[tuple[str, str, Any, Any]]:
 
 def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint)
+
+
+def flat_hyper(hyper: dict[str, Any]) -> dict[str, Any]:
+    """``[hyper.dp]`` sections and ``hyper.dp.epsilon`` keys as the configs' flat fields
+    (``dp_epsilon``): a config travels as flat scalars."""
+    out: dict[str, Any] = {}
+    for key, value in hyper.items():
+        name = key.replace(".", "_")
+        if isinstance(value, dict):
+            out.update({f"{name}_{k}": v for k, v in flat_hyper(value).items()})
+        else:
+            out[name] = value
+    return out
 
 
 def _run_fields() -> dict[str, Any]:

@@ -21,9 +21,10 @@ from typing import Any
 
 from edge_agent.algorithms import EdgeAlgorithm
 from edge_agent.best_model import BestRound, ValidationSplit
+from edge_agent.dp import PrivacyLedger
 from edge_agent.exporting import export_models
 from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
-from edge_agent.membership import CONNECTED, VERSION, Membership
+from edge_agent.membership import CONNECTED, PRIVACY_LEDGER, VERSION, Membership
 from edge_agent.progress import TerminalProgress
 from edge_agent.run_end import FINAL_PHASE, RunEnd
 from edge_agent.state import AgentState
@@ -71,6 +72,10 @@ class AgentSettings:
     # score the global test set only every N-th evaluated training round (other phases always):
     # it is often many times a client's own test split, so it dominates an evaluation
     global_eval_every: int = 1
+    # register the label histogram (True) or only the class set and size (False), as the run's
+    # algorithm needs (``CoordinatorState.class_counts``); None: not known yet, so register
+    # only once the coordinator's state says which (an agent that joins by its own flags)
+    class_counts: bool | None = True
 
 
 class EdgeAgent(Membership):
@@ -114,11 +119,14 @@ class EdgeAgent(Membership):
         # the coordinator turned us away for now (registration rate): register again then
         self._register_at: float | None = None
         self._rate_limited = 0  # consecutive times, for the back-off
+        self.discloses_counts = settings.class_counts  # what register() sends (None: waits)
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress
         self.split = ValidationSplit(self.ctx, settings.device_id, self.log)
         self.best = BestRound(self.state.checkpoint_path, self.log)
+        # the releases this device made in the run (hyper.dp), kept across restarts
+        self.ctx.privacy = PrivacyLedger(settings.state_dir / PRIVACY_LEDGER)
         self._restore()
 
     # ----- set-up ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from edge_agent.dp import clip_rows
 from edge_agent.trainer import TensorData
 from models import Classifier
 from protocol.contract.arrays import Encoding
@@ -13,6 +14,7 @@ from protocol.contract.payloads import LabelledVectors, PrototypeSet
 __all__ = [
     "ClassMeans",
     "ClassReservoir",
+    "class_feature_sums",
     "class_prototypes",
     "prototype_scores",
     "prototype_table",
@@ -23,19 +25,26 @@ class ClassMeans:
     """Per-class sums and counts of vectors (features, logits), turned into per-class means or a
     :class:`PrototypeSet`."""
 
-    def __init__(self, num_classes: int, dim: int, device: torch.device) -> None:
+    def __init__(self, num_classes: int, dim: int, device: torch.device, clip: float = 0.0) -> None:
         self.sums = torch.zeros(num_classes, dim, device=device)
         self.counts = torch.zeros(num_classes, dtype=torch.long, device=device)
+        # > 0: each vector is clipped to this L2 norm as it is added (hyper.dp.clip), which
+        # bounds a sample's contribution to its class's sum (edge_agent.dp)
+        self.clip = clip
 
     def add(self, features: Tensor, y: Tensor) -> None:
         """Count ``features`` ([B, D], detached) under their labels ``y`` ([B])."""
-        self.sums.index_add_(0, y, features.float())
+        vectors = features.float()
+        if self.clip > 0:
+            vectors = clip_rows(vectors, self.clip)
+        self.sums.index_add_(0, y, vectors)
         self.counts += torch.bincount(y, minlength=self.counts.shape[0])
 
-    def reset(self) -> None:
-        """Forget everything counted."""
+    def reset(self, clip: float = 0.0) -> None:
+        """Forget everything counted; clip what comes next to ``clip`` (0: not at all)."""
         self.sums.zero_()
         self.counts.zero_()
+        self.clip = clip
 
     def present(self) -> Tensor:
         """The ids of the classes counted at least once, ascending."""
@@ -96,6 +105,20 @@ class ClassReservoir:
 
 
 @torch.no_grad()
+def class_feature_sums(
+    model: Classifier, data: TensorData, num_classes: int, batch_size: int = 256, clip: float = 0.0
+) -> ClassMeans:
+    """Per-class sums and counts of the features of ``data`` (eval mode, whole local set, each
+    feature clipped to ``clip`` when it is > 0)."""
+    was_training = model.training
+    model.eval()
+    means = ClassMeans(num_classes, model.num_features, data.x.device, clip)
+    for x, y in data.batches(batch_size, None, shuffle=False):
+        means.add(model.forward_features(x), y)
+    model.train(was_training)
+    return means
+
+
 def class_prototypes(
     model: Classifier,
     data: TensorData,
@@ -104,13 +127,7 @@ def class_prototypes(
     encoding: Encoding = "raw",
 ) -> PrototypeSet:
     """Mean feature per class present in ``data`` (eval mode, whole local set)."""
-    was_training = model.training
-    model.eval()
-    means = ClassMeans(num_classes, model.num_features, data.x.device)
-    for x, y in data.batches(batch_size, None, shuffle=False):
-        means.add(model.forward_features(x), y)
-    model.train(was_training)
-    return means.prototypes(encoding)
+    return class_feature_sums(model, data, num_classes, batch_size).prototypes(encoding)
 
 
 def prototype_table(

@@ -420,6 +420,7 @@ def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOpt
         global_eval_every=args.global_eval_every,
         exit_when_finished=not args.stay,
         classes=run.classes,
+        class_counts=None,  # the run's state says whether its algorithm reads the histogram
     )
 
 

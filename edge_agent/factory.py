@@ -80,6 +80,9 @@ class AgentOptions:
     # the federation's classes, by name and in order: local labels are mapped onto them by name
     # (empty: the dataset's own numbering, which must then agree across the fleet)
     classes: tuple[str, ...] = ()
+    # register the label histogram, only the class set, or (None) whichever the run's state
+    # asks for (``AgentSettings.class_counts``)
+    class_counts: bool | None = True
 
 
 def pick_device(name: str) -> torch.device:
@@ -262,5 +265,6 @@ def build_agent(
         global_eval_every=opts.global_eval_every,
         export_dir=opts.export_dir,
         class_names=train.class_names,
+        class_counts=opts.class_counts,
     )
     return EdgeAgent(endpoint, algorithm, spec, settings, logger)

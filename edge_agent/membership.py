@@ -37,8 +37,9 @@ from protocol.transport.endpoint import Endpoint
 if TYPE_CHECKING:
     from edge_agent.agent import AgentSettings
 
-__all__ = ["CONNECTED", "PRIVATE_ARCH", "VERSION", "Membership"]
+__all__ = ["CONNECTED", "PRIVACY_LEDGER", "PRIVATE_ARCH", "VERSION", "Membership"]
 
+PRIVACY_LEDGER = "privacy.json"  # the device's DP releases in the run (edge_agent.dp)
 PRIVATE_ARCH = "private"  # registered instead of the name of a model that stays private
 VERSION = "0.1.0"
 CONNECTED = "\x00connected"  # not a run id: ids are printable
@@ -67,6 +68,7 @@ class Membership:
     _registered_with: str | None
     _register_at: float | None
     _rate_limited: int
+    discloses_counts: bool | None
 
     def announce(self) -> None:
         """Retained birth, registration, and every reply not yet acknowledged."""
@@ -78,7 +80,12 @@ class Membership:
             self.endpoint.send_envelope(topic, env)
 
     def register(self) -> None:
-        """Tell the coordinator who we are and what data we hold (counts, never data)."""
+        """Tell the coordinator who we are and what data we hold: the samples of each class
+        when the run's algorithm reads them, else only which classes and how many samples
+        (:attr:`discloses_counts`; never data). Not before the run has said which."""
+        if self.discloses_counts is None:
+            self.log.info("registering once the coordinator's state says what the run needs")
+            return
         ctx = self.ctx
         cuda = ctx.device.type == "cuda"
         caps = Capabilities(
@@ -90,7 +97,9 @@ class Membership:
             cpu_count=torch.get_num_threads(),
         )
         h, w = self.spec.input_size
-        counts = {str(c): n for c, n in enumerate(ctx.class_counts) if n > 0}
+        held = {c: n for c, n in enumerate(ctx.class_counts) if n > 0}
+        counts = {str(c): n for c, n in held.items()} if self.discloses_counts else {}
+        present = [] if self.discloses_counts else sorted(held)
         body = Register(
             device_id=self.settings.device_id,
             arch=self.spec.name if self.algorithm.discloses_model else PRIVATE_ARCH,
@@ -110,6 +119,8 @@ class Membership:
             feature_dim=int(getattr(ctx.model, "num_features", 0))
             if self.algorithm.discloses_model
             else 0,
+            classes=present,
+            num_samples=sum(held.values()) if present else 0,
         )
         self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
 
@@ -183,6 +194,10 @@ class Membership:
         """
         if state.state in ("starting", "running"):
             self.joined.add(state.run_id)
+            # the run asks for another form of registration than the one sent (or none was
+            # sent yet, see register): that one is due whatever the state says otherwise
+            reform = state.class_counts != self.discloses_counts
+            self.discloses_counts = state.class_counts
             # `starting`: a coordinator (re)started and may not know us. `running` of the run
             # we registered with (or found running on connecting, when our connect's register
             # reached it) is that coordinator moving on or reconnecting: registering again
@@ -192,6 +207,8 @@ class Membership:
                 CONNECTED,
             ):
                 self.announce()
+            elif reform:
+                self.register()
             self._registered_with = state.run_id
             return
         self._registered_with = None
@@ -219,7 +236,7 @@ class Membership:
                 self.topics.status(self.settings.device_id), Status(state="done"), retain=True
             )
         else:  # daemon: the caller builds a fresh agent for the next run on this state dir
-            names = (self.state.checkpoint_path.name, "agent.json", "outbox")
+            names = (self.state.checkpoint_path.name, "agent.json", "outbox", PRIVACY_LEDGER)
             archived = archive_run(self.settings.state_dir, state.run_id, names)
             self.log.info("run %s archived in %s; staying for the next run", state.run_id, archived)
         self.finished.set()

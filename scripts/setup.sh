@@ -14,7 +14,7 @@ fi
 echo "[setup] installing edgefl and its extras into $VENV"
 # torch/torchvision pinned to the builds that import together here (see docs/INSTALL.md)
 "$VENV/bin/pip" install -q --disable-pip-version-check \
-  "torch==2.14.1" "torchvision==0.29.1" -e ".[cpu,broker,data,report,signing,ray,tracking,test]"
+  "torch==2.14.1" "torchvision==0.29.1" -e ".[cpu,broker,data,report,signing,ray,tracking,privacy,test]"
 # the DCGAN face generator weights (FedKTL stand-in); its declared deps would pull wandb and a
 # second torch, so install the wheel alone
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "gan-face-generate==1.1.1"

@@ -75,7 +75,8 @@ def _status(args: argparse.Namespace) -> int:
     )
     for a in run.agents:
         state = "online" if a.online else "offline"
-        print(f"  {a.device_id:<20} {a.arch:<14} {state:<8} last seen {_ago(a.last_seen)}")
+        spent = "" if a.dp_epsilon is None else f", privacy spent epsilon {a.dp_epsilon:.3g}"
+        print(f"  {a.device_id:<20} {a.arch:<14} {state:<8} last seen {_ago(a.last_seen)}{spent}")
     return 0
 
 

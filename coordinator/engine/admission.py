@@ -123,6 +123,12 @@ class Admission:
                 f"it has {reg.num_classes} classes; this run has {self.cfg.num_classes}",
             )
         self._check_class_names(agent)
+        if self.strategy.needs_class_counts and not reg.discloses_counts:
+            raise AdmissionError(
+                agent.device_id,
+                f"it registered only its class set; {self.strategy.name} needs the samples of "
+                "each class (class_counts)",
+            )
         declared = self.strategy.declared_feature_dim()
         if declared and reg.feature_dim and reg.feature_dim != declared:
             # the run declares its prototypes' size: refuse now, not at the first reply
@@ -201,7 +207,7 @@ class Admission:
         count = len(self.agents)
         level = logging.INFO if count <= REGISTRATIONS_LOGGED else logging.DEBUG
         if self.log.isEnabledFor(level):
-            samples = sum(reg.class_counts.values())
+            samples = reg.total_samples()
             line = "agent %s registered: %s, %d params, %d samples"
             self.log.log(level, line, reg.device_id, reg.arch, reg.num_params, samples)
         if count > REGISTRATIONS_LOGGED and count % 1000 == 0:

@@ -99,7 +99,12 @@ class Coordinator:
         self.stopping = EarlyStop(cfg)
         self._open_step: OpenStep | None = None  # set only while collect() is waiting
         self.announcer = StatePublisher(
-            cfg, endpoint, self.topics, strategy.name, strategy.declared_feature_dim()
+            cfg,
+            endpoint,
+            self.topics,
+            strategy.name,
+            strategy.declared_feature_dim(),
+            class_counts=strategy.needs_class_counts,
         )
         self.presence = Presence()
         # the coordinator kit's revocation list: its devices are dropped, even mid-step
@@ -320,7 +325,7 @@ class Coordinator:
         open_step.deadline_s = due.seconds
         deadline = time.time() + due.seconds
         again, restored = self.buffer.open(open_step, self.collector)  # buffered: in flight
-        config = self.strategy.config.to_dict()  # the same for every task of the step
+        config = self.strategy.config.task_config()  # the same for every task of the step
         payloads = {
             d: self.strategy.configure(step, self.agents[d])
             for d in rec.participants

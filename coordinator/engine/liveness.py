@@ -26,13 +26,21 @@ class StatePublisher:
     by), and the open step's round descriptor."""
 
     def __init__(
-        self, cfg: RunConfig, endpoint: Endpoint, topics: Topics, algorithm: str, feature_dim: int
+        self,
+        cfg: RunConfig,
+        endpoint: Endpoint,
+        topics: Topics,
+        algorithm: str,
+        feature_dim: int,
+        *,
+        class_counts: bool = True,
     ) -> None:
         self.cfg = cfg
         self.endpoint = endpoint
         self.topics = topics
         self.algorithm = algorithm
         self.feature_dim = feature_dim  # announced, so that adopting agents build that size
+        self.class_counts = class_counts  # announced: agents disclose their histogram only then
         self.state: tuple[StateName, int] = ("starting", 0)  # last published state and round
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
 
@@ -47,6 +55,7 @@ class StatePublisher:
             total_rounds=self.cfg.rounds,
             classes=list(self.cfg.classes),
             feature_dim=self.feature_dim,
+            class_counts=self.class_counts,
         )
         self.endpoint.send(self.topics.coord_state, body, retain=True)
         self._next_heartbeat = time.monotonic() + self.cfg.state_heartbeat_s

@@ -68,6 +68,7 @@ class AgentRow:
     arch: str
     online: bool
     last_seen: float
+    dp_epsilon: float | None = None  # privacy budget spent (hyper.dp), per its latest reply
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,10 @@ def _read(db: sqlite3.Connection, run_dir: Path, pid: int | None) -> RunInfo:
     ).fetchone()
     step = "" if latest is None else f"round {latest[0]} {latest[1]} ({latest[2]}"
     step += "" if latest is None else (f", attempt {latest[3] + 1})" if latest[3] else ")")
+    hyper = (meta.get("config") or {}).get("hyper") or {}
+    spent = _epsilons(db) if hyper.get("dp_epsilon") else {}
     agents = tuple(
-        AgentRow(d, _arch(blob), bool(online), float(seen))
+        AgentRow(d, _arch(blob), bool(online), float(seen), spent.get(d))
         for d, blob, online, seen in db.execute(
             "SELECT device_id, register, online, last_seen FROM agents ORDER BY device_id"
         )
@@ -150,6 +153,20 @@ def _read(db: sqlite3.Connection, run_dir: Path, pid: int | None) -> RunInfo:
         step=step,
         agents=agents,
     )
+
+
+def _epsilons(db: sqlite3.Connection) -> dict[str, float]:
+    """Each device's ``dp_epsilon`` as its latest reply reported it (step records, newest
+    first; read only for a run with ``hyper.dp``)."""
+    import json
+
+    out: dict[str, float] = {}
+    for (record,) in db.execute("SELECT record FROM metrics ORDER BY step DESC"):
+        for device, metrics in (json.loads(record).get("agents") or {}).items():
+            value = metrics.get("dp_epsilon") if isinstance(metrics, dict) else None
+            if device not in out and isinstance(value, (int, float)):
+                out[device] = float(value)
+    return out
 
 
 def _arch(blob: bytes) -> str:

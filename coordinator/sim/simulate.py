@@ -108,6 +108,7 @@ def agent_will(federation: str, device_id: str) -> Will:
 
 def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
     """The :class:`~edge_agent.factory.AgentOptions` of simulated device ``index``."""
+    from coordinator.strategies import STRATEGIES
     from edge_agent.data import PartitionSpec, parse_partition
     from edge_agent.factory import AgentOptions
 
@@ -141,6 +142,7 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         eval_every=fleet.eval_every,
         global_eval_every=fleet.global_eval_every,
         classes=cfg.classes,  # what a real agent adopts from the coordinator's state
+        class_counts=STRATEGIES[cfg.algorithm].needs_class_counts,  # and what it registers
     )
 
 

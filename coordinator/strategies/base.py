@@ -64,12 +64,12 @@ class AgentInfo:
     @functools.cached_property
     def classes(self) -> list[int]:
         """Classes present in the agent's training data."""
-        return sorted(c for c, n in self.register.counts_by_class().items() if n > 0)
+        return self.register.present_classes()
 
     @functools.cached_property
     def num_samples(self) -> int:
         """Training samples the agent holds."""
-        return sum(self.register.counts_by_class().values())
+        return self.register.total_samples()
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,11 @@ class Strategy(Generic[C]):
     #: buffered run is refused at start with :attr:`unbuffered_reason`.
     stale_replies: ClassVar[str] = ""
     unbuffered_reason: ClassVar[str] = "it declares no way to fold replies of older rounds"
+    #: The strategy reads each agent's label histogram (``Register.class_counts``): the
+    #: coordinator's state asks agents for it, and refuses one that registers only its class
+    #: set. Without it agents disclose only which classes they hold and how many samples in
+    #: all, and a registration's per-class counts are empty.
+    needs_class_counts: ClassVar[bool] = False
 
     def __init__(self, config: C, *, num_classes: int, seed: int = 0) -> None:
         self.config = config

@@ -72,6 +72,7 @@ class CCVRStrategy(WeightAveragingStrategy):
     """FedAvg whose final model's head is calibrated on virtual features."""
 
     config: CCVRConfig
+    needs_class_counts = True  # each class's statistics are bounded by its registered samples
 
     def __init__(self, config: CCVRConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)

@@ -24,6 +24,7 @@ class FDStrategy(Strategy[FDConfig]):
     """Global per-class logits, the plain mean over the holders of each class."""
 
     stale_replies = "weighted"  # staleness weights in the per-class mean of the logits
+    needs_class_counts = True  # each logit's count is bounded by the class's registered samples
 
     def __init__(self, config: FDConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)

@@ -12,14 +12,18 @@ identically), ``reply_payloads`` (knowledge to upload), ``scores`` (how the mode
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+if TYPE_CHECKING:
+    from edge_agent.class_stats import ClassMeans
+
+from edge_agent.dp import DpSettings, PrivacyLedger, privatize
 from edge_agent.seeding import SHARED_MODEL_SEED, derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
 from models import Classifier
@@ -91,6 +95,8 @@ class EdgeContext:
     # the agent's stop request (its run loop sets it here): the training loop checks it every
     # batch, so a SIGTERM ends a task of 1,000 epochs within one batch
     stop: threading.Event | None = None
+    # the device's privacy accountant (hyper.dp); the agent's is kept in its state directory
+    privacy: PrivacyLedger = field(default_factory=PrivacyLedger)
 
     @property
     def class_counts(self) -> list[int]:
@@ -133,11 +139,14 @@ class EdgeAlgorithm(Generic[C]):
     #: What each phase's task may carry, by key and kind (each optional: the server sends
     #: nothing before it has something); :meth:`handle` checks a task against it once.
     TASK_PAYLOADS: ClassVar[TaskPayloads] = {}
+    #: The per-class sums one training reply releases through :meth:`release` (hyper.dp).
+    DP_SUMS: ClassVar[int] = 1
 
     def __init__(self, ctx: EdgeContext) -> None:
         self.ctx = ctx
         self.cfg: C | None = None
         self._shared_ready = False  # shared_init ran (or a checkpoint was restored)
+        self._dp_metrics: dict[str, float] = {}  # the last release's epsilon figures
 
     # ----- phase dispatch -------------------------------------------------------------------
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
@@ -182,19 +191,41 @@ class EdgeAlgorithm(Generic[C]):
             raise ConfigError(f"{self.name}: no task config received yet")
         return self.cfg
 
+    # ----- differential privacy (edge_agent.dp) ---------------------------------------------
+    def dp_clip(self) -> float:
+        """The L2 bound of each vector added to a released class sum (0: DP off, no clip)."""
+        settings = DpSettings.of(self.config)
+        return 0.0 if settings is None else settings.clip
+
+    def release(self, stats: Sequence[ClassMeans], contributions: int) -> None:
+        """Make per-class sums ``stats`` private before they leave (nothing when DP is off):
+        each sample was added at most ``contributions`` times (local epochs, or 1)."""
+        settings = DpSettings.of(self.config)
+        if settings is not None:
+            held = self.ctx.class_counts
+            self._dp_metrics = privatize(stats, held, contributions, settings, self.ctx.privacy)
+
     # ----- shared phases --------------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
         """Receive knowledge, train locally with the one loop, reply with knowledge."""
+        settings = DpSettings.of(self.config)
+        if settings is not None:  # a device whose budget is spent does not even train
+            self.ctx.privacy.check(settings, self.DP_SUMS + 1)
+        self._dp_metrics = {}
         if self.needs_shared_init():  # before receive: received knowledge wins over the init
             self.shared_init()
             self._shared_ready = True
         self.receive(task.payloads)
         stats = self.local_train(self.ctx.train)
         payloads = self.reply_payloads()
+        if settings is not None and not self._dp_metrics:
+            # the config promised private statistics (DP_STATISTICS): never send them plain
+            raise RuntimeError(f"{self.name}: hyper.dp is on but no private release was made")
         metrics = {
             "train_loss": stats.mean_loss,
             "train_s": stats.seconds,
             "samples_per_s": stats.samples_per_s,
+            **self._dp_metrics,
         }
         return PhaseResult(payloads, metrics, len(self.ctx.train))
 

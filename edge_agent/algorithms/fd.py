@@ -80,7 +80,7 @@ class FDEdge(EdgeAlgorithm[FDConfig]):
 
     def train_phase(self, task: Task) -> PhaseResult:
         """One participation; the logit sums restart with it."""
-        self._logits.reset()
+        self._logits.reset(self.dp_clip())
         return super().train_phase(task)
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
@@ -98,6 +98,7 @@ class FDEdge(EdgeAlgorithm[FDConfig]):
 
     def reply_payloads(self) -> dict[str, Payload]:
         """The per-class mean logits of this participation."""
+        self.release([self._logits], self.config.local_epochs)
         return {"logits": self._logits.prototypes(self.config.logit_encoding)}
 
     def extra_state(self) -> dict[str, Tensor]:

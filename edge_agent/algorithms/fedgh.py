@@ -7,7 +7,7 @@ from torch import nn
 
 from edge_agent.algorithms.base import SharedModule, register_edge_algorithm
 from edge_agent.algorithms.weights import WeightExchangeEdge, shared_head
-from edge_agent.class_stats import class_prototypes
+from edge_agent.class_stats import class_feature_sums
 from protocol.algorithms.fedgh import FedGHConfig
 from protocol.contract.payloads import Payload
 
@@ -31,11 +31,7 @@ class FedGHEdge(WeightExchangeEdge[FedGHConfig]):
 
     def reply_payloads(self) -> dict[str, Payload]:
         """Class prototypes of the trained model over the local training set."""
-        return {
-            "protos": class_prototypes(
-                self.ctx.model,
-                self.ctx.train,
-                self.ctx.num_classes,
-                encoding=self.config.proto_encoding,
-            )
-        }
+        model, train = self.ctx.model, self.ctx.train
+        sums = class_feature_sums(model, train, self.ctx.num_classes, clip=self.dp_clip())
+        self.release([sums], 1)
+        return {"protos": sums.prototypes(self.config.proto_encoding)}

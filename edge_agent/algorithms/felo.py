@@ -65,6 +65,8 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
     agent of one architecture starts from the same weights (inherited ``shared_modules``), so a
     group's first average is one of related networks."""
 
+    DP_SUMS: ClassVar[int] = 2  # the features' sums and the logits'
+
     TASK_PAYLOADS: ClassVar[TaskPayloads] = task_payloads(
         {"knowledge": FeatureLogitSet}, inherited=WeightExchangeEdge.TASK_PAYLOADS
     )
@@ -108,8 +110,8 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
     # ----- the loop's hooks -----------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
         """One participation; the statistics restart with it."""
-        self._features.reset()
-        self._logits.reset()
+        self._features.reset(self.dp_clip())
+        self._logits.reset(self.dp_clip())
         return super().train_phase(task)
 
     def step_loss(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> Tensor:
@@ -138,6 +140,7 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
     # ----- knowledge out --------------------------------------------------------------------
     def reply_payloads(self) -> dict[str, Payload]:
         """Class-wise means of the participation; the whole model when averaging is on."""
+        self.release([self._features, self._logits], self.config.local_epochs)
         present = self._features.present()
         out: dict[str, Payload] = {
             "knowledge": FeatureLogitSet(

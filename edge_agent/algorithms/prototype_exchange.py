@@ -20,7 +20,12 @@ from edge_agent.algorithms.base import (
     task_payloads,
 )
 from edge_agent.algorithms.weights import SHARED_MODEL_SEED, shared_head
-from edge_agent.class_stats import ClassMeans, class_prototypes, prototype_scores, prototype_table
+from edge_agent.class_stats import (
+    ClassMeans,
+    class_feature_sums,
+    prototype_scores,
+    prototype_table,
+)
 from edge_agent.trainer import TensorData, TrainStats, evaluate
 from models.checkpoint import HeadSpec
 from protocol.algorithms.fedproto import FedProtoConfig
@@ -79,7 +84,8 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
             fresh = evaluate(self.ctx.model, self.ctx.test, self.scores)
             self._received = {"acc_local_received": fresh.accuracy}
         if self.config.proto_source == "training":
-            self._seen = ClassMeans(self.ctx.num_classes, self.table.shape[1], self.ctx.device)
+            dim, dev = self.table.shape[1], self.ctx.device
+            self._seen = ClassMeans(self.ctx.num_classes, dim, dev, self.dp_clip())
         return super().local_train(data, epochs)
 
     def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
@@ -117,9 +123,12 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         encoding = self.config.proto_encoding
         seen, self._seen = self._seen, None
         if seen is not None and bool(seen.counts.any()):
+            self.release([seen], self.config.local_epochs)
             return {"protos": seen.prototypes(encoding)}
         model, train = self.ctx.model, self.ctx.train
-        return {"protos": class_prototypes(model, train, self.ctx.num_classes, encoding=encoding)}
+        sums = class_feature_sums(model, train, self.ctx.num_classes, clip=self.dp_clip())
+        self.release([sums], 1)
+        return {"protos": sums.prototypes(encoding)}
 
     def scores(self, x: Tensor) -> Tensor:
         """Head logits, or distances to global prototypes when ``predict = prototype``."""

@@ -141,6 +141,17 @@ class AlgorithmConfig:
         """Flat mapping of every field."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
+    def task_config(self) -> dict[str, Scalar]:
+        """:meth:`to_dict` less the :data:`OMITTED_AT_DEFAULT` fields at their defaults: what
+        a task carries (the receiver's :meth:`from_dict` fills them in), so that a setting
+        left off costs no bytes and changes no frame."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {
+            k: v
+            for k, v in self.to_dict().items()
+            if k not in OMITTED_AT_DEFAULT or v != defaults[k]
+        }
+
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` applied and validated."""
         return type(self).from_dict({**self.to_dict(), **changes})
@@ -187,6 +198,14 @@ TRAIN_LIMITS: dict[str, tuple[float, float]] = {
 }
 
 
+#: Task config keys left out at their defaults (:meth:`AlgorithmConfig.task_config`): optional
+#: features whose keys an agent that predates them would refuse, and that cost no bytes off
+OMITTED_AT_DEFAULT = frozenset(
+    {"dp_epsilon", "dp_delta", "dp_clip", "dp_mechanism", "dp_releases", "validation_fraction"}
+)
+DP_MECHANISMS = ("gaussian",)
+
+
 @dataclass(frozen=True)
 class TrainConfig(AlgorithmConfig):
     """Settings of the one local training loop, common to every algorithm."""
@@ -217,6 +236,18 @@ class TrainConfig(AlgorithmConfig):
     # model); False: each agent starts from its own seed, unless the algorithm shares the
     # model anyway (FedAvg, CCVR: the weights it averages)
     arch_init: bool = False
+    # differential privacy of the per-class sums a reply carries (hyper.dp.*, written
+    # dp_* here; docs/concepts/privacy.md): each device's total budget over the run (0: off),
+    # at dp_delta; each sample's contribution to a class's sum clipped to L2 norm dp_clip;
+    # the noise calibrated so that dp_releases releases spend the budget (0: the run's rounds)
+    dp_epsilon: float = 0.0
+    dp_delta: float = 1e-5
+    dp_clip: float = 1.0
+    dp_mechanism: typing.Literal["gaussian"] = "gaussian"
+    dp_releases: int = 0
+    #: The algorithm's replies carry per-class sums through the edge's one private release
+    #: (``edge_agent.dp``), so ``dp_epsilon`` may be set; else it is refused.
+    DP_STATISTICS: typing.ClassVar[bool] = False
     # an algorithm's own size settings, bounded like TRAIN_LIMITS: a task from the wire may not
     # ask a device for unbounded work (docs/concepts/security.md)
     LIMITS: typing.ClassVar[dict[str, tuple[float, float]]] = {}
@@ -228,6 +259,31 @@ class TrainConfig(AlgorithmConfig):
                 raise ValueError(f"{key} must be in [{lo:g}, {hi:g}], got {value!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        self._check_dp()
+
+    def _check_dp(self) -> None:
+        if not 0 <= self.dp_epsilon <= 1e3:
+            raise ValueError(f"dp.epsilon must be in [0, 1000] (0 = off), got {self.dp_epsilon!r}")
+        if not (0 < self.dp_delta < 1 and 0 < self.dp_clip <= 1e6):
+            raise ValueError(
+                f"dp.delta must be in (0, 1) and dp.clip in (0, 1e+06], got "
+                f"{self.dp_delta!r} and {self.dp_clip!r}"
+            )
+        if not 0 <= self.dp_releases <= 1_000_000:
+            raise ValueError(f"dp.releases must be in [0, 1000000], got {self.dp_releases!r}")
+        uncovered = self.dp_uncovered()
+        if self.dp_epsilon > 0 and uncovered:
+            raise ValueError(f"dp.epsilon is set, but {uncovered}")
+
+    def dp_uncovered(self) -> str:
+        """Why this config's replies would carry something the private release does not
+        cover (``""``: nothing)."""
+        if self.DP_STATISTICS:
+            return ""
+        return (
+            f"{self.NAME or type(self).__name__}'s replies are not per-class sums; "
+            "differential privacy covers only those (weights would need DP-SGD)"
+        )
 
 
 #: HtFLlib's client training, common to every algorithm of its ``total.sh``

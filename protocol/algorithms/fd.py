@@ -31,6 +31,8 @@ __all__ = ["FDConfig"]
 class FDConfig(AveragingConfig):
     """FD: per-class mean logits up, per-class global logits down, CE + lambda * KD to them."""
 
+    DP_STATISTICS: ClassVar[bool] = True  # its per-class means go through edge_agent.dp
+
     # the logits travel as a PrototypeSet: class ids, one mean vector of C logits each, counts
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("logits", PrototypeSet),),

@@ -28,6 +28,8 @@ __all__ = ["FedGHConfig"]
 class FedGHConfig(ScreeningConfig):
     """FedGH: prototypes up; a server-trained global head down, loaded into every classifier."""
 
+    DP_STATISTICS: ClassVar[bool] = True  # its per-class means go through edge_agent.dp
+
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("protos", PrototypeSet),),
     }

@@ -21,6 +21,8 @@ __all__ = ["FedProtoConfig"]
 class FedProtoConfig(AveragingConfig):
     """FedProto: CE + lam * MSE(feature, global prototype of its label); prototypes exchanged."""
 
+    DP_STATISTICS: ClassVar[bool] = True  # its per-class means go through edge_agent.dp
+
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("protos", PrototypeSet),),
     }

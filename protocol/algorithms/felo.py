@@ -30,6 +30,8 @@ __all__ = ["FedHeConfig", "FeloConfig", "VeloConfig"]
 class _FeatureLogitConfig(AveragingConfig):
     """Settings shared by Felo, Velo and FedHe."""
 
+    DP_STATISTICS: ClassVar[bool] = True  # its per-class means go through edge_agent.dp
+
     optimizer: Literal["sgd", "adam"] = "adam"
     lr: float = 1e-3
     batch_size: int = 50
@@ -75,6 +77,14 @@ class _FeatureLogitConfig(AveragingConfig):
     def model_feature_dim(self, num_classes: int) -> int:
         """``feature_dim``: the size of the exchanged class-wise features (0: not declared)."""
         return self.feature_dim
+
+    def dp_uncovered(self) -> str:
+        """The averaged weights and Velo's individual samples are not per-class sums."""
+        if self.same_arch_avg:
+            return "same_arch_avg uploads weights (set it false)"
+        if getattr(self, "upload_samples", 0):
+            return "upload_samples uploads individual features (set it to 0)"
+        return ""
 
     def warmup_rounds(self, rounds: int) -> int:
         """Rounds of CE-only training before KD (at least one)."""

@@ -284,7 +284,8 @@ def _register(obj: Any) -> Register | None:
     if type(obj) is not dict or not _REQUIRED <= obj.keys() <= _REGISTER_KEYS:
         return None
     caps, spec = obj["capabilities"], obj["input_spec"]
-    counts, names = obj["class_counts"], obj.get("class_names", [])
+    counts, names = obj.get("class_counts", {}), obj.get("class_names", [])
+    classes = obj.get("classes", [])
     if type(caps) is not dict or not caps.keys() <= _CAPS_KEYS or "device" not in caps:
         return None
     if type(spec) is not dict or spec.keys() != _SPEC_KEYS or type(counts) is not dict:
@@ -297,9 +298,13 @@ def _register(obj: Any) -> Register | None:
         return None
     if not all(type(n) is str for n in names):
         return None
+    if type(classes) is not list or not all(type(c) is int for c in classes):
+        return None
     values: dict[str, Any] = {k: v for k, v in obj.items() if k in _REGISTER_TYPES}
     if "class_names" in obj:
         values["class_names"] = list(names)
+    if "classes" in obj:
+        values["classes"] = list(classes)
     try:
         return Register(
             capabilities=Capabilities(**caps),

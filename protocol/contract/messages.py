@@ -9,6 +9,7 @@ See ``WIRE.md`` for the normative description of each message.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -113,7 +114,11 @@ class Register(WireModel):
     capabilities: Capabilities
     input_spec: InputSpec
     num_classes: int
-    class_counts: dict[str, int]  # class id (decimal string) -> training samples of that class
+    # class id (decimal string) -> training samples of that class, when the run's algorithm
+    # reads them (``CoordinatorState.class_counts``); else empty, and ``classes`` and
+    # ``num_samples`` say only which classes the device holds and how many samples in all.
+    # Keyword-only so that it may default: the wire order stays the declaration order.
+    class_counts: dict[str, int] = field(default_factory=dict, kw_only=True)
     algorithm: str
     agent_version: str = ""
     # what each class index means, in order (empty: the dataset's numbering, unnamed)
@@ -125,6 +130,10 @@ class Register(WireModel):
     # the model's feature vector size (prototypes, features), so a run that declares one can
     # refuse a device at registration instead of at its first reply (0: not disclosed)
     feature_dim: int = 0
+    # the classes present in the training data, ascending, and its size: sent instead of
+    # ``class_counts`` when the run does not need the label histogram (one form or the other)
+    classes: list[int] = field(default_factory=list)
+    num_samples: int = 0
 
     def __post_init__(self) -> None:
         _name(self.device_id, "device_id")
@@ -137,13 +146,46 @@ class Register(WireModel):
             if not k.isdigit() or int(k) >= self.num_classes:
                 raise ValidationError("class_counts", f"class ids in 0..{self.num_classes - 1}", k)
             _non_negative(v, f"class_counts.{k}")
+        self._check_class_set()
         _check_class_names(self.class_names, self.num_classes)
         if len(self.session) > MAX_NAME:
             raise ValidationError("session", f"0..{MAX_NAME} characters", self.session)
 
+    def _check_class_set(self) -> None:
+        """``classes`` and ``num_samples`` replace ``class_counts``: never both."""
+        if self.class_counts and (self.classes or self.num_samples):
+            raise ValidationError(
+                "classes", "empty with class_counts (one form or the other)", self.classes
+            )
+        _non_negative(self.num_samples, "num_samples")
+        ids = self.classes
+        if any(not 0 <= c < self.num_classes for c in ids):
+            raise ValidationError("classes", f"class ids in 0..{self.num_classes - 1}", ids)
+        if any(a >= b for a, b in itertools.pairwise(ids)):
+            raise ValidationError("classes", "ascending unique class ids", ids)
+        if len(ids) > self.num_samples:
+            raise ValidationError(
+                "num_samples", f">= {len(ids)} (a sample a class)", self.num_samples
+            )
+
     def counts_by_class(self) -> dict[int, int]:
-        """Class counts keyed by integer class id."""
+        """Class counts keyed by integer class id (empty when only the class set was sent)."""
         return {int(k): v for k, v in self.class_counts.items()}
+
+    @property
+    def discloses_counts(self) -> bool:
+        """Whether the registration carries the label histogram (``class_counts``)."""
+        return bool(self.class_counts) or not (self.classes or self.num_samples)
+
+    def present_classes(self) -> list[int]:
+        """The classes present in the training data, ascending, in either form."""
+        if self.classes:
+            return list(self.classes)
+        return sorted(c for c, n in self.counts_by_class().items() if n > 0)
+
+    def total_samples(self) -> int:
+        """The training samples the device holds, in either form."""
+        return self.num_samples or sum(self.class_counts.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +213,9 @@ class CoordinatorState(WireModel):
     # the feature size the run's algorithm requires of every model (0: none); an agent that
     # adopts the run builds its model with it, one of another size is refused at registration
     feature_dim: int = 0
+    # whether the run's algorithm reads each device's label histogram: agents register their
+    # ``class_counts`` only then, else only their class set and size (``Register.classes``)
+    class_counts: bool = True
 
     def __post_init__(self) -> None:
         _check_class_names(self.classes, len(self.classes))

@@ -251,6 +251,10 @@ def _messages() -> dict[str, tuple[Message, str]]:
     )
     return {
         "register": (register, "agent registration"),
+        "register_classes": (
+            dataclasses.replace(register, class_counts={}, classes=[0, 3], num_samples=160),
+            "agent registration with its class set and size, not its label histogram",
+        ),
         "status_online": (Status(state="online"), "agent birth message (retained)"),
         "coord_state": (
             CoordinatorState(
@@ -262,6 +266,17 @@ def _messages() -> dict[str, tuple[Message, str]]:
                 classes=list(CIFAR10),
             ),
             "coordinator state",
+        ),
+        "coord_state_class_set": (
+            CoordinatorState(
+                state="starting",
+                run_id="run-b",
+                algorithm="fedavg",
+                round=0,
+                total_rounds=50,
+                class_counts=False,
+            ),
+            "coordinator state of a run whose agents register only their class set",
         ),
         "round": (
             RoundDescriptor(

@@ -70,7 +70,7 @@ def test_task_reply_outbox_and_ack(tmp_path: Path) -> None:
     agent.start()
     reg = coord.next(Register).body
     assert isinstance(reg, Register) and reg.algorithm == "fedproto"
-    held = sorted(reg.counts_by_class())
+    held = reg.present_classes()
     # Execute
     agent.dispatch(Envelope(body=task(), sender="coordinator"))
     env = coord.next(Reply)
@@ -128,8 +128,13 @@ def test_a_repeated_running_state_does_not_register_again_and_a_lost_session_is_
     from protocol.contract.messages import CoordinatorState
 
     def state(kind: str, run_id: str = "r1") -> CoordinatorState:
-        return CoordinatorState(
-            state=kind, run_id=run_id, algorithm="fedproto", round=1, total_rounds=2
+        return CoordinatorState(  # FedProto's: agents register only their class set
+            state=kind,
+            run_id=run_id,
+            algorithm="fedproto",
+            round=1,
+            total_rounds=2,
+            class_counts=False,
         )
 
     broker = MemoryBroker()

@@ -37,6 +37,7 @@ class FedGenStrategy(Strategy[FedGenConfig]):
         "its server trains the generator on the heads of one round's tasks (not yet made to "
         "weigh heads of older rounds)"
     )
+    needs_class_counts = True  # the generator is trained on the fleet's label distribution
 
     def __init__(self, config: FedGenConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)

@@ -53,6 +53,7 @@ class _FeatureLogitStrategy(Strategy[Any]):
         "its knowledge table dates entries by the round that folds them, so a stale entry "
         "would pass for a fresh one (not yet dated by its task's round)"
     )
+    needs_class_counts = True  # each entry's count is bounded by the class's registered samples
 
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)

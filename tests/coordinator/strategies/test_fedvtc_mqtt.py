@@ -71,7 +71,7 @@ class Wire:
     def __init__(self, sent: list[tuple[str, Envelope, int]]) -> None:
         assert not any(env.kind == "chunk" for _, env, _ in sent)  # all fit one frame here
         self.held = {
-            env.sender: sorted(int(c) for c, n in env.body.class_counts.items() if n > 0)
+            env.sender: env.body.present_classes()
             for _, env, _ in sent
             if isinstance(env.body, Register)
         }

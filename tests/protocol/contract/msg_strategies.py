@@ -139,6 +139,9 @@ scalars = st.one_of(st.booleans(), st.integers(-(2**62), 2**62), finite, text)
 def registers(draw: st.DrawFn) -> Register:
     k = draw(st.integers(1, 20))
     cc = draw(st.dictionaries(st.integers(0, k - 1).map(str), counts, max_size=k))
+    # the class-set form (a run that does not read the label histogram) or the counts
+    present = [] if cc else sorted(draw(st.sets(st.integers(0, k - 1), max_size=k)))
+    total = draw(st.integers(len(present), 2**31)) if present else 0
     return Register(
         device_id=draw(names),
         arch=draw(names),
@@ -158,6 +161,8 @@ def registers(draw: st.DrawFn) -> Register:
         class_counts=cc,
         algorithm=draw(names),
         agent_version=draw(text),
+        classes=present,
+        num_samples=total,
     )
 
 
@@ -224,6 +229,7 @@ BUILDERS: dict[str, st.SearchStrategy[Any]] = {
         algorithm=text,
         round=small_ints,
         total_rounds=small_ints,
+        class_counts=st.booleans(),
     ),
     "round": st.builds(
         RoundDescriptor,

@@ -1,0 +1,190 @@
+"""Differential privacy of the per-class statistics a reply carries: the one place of the
+Gaussian mechanism on the edge, and the device's privacy accountant.
+
+A release is a group of per-class sums (prototypes' features, FD's logits, Felo's features and
+logits) with their per-class counts. Each sample's contribution to its class's sum is clipped
+to L2 norm ``C`` (``hyper.dp.clip``, :func:`clip_rows`, applied by
+:class:`~edge_agent.class_stats.ClassMeans` as it adds), and a sample is added at most ``E``
+times (once per local epoch for statistics of the training passes, once for a pass over the
+data set). Adding or removing one sample then moves one class's sum by at most ``E * C`` in L2
+norm and one count by at most ``E``: the L2 sensitivities. :func:`privatize` adds Gaussian
+noise of standard deviation ``z * E * C`` to every sum and ``z * E`` to every count, and forms
+each mean after noising (the count rounded and floored at 1). Every noised quantity is a
+Gaussian mechanism of noise multiplier ``z``; a release of ``k`` of them composes ``k``, and
+the device's releases compose over the run. The composition and the calibration of ``z`` are
+Google's ``dp_accounting`` RDP accountant's, not formulas of ours
+(``docs/concepts/privacy.md`` derives the rest).
+
+The noise is drawn from a generator seeded from the operating system's entropy, never from the
+run's seed: noise the coordinator could regenerate would protect nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from edge_agent.state import atomic_write
+from protocol.errors import EdgeFLError, ProtocolError
+
+if TYPE_CHECKING:
+    from edge_agent.class_stats import ClassMeans
+
+__all__ = [
+    "DpSettings",
+    "PrivacyBudgetError",
+    "PrivacyLedger",
+    "clip_rows",
+    "noise_multiplier",
+    "privatize",
+]
+
+
+class PrivacyBudgetError(EdgeFLError):
+    """The device's next release would exceed its privacy budget: it contributes no more."""
+
+
+@dataclass(frozen=True)
+class DpSettings:
+    """The run's ``hyper.dp``: total budget ``epsilon`` at ``delta``, clip ``clip``, spread
+    over ``releases`` releases."""
+
+    epsilon: float
+    delta: float
+    clip: float
+    releases: int
+
+    @classmethod
+    def of(cls, config: Any) -> DpSettings | None:
+        """The settings of a task's config (``None``: differential privacy is off)."""
+        if not getattr(config, "dp_epsilon", 0.0):
+            return None
+        releases = max(1, int(config.dp_releases))
+        return cls(float(config.dp_epsilon), float(config.dp_delta), config.dp_clip, releases)
+
+
+def clip_rows(x: Tensor, clip: float) -> Tensor:
+    """Each row of ``x`` scaled to L2 norm at most ``clip`` (rows within it unchanged)."""
+    norms = x.norm(dim=1, keepdim=True)
+    return x * torch.clamp(clip / norms.clamp_min(1e-12), max=1.0)
+
+
+@functools.cache
+def noise_multiplier(epsilon: float, delta: float, releases: int, per_release: int) -> float:
+    """The smallest ``z`` for which ``releases`` releases of ``per_release`` Gaussian mechanisms
+    of noise multiplier ``z`` compose to ``(epsilon, delta)``, by the RDP accountant."""
+    import dp_accounting
+    from dp_accounting import dp_event, rdp
+
+    def event(z: float) -> dp_event.DpEvent:
+        return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(z), releases * per_release)
+
+    z = dp_accounting.calibrate_dp_mechanism(rdp.RdpAccountant, event, epsilon, delta)
+    return float(z)
+
+
+class PrivacyLedger:
+    """The device's accountant: every release's mechanisms, composed by ``dp_accounting``'s
+    RDP accountant, kept in ``path`` (written before the release leaves, so that a restart
+    never forgets one)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.events: list[tuple[float, int]] = []  # (noise multiplier, mechanisms) per release
+        if path is not None and path.exists():
+            self.events = _load_events(path)
+
+    def epsilon(self, delta: float, extra: tuple[float, int] | None = None) -> float:
+        """Epsilon at ``delta`` spent by the releases so far (and ``extra``, if given)."""
+        from dp_accounting import dp_event, rdp
+
+        events = [*self.events, *([extra] if extra else [])]
+        if not events:
+            return 0.0
+        accountant = rdp.RdpAccountant()
+        for z, count in events:
+            accountant.compose(dp_event.GaussianDpEvent(z), count)
+        return float(accountant.get_epsilon(delta))
+
+    def check(self, settings: DpSettings, per_release: int) -> tuple[float, float]:
+        """``(z, epsilon after one more release)``; raise :class:`PrivacyBudgetError` if that
+        release would exceed the budget. The tolerance is the calibration's: the last planned
+        release lands on the budget, not above it."""
+        z = noise_multiplier(settings.epsilon, settings.delta, settings.releases, per_release)
+        after = self.epsilon(settings.delta, (z, per_release))
+        if after > settings.epsilon * (1 + 1e-6):
+            spent = self.epsilon(settings.delta)
+            raise PrivacyBudgetError(
+                f"privacy budget spent: {len(self.events)} releases used epsilon {spent:.4g} "
+                f"of hyper.dp.epsilon {settings.epsilon:g} (delta {settings.delta:g}); one "
+                f"more would reach {after:.4g}, so this device contributes no more to the run"
+            )
+        return z, after
+
+    def record(self, z: float, per_release: int) -> None:
+        """Account one release (durably, before it leaves)."""
+        self.events.append((z, per_release))
+        if self.path is not None:
+            atomic_write(self.path, json.dumps({"events": self.events}).encode())
+
+
+def _load_events(path: Path) -> list[tuple[float, int]]:
+    try:
+        data = json.loads(path.read_text())
+        events = [(float(z), int(n)) for z, n in data["events"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"privacy ledger {path} is unreadable: {exc}") from exc
+    if any(not (math.isfinite(z) and z > 0 and n > 0) for z, n in events):
+        raise ProtocolError(f"privacy ledger {path}: invalid events")
+    return events
+
+
+def privatize(
+    stats: Sequence[ClassMeans],
+    held: Sequence[int],
+    contributions: int,
+    settings: DpSettings,
+    ledger: PrivacyLedger,
+) -> dict[str, float]:
+    """Noise ``stats`` in place for release: every sum of a class the device holds
+    (``held[c] > 0``) and their shared counts, which become integers in
+    ``[1, contributions * held[c]]`` (0 for other classes, so that the released class set is
+    the registered one). Returns the reply's metrics: ``dp_epsilon`` (spent in all, this release
+    included) and ``dp_epsilon_round`` (this release's share).
+
+    Raises:
+        PrivacyBudgetError: the release would exceed the budget (nothing is noised or spent).
+    """
+    if any(s.clip != settings.clip for s in stats):
+        raise RuntimeError("privatize: the statistics were not clipped to hyper.dp.clip")
+    per_release = len(stats) + 1  # each sum, and the counts
+    before = ledger.epsilon(settings.delta)
+    z, after = ledger.check(settings, per_release)
+    ledger.record(z, per_release)
+    first = stats[0]
+    device = first.sums.device
+    rng = torch.Generator(device="cpu").manual_seed(secrets.randbits(63))
+    e = float(max(1, contributions))
+    upper = torch.tensor(held, dtype=torch.float32, device=device) * e
+    mine = upper > 0
+    noisy = first.counts.float() + _gauss(first.counts.shape, z * e, rng, device)
+    counts = torch.where(mine, torch.clamp(torch.round(noisy), min=1.0), torch.zeros_like(noisy))
+    counts = torch.minimum(counts, upper).long()
+    for s in stats:
+        s.sums += _gauss(tuple(s.sums.shape), z * e * settings.clip, rng, device)
+        s.sums[~mine] = 0.0
+        s.counts.copy_(counts)
+    return {"dp_epsilon": after, "dp_epsilon_round": after - before}
+
+
+def _gauss(shape: tuple[int, ...], sd: float, rng: torch.Generator, device: torch.device) -> Tensor:
+    return (torch.randn(shape, generator=rng) * sd).to(device)

@@ -1,0 +1,52 @@
+"""``hyper.dp``: a typed section of the algorithm's config, validated like the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.config import load_config
+from protocol.errors import ConfigError
+
+
+def test_a_dp_section_and_dotted_overrides_become_the_configs_dp_fields(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text('[run]\nalgorithm = "fedproto"\nrounds = 7\n[hyper.dp]\nepsilon = 4.0\n')
+    cfg = load_config(toml, ["hyper.dp.clip=0.5"]).algorithm_config()
+    assert (cfg.dp_epsilon, cfg.dp_clip, cfg.dp_releases) == (4.0, 0.5, 7)  # type: ignore[attr-defined]
+    task = cfg.task_config()
+    assert task["dp_epsilon"] == 4.0 and task["dp_releases"] == 7
+    off = load_config(None, [], algorithm="fedproto").algorithm_config()
+    assert not [k for k in off.task_config() if k.startswith("dp_")]
+    assert "dp_epsilon" in off.to_dict()  # the full config still shows every setting
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra", "why"),
+    [
+        ("fedavg", [], "not per-class sums"),
+        ("fedktl", [], "not per-class sums"),
+        ("felo", [], "same_arch_avg"),
+        ("velo", ["hyper.same_arch_avg=false", "hyper.upload_samples=4"], "upload_samples"),
+    ],
+)
+def test_dp_is_refused_where_it_would_not_cover_the_replies(
+    algorithm: str, extra: list[str], why: str
+) -> None:
+    with pytest.raises(ConfigError, match=why):
+        load_config(None, ["hyper.dp.epsilon=1", *extra], algorithm=algorithm).algorithm_config()
+
+
+@pytest.mark.parametrize(
+    "bad", ["hyper.dp.epsilon=-1", "hyper.dp.delta=1.0", "hyper.dp.clip=0", "hyper.dp.releases=-1"]
+)
+def test_out_of_range_dp_settings_are_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="dp"):
+        load_config(None, ["hyper.dp.epsilon=1", bad], algorithm="fedproto").algorithm_config()
+
+
+@pytest.mark.parametrize("algorithm", ["fedproto", "fedtgp", "fedgh", "fd", "fedhe"])
+def test_dp_is_accepted_by_the_algorithms_whose_replies_are_class_sums(algorithm: str) -> None:
+    cfg = load_config(None, ["hyper.dp.epsilon=1"], algorithm=algorithm).algorithm_config()
+    assert cfg.task_config()["dp_epsilon"] == 1.0
