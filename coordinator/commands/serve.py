@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.commands.options import Subparsers
     from coordinator.config import RunConfig
     from coordinator.engine.core import RunResult
+    from coordinator.engine.observer import RunObserver
+    from coordinator.tracking.prometheus import MetricsServer
     from protocol.security.credentials import Credentials
     from protocol.security.mode import SecurityMode
 
@@ -50,6 +52,18 @@ def add_parser(sub: Subparsers) -> None:
         action="store_true",
         help="start the run.ingest_workers `coordinator ingest-worker` processes here (logs in "
         "RUN_DIR/ingest/), with this command's credentials; they end with the run",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics of the run on http://HOST:PORT/metrics (needs "
+        "pip install edgefl[metrics]); default: none",
+    )
+    serve.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="interface of --metrics-port (default 127.0.0.1; the metrics name every agent)",
     )
     add_credential_options(serve)
 
@@ -84,15 +98,41 @@ def run(args: argparse.Namespace) -> int:
         store.close()
         print(summarize(result, Path(cfg.run_dir), cfg))
         return 0
+    metrics = _metrics_server(args)
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
-        result = _serve_run(cfg, creds, signing, _fleet_broker(args), spawn)
+        observer = None if metrics is None else metrics.exporter
+        result = _serve_run(cfg, creds, signing, _fleet_broker(args), spawn, observer=observer)
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
+    finally:
+        if metrics is not None:
+            metrics.close()
     print(summarize(result, Path(cfg.run_dir), cfg))
     return 0
+
+
+def _metrics_server(args: argparse.Namespace) -> MetricsServer | None:
+    """``--metrics-port``: the Prometheus exporter, serving (its library imported only now)."""
+    if args.metrics_port is None:
+        return None
+    from protocol.errors import ConfigError
+
+    try:
+        from coordinator.tracking.prometheus import MetricsServer
+    except ImportError as exc:
+        if exc.name != "prometheus_client":
+            raise
+        raise ConfigError(
+            "--metrics-port needs the prometheus_client library: pip install edgefl[metrics]"
+        ) from exc
+    server = MetricsServer(args.metrics_host, args.metrics_port)
+    logging.getLogger("edgefl").info(
+        "Prometheus metrics on http://%s:%d/metrics", server.host, server.port
+    )
+    return server
 
 
 def _interrupted(args: argparse.Namespace, cfg: RunConfig) -> None:
@@ -189,10 +229,13 @@ def _serve_run(
     signing: Any,
     fleet_broker: EmbeddedBroker | None = None,
     spawn: list[str] | None = None,
+    *,
+    observer: RunObserver | None = None,
 ) -> RunResult:
-    """The run over ``cfg.broker``; over the embedded broker when there is none; over the
+    """The run over ``cfg.broker; over the embedded broker when there is none; over the
     embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``. ``signing``:
-    the coordinator's keys (``None``: frames unsigned)."""
+    the coordinator's keys (``None``: frames unsigned); ``observer``: told of the run's events
+    (the metrics exporter)."""
     from coordinator.broker.embedded import EmbeddedBroker
     from protocol.errors import ConfigError
     from protocol.transport.paho import parse_broker
@@ -211,9 +254,13 @@ def _serve_run(
                 "(--kit OUT/coordinator) to connect to it"
             )
         with fleet_broker:
-            return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
+            return _run_over(
+                cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn, observer=observer
+            )
     if cfg.broker:
-        return _run_over(cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn)
+        return _run_over(
+            cfg, *parse_broker(cfg.broker), creds, signing, spawn=spawn, observer=observer
+        )
     if creds.tls or creds.password:
         raise ConfigError(
             f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
@@ -222,7 +269,9 @@ def _serve_run(
         )
     with EmbeddedBroker(host=cfg.embedded_host, port=cfg.embedded_port) as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
-        return _run_over(cfg, "127.0.0.1", broker.port, None, signing, spawn=spawn)
+        return _run_over(
+            cfg, "127.0.0.1", broker.port, None, signing, spawn=spawn, observer=observer
+        )
 
 
 def _run_over(
@@ -233,9 +282,11 @@ def _run_over(
     signing: Any,
     *,
     spawn: list[str] | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
     """The run over the broker at ``host:port``; with ``spawn`` (the workers' credential
-    options), its ingest workers started here for the run's duration."""
+    options), its ingest workers started here for the run's duration; ``observer`` as in
+    :func:`_serve_run`."""
     from contextlib import AbstractContextManager, nullcontext
 
     from coordinator.engine.ingest_worker import spawned_workers
@@ -250,7 +301,9 @@ def _run_over(
     try:
         with workers:
             revocations = kit_revocations(creds.kit if creds is not None else None)
-            return run_coordinator(cfg, transport, signing=signing, revocations=revocations)
+            return run_coordinator(
+                cfg, transport, signing=signing, revocations=revocations, observer=observer
+            )
     finally:
         transport.close()  # a clean disconnect: the retained state stays "finished"
 
