@@ -17,12 +17,11 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    Info,
     ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from coordinator import accuracy
@@ -42,7 +41,8 @@ ACCURACIES = {"acc_local": "mean_acc_local", "acc_global": "mean_acc_global"}
 
 
 class _Live:
-    """The values read at each scrape, from the run's :class:`LiveRun`."""
+    """The values read at each scrape, from the run's :class:`LiveRun` (none before it
+    starts: an info or gauge without its run would be a series of its own)."""
 
     def __init__(self) -> None:
         self.run: LiveRun | None = None
@@ -61,6 +61,10 @@ class _Live:
         def gauge(name: str, doc: str, value: Callable[[LiveRun], float]) -> Metric:
             return GaugeMetricFamily(name, doc, value=None if run is None else value(run))
 
+        info = None
+        if run is not None:
+            info = {"run_id": run.run_id, "algorithm": run.algorithm, "federation": run.federation}
+        yield InfoMetricFamily("edgefl_run", "The run this coordinator serves", value=info)
         yield gauge("edgefl_steps_planned", "Steps in the run's plan", lambda r: r.steps())
         yield gauge(
             "edgefl_ingest_queue_messages",
@@ -89,7 +93,6 @@ class PrometheusExporter:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.run_info = Info("edgefl_run", "The run this coordinator serves", registry=r)
         self.round = Gauge(
             "edgefl_round", "Training round of the step open or last open", registry=r
         )
@@ -157,8 +160,6 @@ class PrometheusExporter:
     def watch(self, run: LiveRun) -> None:
         """The run starts."""
         self.live.run = run
-        info = {"run_id": run.run_id, "algorithm": run.algorithm, "federation": run.federation}
-        self.run_info.info(info)
 
     def step_opened(self, idx: int, step: Step) -> None:
         """A step collects replies."""
