@@ -3,14 +3,15 @@ while two ``edge-agent`` processes train, checked against the run's store and
 ``metrics.jsonl``, and scraped by a real Prometheus (Debian's ``prometheus``) as configured in
 ``docs/howto/monitor-with-prometheus.md``.
 
-One run serves both tests (a run costs a minute on a loaded machine): the fixture observes it
-and keeps what it saw; each test judges its part.
+One run serves both tests (a run costs a minute on a loaded machine): the fixture observes it,
+holding it in its second step while it looks, and keeps what it saw; each test judges its part.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -155,7 +156,7 @@ def observed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
     rogue.connect()
     try:
         serve = [str(BIN / "coordinator"), "serve", "--broker", address, "--algorithm", "fedavg"]
-        serve += ["--rounds", "3", "--run-dir", str(seen.run_dir)]
+        serve += ["--rounds", "2", "--run-dir", str(seen.run_dir)]
         serve += ["--metrics-port", str(metrics_port), "--set", "run.min_agents=2"]
         serve += ["run.deadline_s=120", "hyper.local_epochs=1"]
         fleet.start("coord", serve, env)
@@ -163,15 +164,21 @@ def observed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
             argv = [str(BIN / "edge-agent"), "--broker", address, "--id", f"agent{i}"]
             fleet.start(f"a{i}", argv + fedavg_agent_args(i, tmp / f"agent{i}"), env)
 
-        # a status in agent1's name on agent0's topic, once the coordinator hears agents
-        def registered() -> bool:
-            return _total(_scrape(metrics_port), "edgefl_agents_registered") >= 1
+        def scraped(name: str, at_least: float) -> bool:
+            return _total(_scrape(metrics_port), name) >= at_least
 
-        assert wait_for(registered, 180, 0.2), fleet.logs()
+        # Execute: hold the run in its second step long enough to look at it: agent1 sleeps
+        # (SIGSTOP) once both agents registered, agent0 once it replied in step 1; agent1 then
+        # closes step 1 and answers step 2, which waits for agent0 until it wakes
+        assert wait_for(lambda: scraped("edgefl_agents_registered", 2), 180, 0.05), fleet.logs()
+        fleet.procs["a1"].send_signal(signal.SIGSTOP)
+        assert wait_for(lambda: scraped("edgefl_replies_accepted_total", 1), 180, 0.05)
+        fleet.procs["a0"].send_signal(signal.SIGSTOP)
+        fleet.procs["a1"].send_signal(signal.SIGCONT)
+        # a status in agent1's name on agent0's topic: refused once
         forged = Envelope(body=Status(state="online"), sender="agent1", federation="default")
         rogue.publish(Topics("default").status("agent0"), encode(forged))
-        refused = "edgefl_messages_refused_total"
-        assert wait_for(lambda: _total(_scrape(metrics_port), refused) >= 1, 60, 0.2)
+        assert wait_for(lambda: scraped("edgefl_messages_refused_total", 1), 60, 0.05)
         seen.refused = _scrape(metrics_port)
         seen.consistent = _consistent_scrape(metrics_port)
         seen.last_seen_matched = wait_for(
@@ -181,8 +188,11 @@ def observed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
         )
         if prom is not None:
             seen.prometheus = _ask(prom)
+        fleet.procs["a0"].send_signal(signal.SIGCONT)
         seen.codes = fleet.wait()
     finally:
+        for proc in fleet.procs.values():  # none left asleep, whatever failed
+            proc.send_signal(signal.SIGCONT)
         rogue.close()
         prom_log = prom.close() if prom is not None else ""
         broker.cleanup()
