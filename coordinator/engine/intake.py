@@ -145,6 +145,7 @@ class Collector:
         self.deferred = 0  # replies that arrived while no step was open (left unacknowledged)
         self._updates: list[tuple[int, str, str, str, bytes]] = []  # the batch's accepted replies
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
+        self._stored = 0  # replies of the batch stored, told to the observer once it commits
         self._ack_frames = AckFrames(endpoint)
 
     def on_reply(self, env: Envelope, reply: Reply, open_step: OpenStep | None) -> None:
@@ -180,12 +181,14 @@ class Collector:
         """Store the batch's accepted replies, in the batch's transaction (before its acks)."""
         updates, self._updates = self._updates, []
         self.store.add_updates(updates)  # one statement a batch
-        if updates:
-            self.observer.replies_accepted(len(updates))
+        self._stored += len(updates)
 
     def send_acks(self) -> None:
         """Acknowledge the batch's replies, once it is committed."""
         acks, self._acks = self._acks, []
+        if self._stored:
+            self.observer.replies_accepted(self._stored)
+            self._stored = 0
         frames = [(ack_topic, self._ack_frames.unsigned(ack)) for ack_topic, ack in acks]
         self.endpoint.send_many_unsigned(frames, kind=Ack.KIND, round=0)
 
