@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
     from coordinator.commands.options import Subparsers
     from coordinator.config import RunConfig
     from coordinator.engine.core import RunResult
+    from coordinator.engine.observer import RunObserver
+    from coordinator.tracking.prometheus import MetricsServer
     from protocol.security.credentials import Credentials
     from protocol.security.mode import SecurityMode
     from protocol.transport.address import BrokerAddress
@@ -65,6 +67,18 @@ def add_parser(sub: Subparsers) -> None:
         help="start the run.ingest_workers `coordinator ingest-worker` processes here (logs in "
         "RUN_DIR/ingest/), with this command's credentials; they end with the run",
     )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics of the run on http://HOST:PORT/metrics (needs "
+        "pip install edgefl[metrics]); default: none",
+    )
+    serve.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="interface of --metrics-port (default 127.0.0.1; the metrics name every agent)",
+    )
     add_credential_options(serve)
 
 
@@ -98,17 +112,49 @@ def run(args: argparse.Namespace) -> int:
         store.close()
         print(summarize(result, Path(cfg.run_dir), cfg))
         return 0
+    metrics = _metrics_server(args)
     try:
         verb = "resuming" if info is not None else "run directory"
         print(f"{verb}: {cfg.run_dir}\n{describe_algorithm(cfg)}", flush=True)
+        observer = None if metrics is None else metrics.exporter
         result = _serve_run(
-            cfg, creds, signing, _fleet_broker(args), spawn=spawn, ws_port=args.ws_port
+            cfg,
+            creds,
+            signing,
+            _fleet_broker(args),
+            spawn=spawn,
+            ws_port=args.ws_port,
+            observer=observer,
         )
     except KeyboardInterrupt:
         _interrupted(args, cfg)
         return 130
+    finally:
+        if metrics is not None:
+            metrics.close()
     print(summarize(result, Path(cfg.run_dir), cfg))
     return 0
+
+
+def _metrics_server(args: argparse.Namespace) -> MetricsServer | None:
+    """``--metrics-port``: the Prometheus exporter, serving (its library imported only now)."""
+    if args.metrics_port is None:
+        return None
+    from protocol.errors import ConfigError
+
+    try:
+        from coordinator.tracking.prometheus import MetricsServer
+    except ImportError as exc:
+        if exc.name != "prometheus_client":
+            raise
+        raise ConfigError(
+            "--metrics-port needs the prometheus_client library: pip install edgefl[metrics]"
+        ) from exc
+    server = MetricsServer(args.metrics_host, args.metrics_port)
+    logging.getLogger("edgefl").info(
+        "Prometheus metrics on http://%s:%d/metrics", server.host, server.port
+    )
+    return server
 
 
 def _interrupted(args: argparse.Namespace, cfg: RunConfig) -> None:
@@ -208,11 +254,13 @@ def _serve_run(
     *,
     spawn: list[str] | None = None,
     ws_port: int | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
-    """The run over ``cfg.broker``; over the embedded broker when there is none; over the
+    """The run over ``cfg.broker; over the embedded broker when there is none; over the
     embedded broker enforcing a provisioned fleet's rules with ``fleet_broker``. ``signing``:
     the coordinator's keys (``None``: frames unsigned); ``ws_port``: the embedded broker also
-    serves MQTT over WebSockets there."""
+    serves MQTT over WebSockets there; ``observer``: told of the run's events (the metrics
+    exporter)."""
     from coordinator.broker.embedded import EmbeddedBroker
     from protocol.errors import ConfigError
     from protocol.transport.address import BrokerAddress, parse_broker
@@ -237,9 +285,13 @@ def _serve_run(
                 "(--kit OUT/coordinator) to connect to it"
             )
         with fleet_broker:
-            return _run_over(cfg, parse_broker(cfg.broker), creds, signing, spawn=spawn)
+            return _run_over(
+                cfg, parse_broker(cfg.broker), creds, signing, spawn=spawn, observer=observer
+            )
     if cfg.broker:
-        return _run_over(cfg, parse_broker(cfg.broker), creds, signing, spawn=spawn)
+        return _run_over(
+            cfg, parse_broker(cfg.broker), creds, signing, spawn=spawn, observer=observer
+        )
     if creds.tls or creds.password:
         raise ConfigError(
             f"broker credentials given ({creds.describe()}) but no broker: the embedded broker "
@@ -250,7 +302,7 @@ def _serve_run(
     with embedded as broker:
         logging.getLogger("edgefl").info("embedded MQTT broker listening on port %d", broker.port)
         local = BrokerAddress("127.0.0.1", broker.port)
-        return _run_over(cfg, local, None, signing, spawn=spawn)
+        return _run_over(cfg, local, None, signing, spawn=spawn, observer=observer)
 
 
 def _run_over(
@@ -260,9 +312,10 @@ def _run_over(
     signing: Any,
     *,
     spawn: list[str] | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
     """The run over ``broker``; with ``spawn`` (the workers' credential options), its ingest
-    workers started here for the run's duration."""
+    workers started here for the run's duration; ``observer`` as in :func:`_serve_run`."""
     from contextlib import AbstractContextManager, nullcontext
 
     from coordinator.engine.ingest_worker import spawned_workers
@@ -277,7 +330,9 @@ def _run_over(
     try:
         with workers:
             revocations = kit_revocations(creds.kit if creds is not None else None)
-            return run_coordinator(cfg, transport, signing=signing, revocations=revocations)
+            return run_coordinator(
+                cfg, transport, signing=signing, revocations=revocations, observer=observer
+            )
     finally:
         transport.close()  # a clean disconnect: the retained state stays "finished"
 

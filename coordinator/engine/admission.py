@@ -252,10 +252,12 @@ class Admission:
         listed = "; ".join(f"{n} x {reason}" for reason, n in reasons)
         return f"; {len(self.refused)} refused at registration: {listed}"
 
-    def flush(self, store: Store) -> None:
-        """Store the batch's registrations, in the batch's transaction."""
+    def flush(self, store: Store, now: float) -> list[str]:
+        """Store the batch's registrations, in the batch's transaction, as seen at ``now``;
+        the devices registered."""
         registered, self._registered = self._registered, {}
-        store.upsert_agents(registered)  # one statement a batch, not one a message
+        store.upsert_agents(registered, now=now)  # one statement a batch, not one a message
+        return list(registered)
 
 
 class NewDevices:

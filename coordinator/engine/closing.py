@@ -12,6 +12,7 @@ from typing import Any
 from coordinator.config import RunConfig
 from coordinator.engine.intake import ReplySource
 from coordinator.engine.metrics import REFUSED, append_line, step_record
+from coordinator.engine.observer import NoObserver, RunObserver
 from coordinator.engine.step import OpenStep
 from coordinator.engine.stopping import EarlyStop
 from coordinator.store.database import Store
@@ -38,6 +39,7 @@ class StepCloser:
         log: logging.Logger,
         steps: int,
         stopping: EarlyStop,
+        observer: RunObserver | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -48,6 +50,7 @@ class StepCloser:
         self.log = log
         self.steps = steps  # in the run's plan
         self.stopping = stopping  # sees every record before it is stored
+        self.observer = observer or NoObserver()  # sees every record once it is stored
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
 
     def traffic_now(self) -> dict[str, int]:
@@ -79,6 +82,7 @@ class StepCloser:
         line = json.dumps(record)  # once: 10,000 agents' figures take 50 ms to encode
         self.store.complete_step(rec.idx, "done", self.strategy.state_dict(), line, meta)
         append_line(self.metrics_path, line)
+        self.observer.step_closed(record)
         self.log.info(
             "step %d/%d %s round %d: %d/%d replies, local acc %s, global acc %s, %d bytes",
             rec.idx + 1,
@@ -126,6 +130,7 @@ class StepCloser:
         line = json.dumps(record)
         self.store.fail_step(rec.idx, line, str(exc))
         append_line(self.metrics_path, line)
+        self.observer.step_closed(record)
 
     def _metrics_record(
         self,

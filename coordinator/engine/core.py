@@ -27,6 +27,7 @@ from coordinator.engine.dispatch import MessageTable
 from coordinator.engine.ingest import new_share_group
 from coordinator.engine.intake import Collector, ReplySource, reply_source
 from coordinator.engine.liveness import Presence, StatePublisher
+from coordinator.engine.observer import LiveRun, NoObserver, RunObserver
 from coordinator.engine.replies import (
     ReplyDesk,
     registered_agents,
@@ -81,6 +82,7 @@ class Coordinator:
         *,
         health_check: Callable[[], None] | None = None,
         revocations: Path | None = None,
+        observer: RunObserver | None = None,
     ) -> None:
         self.cfg = cfg
         # called before every wait for messages; raises to end the run (the demo uses it to stop
@@ -89,6 +91,10 @@ class Coordinator:
         self.endpoint = endpoint
         self.store = store
         self.strategy = strategy
+        # a live view of the run (a metrics exporter); told of each event where it happens
+        self.observer: RunObserver = observer or NoObserver()
+        if observer is not None:
+            store.on_commit = observer.committed
         self.topics = Topics(cfg.federation)
         self.log = logger or logging.getLogger("edgefl.coordinator")
         self.inbox: queue.Queue[tuple[Envelope, str]] = queue.Queue()
@@ -123,7 +129,14 @@ class Coordinator:
         self.buffer: TaskBuffer = task_buffer(cfg, store, strategy)  # buffered mode's tasks
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
         self.collector = Collector(
-            self.desk, store, endpoint, self.topics, self.agents, log=self.log, reject=self._reject
+            self.desk,
+            store,
+            endpoint,
+            self.topics,
+            self.agents,
+            log=self.log,
+            reject=self._reject,
+            observer=self.observer,
         )
         self.replies: ReplySource = reply_source(cfg, store, self.topics)
         self.broadcast = KnowledgeBroadcast(cfg, endpoint, self.topics, self._reject)
@@ -144,6 +157,7 @@ class Coordinator:
             log=self.log,
             steps=len(self.plan),
             stopping=self.stopping,
+            observer=self.observer,
         )
         self.messages = (
             MessageTable()
@@ -189,9 +203,24 @@ class Coordinator:
         for topic in self.replies.leader_topics(base):
             self.endpoint.deliver_locally(topic, lambda env, topic: self.inbox.put((env, topic)))
         self.endpoint.transport.add_connect_listener(self.announcer.on_connect)
+        self.observer.watch(self._live())
         self.announcer.state = ("starting", 0)
         if self.endpoint.transport.connected:
             self.announcer.announce()
+
+    def _live(self) -> LiveRun:
+        """The run's live values, read by the observer when it asks (from its own thread:
+        each is one atomic read or copy of a builtin container)."""
+        return LiveRun(
+            run_id=self.cfg.run_id,
+            algorithm=self.strategy.name,
+            federation=self.cfg.federation,
+            steps=lambda: len(self.plan),
+            queue_depth=self.inbox.qsize,
+            agents_registered=lambda: len(self.agents),
+            agents_online=self.admission.online_count,
+            frames_refused=lambda: dict(self.endpoint.rejected),
+        )
 
     def _on_duplicate(self, env: Envelope, topic: str) -> None:
         if isinstance(env.body, Reply):
@@ -268,6 +297,7 @@ class Coordinator:
         if rec is None or rec.status != "open":
             rec = self._open(idx, step, attempt=0)
         while True:
+            self.observer.step_opened(idx, step)
             started, traffic0 = time.time(), self.closer.traffic_now()
             open_step = self.collect(rec, step)
             self._observe_deadline(open_step)
@@ -405,14 +435,17 @@ class Coordinator:
         batch = take_batch(self.inbox, timeout)
         if not batch:
             return
+        now = time.time()  # the batch's agents' last_seen
         with self.store.transaction():
             self.desk.prefetch([env.msg_id for env, _ in batch if isinstance(env.body, Reply)])
             for env, topic in batch:
                 self._handle(env, topic)
             self.collector.flush()  # one statement a batch, before its acks leave
-            self.admission.flush(self.store)  # one statement a batch, not one a message,
-            self.presence.flush(self.store)  # and after them what they said since
+            joined = self.admission.flush(self.store, now)  # one statement a batch,
+            heard = self.presence.flush(self.store, now)  # and after them what they said since
         self.collector.send_acks()
+        if joined or heard:
+            self.observer.heard([*joined, *heard], now)
 
     # ----- messages -------------------------------------------------------------------------
     def _handle(self, env: Envelope, topic: str) -> None:
@@ -498,6 +531,7 @@ class Coordinator:
     def _reject(self, reason: str, detail: str) -> None:
         """Count and log a message not acted on; its bytes count as refused, not traffic."""
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self.observer.refused(reason)
         if self._handling is not None:
             self.endpoint.refuse(self._handling)
             self._handling = None  # once, whatever else is refused about it

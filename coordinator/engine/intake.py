@@ -13,6 +13,7 @@ from typing import Protocol
 
 from coordinator.config import RunConfig
 from coordinator.engine.ingest import Polled, WorkerIntake
+from coordinator.engine.observer import NoObserver, RunObserver
 from coordinator.engine.replies import AckFrames, ReplyDesk
 from coordinator.engine.step import OpenStep
 from coordinator.store.database import Store
@@ -131,6 +132,7 @@ class Collector:
         *,
         log: logging.Logger,
         reject: Callable[[str, str], None],
+        observer: RunObserver | None = None,
     ) -> None:
         self.desk = desk
         self.store = store
@@ -139,10 +141,12 @@ class Collector:
         self.agents = agents  # the admitted agents (read only)
         self.log = log
         self.reject = reject  # counts and logs a message that is not acted on
+        self.observer = observer or NoObserver()  # told of the replies taken, a batch at once
         self.deferred = 0  # replies that arrived while no step was open (left unacknowledged)
         self.deferred_from: set[str] = set()  # their devices (buffered mode sends tasks again)
         self._updates: list[tuple[int, str, str, str, bytes]] = []  # the batch's accepted replies
         self._acks: list[tuple[str, Ack]] = []  # acks waiting for their batch to commit
+        self._stored = 0  # replies of the batch stored, told to the observer once it commits
         self._ack_frames = AckFrames(endpoint)
 
     def on_reply(self, env: Envelope, reply: Reply, open_step: OpenStep | None) -> None:
@@ -185,10 +189,14 @@ class Collector:
         """Store the batch's accepted replies, in the batch's transaction (before its acks)."""
         updates, self._updates = self._updates, []
         self.store.add_updates(updates)  # one statement a batch
+        self._stored += len(updates)
 
     def send_acks(self) -> None:
         """Acknowledge the batch's replies, once it is committed."""
         acks, self._acks = self._acks, []
+        if self._stored:
+            self.observer.replies_accepted(self._stored)
+            self._stored = 0
         frames = [(ack_topic, self._ack_frames.unsigned(ack)) for ack_topic, ack in acks]
         self.endpoint.send_many_unsigned(frames, kind=Ack.KIND, round=0)
 
@@ -213,6 +221,7 @@ class Collector:
         ``worker_checked``: stored by this run's ingest workers during this attempt
         (:meth:`ReplyDesk.check`)."""
         replies, read = open_step.outcome.replies, open_step.read
+        taken = 0
         for device_id, blob in rows:
             if device_id in replies or device_id in read:  # stored by this engine, or taken
                 continue
@@ -232,3 +241,6 @@ class Collector:
                 self.log.warning("stored reply of %s no longer valid: %s", device_id, exc)
                 continue
             open_step.replied(device_id, body)
+            taken += 1
+        if taken:
+            self.observer.replies_accepted(taken)

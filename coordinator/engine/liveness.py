@@ -130,7 +130,9 @@ class Presence:
         self.online.add(device)
         self._touched.pop(device, None)
 
-    def flush(self, store: Store) -> None:
-        """Store what the batch heard, in the batch's transaction."""
+    def flush(self, store: Store, now: float) -> list[str]:
+        """Store what the batch heard, in the batch's transaction, as seen at ``now``; the
+        devices heard."""
         touched, self._touched = self._touched, {}
-        store.touch_agents(touched)
+        store.touch_agents(touched, now)
+        return list(touched)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig
 from coordinator.engine.core import Coordinator, QuorumError, RunResult
+from coordinator.engine.observer import RunObserver
 from coordinator.store.database import CHECKPOINT_S, Store
 from coordinator.strategies import create_strategy
 from coordinator.tracking import start_tracking
@@ -114,12 +115,14 @@ def make_coordinator(
     health_check: Callable[[], None] | None = None,
     signing: SigningKeys | None = None,
     revocations: Path | None = None,
+    observer: RunObserver | None = None,
 ) -> Coordinator:
     """Lock the run directory, open its store and strategy and wire them to ``transport``.
 
     ``health_check`` runs before every wait for messages and may raise to end the run.
     ``signing``: sign every frame and refuse unsigned ones except the agents' wills (§7).
     ``revocations``: the coordinator kit's revocation list, watched during the run.
+    ``observer``: told of the run's events (a metrics exporter).
     ``run.json`` is written once, when the run starts: a resumed run keeps its record.
     """
     run_dir = Path(cfg.run_dir)
@@ -141,6 +144,7 @@ def make_coordinator(
             logger,
             health_check=health_check,
             revocations=revocations,
+            observer=observer,
         )
     except BaseException:
         store.close()
@@ -155,6 +159,7 @@ def run_coordinator(
     health_check: Callable[[], None] | None = None,
     signing: SigningKeys | None = None,
     revocations: Path | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
     """Connect, run every step, disconnect.
 
@@ -171,6 +176,7 @@ def run_coordinator(
             health_check=health_check,
             signing=signing,
             revocations=revocations,
+            observer=observer,
         )
     except BaseException:
         if created:

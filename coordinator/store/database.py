@@ -19,7 +19,7 @@ import json
 import sqlite3
 import time
 import weakref
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +126,8 @@ class Store:
         self._add_segment_columns()
         self.segments = Segments(self.path.parent / SEGMENTS_DIR)
         self.checkpointer: WalCheckpointer | None = None
+        # told how long each transaction's COMMIT took (the engine's metrics observer)
+        self.on_commit: Callable[[float], None] | None = None
         if checkpoint_s is not None:
             self.db.execute("PRAGMA wal_autocheckpoint=0")
             self.db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
@@ -167,7 +169,10 @@ class Store:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+        started = time.perf_counter()
         self.db.execute("COMMIT")
+        if self.on_commit is not None:
+            self.on_commit(time.perf_counter() - started)
 
     # ----- meta -----------------------------------------------------------------------------
     def get_meta(self, key: str) -> Any:
@@ -184,10 +189,13 @@ class Store:
         """Remember an agent's registration (encoded envelope)."""
         self.upsert_agents({device_id: register}, online)
 
-    def upsert_agents(self, registers: Mapping[str, bytes], online: bool = True) -> None:
+    def upsert_agents(
+        self, registers: Mapping[str, bytes], online: bool = True, now: float | None = None
+    ) -> None:
         """:meth:`upsert_agent` for many agents at once (``device_id -> register envelope``):
-        one statement for a burst of registrations (10,000 agents joining)."""
-        now, state = time.time(), int(online)
+        one statement for a burst of registrations (10,000 agents joining); ``now``: their
+        ``last_seen`` (default: the time now)."""
+        now, state = time.time() if now is None else now, int(online)
         self.db.executemany(
             "INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?)",
             [(d, register, state, now) for d, register in registers.items()],
@@ -205,10 +213,10 @@ class Store:
                 (time.time(), int(online), device_id),
             )
 
-    def touch_agents(self, heard: Mapping[str, bool | None]) -> None:
+    def touch_agents(self, heard: Mapping[str, bool | None], now: float | None = None) -> None:
         """:meth:`touch_agent` for many agents at once (``device_id -> online``, ``None``:
-        it did not say)."""
-        now = time.time()
+        it did not say); ``now``: their ``last_seen`` (default: the time now)."""
+        now = time.time() if now is None else now
         self.db.executemany(
             "UPDATE agents SET last_seen=? WHERE device_id=?",
             [(now, d) for d, online in heard.items() if online is None],

@@ -10,7 +10,7 @@ import pytest
 from coordinator.broker.embedded import free_port
 from coordinator.cli import build_parser, main
 
-HEAVY = ("torch", "torchvision", "onnx", "onnxruntime")
+HEAVY = ("torch", "torchvision", "onnx", "onnxruntime", "prometheus_client")
 
 
 @pytest.mark.parametrize(
