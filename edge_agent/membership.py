@@ -3,7 +3,8 @@ or refused registration, the coordinator's retained state (a run starting, runni
 and signing off when told to stop.
 
 :class:`Membership` is mixed into :class:`~edge_agent.agent.EdgeAgent`, whose state it shares:
-the round's work (tasks, knowledge, evaluation) stays in ``agent.py``.
+the round's work (tasks, knowledge) stays in ``agent.py``, its evaluation, checkpoints and
+export in ``round_outputs.py``.
 """
 
 from __future__ import annotations

@@ -36,9 +36,20 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from protocol.contract.wire import from_plain
-from protocol.errors import EdgeFLError, ValidationError
-from protocol.logs import listing
+from models.checkpoint_checks import (
+    STR_MAP,
+    CheckpointError,
+    as_tensor,
+    as_type,
+    check_meta,
+    check_state_dict,
+    describe,
+    first_line,
+    int_at_least,
+    required,
+    tensor_map,
+)
+from protocol.errors import EdgeFLError
 
 if TYPE_CHECKING:
     from models._classifier import Classifier
@@ -61,25 +72,7 @@ FORMAT = "edgefl.checkpoint/1"
 HeadType = Literal["logits", "prototype", "cosine"]
 HEAD_TYPES: tuple[str, ...] = get_args(HeadType)
 
-# Known meta keys, their types and, where the decoder's own is not used, a mismatch's wording.
-# Missing keys are allowed (an exporter fills blanks), but a present key of the wrong type is an
-# error: it would end up wrong in the ONNX metadata.
-_META_TYPES: dict[str, tuple[Any, str | None]] = {
-    "algorithm": (str, None),
-    "round": (int, None),
-    "federation": (str, None),
-    "run_id": (str, None),
-    "device_id": (str, None),
-    "class_names": (list[str], "a list of str"),
-    "toolkit_version": (str, None),
-    "metrics": (dict[str, object], None),  # numbers, NaN allowed: checked below
-}
-_MAP = dict[str, object]  # a map with string keys, its values checked by the caller
 _PLAIN = (str, int, float, bool, type(None))
-
-
-class CheckpointError(EdgeFLError):
-    """A checkpoint is missing, unreadable, malformed, or does not fit its declared model."""
 
 
 def toolkit_version() -> str:
@@ -170,35 +163,35 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, obj: object, where: str) -> ModelSpec:
         """Parse and validate the ``"model"`` entry (``where`` prefixes error messages)."""
-        d = _typed(_MAP, obj, where)
-        size = _get(d, "input_size", tuple[int, ...], where, "[h, w] positive ints")
+        d = as_type(STR_MAP, obj, where)
+        size = required(d, "input_size", tuple[int, ...], where, "[h, w] positive ints")
         if len(size) != 2 or min(size) < 1:
             raise CheckpointError(
                 f"{where}.input_size: expected [h, w] positive ints, got {d['input_size']!r}"
             )
-        feature_dim = _get(d, "feature_dim", int | None, where, "an int >= 1 or None")
+        feature_dim = required(d, "feature_dim", int | None, where, "an int >= 1 or None")
         if feature_dim is not None and feature_dim < 1:
             raise CheckpointError(
                 f"{where}.feature_dim: expected an int >= 1 or None, got {feature_dim!r}"
             )
-        model_args = _typed(_MAP, d.get("model_args", {}), f"{where}.model_args")
+        model_args = as_type(STR_MAP, d.get("model_args", {}), f"{where}.model_args")
         for key, value in model_args.items():
             if not isinstance(value, (*_PLAIN, list, tuple)):
                 raise CheckpointError(
                     f"{where}.model_args.{key}: expected a plain value, got {type(value).__name__}"
                 )
-        name = _get(d, "name", str, where)
+        name = required(d, "name", str, where)
         if not name:
             raise CheckpointError(f"{where}.name: expected a non-empty str")
         return cls(
             name=name,
-            num_classes=_int_at_least(d, "num_classes", 0, where),
-            in_chans=_int_at_least(d, "in_chans", 1, where),
+            num_classes=int_at_least(d, "num_classes", 0, where),
+            in_chans=int_at_least(d, "in_chans", 1, where),
             feature_dim=feature_dim,
             input_size=size,
-            mean=_typed(tuple[float, ...] | None, d.get("mean"), f"{where}.mean"),
-            std=_typed(tuple[float, ...] | None, d.get("std"), f"{where}.std"),
-            feature_act=_typed(str | None, d.get("feature_act"), f"{where}.feature_act"),
+            mean=as_type(tuple[float, ...] | None, d.get("mean"), f"{where}.mean"),
+            std=as_type(tuple[float, ...] | None, d.get("std"), f"{where}.std"),
+            feature_act=as_type(str | None, d.get("feature_act"), f"{where}.feature_act"),
             model_args=model_args,
         )
 
@@ -232,7 +225,7 @@ class HeadSpec:
         if not isinstance(protos, Tensor) or protos.dim() != 2 or not protos.is_floating_point():
             raise CheckpointError(
                 f"head.prototypes: a {self.type!r} head needs a float tensor [C, D], "
-                f"got {_describe(protos)}"
+                f"got {describe(protos)}"
             )
         if not bool(torch.isfinite(protos).all()):
             raise CheckpointError("head.prototypes: contains NaN or infinite values")
@@ -244,7 +237,7 @@ class HeadSpec:
             or tuple(valid.shape) != (num,)
         ):
             raise CheckpointError(
-                f"head.valid: expected a bool tensor [{num}], got {_describe(valid)}"
+                f"head.valid: expected a bool tensor [{num}], got {describe(valid)}"
             )
         if valid is not None and not bool(valid.any()):
             raise CheckpointError("head.valid: no class is valid, the head could never predict")
@@ -275,13 +268,13 @@ class HeadSpec:
     @classmethod
     def from_dict(cls, obj: object, where: str) -> HeadSpec:
         """Parse and validate the ``"head"`` entry."""
-        d = _typed(_MAP, obj, where)
-        kind = _get(d, "type", str, where)
+        d = as_type(STR_MAP, obj, where)
+        kind = required(d, "type", str, where)
         if kind == "logits":
             return cls(type="logits")
         if kind in HEAD_TYPES:
             for key in ("prototypes", "valid"):
-                _tensor(_get(d, key, object, where), f"{where}.{key}")
+                as_tensor(required(d, key, object, where), f"{where}.{key}")
         try:
             return cls(type=kind, prototypes=d.get("prototypes"), valid=d.get("valid"))
         except CheckpointError as exc:
@@ -307,9 +300,9 @@ class Checkpoint:
     extra: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _tensor_map(self.state_dict, "state_dict")
-        _tensor_map(self.extra, "extra")
-        _check_meta(self.meta, "meta")
+        tensor_map(self.state_dict, "state_dict")
+        tensor_map(self.extra, "extra")
+        check_meta(self.meta, "meta")
         rows = self.head.num_classes
         if rows is not None and rows != self.model_spec.num_classes:
             raise CheckpointError(
@@ -350,7 +343,7 @@ class Checkpoint:
     @classmethod
     def from_dict(cls, obj: object, where: str = "checkpoint") -> Checkpoint:
         """Parse and validate the on-disk structure."""
-        d = _typed(_MAP, obj, where)
+        d = as_type(STR_MAP, obj, where)
         tag = d.get("format")
         if tag != FORMAT:
             raise CheckpointError(
@@ -358,11 +351,11 @@ class Checkpoint:
                 "(not an edgefl agent checkpoint?)"
             )
         return cls(
-            model_spec=ModelSpec.from_dict(_get(d, "model", object, where), f"{where}.model"),
-            state_dict=_tensor_map(_get(d, "state_dict", object, where), f"{where}.state_dict"),
-            head=HeadSpec.from_dict(_get(d, "head", object, where), f"{where}.head"),
-            meta=_check_meta(_get(d, "meta", object, where), f"{where}.meta"),
-            extra=_tensor_map(d.get("extra", {}), f"{where}.extra"),
+            model_spec=ModelSpec.from_dict(required(d, "model", object, where), f"{where}.model"),
+            state_dict=tensor_map(required(d, "state_dict", object, where), f"{where}.state_dict"),
+            head=HeadSpec.from_dict(required(d, "head", object, where), f"{where}.head"),
+            meta=check_meta(required(d, "meta", object, where), f"{where}.meta"),
+            extra=tensor_map(d.get("extra", {}), f"{where}.extra"),
         )
 
 
@@ -418,7 +411,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 f"{p}: holds a pickled Python object ({found.group(1)}); agent checkpoints "
                 "contain only plain types and tensors and are loaded with weights_only=True"
             ) from exc
-        raise CheckpointError(f"{p}: unreadable torch archive ({_first_line(exc)})") from exc
+        raise CheckpointError(f"{p}: unreadable torch archive ({first_line(exc)})") from exc
     return Checkpoint.from_dict(obj, where=str(p))
 
 
@@ -439,12 +432,12 @@ def build_model(ckpt: Checkpoint) -> Classifier:
         model = create_model(spec.name, **spec.create_kwargs())
     except EdgeFLError as exc:
         raise CheckpointError(f"checkpoint model {spec.name!r} cannot be built: {exc}") from exc
-    _check_state_dict(model.state_dict(), ckpt.state_dict, spec)
+    check_state_dict(model.state_dict(), ckpt.state_dict, spec)
     try:
         model.load_state_dict(ckpt.state_dict, strict=True)
     except RuntimeError as exc:  # e.g. dtype trouble the key/shape check above cannot see
         raise CheckpointError(
-            f"state_dict does not load into {spec.name}: {_first_line(exc)}"
+            f"state_dict does not load into {spec.name}: {first_line(exc)}"
         ) from exc
     return model.eval()
 
@@ -456,98 +449,3 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-# ----- validation helpers --------------------------------------------------------------------
-
-
-def _check_state_dict(
-    expected: Mapping[str, Tensor], got: Mapping[str, Tensor], spec: ModelSpec
-) -> None:
-    missing = [k for k in expected if k not in got]
-    unexpected = [k for k in got if k not in expected]
-    mismatched = [
-        f"{k}: checkpoint {list(got[k].shape)} vs model {list(v.shape)}"
-        for k, v in expected.items()
-        if k in got and got[k].shape != v.shape
-    ]
-    if not (missing or unexpected or mismatched):
-        return
-    parts = [
-        f"{len(items)} {label} ({listing(items, 5)})"
-        for label, items in (
-            ("missing", missing),
-            ("unexpected", unexpected),
-            ("shape-mismatched", mismatched),
-        )
-        if items
-    ]
-    raise CheckpointError(
-        f"state_dict does not match {spec.name}(num_classes={spec.num_classes}, "
-        f"in_chans={spec.in_chans}, feature_dim={spec.feature_dim}, "
-        f"input_size={list(spec.input_size)}): " + "; ".join(parts)
-    )
-
-
-def _typed(tp: Any, value: object, where: str, expected: str | None = None) -> Any:
-    """``value`` as type ``tp`` by the one typed decoder
-    (:func:`protocol.contract.wire.from_plain`); a
-    mismatch is a :class:`CheckpointError`, worded ``expected`` where that is given."""
-    try:
-        return from_plain(tp, value, where)
-    except ValidationError as exc:
-        if expected is None:
-            raise CheckpointError(str(exc)) from None
-        raise CheckpointError(f"{where}: expected {expected}, got {_describe(value)}") from None
-
-
-def _get(d: Mapping[str, Any], key: str, tp: Any, where: str, expected: str | None = None) -> Any:
-    """``d[key]`` as type ``tp`` (see :func:`_typed`); a missing key is an error."""
-    if key not in d:
-        raise CheckpointError(f"{where}: missing key {key!r}")
-    return _typed(tp, d[key], f"{where}.{key}", expected)
-
-
-def _int_at_least(d: Mapping[str, Any], key: str, minimum: int, where: str) -> int:
-    value: int = _get(d, key, int, where)
-    if value < minimum:
-        raise CheckpointError(f"{where}.{key}: expected an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _tensor(value: object, where: str) -> Tensor:
-    if not isinstance(value, Tensor):
-        raise CheckpointError(f"{where}: expected a tensor, got {_describe(value)}")
-    return value
-
-
-def _tensor_map(obj: object, where: str) -> dict[str, Tensor]:
-    d: dict[str, Tensor] = _typed(_MAP, obj, where)
-    for key, value in d.items():
-        _tensor(value, f"{where}[{key!r}]")
-    return d
-
-
-def _check_meta(obj: object, where: str) -> dict[str, Any]:
-    d: dict[str, Any] = _typed(_MAP, obj, where)
-    for key, (tp, expected) in _META_TYPES.items():
-        if key in d:
-            _typed(tp, d[key], f"{where}.{key}", expected)
-    for name, value in d.get("metrics", {}).items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise CheckpointError(
-                f"{where}.metrics.{name}: expected a float, got {_describe(value)}"
-            )
-    return d
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"tensor {str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
-    shown = repr(value)
-    return shown if len(shown) <= 60 else f"{type(value).__name__} {shown[:57]}..."
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

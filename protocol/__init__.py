@@ -32,7 +32,8 @@ from protocol.errors import (
 )
 from protocol.security.signing import HmacSigner, Signer, Verifier
 from protocol.transport.base import MemoryBroker, MemoryTransport, Transport, Will
-from protocol.transport.endpoint import Endpoint, TrafficCounter
+from protocol.transport.endpoint import Endpoint
+from protocol.transport.traffic import TrafficCounter
 
 __all__ = [
     "MESSAGE_TYPES",

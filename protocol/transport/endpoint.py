@@ -27,7 +27,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from protocol.contract.chunking import (
     DEFAULT_CHUNK_POLICY,
@@ -36,88 +36,27 @@ from protocol.contract.chunking import (
     SentCache,
     SentFrame,
     request_filter,
-    request_topic,
     split_frame,
 )
 from protocol.contract.codec import Envelope, Limits, decode_frame_map, encode, envelope_from_map
 from protocol.contract.messages import Chunk, ChunkRequest, Message
 from protocol.contract.topics import CHUNKS, Topics
-from protocol.errors import LimitError, ProtocolError, SignatureError, TransportError
+from protocol.errors import LimitError, ProtocolError, SignatureError
 from protocol.logs import RefusalLog
 from protocol.security.signing import Signer, Verifier
 from protocol.transport.base import Transport
+from protocol.transport.chunk_exchange import ChunkExchange
 from protocol.transport.routes import Routes
+from protocol.transport.traffic import TrafficCounter
 
-__all__ = ["Endpoint", "EnvelopeHandler", "TrafficCounter"]
+__all__ = ["Endpoint", "EnvelopeHandler"]
 
 EnvelopeHandler = Callable[[Envelope, str], None]
 MQTT_HEADROOM = 64  # fixed header, packet id and MQTT 5 properties around a PUBLISH payload
 INVALID = "invalid"  # traffic kind of frames rejected before their kind was known
 
 
-@dataclass
-class TrafficCounter:
-    """Encoded bytes, message and chunk counts per (direction, kind); thread-safe. ``bytes``
-    are accepted traffic; ``refused`` the bytes of frames refused on receipt."""
-
-    bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
-    messages: Counter[tuple[str, str]] = field(default_factory=Counter)
-    chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
-    refused: Counter[tuple[str, str]] = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(
-        self, direction: str, kind: str, size: int, *, messages: int = 1, chunks: int = 0
-    ) -> None:
-        """Record ``size`` encoded bytes of ``messages`` messages (sent as ``chunks`` chunks)."""
-        with self._lock:
-            self.bytes[(direction, kind)] += size
-            self.messages[(direction, kind)] += messages
-            if chunks:
-                self.chunks[(direction, kind)] += chunks
-
-    def move(self, direction: str, src: str, dst: str, size: int, *, chunks: int = 0) -> None:
-        """Re-attribute ``size`` bytes (and ``chunks`` chunk frames) from kind ``src`` to ``dst``.
-
-        Received chunk frames count under ``chunk`` until their message is complete and its
-        kind known; then they move to that kind and count as one message of it.
-        """
-        with self._lock:
-            self.bytes[(direction, src)] -= size
-            self.bytes[(direction, dst)] += size
-            self.messages[(direction, dst)] += 1
-            if chunks:
-                self.chunks[(direction, src)] -= chunks
-                self.chunks[(direction, dst)] += chunks
-
-    def refuse(self, direction: str, kind: str, size: int, *, counted: bool = True) -> None:
-        """Count ``size`` bytes of a refused ``kind`` frame; ``counted``: they were counted as
-        accepted on receipt (a message a handler refused) and move out of ``bytes``."""
-        with self._lock:
-            if counted:
-                self.bytes[(direction, kind)] -= size
-                self.messages[(direction, kind)] -= 1
-            self.refused[(direction, kind)] += size
-
-    def snapshot(self) -> dict[str, int]:
-        """Accepted bytes: ``{"tx.reply": bytes, "rx.task": bytes, ...}``."""
-        with self._lock:
-            return {f"{d}.{k}": n for (d, k), n in sorted(self.bytes.items()) if n}
-
-    def refused_snapshot(self) -> dict[str, int]:
-        """Refused bytes: ``{"rx.invalid": bytes, "rx.reply": bytes, ...}``."""
-        with self._lock:
-            return {f"{d}.{k}": n for (d, k), n in sorted(self.refused.items()) if n}
-
-    def total(self, direction: str | None = None) -> int:
-        """Total bytes on the wire, accepted and refused, optionally for one direction (``tx``
-        or ``rx``)."""
-        with self._lock:
-            counts = (*self.bytes.items(), *self.refused.items())
-            return sum(n for (d, _), n in counts if direction in (None, d))
-
-
-class Endpoint:
+class Endpoint(ChunkExchange):
     """Send and receive typed envelopes for one participant (``sender``) of a federation.
 
     Args:
@@ -467,127 +406,6 @@ class Endpoint:
             if len(self._seen) > self._dedupe_window:
                 self._seen.popitem(last=False)
         return False
-
-    # -- chunks ----------------------------------------------------------------------------
-
-    def _on_chunk(self, env: Envelope, chunk: Chunk, topic: str, size: int) -> None:
-        late = self._reassembler.late_kind(env.sender, chunk.digest)
-        if late is not None:  # a duplicate of a message already delivered
-            self.traffic.add("rx", late or "chunk", size, messages=0, chunks=1)
-            return
-        self.traffic.add("rx", "chunk", size, messages=0, chunks=1)
-        try:
-            done = self._reassembler.add(chunk, env.sender, topic, size)
-        except ProtocolError as exc:
-            self._reject(exc, topic, 0)
-            return
-        finally:
-            self._log_evicted()
-        self._ensure_sweeper()
-        if done is None:
-            return
-        frame, wire_bytes, frames = done
-        inner = self._open(topic, frame, count=False, received=wire_bytes)
-        if inner is None:
-            return
-        if isinstance(inner.body, Chunk) or inner.sender != env.sender:
-            self._reject(
-                ProtocolError(
-                    f"chunked message from {env.sender} carries a {inner.kind} from {inner.sender}"
-                ),
-                topic,
-                0,
-            )
-            return
-        self._reassembler.mark_kind(env.sender, chunk.digest, inner.kind)
-        self.traffic.move("rx", "chunk", inner.kind, wire_bytes, chunks=frames)
-        self._deliver(inner, topic)
-
-    def _log_evicted(self) -> None:
-        for part in self._reassembler.take_evicted():
-            self.rejected["evicted"] += 1
-            self.log.warning(
-                "evicted incomplete message %s from %s on %s (%d chunks missing): %s",
-                part.digest.hex()[:16],
-                part.sender,
-                part.topic,
-                len(part.missing),
-                part.reason,
-            )
-
-    def _on_chunk_request(self, req: ChunkRequest, requester: str) -> None:
-        sent = self._sent.get(req.digest)
-        if sent is None:
-            self.log.info(
-                "chunk request from %s for unknown or evicted %s", requester, req.digest.hex()[:16]
-            )
-            return
-        indices = sorted({i for i in req.missing if 0 <= i < sent.count})
-        total = 0
-        try:
-            for i in indices:
-                data = self._chunk_frame(sent.chunk(i), sent.round)
-                self.transport.publish(self.topics.chunk_topic(sent.topic), data, qos=sent.qos)
-                total += len(data)
-        except TransportError as exc:
-            self.log.warning("resending chunks of %s failed: %s", req.digest.hex()[:16], exc)
-        self.traffic.add("tx", sent.kind, total, messages=0, chunks=len(indices))
-        self.log.info(
-            "resent %d chunks of %s to %s", len(indices), req.digest.hex()[:16], requester
-        )
-
-    def sweep_chunks(self, now: float | None = None) -> None:
-        """Request missing chunks of stalled partial messages and drop expired ones.
-
-        Runs every ``chunking.sweep_interval`` seconds on a background thread while partial
-        messages exist; call it directly when ``sweep_interval`` is ``None``.
-        """
-        requests, dropped = self._reassembler.sweep(now)
-        for part in dropped:
-            self.rejected["incomplete"] += 1
-            self.log.warning(
-                "dropped incomplete message %s from %s on %s (%d chunks missing)",
-                part.digest.hex()[:16],
-                part.sender,
-                part.topic,
-                len(part.missing),
-            )
-        for part in requests:
-            target = request_topic(self.topics, part.topic, self.sender)
-            if target is None:
-                self.log.info("no request topic for chunks on %s; waiting", part.topic)
-                continue
-            try:
-                self.send(target, ChunkRequest(digest=part.digest, missing=part.missing))
-            except TransportError as exc:
-                self.log.warning("chunk request on %s failed: %s", target, exc)
-
-    def _ensure_sweeper(self) -> None:
-        interval = self.chunking.sweep_interval
-        if interval is None:
-            return
-        with self._sweeper_lock:
-            if self._sweeper is not None and self._sweeper.is_alive():
-                return
-            self._sweeper = threading.Thread(
-                target=self._sweep_loop,
-                args=(interval,),
-                name=f"edgefl-chunks-{self.sender}",
-                daemon=True,
-            )
-            self._sweeper.start()
-
-    def _sweep_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                self.sweep_chunks()
-            except Exception:  # keep sweeping; a failure here must not leak partials
-                self.log.exception("chunk sweep failed")
-            if self._reassembler.pending == 0:
-                with self._sweeper_lock:
-                    if self._reassembler.pending == 0:
-                        self._sweeper = None
-                        return
 
     def close(self) -> None:
         """Stop the background chunk sweeper (the transport is closed by its owner)."""

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.report import load_metrics, plot_report, render_report, report_figure
+from coordinator.metrics_log import load_metrics
+from coordinator.report import plot_report, render_report, report_figure
 from protocol.errors import ConfigError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
