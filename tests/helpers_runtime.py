@@ -3,7 +3,9 @@ the shipped commands as processes (:class:`Fleet`)."""
 
 from __future__ import annotations
 
+import ast
 import os
+import sqlite3
 import subprocess
 import threading
 from collections.abc import Callable
@@ -184,3 +186,23 @@ class Fleet:
 
     def logs(self) -> str:
         return "\n".join(f"--- {n}\n{self.log(n)}" for n in self.procs)
+
+
+def stored_rows(run_dir: str | Path) -> list[tuple[int, str, str]]:
+    """Every stored reply: a done step's have left ``updates`` for ``aggregated``."""
+    db = sqlite3.connect(Path(run_dir) / "state.sqlite")
+    try:
+        return list(
+            db.execute(
+                "SELECT step, device_id, msg_id FROM updates UNION ALL "
+                "SELECT step, device_id, msg_id FROM aggregated ORDER BY step, device_id"
+            )
+        )
+    finally:
+        db.close()
+
+
+def worker_counts(log: Path) -> dict[str, int]:
+    """What ``coordinator ingest-worker`` printed when the run finished."""
+    line = next(x for x in log.read_text().splitlines() if x.startswith("ingest worker "))
+    return dict(ast.literal_eval(line.split(": ", 1)[1]))

@@ -52,16 +52,22 @@ class KeyDirectory(Mapping[str, Any]):
     not a read). A reload that fails (a key file being written) keeps the previous keys and is
     tried again at the next check. Keys are only ever added or deleted as whole files by
     provisioning, which changes the directory's time; a key replaced in place is not noticed.
+
+    ``own`` are keys held beside the directory that no file in it can replace: the
+    participant's own public key under its own id, which its other processes (a coordinator's
+    ingest workers) sign with.
     """
 
     def __init__(
         self,
         directory: Path,
         *,
+        own: Mapping[str, Any] | None = None,
         interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
+        self.own = dict(own or {})
         self.interval = interval
         self._clock = clock
         self._lock = threading.Lock()
@@ -94,13 +100,19 @@ class KeyDirectory(Mapping[str, Any]):
             return keys
 
     def __getitem__(self, key_id: str) -> Any:
+        if key_id in self.own:  # a peer's file named after this participant verifies nothing
+            return self.own[key_id]
         return self._current()[key_id]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._current())
+        return iter(sorted(self.own.keys() | self._current().keys()))
 
     def __len__(self) -> int:
-        return len(self._current())
+        return len(self.own.keys() | self._current().keys())
+
+    def peers(self) -> list[str]:
+        """The ids of the directory's keys, but this participant's own."""
+        return sorted(self._current().keys() - self.own.keys())
 
 
 def _pem_key(path: Path, private: bool) -> bytes:
@@ -194,9 +206,18 @@ def load_signing(creds: Credentials, key_id: str, *, enabled: bool = True) -> Si
             f"{given} from {creds.sources[given]} but no {missing}: set {ENV[missing]} or "
             f"[signing] {file_key}, or run with --no-signing"
         )
-    keys = KeyDirectory(peers)
-    if not keys:
-        raise ConfigError(f"verify keys: {peers} holds no ID.pub file; nobody could be verified")
+    signer = load_signer(key, key_id)
+    # its own public key too: its other processes (a coordinator's ingest workers) sign as it
+    keys = KeyDirectory(peers, own={key_id: signer.verify_key()})
+    if not keys.peers():
+        raise ConfigError(
+            f"verify keys: {peers} holds no peer's ID.pub file; nobody could be verified"
+        )
     source = creds.sources.get("signing_key", "")
-    log.info("signing frames as %s; verifying %d peers' keys (from %s)", key_id, len(keys), source)
-    return SigningKeys(load_signer(key, key_id), keys, source)
+    log.info(
+        "signing frames as %s; verifying its own and %d peers' keys (from %s)",
+        key_id,
+        len(keys.peers()),
+        source,
+    )
+    return SigningKeys(signer, keys, source)

@@ -5,10 +5,8 @@ with SIGKILL while it holds replies loses none of them."""
 
 from __future__ import annotations
 
-import ast
 import os
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
@@ -26,7 +24,7 @@ from protocol.transport.address import BrokerAddress, parse_broker
 from protocol.transport.base import Transport, Will
 from protocol.transport.paho import MqttTransport
 from tests.conftest import mosquitto_websockets_error
-from tests.helpers_runtime import FLEET, clean_env, run_config
+from tests.helpers_runtime import FLEET, clean_env, run_config, stored_rows, worker_counts
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -77,26 +75,6 @@ class SmallFrames(MqttTransport):
         pass
 
 
-def stored_rows(cfg: RunConfig) -> list[tuple[int, str, str]]:
-    """Every stored reply: a done step's have left ``updates`` for ``aggregated``."""
-    db = sqlite3.connect(Path(cfg.run_dir) / "state.sqlite")
-    try:
-        return list(
-            db.execute(
-                "SELECT step, device_id, msg_id FROM updates UNION ALL "
-                "SELECT step, device_id, msg_id FROM aggregated ORDER BY step, device_id"
-            )
-        )
-    finally:
-        db.close()
-
-
-def worker_counts(log: Path) -> dict[str, int]:
-    """What ``coordinator ingest-worker`` printed when the run finished."""
-    line = next(x for x in log.read_text().splitlines() if x.startswith("ingest worker "))
-    return dict(ast.literal_eval(line.split(": ", 1)[1]))
-
-
 def unacknowledged(cfg: RunConfig) -> list[Path]:
     return sorted((Path(cfg.run_dir) / "agents").glob("*/outbox/*.msg"))
 
@@ -129,7 +107,7 @@ def test_two_workers_store_every_reply_once_and_give_the_runs_metrics(
 
     # Assert: each step's reply of each agent stored once, none left unacknowledged
     assert codes == [0, 0], [log.read_text() for log in logs]
-    rows = stored_rows(cfg)
+    rows = stored_rows(cfg.run_dir)
     assert [(s, d) for s, d, _ in rows] == [(s, a) for s in range(3) for a in AGENTS]
     assert len({m for _, _, m in rows}) == len(rows)
     assert unacknowledged(cfg) == []
@@ -180,7 +158,7 @@ def test_a_worker_killed_holding_replies_loses_none_and_stores_none_twice(
     # stored once (by the survivor), acknowledged, and aggregated
     assert holding.exists() and stuck.wait(timeout=10) == -signal.SIGKILL
     assert code == 0
-    rows = stored_rows(cfg)
+    rows = stored_rows(cfg.run_dir)
     assert [(s, d) for s, d, _ in rows] == [(s, a) for s in range(3) for a in AGENTS]
     assert len({m for _, _, m in rows}) == len(rows)
     assert unacknowledged(cfg) == []
@@ -198,7 +176,7 @@ def test_spawned_workers_take_the_replies_and_leave_with_the_run(mosquitto, tmp_
     assert [w.returncode for w in workers] == [0, 0]  # left by themselves: the run finished
     logs = sorted((Path(cfg.run_dir) / "ingest").glob("w*.log"))
     assert [log.name for log in logs] == ["w1.log", "w2.log"]
-    rows = stored_rows(cfg)
+    rows = stored_rows(cfg.run_dir)
     assert len(rows) == 3 * len(AGENTS) and unacknowledged(cfg) == []
     assert sum(worker_counts(log)["stored"] for log in logs) == len(rows)
     assert all(sorted(m["agents"]) == AGENTS for m in result.metrics)
@@ -218,7 +196,7 @@ def test_spawned_workers_take_the_replies_over_websockets(tmp_path: Path) -> Non
     assert [w.returncode for w in workers] == [0]
     log = Path(cfg.run_dir) / "ingest" / "w1.log"
     assert f"connected to {url}" in log.read_text()
-    assert worker_counts(log)["stored"] == len(stored_rows(cfg)) == 3 * len(AGENTS)
+    assert worker_counts(log)["stored"] == len(stored_rows(cfg.run_dir)) == 3 * len(AGENTS)
     assert unacknowledged(cfg) == []
     assert all(sorted(m["agents"]) == AGENTS for m in result.metrics)
 
@@ -249,7 +227,7 @@ def test_chunked_replies_reach_the_leader_through_the_workers(mosquitto, tmp_pat
     counts = [worker_counts(log) for log in logs]
     # the workers stored the final step's small replies; the leader the rounds' chunked ones
     assert sum(c.get("stored", 0) for c in counts) == len(AGENTS), counts
-    rows = stored_rows(cfg)
+    rows = stored_rows(cfg.run_dir)
     assert [(s, d) for s, d, _ in rows] == [(s, a) for s in range(3) for a in AGENTS]
     assert unacknowledged(cfg) == []
     assert all(sorted(m["agents"]) == AGENTS and not m["failed"] for m in result.metrics)

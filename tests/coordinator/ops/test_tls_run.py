@@ -23,7 +23,13 @@ from protocol.errors import ConnectError
 from protocol.security.credentials import ENV
 from protocol.transport.paho import MqttTransport, TlsOptions
 from tests.conftest import ProvisionedBroker, provisioned_fleet
-from tests.helpers_runtime import Fleet, clean_env, fedavg_agent_args
+from tests.helpers_runtime import (
+    Fleet,
+    clean_env,
+    fedavg_agent_args,
+    stored_rows,
+    worker_counts,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -90,6 +96,33 @@ def test_fedavg_over_mtls_with_kits_stores_no_secret(
             data = path.read_bytes()
             assert SECRET.encode() not in data, path
             assert b"PRIVATE KEY" not in data, path
+
+
+@pytest.mark.parametrize("spawned", [True, False], ids=["spawned", "by-hand"])
+def test_ingest_workers_with_the_coordinator_kit_take_the_replies(
+    mosquitto_tls: ProvisionedBroker, tmp_path: Path, spawned: bool
+) -> None:
+    """``serve --kit --spawn-workers``, or ``ingest-worker --kit`` started by hand: the worker
+    signs as the coordinator and must verify the coordinator's own signed state to go online."""
+    # Prepare
+    env, run_dir, fleet = clean_env(), tmp_path / "run", Fleet(tmp_path)
+    kit = mosquitto_tls.kit("coordinator")
+    serve = serve_cmd(kit, run_dir, *(["--spawn-workers"] if spawned else []))
+    worker = [str(BIN / "coordinator"), "ingest-worker", "--kit", str(kit), "--id", "w1"]
+    worker += ["--run-dir", str(run_dir), "--broker", f"127.0.0.1:{mosquitto_tls.port}"]
+    # Execute
+    fleet.start("coord", [*serve, "run.ingest_workers=1"], env)
+    if not spawned:
+        fleet.start("w1", worker, env)
+    start_agents(fleet, mosquitto_tls.root / "devices", tmp_path, env)
+    codes = fleet.wait()
+    # Assert: the run finished, and every reply stored was taken by the worker
+    worker_log = run_dir / "ingest" / "w1.log" if spawned else tmp_path / "w1.log"
+    assert codes.pop("w1", 0) == 0, fleet.logs() + worker_log.read_text()
+    assert_both_agents_trained(fleet, codes, run_dir)
+    rows = stored_rows(run_dir)
+    assert {device for _, device, _ in rows} == {"agent0", "agent1"}
+    assert worker_counts(worker_log)["stored"] == len(rows), worker_log.read_text()
 
 
 def test_serve_runs_the_fleets_broker_itself_from_the_broker_directory(tmp_path: Path) -> None:
