@@ -71,7 +71,7 @@ def test_buffered_mode_refuses_ingest_workers() -> None:
         load_config(None, [], mode="buffered", ingest_workers=2)
 
 
-@pytest.mark.parametrize("algorithm", ["fedgen", "local", "fedktl"])
+@pytest.mark.parametrize("algorithm", ["fedgen", "fedgh", "fedvtc", "local"])
 def test_an_algorithm_that_cannot_run_buffered_is_refused_at_start_with_the_reason(
     tmp_path: Path, algorithm: str
 ) -> None:
@@ -89,7 +89,19 @@ def test_an_algorithm_that_cannot_run_buffered_is_refused_at_start_with_the_reas
 
 @pytest.mark.parametrize(
     "algorithm",
-    ["fedavg", "lg_fedavg", "fml", "fedkd", "fedproto", "fd", "felo", "fedhe", "velo", "fedtgp"],
+    [
+        "fedavg",
+        "lg_fedavg",
+        "fml",
+        "fedkd",
+        "fedproto",
+        "fd",
+        "felo",
+        "fedhe",
+        "velo",
+        "fedtgp",
+        "fedktl",
+    ],
 )
 def test_the_algorithms_that_fold_stale_replies_declare_it(algorithm: str) -> None:
     cfg = config_type(algorithm)()
