@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import LossFn, fit
+from models.fit import LossFn, fit, row_weights
 from models.generators import (
     Generator,
     GeneratorError,
@@ -262,8 +262,7 @@ def align(
     aligner, valid = _build(state, (protos.shape[1], gen.w_dim, num_classes), rng)
     p = torch.as_tensor(protos, dtype=torch.float32)
     y = torch.as_tensor(labels, dtype=torch.long)
-    # mean 1, so that the learning rate means the same as unweighted
-    pw = None if weights is None else torch.as_tensor(weights / weights.mean(), dtype=torch.float32)
+    pw = row_weights(weights)  # None when all alike: the authors' plain means
     _sync(aligner, p, y, valid, pw)
     metrics: dict[str, float] = {"ktl_prototypes": float(len(p))}
     if len(p) >= 2 and cfg.server_epochs > 0:  # one prototype: nothing to align (authors)

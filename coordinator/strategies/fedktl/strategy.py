@@ -268,8 +268,7 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
             gen=self._ready(),
             cfg=self.config,
             ctx=ctx,
-            # all alike (the authors' plain means) when every reply is fresh
-            weights=weights if np.any(weights != 1.0) else None,
+            weights=weights,
         )
         self._uploads, self._images, self._pairs = [], None, {}
         self.pairs_round = step.round

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import LossFn, fit, seeded_init
+from models.fit import LossFn, fit, row_weights, seeded_init
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.contract.payloads import TensorMap
@@ -82,9 +82,8 @@ def train_prototypes(
     weights: npt.NDArray[np.float64] | None = None,
 ) -> tuple[TensorMap, npt.NDArray[np.float32], dict[str, float]]:
     """Continue training the TGP (fresh SGD) on the round's uploaded prototypes, each pair's
-    loss term scaled by its weight when ``weights`` are given (normalised to mean 1, so that
-    the learning rate means the same as unweighted); return its state and the
-    ``[num_classes, dim]`` global prototypes it now generates."""
+    loss term scaled by its weight when ``weights`` are given (:func:`models.fit.row_weights`);
+    return its state and the ``[num_classes, dim]`` global prototypes it now generates."""
     dim = int(vectors.shape[1])
     gen = ctx.torch_generator()
     tgp = TrainablePrototypes(num_classes, dim, cfg.tgp_hidden_dim or dim)
@@ -93,8 +92,9 @@ def train_prototypes(
     else:
         load_tensormap(tgp, state, "fedtgp state")
     data = [torch.as_tensor(vectors), torch.as_tensor(labels, dtype=torch.long)]
-    if weights is not None and weights.size:
-        data.append(torch.as_tensor(weights / weights.mean(), dtype=torch.float32))
+    pair_weights = row_weights(weights)
+    if pair_weights is not None:
+        data.append(pair_weights)
     stats = fit(
         tgp,
         tuple(data),

@@ -105,8 +105,7 @@ class FedTGPStrategy(PrototypeExchangeStrategy):
                 num_classes=self.num_classes,
                 cfg=self.config,
                 ctx=ctx,
-                # unweighted (the plain mean) when every reply is fresh
-                weights=pair_weights if np.any(pair_weights != 1.0) else None,
+                weights=pair_weights,
             )
         except FitError as exc:  # the engine closes the step failed and keeps the last state
             raise AggregationError(f"fedtgp: prototype training failed: {exc}") from exc
