@@ -71,7 +71,7 @@ def test_buffered_mode_refuses_ingest_workers() -> None:
         load_config(None, [], mode="buffered", ingest_workers=2)
 
 
-@pytest.mark.parametrize("algorithm", ["fedgen", "fedvtc", "local"])
+@pytest.mark.parametrize("algorithm", ["fedvtc", "local"])
 def test_an_algorithm_that_cannot_run_buffered_is_refused_at_start_with_the_reason(
     tmp_path: Path, algorithm: str
 ) -> None:
