@@ -14,7 +14,7 @@ from coordinator.aggregation import MEAN, RobustRule, reduce_by_class, screen_by
 from protocol.contract.payloads import PrototypeSet
 from protocol.errors import AggregationError
 
-__all__ = ["mean_prototypes", "prototype_pairs", "screen_metrics"]
+__all__ = ["mean_prototypes", "prototype_pairs", "screen_metrics", "weighted_pairs"]
 
 
 def mean_prototypes(
@@ -84,15 +84,30 @@ def prototype_pairs(
     """Every uploaded (client prototype, class) pair as server training data: ``[N, D]``,
     ``[N]``, and how many pairs ``screen`` (the config's ``upload_screen``, 0 = off) left out
     as outliers of their class (:func:`coordinator.aggregation.screen_by_class`)."""
-    held = [s for s in sets if s.class_ids.size]
+    vectors, labels, _, screened = weighted_pairs(sets, [1.0] * len(sets), screen)
+    return vectors, labels, screened
+
+
+def weighted_pairs(
+    sets: list[PrototypeSet], weights: Sequence[float], screen: float = 0.0
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.float64], int]:
+    """:func:`prototype_pairs`, and each kept pair's weight ``[N]``: the weight of the set it
+    came from (one per set: its staleness weight in buffered mode)."""
+    if len(weights) != len(sets):
+        raise AggregationError(f"{len(weights)} weights for {len(sets)} prototype sets")
+    held = [(s, w) for s, w in zip(sets, weights, strict=True) if s.class_ids.size]
     if not held:
-        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64), 0
-    if len({s.dim for s in held}) > 1:
-        raise AggregationError(f"prototype dimensions differ: {sorted({s.dim for s in held})}")
-    vectors = np.concatenate([s.vectors for s in held])
-    labels = np.concatenate([s.class_ids for s in held]).astype(np.int64)
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64), np.zeros(0), 0
+    if len({s.dim for s, _ in held}) > 1:
+        dims = sorted({s.dim for s, _ in held})
+        raise AggregationError(f"prototype dimensions differ: {dims}")
+    vectors = np.concatenate([s.vectors for s, _ in held])
+    labels = np.concatenate([s.class_ids for s, _ in held]).astype(np.int64)
+    rows = np.repeat(
+        np.array([w for _, w in held], np.float64), [s.class_ids.size for s, _ in held]
+    )
     keep = screen_by_class(labels, vectors, screen)
-    return vectors[keep], labels[keep], int((~keep).sum())
+    return vectors[keep], labels[keep], rows[keep], int((~keep).sum())
 
 
 def screen_metrics(screen: float, count: int) -> dict[str, float]:

@@ -18,16 +18,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
 from protocol.errors import EdgeFLError
 
-__all__ = ["FitError", "FitStats", "LossFn", "fit", "seeded_init"]
+__all__ = ["FitError", "FitStats", "LossFn", "fit", "row_weights", "seeded_init"]
 
 # (module, one batch of the tensors, generator for any noise the loss draws) -> named terms;
 # the term "loss" is minimised, the others are averaged for logging.
 LossFn = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], dict[str, Tensor]]
+
+
+def row_weights(weights: Sequence[float] | npt.NDArray[np.float64] | None) -> Tensor | None:
+    """Per-row weights of a fit's training set as a tensor to pass beside it, normalised to
+    mean 1 (so that the learning rate means the same as unweighted: a loss takes
+    ``(term * weight).mean()`` over each batch); None when absent or all equal, where a loss
+    takes its plain mean."""
+    if weights is None or len(weights) == 0:
+        return None
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    if bool((w == w[0]).all()):
+        return None
+    return (w / w.mean()).to(torch.float32)
 
 
 class FitError(EdgeFLError):

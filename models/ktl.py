@@ -187,11 +187,24 @@ def rbf_kernel(a: Tensor, b: Tensor, bandwidths: tuple[float, ...] = MMD_BANDWID
     return sum((torch.exp(-0.5 * d / bw) for bw in bandwidths), torch.zeros_like(d))
 
 
-def mmd2_rbf(x: Tensor, y: Tensor, bandwidths: tuple[float, ...] = MMD_BANDWIDTHS) -> Tensor:
+def mmd2_rbf(
+    x: Tensor,
+    y: Tensor,
+    bandwidths: tuple[float, ...] = MMD_BANDWIDTHS,
+    x_weights: Tensor | None = None,
+) -> Tensor:
     """Biased (V-statistic) squared MMD between samples ``x`` and ``y`` ``[n, H]`` (§4.4):
-    kernel means over all pairs, diagonals included, as in the authors' ``MMD(x, y, 'rbf')``."""
-    xy = rbf_kernel(x, y, bandwidths).mean()
-    return rbf_kernel(x, x, bandwidths).mean() + rbf_kernel(y, y, bandwidths).mean() - 2.0 * xy
+    kernel means over all pairs, diagonals included, as in the authors' ``MMD(x, y, 'rbf')``.
+    ``x_weights`` ``[n]``: ``x`` as a weighted sample (each row's share of its kernel means is
+    its weight over their sum)."""
+    if x_weights is None:
+        xy = rbf_kernel(x, y, bandwidths).mean()
+        xx = rbf_kernel(x, x, bandwidths).mean()
+    else:
+        a = x_weights / x_weights.sum()
+        xy = (a @ rbf_kernel(x, y, bandwidths)).mean()
+        xx = a @ rbf_kernel(x, x, bandwidths) @ a
+    return xx + rbf_kernel(y, y, bandwidths).mean() - 2.0 * xy
 
 
 @torch.no_grad()

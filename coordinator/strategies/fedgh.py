@@ -5,7 +5,8 @@ training the global head ``Linear(D, C)`` on them with cross-entropy
 (``coordinator/strategies/head_training.py:fit_head``, the one server fit loop); ``configure``
 sends it down
 as ``weights`` (the state dict of the agents' classifier), which each agent loads before
-training.
+training. In a buffered run each client prototype's loss term weighs its reply's staleness
+weight.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from coordinator.class_stats import prototype_pairs, screen_metrics
+from coordinator.class_stats import screen_metrics, weighted_pairs
 from coordinator.strategies.base import (
     AgentInfo,
     PhaseHooks,
@@ -34,15 +35,15 @@ __all__ = ["FedGHStrategy"]
 class FedGHStrategy(Strategy[FedGHConfig]):
     """The server half of FedGH."""
 
-    unbuffered_reason = (
-        "its server trains the head on one round's prototypes as one unweighted set "
-        "(not yet made to weigh stale ones)"
-    )
+    stale_replies = "weighted"  # staleness weights in the head's loss
 
     def __init__(self, config: FedGHConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.head: TensorMap | None = None  # ``weight`` [C, D], ``bias`` [C]
-        self._pending: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] | None = None
+        # the round's (prototypes, classes, staleness weights) for server_train
+        self._pending: (
+            tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.float64]] | None
+        ) = None
 
     @property
     def feature_dim(self) -> int | None:
@@ -70,10 +71,12 @@ class FedGHStrategy(Strategy[FedGHConfig]):
     def keep_prototypes(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
-        """Keep the round's (prototype, class) pairs for :meth:`server_train`."""
+        """Keep the round's (prototype, class) pairs, each with its reply's staleness weight,
+        for :meth:`server_train`."""
         sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
-        vectors, labels, screened = prototype_pairs(sets, self.config.upload_screen)
-        self._pending = (vectors, labels) if labels.size else None
+        weights = [self.reply_weight(r) for _, r in replies]
+        vectors, labels, rows, screened = weighted_pairs(sets, weights, self.config.upload_screen)
+        self._pending = (vectors, labels, rows) if labels.size else None
         out = {"uploaded_prototypes": float(labels.size + screened)}
         return out | screen_metrics(self.config.upload_screen, screened)
 
@@ -81,7 +84,7 @@ class FedGHStrategy(Strategy[FedGHConfig]):
         """Continue training the global head on the round's prototypes (fresh SGD)."""
         if self._pending is None:
             return {}
-        vectors, labels = self._pending
+        vectors, labels, weights = self._pending
         self._pending = None
         from coordinator.strategies.head_training import (  # torch only on the server's path
             fit_head,
@@ -104,6 +107,7 @@ class FedGHStrategy(Strategy[FedGHConfig]):
                 lr=cfg.server_lr,
                 ctx=ctx,
                 encoding=cfg.head_encoding,
+                weights=weights,
             )
         except FitError as exc:  # the engine closes the step failed and keeps the last state
             raise AggregationError(f"fedgh: head training failed: {exc}") from exc

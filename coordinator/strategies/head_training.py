@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import fit, seeded_init
+from models.fit import fit, row_weights, seeded_init
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.contract.arrays import Encoding
@@ -34,11 +34,16 @@ __all__ = [
 def head_ce_loss(
     module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator
 ) -> dict[str, Tensor]:
-    """Cross-entropy of the head on a batch of (features, labels), with its accuracy."""
-    x, y = batch
+    """Cross-entropy of the head on a batch of (features, labels), with its accuracy; a third
+    tensor weighs each row's term (:func:`models.fit.row_weights`)."""
+    x, y, *weight = batch
     logits = module(x)
     acc = (logits.argmax(1) == y).float().mean()
-    return {"loss": F.cross_entropy(logits, y), "acc": acc.detach()}
+    if weight:
+        ce = (F.cross_entropy(logits, y, reduction="none") * weight[0]).mean()
+    else:
+        ce = F.cross_entropy(logits, y)
+    return {"loss": ce, "acc": acc.detach()}
 
 
 def shared_start_head(role: str, num_features: int, num_classes: int) -> TensorMap:
@@ -65,18 +70,24 @@ def fit_head(
     ctx: ServerContext,
     gen: torch.Generator | None = None,
     encoding: Encoding = "raw",
+    weights: npt.NDArray[np.float64] | None = None,
 ) -> tuple[TensorMap, dict[str, float]]:
     """Continue training a ``Linear(D, num_classes)`` head (``weight``, ``bias``; seeded init
-    when ``state`` is None) with plain SGD on ``features``; return its state and metrics."""
+    when ``state`` is None) with plain SGD on ``features``, each row's loss term scaled by its
+    weight when ``weights`` are given; return its state and metrics."""
     gen = ctx.torch_generator() if gen is None else gen
     head = nn.Linear(int(features.shape[1]), num_classes)
     if state is None:
         seeded_init(head, gen)
     else:
         load_tensormap(head, state, "ccvr head state")
+    data = [torch.as_tensor(features), torch.as_tensor(labels, dtype=torch.long)]
+    row_weight = row_weights(weights)
+    if row_weight is not None:
+        data.append(row_weight)
     stats = fit(
         head,
-        (torch.as_tensor(features), torch.as_tensor(labels, dtype=torch.long)),
+        tuple(data),
         head_ce_loss,
         epochs=epochs,
         batch_size=batch_size,

@@ -359,7 +359,7 @@ def test_servers_that_train_on_uploads_leave_out_what_upload_screen_screens(name
 def training_vectors(s: object) -> list[list[float]]:
     """The vectors a strategy's next ``server_train`` would train on."""
     if hasattr(s, "_uploads"):  # FedKTL
-        return [v.tolist() for vectors, _ in s._uploads for v in vectors]
+        return [v.tolist() for vectors, *_ in s._uploads for v in vectors]
     pending = s._pending  # type: ignore[attr-defined]  # FedTGP, FedGH
     return [v.tolist() for v in pending[0]]
 

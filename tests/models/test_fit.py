@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from models.fit import FitError, fit
+from models.fit import FitError, fit, row_weights
 
 
 def mse(module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator) -> dict[str, Tensor]:
@@ -93,3 +93,10 @@ def test_a_trailing_single_sample_batch_is_skipped_with_batchnorm() -> None:
         generator=torch.Generator().manual_seed(0),
     )
     assert stats.steps == 8 and stats.samples == 64
+
+
+def test_row_weights_are_normalised_to_mean_one_and_absent_when_all_alike() -> None:
+    w = row_weights([1.0, 0.25])
+    assert w is not None and w.tolist() == pytest.approx([1.6, 0.4])
+    assert row_weights([0.5, 0.5, 0.5]) is None  # all alike: the plain mean
+    assert row_weights(None) is None and row_weights([]) is None

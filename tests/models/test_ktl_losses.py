@@ -55,6 +55,22 @@ def test_mmd_matches_hand_computed_value_and_vanishes_on_equal_samples() -> None
     assert rbf_kernel(pair, pair, (1.0,)).mean().item() == pytest.approx((2 + 2 * math.exp(-2)) / 4)
 
 
+def test_weighted_mmd_takes_each_x_row_by_its_share_of_the_weights() -> None:
+    x, y = torch.tensor([[0.0], [2.0]]), torch.tensor([[1.0]])
+    a = torch.tensor([3.0, 1.0])  # shares 3/4, 1/4
+    e1, e4 = math.exp(-0.5), math.exp(-2.0)  # k at distance 1 and 2, bandwidth 1
+    xx = 0.75**2 + 0.25**2 + 2 * 0.75 * 0.25 * e4
+    assert mmd2_rbf(x, y, (1.0,), x_weights=a).item() == pytest.approx(xx + 1 - 2 * e1, rel=1e-6)
+    # equal weights: the plain estimator; a zero weight: the row left out
+    z, w = torch.randn(5, 3), torch.randn(4, 3)
+    plain = mmd2_rbf(z, w).item()
+    assert mmd2_rbf(z, w, x_weights=torch.full((5,), 0.3)).item() == pytest.approx(plain, rel=1e-5)
+    drop = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])
+    assert mmd2_rbf(z, w, x_weights=drop).item() == pytest.approx(
+        mmd2_rbf(z[:4], w).item(), rel=1e-5
+    )
+
+
 def test_mmd_gradient_is_finite_with_duplicate_points() -> None:
     x = torch.zeros(3, 5, requires_grad=True)
     mmd2_rbf(x, torch.randn(3, 5)).backward()

@@ -60,14 +60,15 @@ def ensemble_loss(
 def train_generator(
     state: TensorMap | None,
     heads: Sequence[TensorMap],
-    samples: Sequence[int],
+    samples: Sequence[float],
     label_counts: npt.NDArray[np.int64],
     *,
     cfg: FedGenConfig,
     ctx: ServerContext,
 ) -> tuple[TensorMap, dict[str, float]]:
     """Continue training the generator (fresh Adam) for ``cfg.server_steps`` batches against
-    the heads weighted by ``samples``; labels follow ``label_counts``."""
+    the heads weighted by ``samples`` (sample counts, times staleness weights in buffered
+    mode); labels follow ``label_counts``."""
     c = int(label_counts.shape[0])
     dev = torch.device(ctx.device)
     weights = torch.stack([torch.as_tensor(h.tensors["weight"]) for h in heads]).to(dev)

@@ -5,7 +5,9 @@ count); ``server_train`` continues training the generator against their sample-w
 ensemble (``coordinator/strategies/fedgen/server.py``); ``configure`` sends the generator, the
 fleet's label
 counts (the edge samples labels from them) and the mean head. The label counts are the sum of
-the class counts every agent seen so far registered (HtFLlib's ``qualified_labels``).
+the class counts every agent seen so far registered (HtFLlib's ``qualified_labels``). In a
+buffered run a head's weight, in the mean head and in the ensemble, is its sample count times
+its reply's staleness weight.
 """
 
 from __future__ import annotations
@@ -33,10 +35,7 @@ __all__ = ["FedGenStrategy"]
 class FedGenStrategy(Strategy[FedGenConfig]):
     """The server half of FedGen."""
 
-    unbuffered_reason = (
-        "its server trains the generator on the heads of one round's tasks (not yet made to "
-        "weigh heads of older rounds)"
-    )
+    stale_replies = "weighted"  # sample count x staleness weight, mean head and ensemble
     needs_class_counts = True  # the generator is trained on the fleet's label distribution
 
     def __init__(self, config: FedGenConfig, *, num_classes: int, seed: int = 0) -> None:
@@ -44,7 +43,7 @@ class FedGenStrategy(Strategy[FedGenConfig]):
         self.generator: TensorMap | None = None
         self.head: TensorMap | None = None  # sample-weighted mean head (head_exchange)
         self.fleet_counts: dict[str, npt.NDArray[np.int64]] = {}  # device -> class counts
-        self._pending: tuple[list[TensorMap], list[int]] | None = None
+        self._pending: tuple[list[TensorMap], list[float]] | None = None
         self._dim: int | None = None  # the federation's feature dimension, once known
 
     def label_counts(self) -> npt.NDArray[np.int64]:
@@ -98,9 +97,10 @@ class FedGenStrategy(Strategy[FedGenConfig]):
             raise ValidationError("reply.payloads.weights.bias", f"shape [{c}]", list(b.shape))
 
     def keep_heads(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """Keep the heads for :meth:`server_train`; average them by sample count."""
+        """Keep the heads for :meth:`server_train`; average them by sample count (times each
+        reply's staleness weight)."""
         heads = [self.payload(r, "weights", TensorMap) for _, r in replies]
-        samples = [max(r.num_samples, 1) for _, r in replies]
+        samples = [max(r.num_samples, 1) * self.reply_weight(r) for _, r in replies]
         for a, _ in replies:
             self._see(a)
         dims = {int(h.tensors["weight"].shape[1]) for h in heads}

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import LossFn, fit
+from models.fit import LossFn, fit, row_weights
 from models.generators import (
     Generator,
     GeneratorError,
@@ -184,34 +184,45 @@ def _build(
 
 
 @torch.no_grad()
-def _sync(aligner: Aligner, protos: Tensor, labels: Tensor, valid: Tensor) -> None:
-    """``Cent[c] = mean F_eval(P)`` over this round's prototypes of every present class; other
-    rows keep their value (classes nobody reported this round keep a stale centroid)."""
+def _sync(
+    aligner: Aligner, protos: Tensor, labels: Tensor, valid: Tensor, weights: Tensor | None
+) -> None:
+    """``Cent[c] = mean F_eval(P)`` over this round's prototypes of every present class
+    (weighted by ``weights`` when given); other rows keep their value (classes nobody reported
+    this round keep a stale centroid)."""
     aligner.transformer.eval()
     q = aligner.transformer(protos)
     aligner.transformer.train()
     c = valid.numel()
-    sums = torch.zeros(c, q.shape[1], device=q.device).index_add_(0, labels, q)
-    counts = torch.bincount(labels, minlength=c)
-    present = counts > 0
-    aligner.centroids.weight[present] = sums[present] / counts[present].unsqueeze(1).float()
+    w = torch.ones(len(labels), device=q.device) if weights is None else weights.to(q.device)
+    sums = torch.zeros(c, q.shape[1], device=q.device).index_add_(0, labels, q * w[:, None])
+    total = torch.zeros(c, device=q.device).index_add_(0, labels, w)
+    present = torch.bincount(labels, minlength=c) > 0
+    aligner.centroids.weight[present] = sums[present] / total[present].unsqueeze(1)
     valid |= present.cpu()
 
 
 def _loss(gen: Generator, cfg: FedKTLConfig) -> LossFn:
     """``MMD(F(P), W) + lambda * MSE(F(P), Cent[y])`` with fresh valid latents W per batch
-    (``mmd_weight`` scales the MMD: 0 is the "-L^MMD" ablation)."""
+    (``mmd_weight`` scales the MMD: 0 is the "-L^MMD" ablation). A batch of three tensors
+    carries each prototype's weight (mean 1 over the round's prototypes): F(P) is then a
+    weighted sample in the MMD and each prototype's squared error is scaled by its weight."""
 
     def loss(
         module: nn.Module, batch: tuple[Tensor, ...], rng: torch.Generator
     ) -> dict[str, Tensor]:
         aligner = cast(Aligner, module)
-        protos, labels = batch
+        protos, labels, *weight = batch
         q = aligner.transform(protos)
         w = gen.sample_w(q.shape[0], rng).to(q.device)  # no grad: the generator is frozen
         bws = MMD_BANDWIDTHS if cfg.mmd_bandwidth == "fixed" else median_bandwidths(q, w)
-        mmd = mmd2_rbf(q, w, bws)
-        mse = F.mse_loss(q, aligner.centroids(labels))
+        if weight:
+            mmd = mmd2_rbf(q, w, bws, x_weights=weight[0])
+            err = (q - aligner.centroids(labels)).pow(2).mean(dim=1)
+            mse = (err * weight[0]).mean()  # weights of mean 1 over the round
+        else:
+            mmd = mmd2_rbf(q, w, bws)
+            mse = F.mse_loss(q, aligner.centroids(labels))
         return {
             "loss": cfg.mmd_weight * mmd + cfg.mse_weight * mse,
             "mmd": mmd.detach(),
@@ -232,6 +243,7 @@ def align(
     gen: Generator,
     cfg: FedKTLConfig,
     ctx: ServerContext,
+    weights: npt.NDArray[np.float64] | None = None,
 ) -> tuple[TensorMap, dict[str, float]]:
     """One server phase: sync the centroids, train F and Cent (fresh Adam), sync again.
 
@@ -243,17 +255,20 @@ def align(
         gen: The frozen generator supplying valid latents.
         cfg: The run's config.
         ctx: Device and seed of this step.
+        weights: Each prototype's weight ``[M]`` (its staleness weight in buffered mode) in
+            the centroids' means and the training loss; None: all alike.
     """
     rng = ctx.torch_generator()
     aligner, valid = _build(state, (protos.shape[1], gen.w_dim, num_classes), rng)
     p = torch.as_tensor(protos, dtype=torch.float32)
     y = torch.as_tensor(labels, dtype=torch.long)
-    _sync(aligner, p, y, valid)
+    pw = row_weights(weights)  # None when all alike: the authors' plain means
+    _sync(aligner, p, y, valid, pw)
     metrics: dict[str, float] = {"ktl_prototypes": float(len(p))}
     if len(p) >= 2 and cfg.server_epochs > 0:  # one prototype: nothing to align (authors)
         stats = fit(
             aligner,
-            (p, y),
+            (p, y) if pw is None else (p, y, pw),
             _loss(gen, cfg),
             epochs=cfg.server_epochs,
             batch_size=cfg.server_batch_size,
@@ -265,7 +280,7 @@ def align(
         metrics.update({f"ktl_{n}": v for n, v in stats.terms.items()})
         metrics.update(ktl_steps=float(stats.steps), ktl_s=stats.seconds)
         aligner.cpu()
-    _sync(aligner, p, y, valid)
+    _sync(aligner, p, y, valid, pw)
     metrics.update(_centroid_spread(aligner.centroids.weight.detach()[valid]))
     tensors = {n: t.detach().cpu().numpy() for n, t in aligner.state_dict().items()}
     tensors[VALID_KEY] = valid.numpy()

@@ -9,6 +9,9 @@ training set of the feature transformer F and the centroid table (``server_train
 synced centroids of every class seen so far are the next round's latents, and the generator
 turns them into one image per class, converted to each agent's registered input spec.
 
+In a buffered run each prototype weighs its reply's staleness weight in the centroids' means
+and in F's training loss.
+
 F, the centroids, the set-up, its holders and the generator's identity are the durable state:
 a restarted coordinator continues with them, and refuses to continue with another generator.
 """
@@ -19,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coordinator.class_stats import prototype_pairs, screen_metrics
+from coordinator.class_stats import screen_metrics, weighted_pairs
 from coordinator.strategies.base import (
     AgentInfo,
     PhaseHooks,
@@ -48,10 +51,7 @@ DERANGEMENT_SALT, NOISE_SALT, RANDOM_LATENT_SALT = 0x4B4431, 0x4B4432, 0x4B4433
 class FedKTLStrategy(Strategy[FedKTLConfig]):
     """Prototypes up, generator-made image-vector pairs down."""
 
-    unbuffered_reason = (
-        "its server trains the transformer on one round's prototypes as one unweighted set "
-        "(not yet made to weigh stale ones)"
-    )
+    stale_replies = "weighted"  # staleness weights in the centroids' means and F's loss
 
     admission_rules = True
 
@@ -64,7 +64,8 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
         self.pairs_round = 0  # round whose server phase made the current centroids
         self._gen: Generator | None = None
         self._asked_sha256 = config.setup_sha256  # the user's (normally empty), never replaced
-        self._uploads: list[tuple[np.ndarray, np.ndarray]] = []  # this step's (vectors, ids)
+        # this step's (vectors, ids, staleness weights)
+        self._uploads: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._images: Any = None  # torch [C', ch, R, R] in [0, 1] of the current centroids
         self._pairs: dict[tuple[int, int, int], ImageVectorPairs] = {}
         self._random_w: np.ndarray | None = None  # control random_latents: [C, H], drawn once
@@ -229,16 +230,18 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
     def collect_uploads(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
-        """Collect the round's prototypes; every replier has proved it holds the set-up."""
-        sets = []
+        """Collect the round's prototypes, each with its reply's staleness weight; every
+        replier has proved it holds the set-up."""
+        sets, weights = [], []
         for agent, reply in replies:
             self.holders.setdefault(agent.device_id, step.round)
             protos = reply.payloads.get("protos")
             if isinstance(protos, PrototypeSet):
                 sets.append(protos)
+                weights.append(self.reply_weight(reply))
         screen = self.config.upload_screen
-        vectors, labels, screened = prototype_pairs(sets, screen)
-        self._uploads = [(vectors, labels)] if labels.size else []
+        vectors, labels, rows, screened = weighted_pairs(sets, weights, screen)
+        self._uploads = [(vectors, labels, rows)] if labels.size else []
         return {"ktl_agents_with_setup": float(len(self.holders))} | screen_metrics(
             screen, screened
         )
@@ -248,14 +251,15 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
         if not self._uploads:
             return {}
         if self.config.control == "random_latents":  # the uploads are ignored: no F, no Cent
-            count = sum(len(c) for _, c in self._uploads)
+            count = sum(len(c) for _, c, _ in self._uploads)
             self._uploads, self._images, self._pairs = [], None, {}
             self.pairs_round = step.round
             return {"ktl_prototypes": float(count)}
         from coordinator.strategies.fedktl.server import align
 
-        vectors = np.concatenate([v for v, _ in self._uploads])
-        labels = np.concatenate([c for _, c in self._uploads])
+        vectors = np.concatenate([v for v, _, _ in self._uploads])
+        labels = np.concatenate([c for _, c, _ in self._uploads])
+        weights = np.concatenate([w for _, _, w in self._uploads])
         self.aligner, metrics = align(
             self.aligner,
             vectors,
@@ -264,6 +268,7 @@ class FedKTLStrategy(Strategy[FedKTLConfig]):
             gen=self._ready(),
             cfg=self.config,
             ctx=ctx,
+            weights=weights,
         )
         self._uploads, self._images, self._pairs = [], None, {}
         self.pairs_round = step.round

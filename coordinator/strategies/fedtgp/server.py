@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import LossFn, fit, seeded_init
+from models.fit import LossFn, fit, row_weights, seeded_init
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.contract.payloads import TensorMap
@@ -47,18 +47,23 @@ class TrainablePrototypes(nn.Module):
 def acl_loss(num_classes: int, margin: float) -> LossFn:
     """Adaptive-margin contrastive loss: cross-entropy over negative Euclidean distances from
     each uploaded prototype to every class's trainable prototype, its own class's distance
-    increased by ``margin``."""
+    increased by ``margin``. A batch of three tensors carries each pair's weight (mean 1 over
+    the round's pairs): the loss is then the mean of the weighted per-pair terms."""
 
     def loss(
         module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator
     ) -> dict[str, Tensor]:
-        protos, y = batch
+        protos, y, *weight = batch
         centers = module(torch.arange(num_classes, device=protos.device))
         sq = (protos.pow(2).sum(1, keepdim=True) - 2 * protos @ centers.T) + centers.pow(2).sum(1)
         dist = sq.clamp_min(1e-12).sqrt()  # the clamp keeps the gradient finite at distance 0
         logits = -(dist + margin * F.one_hot(y, num_classes))
+        if weight:
+            ce = (F.cross_entropy(logits, y, reduction="none") * weight[0]).mean()
+        else:
+            ce = F.cross_entropy(logits, y)
         return {
-            "loss": F.cross_entropy(logits, y),
+            "loss": ce,
             "own_distance": dist.gather(1, y[:, None]).mean(),
         }
 
@@ -74,9 +79,11 @@ def train_prototypes(
     num_classes: int,
     cfg: FedTGPConfig,
     ctx: ServerContext,
+    weights: npt.NDArray[np.float64] | None = None,
 ) -> tuple[TensorMap, npt.NDArray[np.float32], dict[str, float]]:
-    """Continue training the TGP (fresh SGD) on the round's uploaded prototypes; return its
-    state and the ``[num_classes, dim]`` global prototypes it now generates."""
+    """Continue training the TGP (fresh SGD) on the round's uploaded prototypes, each pair's
+    loss term scaled by its weight when ``weights`` are given (:func:`models.fit.row_weights`);
+    return its state and the ``[num_classes, dim]`` global prototypes it now generates."""
     dim = int(vectors.shape[1])
     gen = ctx.torch_generator()
     tgp = TrainablePrototypes(num_classes, dim, cfg.tgp_hidden_dim or dim)
@@ -84,9 +91,13 @@ def train_prototypes(
         seeded_init(tgp, gen)
     else:
         load_tensormap(tgp, state, "fedtgp state")
+    data = [torch.as_tensor(vectors), torch.as_tensor(labels, dtype=torch.long)]
+    pair_weights = row_weights(weights)
+    if pair_weights is not None:
+        data.append(pair_weights)
     stats = fit(
         tgp,
-        (torch.as_tensor(vectors), torch.as_tensor(labels, dtype=torch.long)),
+        tuple(data),
         acl_loss(num_classes, margin),
         epochs=cfg.server_epochs,
         batch_size=cfg.server_batch_size,

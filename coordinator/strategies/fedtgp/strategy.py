@@ -6,6 +6,9 @@ these, capped at ``margin_threshold``); ``server_train`` then continues training
 them with the margin-enhanced contrastive loss (``coordinator/strategies/fedtgp/server.py``) and
 its outputs
 become the global prototypes sent down. Classes no agent has uploaded yet get no prototype.
+
+In a buffered run each client's prototypes weigh its reply's staleness weight, both in the
+class means behind the margin and in the generator's loss.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from coordinator.class_stats import mean_prototypes, prototype_pairs, screen_metrics
+from coordinator.class_stats import mean_prototypes, screen_metrics, weighted_pairs
 from coordinator.strategies.base import AgentInfo, ServerContext, Step, register_strategy
 from coordinator.strategies.prototype_exchange import PrototypeExchangeStrategy
 from protocol.algorithms.fedtgp import FedTGPConfig
@@ -44,34 +47,39 @@ class FedTGPStrategy(PrototypeExchangeStrategy):
     """Global prototypes from a server-trained generator (validation and ``configure`` as
     FedProto's)."""
 
-    unbuffered_reason = (
-        "its server trains the prototype generator on one round's pairs as one unweighted "
-        "set (not yet made to weigh stale pairs)"
-    )
+    stale_replies = "weighted"  # staleness weights in the margin's means and the TGP's loss
 
     config: FedTGPConfig
 
     def __init__(self, config: FedTGPConfig, *, num_classes: int, seed: int = 0) -> None:
         super().__init__(config, num_classes=num_classes, seed=seed)
         self.tgp: TensorMap | None = None  # the generator's state dict (torch stays lazy)
-        # the round's uploads, consumed by server_train in the same step
-        self._pending: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], float] | None = None
+        # the round's uploads (pairs, labels, pair weights, margin), consumed by server_train
+        # in the same step
+        self._pending: (
+            tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.float64], float]
+            | None
+        ) = None
         self._counts: dict[int, int] = {}
 
     def fold_prototypes(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
-        """Keep every (client prototype, class) pair of the round and the adaptive margin."""
+        """Keep every (client prototype, class) pair of the round, each weighing its reply's
+        staleness weight, and the adaptive margin."""
         sets = [self.payload(r, "protos", PrototypeSet) for _, r in replies]
+        weights = [self.reply_weight(r) for _, r in replies]
         # checks dimensions agree; the margin comes from these class centres (robust under
         # `aggregation`); the generator trains on the pairs `upload_screen` keeps
-        means = mean_prototypes(None, sets, self.num_classes, rule=self.robust)
+        means = mean_prototypes(None, sets, self.num_classes, rule=self.robust, weights=weights)
         if means is None:
             self._pending = None
             return {"uploaded_prototypes": 0.0}
-        vectors, labels, screened = prototype_pairs(sets, self.config.upload_screen)
+        vectors, labels, pair_weights, screened = weighted_pairs(
+            sets, weights, self.config.upload_screen
+        )
         margin = adaptive_margin(means, self.config.margin_threshold)
-        self._pending = (vectors, labels, margin)
+        self._pending = (vectors, labels, pair_weights, margin)
         self._counts.update(_counts(means))
         out = {"uploaded_prototypes": float(len(labels) + screened), "margin": margin}
         return out | screen_metrics(self.config.upload_screen, screened)
@@ -81,7 +89,7 @@ class FedTGPStrategy(PrototypeExchangeStrategy):
         become the global prototypes."""
         if self._pending is None:
             return {}
-        vectors, labels, margin = self._pending
+        vectors, labels, pair_weights, margin = self._pending
         self._pending = None
         from coordinator.strategies.fedtgp.server import (
             train_prototypes,  # torch only on the server's path
@@ -97,6 +105,7 @@ class FedTGPStrategy(PrototypeExchangeStrategy):
                 num_classes=self.num_classes,
                 cfg=self.config,
                 ctx=ctx,
+                weights=pair_weights,
             )
         except FitError as exc:  # the engine closes the step failed and keeps the last state
             raise AggregationError(f"fedtgp: prototype training failed: {exc}") from exc

@@ -6,6 +6,10 @@ entries in a :class:`KnowledgeTable` under the configured window, averages the w
 each architecture group (sample-weighted, BN buffers included) and never across groups. The next
 round's task carries the table's per-class means (Velo: a CVAE sample per class instead of the
 mean feature) once warm-up is over, and the group model of the agent's architecture.
+
+In a buffered run each entry is dated by the round of the task it answers and weighs its
+reply's staleness weight in the table's means; a group model weighs each upload by its sample
+count times that weight.
 """
 
 from __future__ import annotations
@@ -49,10 +53,7 @@ def group_key(agent: AgentInfo) -> str:
 class _FeatureLogitStrategy(Strategy[Any]):
     """Knowledge table + per-architecture weight groups; Velo adds the CVAE."""
 
-    unbuffered_reason = (
-        "its knowledge table dates entries by the round that folds them, so a stale entry "
-        "would pass for a fresh one (not yet dated by its task's round)"
-    )
+    stale_replies = "weighted"  # entries dated by their task's round, staleness-weighted
     needs_class_counts = True  # each entry's count is bounded by the class's registered samples
 
     def __init__(self, config: Any, *, num_classes: int, seed: int = 0) -> None:
@@ -172,11 +173,16 @@ class _FeatureLogitStrategy(Strategy[Any]):
     def fold_uploads(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
         """Add the uploads to the table; FedAvg within each architecture group."""
         uploads = [
-            (a.device_id, k)
+            (a, r, k)
             for a, r in replies
             if isinstance(k := r.payloads.get("knowledge"), FeatureLogitSet)
         ]
-        self.table.add(step.round, uploads)
+        self.table.add(
+            step.round,
+            [(a.device_id, k) for a, _, k in uploads],
+            dated=[r.round for _, r, _ in uploads],
+            weights=[self.reply_weight(r) for _, r, _ in uploads],
+        )
         metrics = {
             "knowledge_entries": float(len(self.table)),
             "knowledge_classes": float(np.unique(self.table.cls).size),
@@ -186,11 +192,12 @@ class _FeatureLogitStrategy(Strategy[Any]):
         return metrics
 
     def _average_groups(self, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        members: dict[str, list[tuple[TensorMap, int]]] = {}
+        members: dict[str, list[tuple[TensorMap, float]]] = {}
         for agent, reply in replies:
             w = reply.payloads.get("weights")
             if isinstance(w, TensorMap):
-                members.setdefault(group_key(agent), []).append((w, max(reply.num_samples, 1)))
+                n = max(reply.num_samples, 1) * self.reply_weight(reply)
+                members.setdefault(group_key(agent), []).append((w, n))
         failed = 0
         for key, group in sorted(members.items()):
             try:
@@ -229,11 +236,11 @@ def robust_means(
     table: KnowledgeTable, rule: RobustRule, encoding: Literal["raw", "f16"]
 ) -> FeatureLogitSet | None:
     """:meth:`KnowledgeTable.means` under ``rule``: per class, features and logits each reduced
-    over the kept entries of that class (weighted by counts when the table is), counts summed.
+    over the kept entries of that class (weighted as the table weighs them), counts summed.
     Velo's CVAE still trains on every entry."""
     if not len(table):
         return None
-    weights = table.counts if table.count_weighted else None
+    weights = table.entry_weights()
     ids, feats = reduce_by_class(table.cls, table.features, rule, weights)
     _, logits = reduce_by_class(table.cls, table.logits, rule, weights)
     counts = np.array([table.counts[table.cls == c].sum() for c in ids.tolist()], np.int64)
@@ -307,15 +314,21 @@ class VeloStrategy(_FeatureLogitStrategy):
             raise ValidationError(f"{where}.vectors", f"dimension {dim}", s.vectors.shape[1])
 
     def fold_uploads(self, step: Step, replies: list[tuple[AgentInfo, Reply]]) -> dict[str, float]:
-        """Felo's, and the individual features into their own table."""
+        """Felo's, and the individual features into their own table (dated and weighted as
+        the knowledge entries)."""
         metrics = super().fold_uploads(step, replies)
         uploads = [
-            (a.device_id, s)
+            (a, r, s)
             for a, r in replies
             if isinstance(s := r.payloads.get("samples"), LabelledVectors)
         ]
         if uploads or len(self.samples):
-            self.samples.add_samples(step.round, uploads)
+            self.samples.add_samples(
+                step.round,
+                [(a.device_id, s) for a, _, s in uploads],
+                dated=[r.round for _, r, _ in uploads],
+                weights=[self.reply_weight(r) for _, r, _ in uploads],
+            )
             metrics["sample_entries"] = float(len(self.samples))
         return metrics
 

@@ -71,7 +71,7 @@ def test_buffered_mode_refuses_ingest_workers() -> None:
         load_config(None, [], mode="buffered", ingest_workers=2)
 
 
-@pytest.mark.parametrize("algorithm", ["fedtgp", "fedgen", "local", "felo", "fedktl"])
+@pytest.mark.parametrize("algorithm", ["fedvtc", "local"])
 def test_an_algorithm_that_cannot_run_buffered_is_refused_at_start_with_the_reason(
     tmp_path: Path, algorithm: str
 ) -> None:
@@ -87,7 +87,22 @@ def test_an_algorithm_that_cannot_run_buffered_is_refused_at_start_with_the_reas
         store.close()
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "lg_fedavg", "fml", "fedkd", "fedproto", "fd"])
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        "fedavg",
+        "lg_fedavg",
+        "fml",
+        "fedkd",
+        "fedproto",
+        "fd",
+        "felo",
+        "fedhe",
+        "velo",
+        "fedtgp",
+        "fedktl",
+    ],
+)
 def test_the_algorithms_that_fold_stale_replies_declare_it(algorithm: str) -> None:
     cfg = config_type(algorithm)()
     assert create_strategy(algorithm, cfg, num_classes=10).stale_replies == "weighted"

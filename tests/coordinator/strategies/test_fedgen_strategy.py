@@ -79,6 +79,23 @@ def test_heads_are_averaged_by_samples_and_checked() -> None:
         s.validate(Step(2, "train"), A, reply(TensorMap({"w": np.zeros(2)}), 5))
 
 
+def test_a_stale_head_weighs_its_samples_times_its_staleness_weight() -> None:
+    s = strategy(head_exchange=True)
+    stale = Reply(
+        task_id="tb",
+        round=1,
+        phase="train",
+        num_samples=10,
+        payloads={"weights": head(5.0, [4, 8])},
+    )
+    s.staleness_weights = {"tb": 0.5}  # b answers a task three versions old (a = 0.5)
+    s.aggregate(Step(4, "train"), [(A, reply(head(1.0, [0, 0]), 30)), (B, stale)])
+    assert s.head is not None
+    expected = (30 * 1.0 + 0.5 * 10 * 5.0) / (30 + 0.5 * 10)
+    np.testing.assert_allclose(s.head.tensors["weight"], np.full((C, D), expected), rtol=1e-6)
+    assert s._pending is not None and s._pending[1] == [30.0, 5.0]  # the ensemble's mix
+
+
 def test_generator_goes_down_with_the_fleet_label_counts_and_replays() -> None:
     runs = []
     for _ in range(2):

@@ -88,3 +88,25 @@ def test_prototypes_of_different_sizes_in_one_round_fail_the_aggregation() -> No
             Step(1, "train"),
             [(A, reply(protos([0], [[1.0]]))), (B, reply(protos([1], [[1.0, 2.0]])))],
         )
+
+
+def test_a_stale_replys_prototypes_weigh_its_staleness_weight_in_the_heads_loss() -> None:
+    # Prepare: as above, b's reply answers a task two versions old (staleness weight 0.25)
+    s = strategy(server_lr=0.1)
+    s.load_state_dict({"head": TensorMap({"weight": np.zeros((C, 2)), "bias": np.zeros(C)})})
+    stale = Reply(
+        task_id="tb",
+        round=1,
+        phase="train",
+        num_samples=10,
+        payloads={"protos": protos([1], [[0.0, 2.0]])},
+    )
+    s.staleness_weights = {"tb": 0.25}
+    # Execute
+    s.aggregate(Step(3, "train"), [(A, reply(protos([0], [[1.0, 0.0]]))), (B, stale)])
+    s.server_train(Step(3, "train"), ServerContext.for_step(0, 2, "cpu"))
+    # Assert: weights [1, 0.25] / their mean 0.625 = [1.6, 0.4]; grad W = mean_i w_i (p_i -
+    # onehot_i) x_i^T = [[-.4, .2], [.4, -.2]], grad b = [-.3, .3]; one step of lr 0.1
+    assert s.head is not None
+    np.testing.assert_allclose(s.head.tensors["weight"], [[0.04, -0.02], [-0.04, 0.02]], atol=1e-7)
+    np.testing.assert_allclose(s.head.tensors["bias"], [0.03, -0.03], atol=1e-7)

@@ -125,6 +125,49 @@ def test_centroids_are_the_exact_class_means_of_f_after_training() -> None:
     assert s.aligner.tensors[VALID_KEY].tolist() == [True, True, True, False]
 
 
+def test_a_stale_replys_prototypes_weigh_its_staleness_weight_in_the_centroids() -> None:
+    s = strategy()
+    stale = Reply(
+        task_id="tb",
+        round=1,
+        phase="train",
+        num_samples=10,
+        payloads={"protos": protos([1, 2], 10)},
+    )
+    s.staleness_weights = {"tb": 0.25}  # b answers a task two versions old
+    step = Step(3, "train")
+    s.aggregate(step, [(A, reply(protos([0, 1], 1), 3)), (B, stale)])
+    assert s._uploads[0][2].tolist() == [1.0, 1.0, 0.25, 0.25]
+    s.server_train(step, ServerContext.for_step(3, 2, "cpu"))
+    assert s.aligner is not None
+    from coordinator.strategies.fedktl.server import Aligner
+
+    al = Aligner(C, 8, C)
+    al.load_state_dict({k: torch.as_tensor(s.aligner.tensors[k]) for k in al.state_dict()})
+    al.eval()
+    with torch.no_grad():
+        qa = al.transformer(torch.as_tensor(protos([0, 1], 1).vectors))
+        qb = al.transformer(torch.as_tensor(protos([1, 2], 10).vectors))
+    cent = s.aligner.tensors["centroids.weight"]
+    expected = (qa[1] + 0.25 * qb[0]) / 1.25
+    np.testing.assert_allclose(cent[1], expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cent[2], qb[1].numpy(), rtol=1e-5, atol=1e-6)  # alone: its mean
+
+
+def test_the_squared_error_term_scales_each_prototype_by_its_weight() -> None:
+    from coordinator.strategies.fedktl.server import Aligner, _loss
+
+    s = strategy(mmd_weight=0.0)
+    al = Aligner(C, 8, C)
+    p, y = torch.as_tensor(protos([0, 1, 2], 4).vectors), torch.tensor([0, 1, 2])
+    w = torch.tensor([1.5, 1.2, 0.3])  # mean 1
+    with torch.no_grad():
+        err = (al.transform(p) - al.centroids(y)).pow(2).mean(dim=1)
+        terms = _loss(s._ready(), s.config)(al, (p, y, w), torch.Generator().manual_seed(0))
+    expected = s.config.mse_weight * (err * w).mean()
+    assert terms["loss"].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("p", "field"),
     [

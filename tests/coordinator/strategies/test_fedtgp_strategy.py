@@ -79,8 +79,9 @@ def test_aggregate_keeps_every_client_prototype_and_the_margin_of_their_means() 
         ],
     )
     assert s._pending is not None
-    vectors, labels, margin = s._pending
+    vectors, labels, pair_weights, margin = s._pending
     assert labels.tolist() == [0, 1, 1] and vectors.shape == (3, 2)
+    assert pair_weights.tolist() == [1.0, 1.0, 1.0]
     assert margin == pytest.approx(3.0)  # class means [0, 0] and [3, 0]
 
 
@@ -130,3 +131,58 @@ def test_a_replayed_step_trains_the_same_prototypes() -> None:
         runs.append(s.protos.vectors)
     np.testing.assert_array_equal(runs[0], runs[1])
     assert not np.array_equal(runs[0], first.protos.vectors if first.protos else None)
+
+
+def test_acl_loss_weighs_each_pairs_term_by_its_weight() -> None:
+    centers = torch.tensor([[0.0, 0.0], [3.0, 4.0]])
+    x, y = torch.tensor([[0.0, 0.0], [3.0, 4.0]]), torch.tensor([0, 1])
+    w = torch.tensor([1.6, 0.4])  # mean 1: a fresh pair and a stale one
+    terms = acl_loss(2, margin=1.0)(_Fixed(centers), (x, y, w), torch.Generator())
+    # each pair: distances [0, 5] to its own and the other centre -> CE = log(1 + e^-4)
+    ce = math.log1p(math.exp(-4.0))
+    assert terms["loss"].item() == pytest.approx((1.6 * ce + 0.4 * ce) / 2, rel=1e-5)
+    far = torch.tensor([[3.0, 4.0], [3.0, 4.0]])  # pair 0 now sits on the other class's centre
+    terms = acl_loss(2, margin=1.0)(_Fixed(centers), (far, y, w), torch.Generator())
+    wrong = math.log1p(math.exp(6.0))  # logits [-(5 + 1), -0]
+    assert terms["loss"].item() == pytest.approx((1.6 * wrong + 0.4 * ce) / 2, rel=1e-5)
+
+
+def test_a_stale_replys_prototypes_weigh_its_staleness_weight() -> None:
+    s = strategy()
+    a, b = agent("a", [0, 1]), agent("b", [1])
+    stale = Reply(
+        task_id="tb",
+        round=1,
+        phase="train",
+        num_samples=10,
+        payloads={"protos": protos([1], [[4.0, 0.0]])},
+    )
+    s.staleness_weights = {"tb": 0.25}
+    s.aggregate(
+        Step(3, "train"),
+        [(a, reply(protos([0, 1], [[0.0, 0.0], [2.0, 0.0]]))), (b, stale)],
+    )
+    assert s._pending is not None
+    _, labels, pair_weights, margin = s._pending
+    assert labels.tolist() == [0, 1, 1]
+    assert pair_weights.tolist() == [1.0, 1.0, 0.25]
+    # class 1's centre: (2 + 0.25 * 4) / 1.25 = 2.4, its gap to class 0's [0, 0]
+    assert margin == pytest.approx(2.4)
+
+
+def test_the_generator_trains_on_the_pair_weights_normalised_to_mean_one() -> None:
+    from coordinator.strategies.fedtgp.server import train_prototypes
+
+    cfg = FedTGPConfig().replace(server_epochs=3)
+    x = np.array([[5.0, 0.0], [0.0, 5.0], [0.0, 4.0]], np.float32)
+    y = np.array([0, 1, 1])
+    ctx = ServerContext.for_step(0, 0, "cpu")
+
+    def train(w: np.ndarray | None) -> np.ndarray:
+        return train_prototypes(None, x, y, margin=1.0, num_classes=C, cfg=cfg, ctx=ctx, weights=w)[
+            1
+        ]
+
+    plain = train(None)
+    np.testing.assert_allclose(train(np.full(3, 0.25)), plain, rtol=1e-5)  # all equally stale
+    assert not np.allclose(train(np.array([1.0, 1.0, 0.1])), plain)

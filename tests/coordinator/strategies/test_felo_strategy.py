@@ -275,3 +275,28 @@ def test_velo_trains_its_cvae_on_the_uploaded_samples_when_it_has_them() -> None
     restored.load_state_dict(s.state_dict())
     np.testing.assert_array_equal(restored.samples.features, s.samples.features)
     np.testing.assert_array_equal(restored.samples.cls, s.samples.cls)
+
+
+@pytest.mark.parametrize("name", ["felo", "fedhe", "velo"])
+def test_a_stale_reply_is_dated_by_its_task_and_weighed_by_its_staleness_weight(
+    name: str,
+) -> None:
+    s = strategy(name, count_weighted=True)
+    a = agent("a", "mlp_s", {0: 10, 1: 10}, name)
+    b = agent("b", "mlp_s", {1: 10, 2: 10}, name)
+    fresh = {"knowledge": knowledge([1], 1.0, [4]), "weights": weights(1.0)}
+    stale = {"knowledge": knowledge([1], 5.0, [2]), "weights": weights(5.0)}
+    replies = [
+        (a, Reply(task_id="ta", round=3, phase="train", num_samples=30, payloads=fresh)),
+        (b, Reply(task_id="tb", round=1, phase="train", num_samples=10, payloads=stale)),
+    ]
+    s.staleness_weights = {"tb": 0.25}  # b answers a task two versions old
+    s.aggregate(Step(3, "train"), replies)
+    assert s.table.round.tolist() == [3, 1]
+    means = s.table.means()
+    assert means is not None
+    expected = (4 * 1.0 + 0.25 * 2 * 5.0) / (4 + 0.25 * 2)
+    np.testing.assert_allclose(means.features[0], [expected] * D, rtol=1e-6)
+    if s.config.same_arch_avg:  # the group model: sample count x staleness weight
+        group = (30 * 1.0 + 10 * 0.25 * 5.0) / (30 + 10 * 0.25)
+        np.testing.assert_allclose(s.groups[group_key(a)].tensors["w"], [group] * 2, rtol=1e-6)

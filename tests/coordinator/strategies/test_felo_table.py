@@ -95,3 +95,69 @@ def test_a_feature_dimension_other_than_the_tables_is_refused() -> None:
     with pytest.raises(ValidationError, match="dimension 2"):
         t.add(2, [("b", bad)])
     assert len(t) == 1  # nothing half-added
+
+
+def test_a_stale_entry_weighs_its_staleness_weight_in_the_means() -> None:
+    t = KnowledgeTable(C, count_weighted=True)
+    # b answers a task of round 1, folded in round 3 with staleness weight 0.25
+    t.add(
+        3,
+        [("a", upload([1], 1.0, [3])), ("b", upload([1], 5.0, [2]))],
+        dated=[3, 1],
+        weights=[1.0, 0.25],
+    )
+    means = t.means()
+    assert means is not None
+    expected = (3 * 1.0 + 0.25 * 2 * 5.0) / (3 + 0.25 * 2)
+    np.testing.assert_allclose(means.features[0], [expected] * 2, rtol=1e-6)
+    np.testing.assert_allclose(means.logits[0], [-expected] * C, rtol=1e-6)
+    assert means.counts.tolist() == [5]  # the samples behind the class, not weighted
+    assert t.round.tolist() == [3, 1]  # dated by the task, not by the fold
+
+
+def test_the_window_in_rounds_counts_from_the_task_a_stale_entry_answers() -> None:
+    t = KnowledgeTable(C, rounds=2)
+    # folded in round 4: a's task is of round 3 (kept), b's of round 2 (two rounds old: gone)
+    t.add(4, [("a", upload([0], 1.0)), ("b", upload([0], 9.0))], dated=[3, 2])
+    assert t.round.tolist() == [3]
+    means = t.means()
+    assert means is not None
+    np.testing.assert_allclose(means.features[0], [1.0, 1.0])
+
+
+def test_latest_per_client_keeps_the_entry_of_the_latest_task_not_the_latest_fold() -> None:
+    t = KnowledgeTable(C, "latest_per_client")
+    t.add(3, [("a", upload([0], 1.0))])
+    t.add(4, [("a", upload([0], 7.0))], dated=[2], weights=[0.5])  # an older task, folded later
+    assert t.round.tolist() == [3]
+    means = t.means()
+    assert means is not None
+    np.testing.assert_allclose(means.features[0], [1.0, 1.0])
+
+
+def test_history_drops_the_entries_of_the_oldest_tasks_first() -> None:
+    t = KnowledgeTable(C, "history_fifo", cap=2)
+    t.add(3, [("a", upload([0], 1.0)), ("b", upload([0], 2.0))])
+    t.add(4, [("c", upload([0], 5.0))], dated=[1], weights=[0.5])  # older than both
+    assert sorted(t.round.tolist()) == [3, 3]
+
+
+def test_current_round_keeps_the_last_folds_entries_stale_ones_weighted() -> None:
+    t = KnowledgeTable(C, "current_round")
+    t.add(1, [("a", upload([0], 1.0))])
+    t.add(2, [("b", upload([0], 2.0)), ("c", upload([0], 8.0))], dated=[2, 1], weights=[1, 0.5])
+    means = t.means()
+    assert means is not None
+    expected = (2.0 + 0.5 * 8.0) / 1.5
+    np.testing.assert_allclose(means.features[0], [expected] * 2, rtol=1e-6)
+
+
+def test_staleness_weights_survive_a_restart() -> None:
+    t = KnowledgeTable(C)
+    t.add(2, [("a", upload([0], 1.0)), ("b", upload([0], 4.0))], dated=[2, 1], weights=[1, 0.3])
+    restored = KnowledgeTable(C)
+    restored.load_tensormap(t.to_tensormap())
+    a, b = t.means(), restored.means()
+    assert a is not None and b is not None
+    np.testing.assert_array_equal(a.features, b.features)
+    np.testing.assert_array_equal(restored.round, [2, 1])
