@@ -37,7 +37,8 @@ from coordinator.engine.replies import (
     task_id,
 )
 from coordinator.engine.runner import UNSIGNED_KINDS, mqtt_client
-from coordinator.store.database import CHECKPOINT_S, Staged, Store
+from coordinator.store.connection import CHECKPOINT_S
+from coordinator.store.database import Staged, Store
 from coordinator.strategies import AgentInfo, Step, create_strategy
 from protocol.contract.codec import Envelope, encode
 from protocol.contract.messages import Ack, CoordinatorState, Reply, Status

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from coordinator.config import RunConfig
 from coordinator.engine.core import Coordinator, QuorumError, RunResult
 from coordinator.engine.observer import RunObserver
-from coordinator.store.database import CHECKPOINT_S, Store
+from coordinator.store.connection import CHECKPOINT_S
+from coordinator.store.database import Store
 from coordinator.strategies import create_strategy
 from coordinator.tracking import start_tracking
 from protocol.contract.codec import Envelope, encode

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from coordinator.ops.lifecycle import read_run
-from coordinator.store.database import SCHEMA
+from coordinator.store.connection import SCHEMA
 from protocol.contract.codec import Envelope, encode
 from tests.helpers import fake_agent
 
