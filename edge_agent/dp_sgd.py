@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import secrets
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,6 +121,9 @@ class DpSgd:
         except ImportError as exc:
             raise ConfigError(INSTALL_HINT) from exc
         per_sample_modules(modules)
+        # the images take no gradient, so torch says the backward hooks see only the modules'
+        # outputs: what per-sample gradients of the parameters need, not a fault
+        warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
         # the hooks sit on the layers themselves, so the algorithm's own calls of the module
         # (forward_features, forward_head, a shared model called in step_loss) record them
         self._hooks = [GradSampleModule(m, loss_reduction="mean", strict=False) for m in modules]

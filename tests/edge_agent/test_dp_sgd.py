@@ -1,6 +1,7 @@
 """DP-SGD for the weight-exchanging algorithms: the noise multiplier against two accountants,
 each sample's gradient clipped over every trained module, models without per-sample gradients
-refused, and a FedAvg device that reports its epsilon and stops when its budget is spent."""
+refused, and a device of FedAvg, LG-FedAvg and FML that reports its epsilon and stops when its
+budget is spent."""
 
 from __future__ import annotations
 
@@ -112,16 +113,16 @@ def _settings():  # type: ignore[no-untyped-def]
     return DpSettings(epsilon=4.0, delta=1e-5, clip=1.0, releases=3)
 
 
-# ----- a FedAvg device -------------------------------------------------------------------------
-def _task(n: int, **hyper: object) -> Task:
-    cfg = config_type("fedavg")(local_epochs=1, **hyper)  # type: ignore[arg-type]
+# ----- a device of each weight-exchanging algorithm DP-SGD covers ------------------------------
+def _task(algorithm: str, n: int, **hyper: object) -> Task:
+    cfg = config_type(algorithm)(local_epochs=1, **hyper)  # type: ignore[arg-type]
     return Task(
         task_id=f"t.{n}.0.agent0",
         run_id="t",
         round=n,
         phase="train",
         deadline=1e12,
-        algorithm="fedavg",
+        algorithm=algorithm,
         config=cfg.task_config(),
     )
 
@@ -133,8 +134,12 @@ def _next(seen: queue.Queue[Envelope], kind: type) -> object:
             return env.body
 
 
-def test_a_fedavg_device_reports_its_epsilon_and_stops_when_its_budget_is_spent(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [("fedavg", {}), ("lg_fedavg", {}), ("fml", {"shared_model": "mlp_xs"})],
+)
+def test_a_device_reports_its_epsilon_and_stops_when_its_budget_is_spent(
+    algorithm: str, extra: dict[str, object], tmp_path: Path
 ) -> None:
     # Prepare: a budget of epsilon 2 over two rounds
     broker = MemoryBroker()
@@ -142,19 +147,19 @@ def test_a_fedavg_device_reports_its_epsilon_and_stops_when_its_budget_is_spent(
     coord = MemoryTransport(broker, "coordinator")
     coord.connect()
     coord.subscribe(f"{Topics().base}/dev/+/up/#", lambda _t, data: seen.put(decode(data)))
-    opts = agent_options(run_config(tmp_path, algorithm="fedavg"), FLEET, 0)
+    opts = agent_options(run_config(tmp_path, algorithm=algorithm), FLEET, 0)
     opts = dataclasses.replace(opts, state_dir=tmp_path / "agent0")
     transport = MemoryTransport(broker, opts.device_id)
     agent = build_agent(opts, transport)
     agent.start()
     transport.connect()
-    dp = {"dp_epsilon": 2.0, "dp_clip": 1.0, "dp_releases": 2}
+    dp = {"dp_epsilon": 2.0, "dp_clip": 1.0, "dp_releases": 2, **extra}
     # Execute: two rounds spend the budget, the third would exceed it
     replies = []
     for n in (1, 2):
-        agent.dispatch(Envelope(body=_task(n, **dp), sender="coordinator"))
+        agent.dispatch(Envelope(body=_task(algorithm, n, **dp), sender="coordinator"))
         replies.append(_next(seen, Reply))
-    agent.dispatch(Envelope(body=_task(3, **dp), sender="coordinator"))
+    agent.dispatch(Envelope(body=_task(algorithm, 3, **dp), sender="coordinator"))
     refusal = _next(seen, ErrorReply)
     # Assert: epsilon grows to the budget; the refusal names it
     first, second = replies
