@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,12 @@ def test_a_model_with_batchnorm_is_refused_with_the_way_out() -> None:
     with pytest.raises(ConfigError, match="without BatchNorm"):
         per_sample_modules([bn])
     per_sample_modules([create_model("mlp_s", num_classes=4, in_chans=1, input_size=8)])
+
+
+def test_without_opacus_the_refusal_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opacus.validators", None)  # import raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'edgefl\[privacy\]'"):
+        per_sample_modules([create_model("mlp_s", num_classes=4, in_chans=1, input_size=8)])
 
 
 def test_poisson_batches_draw_each_sample_at_the_sampling_rate() -> None:
