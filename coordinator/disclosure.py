@@ -54,8 +54,11 @@ def _replies(name: str) -> str:
 
 def _dp(name: str) -> str:
     cls = config_type(name)
+    if getattr(cls, "DP_SGD", False):
+        return "every model the step trains is trained by DP-SGD (the weights sent among them)"
     if not getattr(cls, "DP_STATISTICS", False):
-        return "refused: its replies are not per-class sums"
+        uncovered = cls().dp_uncovered()  # type: ignore[attr-defined]
+        return f"refused: {uncovered}"
     uncovered = cls().dp_uncovered()  # type: ignore[attr-defined]
     return (
         f"sums and counts noised; refused while {uncovered}"

@@ -41,12 +41,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DpSettings",
+    "Event",
     "PrivacyBudgetError",
     "PrivacyLedger",
     "clip_rows",
     "noise_multiplier",
     "privatize",
 ]
+
+
+#: One release in the ledger: (noise multiplier, mechanisms composed, Poisson sampling rate).
+Event = tuple[float, int, float]
 
 
 class PrivacyBudgetError(EdgeFLError):
@@ -99,11 +104,14 @@ class PrivacyLedger:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
-        self.events: list[tuple[float, int]] = []  # (noise multiplier, mechanisms) per release
+        # per release: (noise multiplier z, mechanisms, sampling rate q); q = 1 is a Gaussian
+        # mechanism on the whole data (a statistics release), q < 1 a Poisson-subsampled one
+        # (a DP-SGD step, edge_agent.dp_sgd): one accountant composes both kinds
+        self.events: list[tuple[float, int, float]] = []
         if path is not None and path.exists():
             self.events = _load_events(path)
 
-    def epsilon(self, delta: float, extra: tuple[float, int] | None = None) -> float:
+    def epsilon(self, delta: float, extra: Event | None = None) -> float:
         """Epsilon at ``delta`` spent by the releases so far (and ``extra``, if given)."""
         from dp_accounting import dp_event, rdp
 
@@ -111,8 +119,9 @@ class PrivacyLedger:
         if not events:
             return 0.0
         accountant = rdp.RdpAccountant()
-        for z, count in events:
-            accountant.compose(dp_event.GaussianDpEvent(z), count)
+        for z, count, q in events:
+            gauss = dp_event.GaussianDpEvent(z)
+            accountant.compose(gauss if q >= 1 else dp_event.PoissonSampledDpEvent(q, gauss), count)
         return float(accountant.get_epsilon(delta))
 
     def check(self, settings: DpSettings, per_release: int) -> tuple[float, float]:
@@ -120,7 +129,13 @@ class PrivacyLedger:
         release would exceed the budget. The tolerance is the calibration's: the last planned
         release lands on the budget, not above it."""
         z = noise_multiplier(settings.epsilon, settings.delta, settings.releases, per_release)
-        after = self.epsilon(settings.delta, (z, per_release))
+        self.check_event(settings, (z, per_release, 1.0))
+        return z, self.epsilon(settings.delta, (z, per_release, 1.0))
+
+    def check_event(self, settings: DpSettings, event: Event) -> float:
+        """Epsilon after one more release of ``event``; raise :class:`PrivacyBudgetError` if
+        that exceeds the budget."""
+        after = self.epsilon(settings.delta, event)
         if after > settings.epsilon * (1 + 1e-6):
             spent = self.epsilon(settings.delta)
             raise PrivacyBudgetError(
@@ -128,22 +143,25 @@ class PrivacyLedger:
                 f"of hyper.dp.epsilon {settings.epsilon:g} (delta {settings.delta:g}); one "
                 f"more would reach {after:.4g}, so this device contributes no more to the run"
             )
-        return z, after
+        return after
 
-    def record(self, z: float, per_release: int) -> None:
+    def record(self, z: float, per_release: int, sample_rate: float = 1.0) -> None:
         """Account one release (durably, before it leaves)."""
-        self.events.append((z, per_release))
+        self.events.append((z, per_release, sample_rate))
         if self.path is not None:
             atomic_write(self.path, json.dumps({"events": self.events}).encode())
 
 
-def _load_events(path: Path) -> list[tuple[float, int]]:
+def _load_events(path: Path) -> list[Event]:
     try:
         data = json.loads(path.read_text())
-        events = [(float(z), int(n)) for z, n in data["events"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # an event of two numbers (z, count) is a Gaussian mechanism on all the data (q = 1)
+        events = [
+            (float(e[0]), int(e[1]), float(e[2]) if len(e) > 2 else 1.0) for e in data["events"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ProtocolError(f"privacy ledger {path} is unreadable: {exc}") from exc
-    if any(not (math.isfinite(z) and z > 0 and n > 0) for z, n in events):
+    if any(not (math.isfinite(z) and z > 0 and n > 0 and 0 < q <= 1) for z, n, q in events):
         raise ProtocolError(f"privacy ledger {path}: invalid events")
     return events
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from torch import Tensor, nn
 
 from protocol.algorithms import TrainConfig
 from protocol.errors import EdgeFLError
+
+if TYPE_CHECKING:
+    from edge_agent.dp_sgd import DpSgd
 
 __all__ = [
     "EvalResult",
@@ -191,22 +194,32 @@ def _activate(steppers: list[_Stepper], active: list[_Stepper]) -> None:
             p.requires_grad_(on and flag)
 
 
-def _restore(steppers: list[_Stepper]) -> None:
-    """Every group's module back in train mode, its tensors with their entry flags."""
+def _restore(steppers: list[_Stepper], dp_sgd: DpSgd | None) -> None:
+    """Every group's module back in train mode, its tensors with their entry flags, DP-SGD's
+    hooks removed."""
+    if dp_sgd is not None:
+        dp_sgd.detach()
     for s in steppers:
         s.group.module.train()
         for p, flag in zip(s.params, s.found, strict=True):
             p.requires_grad_(flag)
 
 
-def _update(loss: Tensor, steppers: list[_Stepper], scaler: torch.amp.GradScaler | None) -> None:
-    """zero_grad, backward, per-group clipping, step: the only optimiser step there is."""
+def _update(
+    loss: Tensor | None,
+    steppers: list[_Stepper],
+    scaler: torch.amp.GradScaler | None,
+    dp_sgd: DpSgd | None = None,
+) -> None:
+    """zero_grad, backward, DP-SGD's clipping and noise (``dp_sgd``; ``loss`` None: an empty
+    batch, noise alone), per-group clipping, step: the only optimiser step there is."""
     for s in steppers:
         s.optimizer.zero_grad(set_to_none=True)
-    if scaler is None:
-        loss.backward()  # type: ignore[no-untyped-call]  # torch stub
-    else:
-        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch stub
+    if loss is not None:
+        scaled = loss if scaler is None else scaler.scale(loss)
+        scaled.backward()  # type: ignore[no-untyped-call]  # torch stub
+    if dp_sgd is not None:  # one clip over every group of the step: a sample's whole gradient
+        dp_sgd.privatize([p for s in steppers for p in s.params])
     for s in steppers:
         if s.clip > 0:
             if scaler is not None:
@@ -250,6 +263,18 @@ def _autocast(use_amp: bool, device: torch.device) -> AbstractContextManager[obj
     return torch.autocast(device.type) if use_amp else contextlib.nullcontext()
 
 
+def _start_dp_sgd(
+    dp_sgd: DpSgd | None, main: list[_Stepper], subs: Sequence[object], per_epoch: int
+) -> int:
+    """Attach DP-SGD's per-sample gradients to the main step's modules; the epoch's steps."""
+    if dp_sgd is None:
+        return per_epoch
+    if subs:
+        raise TrainingError("DP-SGD covers the main step only; this algorithm has sub-steps")
+    dp_sgd.attach([s.group.module for s in main])
+    return dp_sgd.steps_per_epoch
+
+
 def train_epochs(
     model: nn.Module,
     data: TensorData,
@@ -262,6 +287,7 @@ def train_epochs(
     on_progress: ProgressFn | None = None,
     on_epoch: Callable[[int], None] | None = None,
     stop: threading.Event | None = None,
+    dp_sgd: DpSgd | None = None,
 ) -> TrainStats:
     """Train ``groups`` (default: all of ``model``) for ``epochs`` (default ``cfg.local_epochs``).
 
@@ -269,6 +295,9 @@ def train_epochs(
     sub-step group on its own loss; then ``hooks.after_step``. ``on_epoch(e)`` runs before
     epoch ``e`` (0-based) draws its first batch, after the previous epoch's last update (e.g.
     conformal calibration from a snapshot of the models as they enter the epoch).
+
+    ``dp_sgd``: the main step is DP-SGD's (:mod:`edge_agent.dp_sgd`): Poisson-sampled batches,
+    per-sample gradients clipped over all main groups together, Gaussian noise.
 
     Raises:
         TrainingStoppedError: ``stop`` was set; checked before every batch, so a stop is seen
@@ -280,7 +309,7 @@ def train_epochs(
     subs = _sub_steps(steppers)
     if not main:
         raise TrainingError("no parameter group trains on step_loss")
-    use_amp = cfg.mixed_precision and data.x.device.type == "cuda"
+    use_amp = cfg.mixed_precision and data.x.device.type == "cuda" and dp_sgd is None
     fixed = cfg.batch_order == "fixed"
     fixed_seed = FIXED_ORDER_SEED if generator is None else generator.initial_seed()
     # Without AMP the scaler and autocast are bypassed: on tiny models their per-step Python
@@ -291,6 +320,7 @@ def train_epochs(
     # the batch's gradient. A shuffled order leaves out another sample each epoch.
     drop_last = cfg.drop_last or (len(data) > cfg.batch_size and len(data) % cfg.batch_size == 1)
     per_epoch = len(data) // cfg.batch_size if drop_last else math.ceil(len(data) / cfg.batch_size)
+    per_epoch = _start_dp_sgd(dp_sgd, main, subs, per_epoch)
     total = epochs * per_epoch
     _activate(steppers, main)
     steps, samples, loss_sum, t0 = 0, 0, 0.0, time.perf_counter()
@@ -301,9 +331,17 @@ def train_epochs(
             # "fixed": the same order every epoch and round, drawn from the seed the agent's
             # generator started with (the run's seed and the client), not from its state
             order = torch.Generator().manual_seed(fixed_seed) if fixed else generator
-            for x, y in data.batches(cfg.batch_size, order, drop_last=drop_last):
+            batches = (
+                data.batches(cfg.batch_size, order, drop_last=drop_last)
+                if dp_sgd is None
+                else dp_sgd.batches(data.x, data.y)
+            )
+            for x, y in batches:
                 if stop is not None and stop.is_set():
                     raise TrainingStoppedError(f"stopped at step {steps + 1} of {total}")
+                if not len(y):  # only a Poisson-sampled batch is ever empty: noise alone
+                    _update(None, main, None, dp_sgd)
+                    continue
                 if subs:  # the last sub-step switched modes and gradients to its group
                     _activate(steppers, main)
                 with _autocast(use_amp, data.x.device):
@@ -311,7 +349,7 @@ def train_epochs(
                     logits = model.forward_head(features)  # type: ignore[operator]
                     loss = hooks.step_loss(x, y, features, logits)
                 loss_value = _finite(loss, steps + 1, total)
-                _update(loss, main, scaler)
+                _update(loss, main, scaler, dp_sgd)
                 for sub, sub_loss_fn in subs:  # e.g. a generator against the updated model
                     _activate(steppers, sub)
                     with _autocast(use_amp, data.x.device):
@@ -325,7 +363,7 @@ def train_epochs(
                 if on_progress is not None:
                     on_progress(steps, total, loss_sum / steps)
     finally:
-        _restore(steppers)
+        _restore(steppers, dp_sgd)
     seconds = time.perf_counter() - t0
     return TrainStats(steps, samples, loss_sum / steps if steps else 0.0, seconds)
 

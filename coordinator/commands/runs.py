@@ -76,6 +76,7 @@ def _status(args: argparse.Namespace) -> int:
     for a in run.agents:
         state = "online" if a.online else "offline"
         spent = "" if a.dp_epsilon is None else f", privacy spent epsilon {a.dp_epsilon:.3g}"
+        spent += ", budget spent: deselected" if a.budget_spent else ""
         print(f"  {a.device_id:<20} {a.arch:<14} {state:<8} last seen {_ago(a.last_seen)}{spent}")
     return 0
 

@@ -58,6 +58,8 @@ class Admission:
         self.reject = reject  # counts and logs a message that is not acted on
         self.agents: dict[str, AgentInfo] = {}
         self.refused: dict[str, str] = {}  # device -> why its latest registration was refused
+        # device -> its PrivacyBudgetError: it trains for no further step of this run
+        self.budget_spent: dict[str, str] = {}
         self._registered: dict[str, bytes] = {}  # registrations of the batch: their frames
         self._bucket = NewDevices(cfg.max_registrations_per_min, cfg.min_agents)
         self.revocations = revocations  # the coordinator kit's revocation list, if any
@@ -243,6 +245,22 @@ class Admission:
         on every pass of its loop, and sorting 10,000 ids each time cost seconds."""
         return len((self.presence.online & self.agents.keys()) - self.refused.keys())
 
+    def spend_out(self, device: str, reason: str) -> None:
+        """``device`` said (in a verified frame) that its privacy budget is spent: it is not
+        selected again for a step that would ask it to train and release."""
+        if device not in self.budget_spent:
+            self.log.warning(
+                "agent %s has spent its privacy budget, deselected: %s", device, reason
+            )
+        self.budget_spent[device] = reason
+
+    def selectable(self, online: list[str], phase: str) -> list[str]:
+        """``online`` less the devices whose budget is spent, except for the ``final`` step,
+        which trains nothing and releases nothing but its evaluation."""
+        if phase == "final" or not self.budget_spent:
+            return online
+        return [d for d in online if d not in self.budget_spent]
+
     def refusals(self) -> str:
         """Why agents were refused (for a quorum error: the cause is otherwise only in the
         agents' logs), e.g. FedAvg refusing a second architecture."""
@@ -251,6 +269,12 @@ class Admission:
         reasons = Counter(self.refused.values()).most_common(3)
         listed = "; ".join(f"{n} x {reason}" for reason, n in reasons)
         return f"; {len(self.refused)} refused at registration: {listed}"
+
+    def spent_note(self) -> str:
+        """How many devices were deselected for a spent privacy budget (for a quorum error)."""
+        if not self.budget_spent:
+            return ""
+        return f"; {len(self.budget_spent)} deselected with their privacy budget spent"
 
     def flush(self, store: Store, now: float) -> list[str]:
         """Store the batch's registrations, in the batch's transaction, as seen at ``now``;

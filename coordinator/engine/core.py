@@ -42,6 +42,7 @@ from coordinator.store.database import StepRecord, Store
 from coordinator.strategies import Step, Strategy
 from protocol.contract.codec import Envelope
 from protocol.contract.messages import (
+    BUDGET_SPENT,
     ErrorReply,
     Fetch,
     Progress,
@@ -332,9 +333,10 @@ class Coordinator:
         end = time.monotonic() + self.cfg.rejoin_wait_s
         while self.admission.online_count() < self.cfg.min_agents and time.monotonic() < end:
             self._pump(min(0.5, max(0.0, end - time.monotonic())))  # let restarted agents rejoin
-        online = self._online_agents()
+        online = self.admission.selectable(self._online_agents(), step.phase)
         if not online:
-            raise QuorumError(f"step {idx + 1} ({step.phase}, round {step.round}): no agent online")
+            where = f"step {idx + 1} ({step.phase}, round {step.round})"
+            raise QuorumError(f"{where}: no agent online{self.admission.spent_note()}")
         selected = self.strategy.select(idx, step, online, self.cfg.fraction)
         participants = self.buffer.participants(step, selected)  # buffered: and the busy ones
         rec = StepRecord(idx, step.round, step.phase, participants, "open", attempt)
@@ -494,6 +496,8 @@ class Coordinator:
         if self._open_step is not None and self._task_of(device, error.task_id) is not None:
             if env.verified:
                 self._open_step.fail(device, what)
+                if error.code == BUDGET_SPENT:
+                    self.admission.spend_out(device, error.reason)
             else:
                 self._open_step.note(device, f"unverified error {what}")
         self.refusals("error", "agent %s reported %s: %s", device, error.code, error.reason)

@@ -69,6 +69,8 @@ class AgentRow:
     online: bool
     last_seen: float
     dp_epsilon: float | None = None  # privacy budget spent (hyper.dp), per its latest reply
+    # the device answered a step with PrivacyBudgetError: the run selects it for no more steps
+    budget_spent: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,9 +129,9 @@ def _read(db: sqlite3.Connection, run_dir: Path, pid: int | None) -> RunInfo:
     step = "" if latest is None else f"round {latest[0]} {latest[1]} ({latest[2]}"
     step += "" if latest is None else (f", attempt {latest[3] + 1})" if latest[3] else ")")
     hyper = (meta.get("config") or {}).get("hyper") or {}
-    spent = _epsilons(db) if hyper.get("dp_epsilon") else {}
+    spent, exhausted = _epsilons(db) if hyper.get("dp_epsilon") else ({}, set())
     agents = tuple(
-        AgentRow(d, _arch(blob), bool(online), float(seen), spent.get(d))
+        AgentRow(d, _arch(blob), bool(online), float(seen), spent.get(d), d in exhausted)
         for d, blob, online, seen in db.execute(
             "SELECT device_id, register, online, last_seen FROM agents ORDER BY device_id"
         )
@@ -155,18 +157,26 @@ def _read(db: sqlite3.Connection, run_dir: Path, pid: int | None) -> RunInfo:
     )
 
 
-def _epsilons(db: sqlite3.Connection) -> dict[str, float]:
+def _epsilons(db: sqlite3.Connection) -> tuple[dict[str, float], set[str]]:
     """Each device's ``dp_epsilon`` as its latest reply reported it (step records, newest
-    first; read only for a run with ``hyper.dp``)."""
+    first; read only for a run with ``hyper.dp``), and the devices a step recorded as failed
+    with their budget spent (``failed``: device -> "code: reason")."""
     import json
 
+    from protocol.contract.messages import BUDGET_SPENT
+
     out: dict[str, float] = {}
-    for (record,) in db.execute("SELECT record FROM metrics ORDER BY step DESC"):
-        for device, metrics in (json.loads(record).get("agents") or {}).items():
+    exhausted: set[str] = set()
+    for (text,) in db.execute("SELECT record FROM metrics ORDER BY step DESC"):
+        record = json.loads(text)
+        for device, metrics in (record.get("agents") or {}).items():
             value = metrics.get("dp_epsilon") if isinstance(metrics, dict) else None
             if device not in out and isinstance(value, (int, float)):
                 out[device] = float(value)
-    return out
+        failed = record.get("failed")
+        if isinstance(failed, dict):
+            exhausted |= {d for d, why in failed.items() if str(why).startswith(BUDGET_SPENT)}
+    return out, exhausted
 
 
 def _arch(blob: bytes) -> str:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from edge_agent.class_stats import ClassMeans
 
 from edge_agent.dp import DpSettings, PrivacyLedger, privatize
+from edge_agent.dp_sgd import DpSgd, per_sample_modules
 from edge_agent.seeding import SHARED_MODEL_SEED, derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
 from models import Classifier
@@ -147,6 +148,7 @@ class EdgeAlgorithm(Generic[C]):
         self.cfg: C | None = None
         self._shared_ready = False  # shared_init ran (or a checkpoint was restored)
         self._dp_metrics: dict[str, float] = {}  # the last release's epsilon figures
+        self._dp_sgd: DpSgd | None = None  # the train phase's DP-SGD (hyper.dp, DP_SGD)
 
     # ----- phase dispatch -------------------------------------------------------------------
     def phases(self) -> dict[str, Callable[[Task], PhaseResult]]:
@@ -205,21 +207,41 @@ class EdgeAlgorithm(Generic[C]):
             held = self.ctx.class_counts
             self._dp_metrics = privatize(stats, held, contributions, settings, self.ctx.privacy)
 
+    def spend_dp_sgd(self, settings: DpSettings) -> None:
+        """Plan this round's DP-SGD and account its steps before they run (the weights that
+        leave are trained by them, so the round's spend is certain once it trains).
+
+        Raises:
+            ConfigError: a trained module has no per-sample gradients (BatchNorm).
+            PrivacyBudgetError: the round would exceed the budget.
+        """
+        per_sample_modules([g.module for g in self.param_groups() if g.loss is None])
+        cfg = self.config
+        plan = DpSgd.plan(settings, len(self.ctx.train), cfg.batch_size, cfg.local_epochs)
+        self._dp_metrics = plan.spend(settings, self.ctx.privacy, cfg.local_epochs)
+        self._dp_sgd = plan
+
     # ----- shared phases --------------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
         """Receive knowledge, train locally with the one loop, reply with knowledge."""
         settings = DpSettings.of(self.config)
-        if settings is not None:  # a device whose budget is spent does not even train
+        dp_sgd = settings is not None and self.config.DP_SGD
+        if settings is not None and not dp_sgd:  # a spent budget: the device does not train
             self.ctx.privacy.check(settings, self.DP_SUMS + 1)
         self._dp_metrics = {}
         if self.needs_shared_init():  # before receive: received knowledge wins over the init
             self.shared_init()
             self._shared_ready = True
         self.receive(task.payloads)
-        stats = self.local_train(self.ctx.train)
+        if settings is not None and dp_sgd:
+            self.spend_dp_sgd(settings)
+        try:
+            stats = self.local_train(self.ctx.train)
+        finally:
+            self._dp_sgd = None
         payloads = self.reply_payloads()
         if settings is not None and not self._dp_metrics:
-            # the config promised private statistics (DP_STATISTICS): never send them plain
+            # the config promised private statistics or weights: never send them plain
             raise RuntimeError(f"{self.name}: hyper.dp is on but no private release was made")
         metrics = {
             "train_loss": stats.mean_loss,
@@ -247,6 +269,7 @@ class EdgeAlgorithm(Generic[C]):
             on_progress=self.ctx.on_progress,
             on_epoch=self.before_epoch,
             stop=self.ctx.stop,
+            dp_sgd=self._dp_sgd,
         )
 
     def before_epoch(self, epoch: int) -> None:

@@ -248,6 +248,9 @@ class TrainConfig(AlgorithmConfig):
     #: The algorithm's replies carry per-class sums through the edge's one private release
     #: (``edge_agent.dp``), so ``dp_epsilon`` may be set; else it is refused.
     DP_STATISTICS: typing.ClassVar[bool] = False
+    #: The algorithm's replies carry weights of modules the main training step trains: with
+    #: ``dp_epsilon`` set, that step is DP-SGD's (``edge_agent.dp_sgd``); else it is refused.
+    DP_SGD: typing.ClassVar[bool] = False
     # an algorithm's own size settings, bounded like TRAIN_LIMITS: a task from the wire may not
     # ask a device for unbounded work (docs/concepts/security.md)
     LIMITS: typing.ClassVar[dict[str, tuple[float, float]]] = {}
@@ -278,11 +281,11 @@ class TrainConfig(AlgorithmConfig):
     def dp_uncovered(self) -> str:
         """Why this config's replies would carry something the private release does not
         cover (``""``: nothing)."""
-        if self.DP_STATISTICS:
+        if self.DP_STATISTICS or self.DP_SGD:
             return ""
         return (
-            f"{self.NAME or type(self).__name__}'s replies are not per-class sums; "
-            "differential privacy covers only those (weights would need DP-SGD)"
+            f"{self.NAME or type(self).__name__}'s replies are neither per-class sums nor "
+            "weights DP-SGD trains; differential privacy covers only those"
         )
 
 

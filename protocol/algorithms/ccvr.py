@@ -32,6 +32,7 @@ class CCVRConfig(FedAvgConfig):
         "train": (PayloadSpec("weights", TensorMap),),
         "upload_stats": (PayloadSpec("stats", ClassStats),),
     }
+    DP_SGD: ClassVar[bool] = False  # its class covariances are no DP-SGD output
 
     virtual_per_class: int = 200  # M_c
     calib_epochs: int = 1

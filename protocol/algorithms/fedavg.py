@@ -19,5 +19,6 @@ class FedAvgConfig(AveragingConfig):
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("weights", TensorMap),),
     }
+    DP_SGD: ClassVar[bool] = True  # hyper.dp: the weights are trained by DP-SGD
 
     weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # uploaded and broadcast weights

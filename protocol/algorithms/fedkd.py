@@ -43,6 +43,15 @@ class FedKDConfig(SharedModelConfig):
     svd_energy_end: float = 0.98  # T_end: kept from round svd_rounds + 1 on
     svd_rounds: int = 0  # rounds of the ramp; 0 = the run's rounds (the coordinator fills it)
 
+    DP_SGD: ClassVar[bool] = False  # see dp_uncovered
+
+    def dp_uncovered(self) -> str:
+        """The adaptive weight mixes the batch into every sample's gradient."""
+        return (
+            "fedkd's loss weights every sample by its batch's mean loss, so a sample's gradient "
+            "is not its own and DP-SGD cannot bound it"
+        )
+
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         **SharedModelConfig.LIMITS,
         "svd_energy_start": (1e-3, 1.0),

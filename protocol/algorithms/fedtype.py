@@ -84,6 +84,14 @@ class FedTypeConfig(FedAvgConfig):
         "platt_iters": (0, 100_000),
         "platt_batch": (1, 65_536),
     }
+    DP_SGD: ClassVar[bool] = False  # see dp_uncovered
+
+    def dp_uncovered(self) -> str:
+        """The proxy's loss reads conformal sets calibrated on data outside DP-SGD."""
+        return (
+            "fedtype's proxy trains against conformal sets calibrated on the device's data "
+            "outside DP-SGD's per-sample steps, so its weights are not DP-SGD's alone"
+        )
 
     def __post_init__(self) -> None:
         super().__post_init__()

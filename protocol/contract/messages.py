@@ -20,6 +20,7 @@ from protocol.contract.wire import WireModel
 from protocol.errors import ValidationError
 
 __all__ = [
+    "BUDGET_SPENT",
     "MESSAGE_TYPES",
     "RATE_LIMITED",
     "REFUSED",
@@ -293,6 +294,10 @@ UNKNOWN_KNOWLEDGE = "unknown_knowledge"
 #: ``ErrorReply.code`` of an agent told to stop (SIGTERM, SIGINT) while it ran the task: it
 #: sends no result for it; the task runs again if the coordinator sends it again.
 STOPPED = "stopped"
+#: ``ErrorReply.code`` of an agent whose privacy budget (``hyper.dp``) is spent: it contributes
+#: no more, and the coordinator selects it for no further training step of the run. The code
+#: is the name of the agent's exception, ``edge_agent.dp.PrivacyBudgetError``.
+BUDGET_SPENT = "PrivacyBudgetError"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # its own imports
 
+import compare
 import experiment
-
-from benchmarks import compare
 
 
 def test_algorithms_that_average_whole_models_are_left_out_of_a_mixed_fleet_only() -> None:

@@ -25,8 +25,10 @@ def test_a_dp_section_and_dotted_overrides_become_the_configs_dp_fields(tmp_path
 @pytest.mark.parametrize(
     ("algorithm", "extra", "why"),
     [
-        ("fedavg", [], "not per-class sums"),
-        ("fedktl", [], "not per-class sums"),
+        ("fedktl", [], "neither per-class sums nor weights DP-SGD trains"),
+        ("fedkd", [], "batch's mean loss"),
+        ("fedtype", [], "conformal sets"),
+        ("ccvr", [], "neither per-class sums"),
         ("felo", [], "same_arch_avg"),
         ("velo", ["hyper.same_arch_avg=false", "hyper.upload_samples=4"], "upload_samples"),
     ],
@@ -46,7 +48,9 @@ def test_out_of_range_dp_settings_are_refused(bad: str) -> None:
         load_config(None, ["hyper.dp.epsilon=1", bad], algorithm="fedproto").algorithm_config()
 
 
-@pytest.mark.parametrize("algorithm", ["fedproto", "fedtgp", "fedgh", "fd", "fedhe"])
-def test_dp_is_accepted_by_the_algorithms_whose_replies_are_class_sums(algorithm: str) -> None:
+@pytest.mark.parametrize(
+    "algorithm", ["fedproto", "fedtgp", "fedgh", "fd", "fedhe", "fedavg", "lg_fedavg", "fml"]
+)
+def test_dp_is_accepted_by_the_algorithms_whose_replies_it_covers(algorithm: str) -> None:
     cfg = load_config(None, ["hyper.dp.epsilon=1"], algorithm=algorithm).algorithm_config()
     assert cfg.task_config()["dp_epsilon"] == 1.0
