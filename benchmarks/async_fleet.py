@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import math
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # sibling
     SimRun,
     add_grid_args,
+    ci_cell,
     code_label,
     load_results,
     run_grid,
@@ -174,6 +176,59 @@ def acc_at(curve: list[Record], budget: float) -> float | None:
     return seen[-1] if seen else None
 
 
+def setting(spec: Record) -> str:
+    """A run's identity less its seed (the fleet's seed is the run's)."""
+    profile = {k: v for k, v in spec["profile"].items() if k != "seed"}
+    return spec_key({**{k: v for k, v in spec.items() if k != "seed"}, "profile": profile})
+
+
+def reach(curve: list[Record], target: float | None) -> float | None:
+    """When the curve's global accuracy first reached ``target`` (``None``: never)."""
+    if target is None:
+        return None
+    hits = [p["t_s"] for p in curve if p["acc_global"] is not None and p["acc_global"] >= target]
+    return hits[0] if hits else None
+
+
+def summary(runs: list[Record]) -> str:
+    """Markdown: per algorithm, over the seeds run in both modes, the buffered run's time to
+    the synchronous run's final global accuracy (as a share of the synchronous run's training
+    time) and the difference of their final accuracies (mean [95 % t interval])."""
+    by: dict[str, dict[int, dict[str, Record]]] = {}
+    for r in runs:
+        s = r["spec"]
+        by.setdefault(s["algorithm"], {}).setdefault(s["seed"], {})[s["mode"]] = r
+    lines = [
+        "| algorithm | seeds | sync training s | buffered s to sync's final acc_global "
+        "(share of sync's time) | reached in | final acc_global, buffered − sync (points) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for algorithm, seeds in sorted(by.items()):
+        pairs = [(m["sync"], m["buffered"]) for m in seeds.values() if len(m) == len(MODES)]
+        pairs = [(a, b) for a, b in pairs if a["curve"] and b["curve"]]
+        if not pairs:
+            continue
+        ends = [a["curve"][-1]["t_s"] for a, _ in pairs]  # the synchronous runs' training time
+        times = [reach(b["curve"], a["final"].get("acc_global")) for a, b in pairs]
+        shares = [t / e for t, e in zip(times, ends, strict=True) if t is not None]
+        diffs = [
+            b["final"]["acc_global"] - a["final"]["acc_global"]
+            for a, b in pairs
+            if a["final"].get("acc_global") is not None and b["final"].get("acc_global") is not None
+        ]
+        reached = [t for t in times if t is not None]
+        time_cell = (
+            "-"
+            if not reached
+            else (f"{statistics.fmean(reached):.1f} ({100 * statistics.fmean(shares):.0f} %)")
+        )
+        lines.append(
+            f"| {algorithm} | {len(pairs)} | {statistics.fmean(ends):.1f} | {time_cell} "
+            f"| {len(reached)} of {len(pairs)} | {ci_cell(diffs) if diffs else '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def table(runs: list[Record]) -> str:
     """Markdown: per algorithm, each mode at the common time budget and at its end."""
 
@@ -181,23 +236,24 @@ def table(runs: list[Record]) -> str:
         return "-" if v is None else f"{100 * v:.1f}"
 
     lines = [
-        "| algorithm | mode | versions | train s | s/version | acc_global @ budget (s) | "
+        "| algorithm | seed | mode | versions | train s | s/version | acc_global @ budget (s) | "
         "final acc_global | final acc_local | bytes/version | stale replies |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_algo: dict[str, list[Record]] = {}
     for r in runs:
         by_algo.setdefault(r["spec"]["algorithm"], []).append(r)
     for algorithm, group in sorted(by_algo.items()):
-        ends = [r["curve"][-1]["t_s"] for r in group if r["curve"]]
-        budget = min(ends) if ends else 0.0
-        for r in sorted(group, key=lambda x: MODES.index(x["spec"]["mode"])):
+        for r in sorted(group, key=lambda x: (x["spec"]["seed"], MODES.index(x["spec"]["mode"]))):
+            pair = [x["curve"][-1]["t_s"] for x in group if x["spec"]["seed"] == r["spec"]["seed"]]
+            budget = min(pair) if all(x["curve"] for x in group) else 0.0
             curve = r["curve"]
             n = len(curve)
             end = curve[-1]["t_s"] if curve else 0.0
             per_step = sum(p["bytes"] for p in curve) / max(n, 1)
             lines.append(
-                f"| {algorithm} | {r['spec']['mode']} | {n} | {end:.1f} | {end / max(n, 1):.2f} "
+                f"| {algorithm} | {r['spec']['seed']} | {r['spec']['mode']} | {n} | {end:.1f} "
+                f"| {end / max(n, 1):.2f} "
                 f"| {pct(acc_at(curve, budget))} ({budget:.0f}) | {pct(r['final']['acc_global'])} "
                 f"| {pct(r['final']['acc_local'])} | {per_step:,.0f} "
                 f"| {sum(p['stale_replies'] for p in curve)} |"
@@ -243,8 +299,9 @@ def main() -> None:
 
         run_grid(args.out, specs(args), run, describe=describe, code=args.code or code_label())
     runs, _ = load_results(args.out)
-    keys = {spec_key(s) for s in specs(args)}  # this invocation's settings only
-    text = table([r for r in runs if spec_key(r["spec"]) in keys])
+    keys = {setting(s) for s in specs(args)}  # this invocation's settings, every seed run
+    chosen = [r for r in runs if setting(r["spec"]) in keys]
+    text = summary(chosen) + "\n" + table(chosen)
     write_markdown(md, text)
     print(text)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # its own imports
 
@@ -64,3 +65,28 @@ def test_the_curve_counts_time_from_the_first_dispatch_and_stale_replies() -> No
     assert out["final"] == {"acc_global": 0.5, "acc_local": 0.7}
     assert async_fleet.acc_at(out["curve"], 12.0) == 0.2
     assert async_fleet.acc_at(out["curve"], 9.0) is None
+
+
+def _run(mode: str, seed: int, curve: list[tuple[float, float]], final: float) -> dict[str, Any]:
+    points = [{"t_s": t, "acc_global": a} for t, a in curve]
+    return {
+        "spec": {"algorithm": "fedavg", "mode": mode, "seed": seed},
+        "curve": points,
+        "final": {"acc_global": final},
+    }
+
+
+def test_summary_times_the_buffered_run_to_the_synchronous_runs_final_accuracy() -> None:
+    runs = [
+        _run("sync", 1, [(50.0, 0.3), (100.0, 0.5)], 0.5),
+        _run("buffered", 1, [(5.0, 0.4), (10.0, 0.5), (20.0, 0.6)], 0.6),  # reaches 0.5 at 10 s
+        _run("sync", 2, [(200.0, 0.4)], 0.4),
+        _run("buffered", 2, [(30.0, 0.3), (40.0, 0.35)], 0.32),  # never reaches 0.4
+    ]
+    assert async_fleet.reach(runs[1]["curve"], 0.5) == 10.0
+    assert async_fleet.reach(runs[3]["curve"], 0.4) is None
+    row = async_fleet.summary(runs).splitlines()[2].split("|")
+    assert row[2].strip() == "2" and row[3].strip() == "150.0"  # mean sync training time
+    assert row[4].strip() == "10.0 (10 %)"  # 10 s of sync's 100 s, the seed that reached it
+    assert row[5].strip() == "1 of 2"
+    assert row[6].strip().startswith("+1.0 [")  # +10 and -8 points: mean +1
