@@ -28,8 +28,9 @@ apt_install() {  # Debian packages the integration tests run (installed only whe
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
   apt_install mosquitto mosquitto-clients
 fi
-# a real Prometheus scrapes `coordinator serve --metrics-port` in the tests; promtool lints it
+# a real Prometheus scrapes `coordinator serve --metrics-port` in the tests; promtool lints it.
+# Optional: where it cannot be installed those tests skip, saying so; the product does not need it
 if ! command -v prometheus >/dev/null 2>&1 && [ ! -x /usr/bin/prometheus ]; then
-  apt_install prometheus
+  apt_install prometheus || echo "[setup] prometheus not installed: its tests will skip"
 fi
 echo "[setup] done"
