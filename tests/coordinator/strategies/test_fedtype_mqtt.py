@@ -187,9 +187,7 @@ def test_fedtype_over_mosquitto_only_the_proxy_travels(mosquitto, tmp_path: Path
     result, sent, private = run_over_mosquitto(mosquitto.port, tmp_path)
     wire = Wire(sent)
     held = {
-        env.sender: env.body.total_samples()
-        for _, env, _ in sent
-        if isinstance(env.body, Register)
+        env.sender: env.body.total_samples() for _, env, _ in sent if isinstance(env.body, Register)
     }
     # Assert: the plan ran and every frame matches the message table
     steps = result.metrics

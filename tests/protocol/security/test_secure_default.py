@@ -170,9 +170,7 @@ def test_websockets_are_judged_as_tcp_ws_plain_and_wss_tls() -> None:
     with pytest.raises(ConfigError, match=r"mqtt:// is a plain connection.*use mqtts://"):
         connection_mode(parse_broker("mqtt://192.0.2.1"), signed_mtls, signing=True, insecure=True)
     # wss:// without a client certificate is TLS without client authentication: refused
-    with pytest.raises(
-        ConfigError, match=r"wss://192\.0\.2\.1:443/mqtt without TLS client"
-    ):
+    with pytest.raises(ConfigError, match=r"wss://192\.0\.2\.1:443/mqtt without TLS client"):
         connection_mode(
             parse_broker("wss://192.0.2.1"), Credentials(), signing=True, insecure=False
         )
