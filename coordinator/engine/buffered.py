@@ -17,6 +17,8 @@ stored it.
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from typing import Any
 
 from coordinator.config import RunConfig
@@ -43,13 +45,20 @@ def task_buffer(cfg: RunConfig, store: Store, strategy: Strategy[Any]) -> TaskBu
             f"run.mode = buffered: {strategy.name} cannot run buffered: "
             f"{strategy.unbuffered_reason}; run it with run.mode = sync"
         )
-    return TaskBuffer(cfg.staleness_rule(), cfg.buffer_size, store)
+    return TaskBuffer(cfg.staleness_rule(), cfg.buffer_size, store, resend_after_s=cfg.deadline_s)
 
 
 class TaskBuffer:
     """The tasks in flight across steps, and the staleness of the replies to them."""
 
-    def __init__(self, rule: StalenessRule, buffer_size: int, store: Store) -> None:
+    def __init__(
+        self,
+        rule: StalenessRule,
+        buffer_size: int,
+        store: Store,
+        *,
+        resend_after_s: float = math.inf,
+    ) -> None:
         self.rule = rule
         self.buffer_size = buffer_size  # 0: a synchronous run, nothing is buffered
         self.store = store
@@ -61,6 +70,12 @@ class TaskBuffer:
             d: (str(t[0]), int(t[1]), str(t[2])) for d, t in (stored or {}).items()
         }
         self.resend: set[str] = set(self.tasks)  # restored: every one goes out again once
+        # a task in flight longer than a step's deadline (run.deadline_s) goes out again when
+        # a step opens: its reply may have been lost, and its device would sit idle until the
+        # task grew too stale. An agent answers a task it did with its stored reply (the same
+        # message id), so a resend never trains twice nor counts twice.
+        self.resend_after_s = resend_after_s
+        self.sent_at: dict[str, float] = {}  # task id -> when it (last) went out, as seen here
 
     def applies(self, step: Step) -> bool:
         """Training rounds of a buffered run are buffered; the final phases stay synchronous."""
@@ -85,6 +100,7 @@ class TaskBuffer:
         open_step.buffer_size = self.buffer_size
         open_step.max_staleness = self.rule.max_staleness
         step, again, restored = open_step.step, {}, {}
+        now = time.monotonic()
         for device, task in sorted(self.tasks.items()):
             task_id, round_, phase = _ids(task)
             if device in open_step.outcome.replies or device in open_step.gone:
@@ -96,8 +112,10 @@ class TaskBuffer:
                 open_step.stale[device] = (task_id, why)
             elif isinstance(task, Task):
                 open_step.sent(device, task)
-                if device in self.resend:
+                overdue = now - self.sent_at.setdefault(task_id, now) > self.resend_after_s
+                if device in self.resend or overdue:
                     again[device] = task
+                    self.sent_at[task_id] = now
             else:
                 restored[device] = (task_id, round_)
         self.resend.clear()
@@ -145,6 +163,8 @@ class TaskBuffer:
         reasons = open_step.outcome.failed
         failed = {d for d, why in reasons.items() if not why.startswith("deadline")}
         self.tasks = {d: t for d, t in open_step.tasks.items() if d not in done and d not in failed}
+        in_flight = {_ids(t)[0] for t in self.tasks.values()}
+        self.sent_at = {i: t for i, t in self.sent_at.items() if i in in_flight}
         return {TASKS_KEY: _rows(self.tasks)}
 
 
