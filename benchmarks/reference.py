@@ -23,9 +23,11 @@ Usage::
 
     python benchmarks/reference.py --jobs 2 --threads 1      # the grid, resumable
     python benchmarks/reference.py --table-only              # rewrite the page only
+    python benchmarks/reference.py --preset edge             # the edge tier: family `tiny`
 
 Settings, arms and split files: ``benchmarks/presets/reference.toml``; results in
-``benchmarks/results/reference.json``, the page ``docs/results/reference.md``.
+``benchmarks/results/reference.json``, the page ``docs/results/reference.md``; the edge tier's
+``benchmarks/results/edge_tier.json`` and ``docs/results/edge.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import math
 import os
 import platform
 import statistics
+from pathlib import Path
 from typing import Any
 
 import experiment
@@ -183,6 +186,28 @@ def summarize(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
 
 
 # ----- the page -------------------------------------------------------------------------------
+# per family: the page's title, its networks, the command that fills it
+TIERS: dict[str, tuple[str, str, str]] = {
+    "htfl_cnn": (
+        "The reference tier: HtFLlib's setting",
+        "HtFLlib's 1-channel CNN family `htfl_cnn` (512-d pooled features)",
+        "python benchmarks/reference.py --jobs 2 --threads 1",
+    ),
+    "tiny": (
+        "The edge tier: the reference setting on the `tiny` family",
+        "the toolkit's edge family `tiny` (five BN-free networks of 55k-204k parameters, "
+        "features a 64-d linear projection)",
+        "python benchmarks/reference.py --preset edge --jobs 2 --threads 1",
+    ),
+}
+
+
+def _shown(path: str | Path) -> str:
+    """A results file as the page names it: relative to the repository when inside it."""
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else full.name
+
+
 def _cell(vals: list[float | None]) -> str:
     xs = [v for v in vals if v is not None]
     if not xs:
@@ -201,19 +226,20 @@ def tables(results: experiment.Results) -> str:
         s = r["spec"]
         groups.setdefault(s["alpha"], {}).setdefault(s["method"], {})[s["seed"]] = r
     codes = sorted({str(r.get("code", "?")) for r in results.runs})
+    title, networks, command = TIERS.get(results.args.family, TIERS["htfl_cnn"])
     out: list[str] = [
-        "# The reference tier: HtFLlib's setting",
+        f"# {title}",
         "",
         "MNIST-5k (28x28), 20 clients, the split files of `benchmarks/splits/` (Dirichlet 1.0 "
         "and 0.1, 75/25 per client, no global hold-out: the global test set is the union of "
-        "the clients' test splits), HtFLlib's 1-channel CNN family `htfl_cnn` (512-d pooled "
-        'features), every algorithm under `run.preset = "htfllib"` (HtFLlib\'s client '
+        f"the clients' test splits), {networks}, every algorithm under "
+        '`run.preset = "htfllib"` (HtFLlib\'s client '
         "recipe, SGD lr 0.01, batch 10, one epoch, and `total.sh`'s values), trained until "
         "its best round (personalised) is `patience` rounds old or the round cap; seeds vary "
         "the start and batch order, never the split. "
-        f"Code {', '.join(codes) or '–'}. Produced by `python benchmarks/reference.py --jobs 2 "
-        "--threads 1` (results: `benchmarks/results/reference.json`); HtFLlib's own runs on the "
-        "same files: `benchmarks/htfllib/`.",
+        f"Code {', '.join(codes) or '–'}. Produced by `{command}` (results: "
+        f"`{_shown(results.args.out)}`); HtFLlib's own runs on the same files: "
+        "`benchmarks/htfllib/`.",
         "",
     ]
     done = {spec_key(r["spec"]) for r in results.runs}
@@ -267,7 +293,8 @@ def tables(results: experiment.Results) -> str:
                 "|---|---|---|---|---|---|",
                 *rows,
             ]
-        out += parity(alpha, by)
+        if results.args.family == "htfl_cnn":  # HtFLlib ran its own networks, not ours
+            out += parity(alpha, by)
         out.append("")
     return "\n".join(out)
 

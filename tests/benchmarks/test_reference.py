@@ -3,7 +3,6 @@ personalised one weighted by each client's test split, paired differences from `
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -68,8 +67,9 @@ def run(method: str, seed: int, best: float, last: float) -> Record:
 def test_tables_show_both_summaries_and_paired_differences_from_local() -> None:
     runs = [run("local", s, 0.80 + s / 100, 0.78) for s in (1, 2, 3)]
     runs += [run("fedproto", s, 0.82 + s / 100, 0.81) for s in (1, 2, 3)]
-    args = argparse.Namespace()
+    args = experiment.parse_args(reference.EXPERIMENT, [])
     text = reference.tables(experiment.Results(args, [], runs, []))
+    assert text.startswith("# The reference tier") and "`benchmarks/results/reference.json`" in text
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
     assert "82.00 ± 2.48" in rows["`local`"]  # 80+s over seeds 1-3: mean 82, t(2) 4.30 sd 1
     assert rows["`local`"].split("|")[3].strip() == "41–43"  # rounds run, min–max
@@ -105,3 +105,22 @@ def test_htfllib_runs_are_summarised_on_trained_rounds_beside_the_matching_arm(
     rows = [line for line in reference.parity(1.0, by) if line.startswith("| FedProto")]
     assert len(rows) == 1 and rows[0].endswith("| +2.00 |")  # 72.00 (ours) - 70.00 (HtFLlib)
     assert reference.parity(0.1, by) == []  # no HtFLlib file for that split: no section
+
+
+def test_the_edge_tier_is_the_same_grid_on_the_tiny_family_with_its_own_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = experiment.parse_args(reference.EXPERIMENT, ["--preset", "edge", "--seeds", "1"])
+    assert args.family == "tiny" and str(args.out).endswith("edge_tier.json")
+    specs = experiment.plan(reference.EXPERIMENT, args)
+    assert {s["family"] for s in specs} == {"tiny"} and specs[0]["preset"] in ("htfllib", "")
+    # HtFLlib ran its own networks: its rows are no parity check for this tier
+    lines = ["algorithm\trun\tround\taccuracy\tseconds", "FedProto\t0\t1\t0.5\t1.0"]
+    (tmp_path / "htfl_1.0.tsv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setitem(reference.HTFLLIB, "runs", str(tmp_path / "htfl_{alpha}.tsv"))
+    runs = [run("local", 1, 0.8, 0.8), run("fedproto", 1, 0.82, 0.81)]
+    text = reference.tables(experiment.Results(args, [], runs, []))
+    assert text.startswith("# The edge tier") and "`benchmarks/results/edge_tier.json`" in text
+    assert "HtFLlib itself" not in text
+    args.family = "htfl_cnn"
+    assert "HtFLlib itself" in reference.tables(experiment.Results(args, [], runs, []))
