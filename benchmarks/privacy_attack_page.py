@@ -11,7 +11,7 @@ from typing import Any
 
 import experiment
 import numpy as np
-from harness import ci95
+from harness import ci95, spec_key
 
 OFF = 0.0  # epsilon 0: differential privacy off
 
@@ -29,6 +29,15 @@ def _cell(vals: Sequence[float | None], scale: float = 1.0, digits: int = 3) -> 
     return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
+def size_groups(small: int) -> list[tuple[str, int, float]]:
+    """The class sizes the table tells apart: (label, fewest samples, most samples)."""
+    return [
+        ("n = 1", 1, 1),
+        (f"2 ≤ n ≤ {small}", 2, small),
+        (f"n > {small}", small + 1, math.inf),
+    ]
+
+
 def membership_rows(runs: Sequence[dict[str, Any]], small: int) -> list[str]:
     """Per release kind, budget and class size: each metric's mean over the devices' classes,
     one value per seed, then mean ± t interval over seeds."""
@@ -37,29 +46,27 @@ def membership_rows(runs: Sequence[dict[str, Any]], small: int) -> list[str]:
     rows = []
     for which in ("one", "run"):
         for epsilon in epsilons:
-            for group in ("small", "large"):
+            for group, low, high in size_groups(small):
                 per_seed: dict[str, list[float | None]] = {}
+                classes = 0
                 for seed in seeds:
                     mine = [r for r in runs if r["spec"]["seed"] == seed]
                     cells = [
                         c for r in mine for c in r["cells"]
-                        if c["epsilon"] == epsilon and (c["n"] <= small) == (group == "small")
+                        if c["epsilon"] == epsilon and low <= c["n"] <= high
                     ]  # fmt: skip
+                    classes += len(cells)
                     for key in ("auc_inner", "auc_distance", "nearest"):
                         vals = [c[f"{key}_{which}"] for c in cells]
                         per_seed.setdefault(key, []).append(float(np.mean(vals)) if vals else None)
+                    # pooled over a device's classes above --small (privacy_attack.membership)
                     tpr = [r["tpr_inner_large"][str(epsilon)][which] for r in mine]
-                    tpr = [t for t in tpr if t is not None]
-                    per_seed.setdefault("tpr", []).append(
-                        float(np.mean(tpr)) if tpr and group == "large" else None
-                    )
-                    per_seed.setdefault("classes", []).append(len(cells))
-                classes = int(np.mean([n for n in per_seed.pop("classes") if n is not None]))
-                metrics = " | ".join(_cell(per_seed[k]) for k in ("auc_inner", "auc_distance"))
-                rows.append(
-                    f"| {which} | {_label(epsilon)} | {group} ({classes}) | {metrics} | "
-                    f"{_cell(per_seed['nearest'])} | {_cell(per_seed['tpr'])} |"
+                    tpr = [t for t in tpr if t is not None and high == math.inf]
+                    per_seed.setdefault("tpr", []).append(float(np.mean(tpr)) if tpr else None)
+                metrics = " | ".join(
+                    _cell(per_seed[k]) for k in ("auc_inner", "auc_distance", "nearest", "tpr")
                 )
+                rows.append(f"| {which} | {_label(epsilon)} | {group} ({classes}) | {metrics} |")
     return rows
 
 
@@ -82,8 +89,10 @@ def _order(epsilon: float) -> float:
 def tables(results: experiment.Results) -> str:
     """Markdown: the setting and threat model, the membership table, the histogram table."""
     args = results.args
-    members = [r for r in results.runs if r["spec"]["method"] == "membership"]
-    hist = [r for r in results.runs if r["spec"]["method"] == "histogram"]
+    planned = {spec_key(s) for s in results.specs}
+    runs = [r for r in results.runs if spec_key(r["spec"]) in planned]
+    members = [r for r in runs if r["spec"]["method"] == "membership"]
+    hist = [r for r in runs if r["spec"]["method"] == "histogram"]
     commands = experiment_commands(args.out)
     out = [
         "# What differential privacy buys: attacks on a device's uploads",
@@ -99,8 +108,8 @@ def tables(results: experiment.Results) -> str:
         "clients' test splits). MNIST-5k, Dirichlet 1.0 split of 20 clients, `htfl_cnn`.",
         "",
     ]
-    if len(results.runs) < len(results.specs):
-        out += [f"**Provisional**: {len(results.runs)} of {len(results.specs)} specs done.", ""]
+    if len(runs) < len(results.specs):
+        out += [f"**Provisional**: {len(runs)} of {len(results.specs)} specs done.", ""]
     if members:
         fits = " ".join(
             f"device {k} ({rs[0]['model']}): train {_cell([r['acc_train'] for r in rs], 100, 1)}"
@@ -115,8 +124,9 @@ def tables(results: experiment.Results) -> str:
             "device's training samples of the class and as many of that class from other "
             "clients. `one`: the attack on one release; `run`: on the mean of the run's releases "
             "(the extractor frozen: an upper bound). AUC 0.5 and nearest 0.5 are chance; TPR at "
-            "1 % FPR (inner, large classes) 0.01 is chance. Small: classes of at most "
-            f"{args.small} samples (their number per seed in brackets). Mean ± 95 % t "
+            f"1 % FPR (inner, classes of more than {args.small} samples, pooled over a device's "
+            "classes and draws) 0.01 is chance. `n`: the class's samples on the device (in "
+            "brackets the number of such classes over all seeds). Mean ± 95 % t "
             f"half-width over seeds {sorted({r['spec']['seed'] for r in members})}, each the "
             f"mean over devices {sorted({r['spec']['device'] for r in members})} and their "
             f"classes, {members[0]['spec']['draws']} draws of the noise each.",
