@@ -111,3 +111,37 @@ def test_the_plan_attacks_each_device_once_a_seed_and_the_histogram_once() -> No
     assert [s["method"] for s in specs].count("histogram") == 1
     cells = [(s["seed"], s["device"]) for s in specs if s["method"] == "membership"]
     assert sorted(cells) == [(1, 0), (1, 5), (2, 0), (2, 5)]
+
+
+def test_the_page_groups_classes_by_size_and_counts_exact_histograms() -> None:
+    args = experiment.parse_args(
+        privacy_attack.EXPERIMENT,
+        ["--seeds", "1", "--devices", "0", "--epsilons", "1", "0", "--out", "/nonexistent.json"],
+    )
+    specs = privacy_attack.plan(args)
+    metrics = ("auc_inner", "auc_distance", "nearest")
+
+    def cell(epsilon: float, n: int, value: float) -> dict[str, float]:
+        per = {f"{k}_{w}": value for k in metrics for w in ("one", "run")}
+        return {"epsilon": epsilon, "class": n, "n": n, **per}
+
+    member = {
+        "spec": next(s for s in specs if s["method"] == "membership"),
+        "model": "hcnn1",
+        "acc_train": 1.0,
+        "acc_test": 0.9,
+        "cells": [cell(0.0, 1, 1.0), cell(0.0, 40, 0.7), cell(1.0, 1, 0.5), cell(1.0, 40, 0.5)],
+        "tpr_inner_large": {"0.0": {"one": 0.2, "run": 0.2}, "1.0": {"one": 0.01, "run": 0.01}},
+    }
+    hist = {
+        "spec": next(s for s in specs if s["method"] == "histogram"),
+        "cells": [
+            {"epsilon": 1.0, "sender": "fd", "client": k, "one": 0.2, "mean": 0.1, "max": m}
+            for k, m in enumerate((0.0, 0.0, 0.05))
+        ],
+    }
+    page = privacy_attack.tables(experiment.Results(args, specs, [member, hist], []))
+    assert "| one | ∞ (off) | n = 1 (1) | 1.000 | 1.000 | 1.000 | – |" in page
+    assert "| one | ∞ (off) | n > 5 (1) | 0.700 | 0.700 | 0.700 | 0.200 |" in page
+    assert "| one | 1 | 2 ≤ n ≤ 5 (0) | – | – | – | – |" in page
+    assert "| fd | 1 | 0.200 ± 0.000 | 0.100 ± 0.000 | 0.017 ± 0.072 | 2/3 |" in page
