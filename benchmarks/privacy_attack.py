@@ -98,7 +98,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The histogram attack once (it trains nothing), then device by device, seed by seed."""
+    """The histogram attack once (it trains nothing), then seed by seed, device by device."""
     common = {
         "split": args.split,
         "epsilons": list(args.epsilons),
