@@ -88,17 +88,24 @@ def run_spec(args: argparse.Namespace, method: str, epsilon: float, seed: int) -
     }
 
 
+def feature_dim(spec: dict[str, Any]) -> int | None:
+    """The feature size the run's algorithm requires of every model (FedKTL: its ETF's K),
+    None for the family's native one; validates the run's config (``hyper.dp`` included)."""
+    from coordinator.config import load_config
+
+    needs = load_config(
+        None, [], algorithm=spec["algorithm"], preset=spec["preset"], run_dir=str(ROOT)
+    ).replace(hyper=spec["hyper"])
+    return needs.required_feature_dim() or None
+
+
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """One simulation on the split file, reduced like the reference tier's."""
-    from coordinator.config import load_config
     from edge_agent.data import load_partition_file
     from models.families import family_models
 
     split = ROOT / spec["split"]
     sizes = [len(t) for t in load_partition_file(split).test]
-    needs = load_config(
-        None, [], algorithm=spec["algorithm"], preset=spec["preset"], run_dir=str(ROOT)
-    ).replace(hyper=spec["hyper"])
     run = SimRun(
         algorithm=spec["algorithm"],
         hyper=spec["hyper"],
@@ -108,7 +115,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         models=tuple(family_models(spec["family"], len(sizes))),
         data="mnist5k",
         partition_file=str(split),
-        feature_dim=needs.required_feature_dim() or None,
+        feature_dim=feature_dim(spec),
         global_test=0,
         deadline_s=args.deadline,
         max_retries=1,

@@ -4,7 +4,8 @@ Gaussian mechanism on the edge, and the device's privacy accountant.
 A release is a group of per-class sums (prototypes' features, FD's logits, Felo's features and
 logits) with their per-class counts. Each sample's contribution to its class's sum is clipped
 to L2 norm ``C`` (``hyper.dp.clip``, :func:`clip_rows`, applied by
-:class:`~edge_agent.class_stats.ClassMeans` as it adds), and a sample is added at most ``E``
+:class:`~edge_agent.class_stats.ClassMeans` as it adds; FedKTL's unit-norm embeddings are
+bounded by ``C = 1`` already), and a sample is added at most ``E``
 times (once per local epoch for statistics of the training passes, once for a pass over the
 data set). Adding or removing one sample then moves one class's sum by at most ``E * C`` in L2
 norm and one count by at most ``E``: the L2 sensitivities. :func:`privatize` adds Gaussian
@@ -174,7 +175,8 @@ def privatize(
     ledger: PrivacyLedger,
 ) -> dict[str, float]:
     """Noise ``stats`` in place for release: every sum of a class the device holds
-    (``held[c] > 0``) and their shared counts, which become integers in
+    (``held[c] > 0``), at the L2 bound its vectors were clipped to (``ClassMeans.clip``), and
+    their shared counts, which become integers in
     ``[1, contributions * held[c]]`` (0 for other classes, so that the released class set is
     the registered one). Returns the reply's metrics: ``dp_epsilon`` (spent in all, this release
     included) and ``dp_epsilon_round`` (this release's share).
@@ -182,8 +184,8 @@ def privatize(
     Raises:
         PrivacyBudgetError: the release would exceed the budget (nothing is noised or spent).
     """
-    if any(s.clip != settings.clip for s in stats):
-        raise RuntimeError("privatize: the statistics were not clipped to hyper.dp.clip")
+    if any(s.clip <= 0 for s in stats):
+        raise RuntimeError("privatize: the statistics were not clipped (ClassMeans.clip is 0)")
     per_release = len(stats) + 1  # each sum, and the counts
     before = ledger.epsilon(settings.delta)
     z, after = ledger.check(settings, per_release)
@@ -198,7 +200,9 @@ def privatize(
     counts = torch.where(mine, torch.clamp(torch.round(noisy), min=1.0), torch.zeros_like(noisy))
     counts = torch.minimum(counts, upper).long()
     for s in stats:
-        s.sums += _gauss(tuple(s.sums.shape), z * e * settings.clip, rng, device)
+        # each sum's own bound: hyper.dp.clip, or a tighter one its vectors already meet
+        # (FedKTL's unit embeddings: 1)
+        s.sums += _gauss(tuple(s.sums.shape), z * e * s.clip, rng, device)
         s.sums[~mine] = 0.0
         s.counts.copy_(counts)
     return {"dp_epsilon": after, "dp_epsilon_round": after - before}
