@@ -159,7 +159,8 @@ def tables(results: experiment.Results) -> str:
         "# Accuracy against the privacy budget",
         "",
         "Each device's budget `hyper.dp.epsilon` over the run (delta 1e-5, clip 1.0, spread "
-        "over the run's rounds), in the reference tier's setting: MNIST-5k (28x28), 20 "
+        "over the run's rounds; FedKTL's unit embeddings are bounded by 1 whatever the clip), "
+        "in the reference tier's setting: MNIST-5k (28x28), 20 "
         "clients, the Dirichlet 1.0 split file, `htfl_cnn`, the `htfllib` preset where the "
         "algorithm has one. `local` sends nothing (the floor). Accuracy, % (mean ± 95 % t "
         f"half-width over seeds). Code {', '.join(codes) or '–'}. Produced by "
