@@ -25,7 +25,7 @@ def test_a_dp_section_and_dotted_overrides_become_the_configs_dp_fields(tmp_path
 @pytest.mark.parametrize(
     ("algorithm", "extra", "why"),
     [
-        ("fedvtc", [], "neither per-class sums nor weights DP-SGD trains"),
+        ("fedvtc", [], "learned sigma and its generator"),
         ("fedkd", [], "batch's mean loss"),
         ("fedtype", [], "conformal sets"),
         ("ccvr", [], "neither per-class sums"),
