@@ -88,17 +88,24 @@ def run_spec(args: argparse.Namespace, method: str, epsilon: float, seed: int) -
     }
 
 
+def feature_dim(spec: dict[str, Any]) -> int | None:
+    """The feature size the run's algorithm requires of every model (FedKTL: its ETF's K),
+    None for the family's native one; validates the run's config (``hyper.dp`` included)."""
+    from coordinator.config import load_config
+
+    needs = load_config(
+        None, [], algorithm=spec["algorithm"], preset=spec["preset"], run_dir=str(ROOT)
+    ).replace(hyper=spec["hyper"])
+    return needs.required_feature_dim() or None
+
+
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """One simulation on the split file, reduced like the reference tier's."""
-    from coordinator.config import load_config
     from edge_agent.data import load_partition_file
     from models.families import family_models
 
     split = ROOT / spec["split"]
     sizes = [len(t) for t in load_partition_file(split).test]
-    needs = load_config(
-        None, [], algorithm=spec["algorithm"], preset=spec["preset"], run_dir=str(ROOT)
-    ).replace(hyper=spec["hyper"])
     run = SimRun(
         algorithm=spec["algorithm"],
         hyper=spec["hyper"],
@@ -108,7 +115,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         models=tuple(family_models(spec["family"], len(sizes))),
         data="mnist5k",
         partition_file=str(split),
-        feature_dim=needs.required_feature_dim() or None,
+        feature_dim=feature_dim(spec),
         global_test=0,
         deadline_s=args.deadline,
         max_retries=1,
@@ -152,7 +159,8 @@ def tables(results: experiment.Results) -> str:
         "# Accuracy against the privacy budget",
         "",
         "Each device's budget `hyper.dp.epsilon` over the run (delta 1e-5, clip 1.0, spread "
-        "over the run's rounds), in the reference tier's setting: MNIST-5k (28x28), 20 "
+        "over the run's rounds; FedKTL's unit embeddings are bounded by 1 whatever the clip), "
+        "in the reference tier's setting: MNIST-5k (28x28), 20 "
         "clients, the Dirichlet 1.0 split file, `htfl_cnn`, the `htfllib` preset where the "
         "algorithm has one. `local` sends nothing (the floor). Accuracy, % (mean ± 95 % t "
         f"half-width over seeds). Code {', '.join(codes) or '–'}. Produced by "

@@ -34,9 +34,11 @@ PAYLOAD_REVEALS: dict[str, str] = {
 
 
 def _registration(name: str) -> str:
-    if STRATEGIES[name].needs_class_counts:
-        return "label histogram (`class_counts`)"
-    return "class set and size"
+    if not STRATEGIES[name].needs_class_counts:
+        return "class set and size"
+    if getattr(config_type(name), "DP_STATISTICS", False):
+        return "label histogram (`class_counts`; noised under `hyper.dp`)"
+    return "label histogram (`class_counts`)"
 
 
 def _replies(name: str) -> str:

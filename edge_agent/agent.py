@@ -21,7 +21,7 @@ from typing import Any
 
 from edge_agent.algorithms import EdgeAlgorithm
 from edge_agent.best_model import BestRound, ValidationSplit
-from edge_agent.dp import PrivacyLedger
+from edge_agent.dp import DpSettings, PrivacyLedger
 from edge_agent.knowledge_cache import FetchPolicy, KnowledgeCache, KnowledgeError, Waiting, merge
 from edge_agent.membership import CONNECTED, PRIVACY_LEDGER, Membership
 from edge_agent.progress import TerminalProgress
@@ -120,6 +120,7 @@ class EdgeAgent(Membership, RoundOutputs):
         self._register_at: float | None = None
         self._rate_limited = 0  # consecutive times, for the back-off
         self.discloses_counts = settings.class_counts  # what register() sends (None: waits)
+        self.counts_dp: DpSettings | None = None  # the budget the run noises the histogram by
         self._last_progress = 0.0
         self._bar = TerminalProgress(settings.device_id)  # draws only on a terminal
         self.ctx.on_progress = self._progress
@@ -371,7 +372,7 @@ class EdgeAgent(Membership, RoundOutputs):
             task_id=task.task_id,
             round=task.round,
             phase=task.phase,
-            num_samples=result.num_samples,
+            num_samples=self._reported_samples(result.num_samples),
             payloads=result.payloads,
             metrics=metrics,
         )

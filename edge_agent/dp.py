@@ -4,7 +4,8 @@ Gaussian mechanism on the edge, and the device's privacy accountant.
 A release is a group of per-class sums (prototypes' features, FD's logits, Felo's features and
 logits) with their per-class counts. Each sample's contribution to its class's sum is clipped
 to L2 norm ``C`` (``hyper.dp.clip``, :func:`clip_rows`, applied by
-:class:`~edge_agent.class_stats.ClassMeans` as it adds), and a sample is added at most ``E``
+:class:`~edge_agent.class_stats.ClassMeans` as it adds; FedKTL's unit-norm embeddings are
+bounded by ``C = 1`` already), and a sample is added at most ``E``
 times (once per local epoch for statistics of the training passes, once for a pass over the
 data set). Adding or removing one sample then moves one class's sum by at most ``E * C`` in L2
 norm and one count by at most ``E``: the L2 sensitivities. :func:`privatize` adds Gaussian
@@ -14,6 +15,10 @@ Gaussian mechanism of noise multiplier ``z``; a release of ``k`` of them compose
 the device's releases compose over the run. The composition and the calibration of ``z`` are
 Google's ``dp_accounting`` RDP accountant's, not formulas of ours
 (``docs/concepts/privacy.md`` derives the rest).
+
+Where the run's algorithm reads each device's label histogram, the registration sends it noised
+too (:func:`release_counts`): one more Gaussian mechanism of the same ``z``, in the calibration
+and in the ledger.
 
 The noise is drawn from a generator seeded from the operating system's entropy, never from the
 run's seed: noise the coordinator could regenerate would protect nothing.
@@ -47,6 +52,7 @@ __all__ = [
     "clip_rows",
     "noise_multiplier",
     "privatize",
+    "release_counts",
 ]
 
 
@@ -84,14 +90,19 @@ def clip_rows(x: Tensor, clip: float) -> Tensor:
 
 
 @functools.cache
-def noise_multiplier(epsilon: float, delta: float, releases: int, per_release: int) -> float:
+def noise_multiplier(
+    epsilon: float, delta: float, releases: int, per_release: int, extra: int = 0
+) -> float:
     """The smallest ``z`` for which ``releases`` releases of ``per_release`` Gaussian mechanisms
-    of noise multiplier ``z`` compose to ``(epsilon, delta)``, by the RDP accountant."""
+    of noise multiplier ``z``, and ``extra`` more (a noised registration's histogram), compose
+    to ``(epsilon, delta)``, by the RDP accountant."""
     import dp_accounting
     from dp_accounting import dp_event, rdp
 
+    mechanisms = releases * per_release + extra
+
     def event(z: float) -> dp_event.DpEvent:
-        return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(z), releases * per_release)
+        return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(z), mechanisms)
 
     z = dp_accounting.calibrate_dp_mechanism(rdp.RdpAccountant, event, epsilon, delta)
     return float(z)
@@ -108,8 +119,16 @@ class PrivacyLedger:
         # mechanism on the whole data (a statistics release), q < 1 a Poisson-subsampled one
         # (a DP-SGD step, edge_agent.dp_sgd): one accountant composes both kinds
         self.events: list[tuple[float, int, float]] = []
+        # the label histogram this device registered noised (release_counts), once for the
+        # run: every registration sends it again, since fresh noise each time would average out
+        self.registered: list[int] | None = None
         if path is not None and path.exists():
-            self.events = _load_events(path)
+            self.events, self.registered = _load(path)
+
+    @property
+    def extra_mechanisms(self) -> int:
+        """Mechanisms released outside the per-round releases: 1 for a noised registration."""
+        return 0 if self.registered is None else 1
 
     def epsilon(self, delta: float, extra: Event | None = None) -> float:
         """Epsilon at ``delta`` spent by the releases so far (and ``extra``, if given)."""
@@ -128,7 +147,9 @@ class PrivacyLedger:
         """``(z, epsilon after one more release)``; raise :class:`PrivacyBudgetError` if that
         release would exceed the budget. The tolerance is the calibration's: the last planned
         release lands on the budget, not above it."""
-        z = noise_multiplier(settings.epsilon, settings.delta, settings.releases, per_release)
+        z = noise_multiplier(
+            settings.epsilon, settings.delta, settings.releases, per_release, self.extra_mechanisms
+        )
         self.check_event(settings, (z, per_release, 1.0))
         return z, self.epsilon(settings.delta, (z, per_release, 1.0))
 
@@ -148,22 +169,69 @@ class PrivacyLedger:
     def record(self, z: float, per_release: int, sample_rate: float = 1.0) -> None:
         """Account one release (durably, before it leaves)."""
         self.events.append((z, per_release, sample_rate))
-        if self.path is not None:
-            atomic_write(self.path, json.dumps({"events": self.events}).encode())
+        self._save()
+
+    def record_registration(self, z: float, counts: list[int]) -> None:
+        """Account the registration's noised histogram ``counts`` (one Gaussian mechanism) and
+        keep it for every later registration (durably, before it leaves)."""
+        self.events.append((z, 1, 1.0))
+        self.registered = list(counts)
+        self._save()
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        data: dict[str, Any] = {"events": self.events}
+        if self.registered is not None:
+            data["registered"] = self.registered
+        atomic_write(self.path, json.dumps(data).encode())
 
 
-def _load_events(path: Path) -> list[Event]:
+def _load(path: Path) -> tuple[list[Event], list[int] | None]:
     try:
         data = json.loads(path.read_text())
         # an event of two numbers (z, count) is a Gaussian mechanism on all the data (q = 1)
         events = [
             (float(e[0]), int(e[1]), float(e[2]) if len(e) > 2 else 1.0) for e in data["events"]
         ]
+        registered = data.get("registered")
+        counts = None if registered is None else [int(n) for n in registered]
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ProtocolError(f"privacy ledger {path} is unreadable: {exc}") from exc
     if any(not (math.isfinite(z) and z > 0 and n > 0 and 0 < q <= 1) for z, n, q in events):
         raise ProtocolError(f"privacy ledger {path}: invalid events")
-    return events
+    if counts is not None and (min(counts, default=0) < 0 or not events):
+        raise ProtocolError(f"privacy ledger {path}: invalid registered counts")
+    return events, counts
+
+
+def release_counts(
+    counts: Sequence[int], settings: DpSettings, per_release: int, ledger: PrivacyLedger
+) -> list[int]:
+    """The label histogram ``counts`` as a registration may send it under ``settings``: the
+    ledger's, if this device registered one already; else noised now, accounted, and kept.
+
+    One sample changes one count by 1, so the histogram's L2 sensitivity is 1: each count gets
+    Gaussian noise of standard deviation ``z``, the noise multiplier of the run's releases
+    calibrated with this one more mechanism (:func:`noise_multiplier`'s ``extra``), so the
+    releases that follow still compose to the budget. Each count is rounded, and floored at 1
+    for a class the device holds and set to 0 for one it does not: the class set is what every
+    registration discloses, and a class registered with 0 could never be released.
+
+    Raises:
+        PrivacyBudgetError: the ledger already spent too much for one more mechanism.
+    """
+    if ledger.registered is not None:
+        return list(ledger.registered)
+    z = noise_multiplier(settings.epsilon, settings.delta, settings.releases, per_release, 1)
+    ledger.check_event(settings, (z, 1, 1.0))
+    rng = torch.Generator(device="cpu").manual_seed(secrets.randbits(63))
+    true = torch.tensor(list(counts), dtype=torch.float32)
+    noisy = torch.round(true + torch.randn(true.shape, generator=rng) * z)
+    held = torch.where(true > 0, torch.clamp(noisy, min=1.0), torch.zeros_like(noisy))
+    released = [int(n) for n in held.tolist()]
+    ledger.record_registration(z, released)
+    return released
 
 
 def privatize(
@@ -174,7 +242,8 @@ def privatize(
     ledger: PrivacyLedger,
 ) -> dict[str, float]:
     """Noise ``stats`` in place for release: every sum of a class the device holds
-    (``held[c] > 0``) and their shared counts, which become integers in
+    (``held[c] > 0``), at the L2 bound its vectors were clipped to (``ClassMeans.clip``), and
+    their shared counts, which become integers in
     ``[1, contributions * held[c]]`` (0 for other classes, so that the released class set is
     the registered one). Returns the reply's metrics: ``dp_epsilon`` (spent in all, this release
     included) and ``dp_epsilon_round`` (this release's share).
@@ -182,8 +251,8 @@ def privatize(
     Raises:
         PrivacyBudgetError: the release would exceed the budget (nothing is noised or spent).
     """
-    if any(s.clip != settings.clip for s in stats):
-        raise RuntimeError("privatize: the statistics were not clipped to hyper.dp.clip")
+    if any(s.clip <= 0 for s in stats):
+        raise RuntimeError("privatize: the statistics were not clipped (ClassMeans.clip is 0)")
     per_release = len(stats) + 1  # each sum, and the counts
     before = ledger.epsilon(settings.delta)
     z, after = ledger.check(settings, per_release)
@@ -198,7 +267,9 @@ def privatize(
     counts = torch.where(mine, torch.clamp(torch.round(noisy), min=1.0), torch.zeros_like(noisy))
     counts = torch.minimum(counts, upper).long()
     for s in stats:
-        s.sums += _gauss(tuple(s.sums.shape), z * e * settings.clip, rng, device)
+        # each sum's own bound: hyper.dp.clip, or a tighter one its vectors already meet
+        # (FedKTL's unit embeddings: 1)
+        s.sums += _gauss(tuple(s.sums.shape), z * e * s.clip, rng, device)
         s.sums[~mine] = 0.0
         s.counts.copy_(counts)
     return {"dp_epsilon": after, "dp_epsilon_round": after - before}

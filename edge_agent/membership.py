@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from edge_agent.algorithms import EdgeAlgorithm, EdgeContext
+from edge_agent.dp import DpSettings, release_counts
 from edge_agent.run_end import RunEnd, archive_run, judge_end
 from edge_agent.state import AgentState
 from models.checkpoint import ModelSpec
@@ -70,6 +71,7 @@ class Membership:
     _register_at: float | None
     _rate_limited: int
     discloses_counts: bool | None
+    counts_dp: DpSettings | None
 
     def announce(self) -> None:
         """Retained birth, registration, and every reply not yet acknowledged."""
@@ -98,7 +100,8 @@ class Membership:
             cpu_count=torch.get_num_threads(),
         )
         h, w = self.spec.input_size
-        held = {c: n for c, n in enumerate(ctx.class_counts) if n > 0}
+        histogram = self._histogram() if self.discloses_counts else ctx.class_counts
+        held = {c: n for c, n in enumerate(histogram) if n > 0}
         counts = {str(c): n for c, n in held.items()} if self.discloses_counts else {}
         present = [] if self.discloses_counts else sorted(held)
         body = Register(
@@ -124,6 +127,25 @@ class Membership:
             num_samples=sum(held.values()) if present else 0,
         )
         self.endpoint.send(self.topics.up(self.settings.device_id, "register"), body)
+
+    def _histogram(self) -> list[int]:
+        """The samples of each class as this device registers them: noised once under the
+        run's ``hyper.dp`` when its state announced a budget (the same counts ever after, from
+        the ledger), exact otherwise (docs/concepts/privacy.md)."""
+        ledger = self.ctx.privacy
+        if ledger.registered is not None:  # noised once: only those counts ever leave
+            return list(ledger.registered)
+        if self.counts_dp is None:
+            return self.ctx.class_counts
+        per_release = self.algorithm.DP_SUMS + 1  # as each reply's release composes
+        return release_counts(self.ctx.class_counts, self.counts_dp, per_release, ledger)
+
+    def _reported_samples(self, num_samples: int) -> int:
+        """A reply's ``num_samples``: the registered histogram's total when it was noised (the
+        coordinator bounds a reply's samples by the registered total, and the noised total
+        may fall short of the true one), else ``num_samples``."""
+        registered = self.ctx.privacy.registered
+        return num_samples if registered is None else sum(registered)
 
     def _on_rate_limited(self, error: ErrorReply, env: Envelope) -> None:
         """Not admitted yet: the run's registration rate is spent. Register again after a
@@ -199,6 +221,7 @@ class Membership:
             # sent yet, see register): that one is due whatever the state says otherwise
             reform = state.class_counts != self.discloses_counts
             self.discloses_counts = state.class_counts
+            self.counts_dp = _counts_dp(state)
             # `starting`: a coordinator (re)started and may not know us. `running` of the run
             # we registered with (or found running on connecting, when our connect's register
             # reached it) is that coordinator moving on or reconnecting: registering again
@@ -262,3 +285,11 @@ def _wire_class_names(names: tuple[str, ...], num_classes: int) -> list[str]:
         and all(1 <= len(n) <= 128 for n in names)
     )
     return list(names) if ok else []
+
+
+def _counts_dp(state: CoordinatorState) -> DpSettings | None:
+    """The budget under which ``state`` asks for the histogram noised (None: exact)."""
+    if not (state.class_counts and state.dp_epsilon > 0):
+        return None
+    # the histogram's sensitivity is 1 without clipping: no vector is clipped, clip unused
+    return DpSettings(state.dp_epsilon, state.dp_delta, 1.0, state.dp_releases)

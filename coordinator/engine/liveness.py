@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from coordinator.config import RunConfig
 from coordinator.store.database import Store
@@ -19,6 +19,17 @@ from protocol.transport.endpoint import Endpoint
 StateName = Literal["starting", "running", "finished", "offline"]
 
 __all__ = ["Presence", "StateName", "StatePublisher"]
+
+
+def _counts_dp(cfg: RunConfig) -> dict[str, Any]:
+    """The run's ``hyper.dp`` budget as ``coord_state`` announces it to agents that register
+    their histogram: they noise it under that budget (empty: DP off, the histogram exact)."""
+    algo = cfg.algorithm_config()
+    epsilon = float(getattr(algo, "dp_epsilon", 0.0))
+    if not epsilon:
+        return {}
+    delta, releases = float(algo.dp_delta), int(algo.dp_releases)  # type: ignore[attr-defined]
+    return {"dp_epsilon": epsilon, "dp_delta": delta, "dp_releases": releases}
 
 
 class StatePublisher:
@@ -41,6 +52,7 @@ class StatePublisher:
         self.algorithm = algorithm
         self.feature_dim = feature_dim  # announced, so that adopting agents build that size
         self.class_counts = class_counts  # announced: agents disclose their histogram only then
+        self.counts_dp = _counts_dp(cfg) if class_counts else {}
         self.state: tuple[StateName, int] = ("starting", 0)  # last published state and round
         self._next_heartbeat = 0.0  # monotonic time to publish the retained state again
 
@@ -56,6 +68,7 @@ class StatePublisher:
             classes=list(self.cfg.classes),
             feature_dim=self.feature_dim,
             class_counts=self.class_counts,
+            **self.counts_dp,
         )
         self.endpoint.send(self.topics.coord_state, body, retain=True)
         self._next_heartbeat = time.monotonic() + self.cfg.state_heartbeat_s

@@ -142,8 +142,18 @@ def agent_options(cfg: RunConfig, fleet: FleetSpec, index: int) -> Any:
         eval_every=fleet.eval_every,
         global_eval_every=fleet.global_eval_every,
         classes=cfg.classes,  # what a real agent adopts from the coordinator's state
-        class_counts=STRATEGIES[cfg.algorithm].needs_class_counts,  # and what it registers
+        class_counts=_registers_counts(cfg, STRATEGIES[cfg.algorithm].needs_class_counts),
     )
+
+
+def _registers_counts(cfg: RunConfig, needs: bool) -> bool | None:
+    """What a simulated agent registers, as a real one learns it from the coordinator's state:
+    the histogram where the algorithm reads it; under hyper.dp (None) it waits for that state,
+    which carries the budget to noise the histogram by."""
+    if not needs:
+        return False
+    dp_on = bool(getattr(cfg.algorithm_config(), "dp_epsilon", 0.0))
+    return None if dp_on else True
 
 
 class AgentThreads:

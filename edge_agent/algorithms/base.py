@@ -204,7 +204,9 @@ class EdgeAlgorithm(Generic[C]):
         each sample was added at most ``contributions`` times (local epochs, or 1)."""
         settings = DpSettings.of(self.config)
         if settings is not None:
-            held = self.ctx.class_counts
+            # a histogram registered noised is what the coordinator bounds released counts by
+            registered = self.ctx.privacy.registered
+            held = self.ctx.class_counts if registered is None else registered
             self._dp_metrics = privatize(stats, held, contributions, settings, self.ctx.privacy)
 
     def spend_dp_sgd(self, settings: DpSettings) -> None:

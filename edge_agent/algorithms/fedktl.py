@@ -10,7 +10,8 @@ average-pooled to K' (the authors' ``AdaptiveAvgPool1d(K')``), common to every a
 A round: hold the set-up (ETF, h' weights; checked against the config's SHA-256), reload h'
 from it, train with ``ArcFace(cos(g(x), V)) + mu * MSE(h'(f(I)), Q)`` on cycled mini-batches of
 the received image-vector pairs (h' as its own SGD group with its own clip), then upload
-unit-norm class prototypes of g over the training split.
+unit-norm class prototypes of g over the training split (under ``hyper.dp``, their sums and
+counts noised by :meth:`EdgeAlgorithm.release` before they are normalised).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from protocol.contract.payloads import ImageVectorPairs, Payload, PrototypeSet, 
 from protocol.contract.validate import check_class_ids
 from protocol.errors import ConfigError, ValidationError
 
-__all__ = ["FedKTLEdge", "extractor_output", "unit_prototypes"]
+__all__ = ["UNIT_CLIP", "FedKTLEdge", "extractor_output", "unit_embedding_sums", "unit_prototypes"]
 
 STATE_PREFIX = "ktl_setup."
 
@@ -58,18 +59,30 @@ def extractor_output(model: Classifier, x: Tensor, size: int) -> Tensor:
     return F.adaptive_avg_pool1d(z.unsqueeze(1), size).squeeze(1)
 
 
+#: The L2 bound of each vector of a released sum (hyper.dp): the embeddings are unit vectors,
+#: so clipping to less would scale every one alike and change no prototype's direction, and
+#: clipping to more would add noise for nothing (docs/concepts/privacy.md)
+UNIT_CLIP = 1.0
+
+
 @torch.no_grad()
-def unit_prototypes(
-    model: Classifier, data: TensorData, num_classes: int, encoding: Encoding = "raw"
-) -> PrototypeSet:
-    """``normalize(mean_x normalize(g(x)))`` per class present in ``data``, in eval mode
-    (the authors' ``collect_protos``, §3.3)."""
+def unit_embedding_sums(
+    model: Classifier, data: TensorData, num_classes: int, clip: float = 0.0
+) -> ClassMeans:
+    """Per-class sums and counts of ``normalize(g(x))`` over ``data``, in eval mode (the
+    authors' ``collect_protos``, §3.3); ``clip > 0`` (DP on) clips each to it as it adds."""
     was_training = model.training
     model.eval()
-    stats = ClassMeans(num_classes, model.num_features, data.x.device)
+    stats = ClassMeans(num_classes, model.num_features, data.x.device, clip)
     for x, y in data.batches(256, None, shuffle=False):
         stats.add(F.normalize(model.forward_features(x).float(), dim=1), y)
     model.train(was_training)
+    return stats
+
+
+def unit_prototypes(stats: ClassMeans, encoding: Encoding = "raw") -> PrototypeSet:
+    """``normalize(sum)`` of every class counted: the direction of its mean of unit
+    embeddings (post-processing, so noised sums stay private)."""
     present = stats.present()
     return PrototypeSet(  # the sum's direction is the mean's: no division
         class_ids=present.cpu().numpy(),
@@ -240,12 +253,12 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
 
     # ----- knowledge out, prediction, state -------------------------------------------------
     def reply_payloads(self) -> dict[str, Payload]:
-        """Unit-norm prototypes of the classes this device holds."""
-        return {
-            "protos": unit_prototypes(
-                self.ctx.model, self.ctx.train, self.ctx.num_classes, self.config.proto_encoding
-            )
-        }
+        """Unit-norm prototypes of the classes this device holds (one pass over the training
+        split, so each sample is added once; noised first under hyper.dp)."""
+        clip = UNIT_CLIP if self.dp_clip() > 0 else 0.0
+        stats = unit_embedding_sums(self.ctx.model, self.ctx.train, self.ctx.num_classes, clip)
+        self.release([stats], 1)
+        return {"protos": unit_prototypes(stats, self.config.proto_encoding)}
 
     def scores(self, x: Tensor) -> Tensor:
         """Cosines with the ETF vectors (no scale, no margin); logits before any set-up."""

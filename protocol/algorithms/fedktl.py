@@ -99,6 +99,8 @@ class FedKTLConfig(ScreeningConfig):
     # ----- filled by the coordinator -----
     setup_sha256: str = ""  # digest of the set-up every agent must hold
 
+    # its unit prototypes are normalised per-class sums, noised through edge_agent.dp first
+    DP_STATISTICS: ClassVar[bool] = True
     REPLY_PAYLOADS: ClassVar[dict[str, tuple[PayloadSpec, ...]] | None] = {
         "train": (PayloadSpec("protos", PrototypeSet),),
     }

@@ -95,6 +95,14 @@ class FedVTCConfig(AveragingConfig):
     # the averaged running variances do not, so the eval-mode output collapses to a constant.
     generator_bn_recalibrate: bool = False
 
+    def dp_uncovered(self) -> str:
+        """Sigma and the generator leave, and no private release covers them."""
+        return (
+            "fedvtc's SD is its learned sigma and its generator's weights leave too, both "
+            "trained by its step B on the device's images: a sub-step DP-SGD does not cover, "
+            "and the generator's BatchNorm has no per-sample gradients"
+        )
+
     def model_feature_dim(self, num_classes: int) -> int:
         """``feature_dim``: the size of the exchanged prototypes (0: not declared)."""
         return self.feature_dim

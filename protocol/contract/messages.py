@@ -217,10 +217,23 @@ class CoordinatorState(WireModel):
     # whether the run's algorithm reads each device's label histogram: agents register their
     # ``class_counts`` only then, else only their class set and size (``Register.classes``)
     class_counts: bool = True
+    # the run's hyper.dp budget where devices register their histogram (0: off): each then
+    # sends it noised, as one more release charged to that budget (edge_agent.dp)
+    dp_epsilon: float = 0.0
+    dp_delta: float = 0.0
+    dp_releases: int = 0
 
     def __post_init__(self) -> None:
         _check_class_names(self.classes, len(self.classes))
         _non_negative(self.feature_dim, "feature_dim")
+        if not 0 <= self.dp_epsilon <= 1e3:
+            raise ValidationError("dp_epsilon", "in [0, 1000] (0: off)", self.dp_epsilon)
+        if self.dp_epsilon > 0 and not (0 < self.dp_delta < 1 and self.dp_releases >= 1):
+            raise ValidationError(
+                "dp_delta, dp_releases",
+                "in (0, 1) and >= 1 with dp_epsilon",
+                (self.dp_delta, self.dp_releases),
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ def test_a_dp_section_and_dotted_overrides_become_the_configs_dp_fields(tmp_path
 @pytest.mark.parametrize(
     ("algorithm", "extra", "why"),
     [
-        ("fedktl", [], "neither per-class sums nor weights DP-SGD trains"),
+        ("fedvtc", [], "learned sigma and its generator"),
         ("fedkd", [], "batch's mean loss"),
         ("fedtype", [], "conformal sets"),
         ("ccvr", [], "neither per-class sums"),
@@ -49,7 +49,8 @@ def test_out_of_range_dp_settings_are_refused(bad: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "algorithm", ["fedproto", "fedtgp", "fedgh", "fd", "fedhe", "fedavg", "lg_fedavg", "fml"]
+    "algorithm",
+    ["fedproto", "fedtgp", "fedgh", "fd", "fedhe", "fedktl", "fedavg", "lg_fedavg", "fml"],
 )
 def test_dp_is_accepted_by_the_algorithms_whose_replies_it_covers(algorithm: str) -> None:
     cfg = load_config(None, ["hyper.dp.epsilon=1"], algorithm=algorithm).algorithm_config()

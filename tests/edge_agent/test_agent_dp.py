@@ -1,5 +1,6 @@
 """An agent under ``hyper.dp``: its replies say the epsilon spent, its ledger survives a restart,
-and once its budget is spent it stops contributing and says why; with DP off nothing changes."""
+and once its budget is spent it stops contributing and says why; where the run reads the label
+histogram it registers it noised, once, charged to the budget; with DP off nothing changes."""
 
 from __future__ import annotations
 
@@ -7,34 +8,37 @@ import dataclasses
 import queue
 from pathlib import Path
 
+import pytest
+
 from coordinator.sim.simulate import agent_options
 from edge_agent.class_stats import class_prototypes
+from edge_agent.dp import PrivacyLedger, noise_multiplier
 from edge_agent.factory import build_agent
 from protocol.algorithms import config_type
 from protocol.contract.codec import Envelope, decode
-from protocol.contract.messages import ErrorReply, Reply, Task
+from protocol.contract.messages import CoordinatorState, ErrorReply, Register, Reply, Task
 from protocol.contract.payloads import pack_payloads
 from protocol.contract.topics import Topics
 from protocol.transport.base import MemoryBroker, MemoryTransport
 from tests.helpers_runtime import FLEET, run_config
 
 
-def _task(n: int, **hyper: object) -> Task:
-    cfg = config_type("fedproto")(local_epochs=1, **hyper)  # type: ignore[arg-type]
+def _task(n: int, algorithm: str = "fedproto", **hyper: object) -> Task:
+    cfg = config_type(algorithm)(local_epochs=1, **hyper)  # type: ignore[arg-type]
     return Task(
         task_id=f"t.{n}.0.agent0",
         run_id="t",
         round=n,
         phase="train",
         deadline=1e12,
-        algorithm="fedproto",
+        algorithm=algorithm,
         config=cfg.task_config(),
     )
 
 
-def _agent(tmp_path: Path, broker: MemoryBroker):
-    opts = agent_options(run_config(tmp_path), FLEET, 0)
-    opts = dataclasses.replace(opts, state_dir=tmp_path / "agent0")
+def _agent(tmp_path: Path, broker: MemoryBroker, algorithm: str = "fedproto", **settings: object):
+    opts = agent_options(run_config(tmp_path, algorithm), FLEET, 0)
+    opts = dataclasses.replace(opts, state_dir=tmp_path / "agent0", **settings)
     transport = MemoryTransport(broker, opts.device_id)
     agent = build_agent(opts, transport)
     agent.start()
@@ -95,3 +99,59 @@ def test_with_dp_off_the_task_and_the_reply_are_what_they_were(tmp_path: Path) -
     ctx = agent.ctx
     plain = class_prototypes(ctx.model, ctx.train, ctx.num_classes)
     assert pack_payloads(reply.payloads) == pack_payloads({"protos": plain})
+
+
+def _state(state: str = "starting", **dp: float) -> Envelope:
+    body = CoordinatorState(
+        state=state,
+        run_id="t",
+        algorithm="fd",
+        round=0,
+        total_rounds=2,
+        **dp,  # type: ignore[arg-type]
+    )
+    return Envelope(body=body, sender="coordinator")
+
+
+def test_a_run_that_reads_the_histogram_under_dp_gets_it_noised_once_and_charged(
+    tmp_path: Path,
+) -> None:
+    # Prepare: an FD device waiting for the run's state, which announces a budget of 2 for 2
+    # releases; a device of the same data in a run without DP
+    broker = MemoryBroker()
+    seen = _answers(broker)
+    agent = _agent(tmp_path, broker, "fd", class_counts=None)
+    budget = {"dp_epsilon": 2.0, "dp_delta": 1e-5, "dp_releases": 2}
+    # Execute: register, register again for a restarted coordinator, then restart the device
+    # (a fresh process on the same state directory) and train a round
+    agent.dispatch(_state(**budget))
+    first = _next(seen, Register)
+    agent.dispatch(_state(**budget))
+    second = _next(seen, Register)
+    restarted = _agent(tmp_path, broker, "fd", class_counts=None)
+    restarted.dispatch(_state(**budget))
+    third = _next(seen, Register)
+    task = _task(1, "fd", dp_epsilon=2.0, dp_releases=2)
+    restarted.dispatch(Envelope(body=task, sender="coordinator"))
+    reply = _next(seen, Reply)
+    plain = _agent(tmp_path / "plain", broker, "fd", class_counts=None)
+    plain.dispatch(_state())
+    exact = _next(seen, Register)
+    # Assert: the noised histogram differs from the true one, is the same in every
+    # registration, and its release is one more mechanism of the one z, in the ledger
+    true = {str(c): n for c, n in enumerate(agent.ctx.class_counts) if n > 0}
+    assert isinstance(first, Register) and isinstance(exact, Register)
+    assert exact.class_counts == true and first.class_counts != true
+    assert set(first.class_counts) == set(true)  # the class set, as every form discloses it
+    assert isinstance(second, Register) and isinstance(third, Register)
+    assert second.class_counts == third.class_counts == first.class_counts
+    z = noise_multiplier(2.0, 1e-5, 2, 2, 1)
+    assert restarted.ctx.privacy.events == [(z, 1, 1.0), (z, 2, 1.0)]
+    assert isinstance(reply, Reply)
+    registration = reply.metrics["dp_epsilon"] - reply.metrics["dp_epsilon_round"]
+    assert registration == pytest.approx(PrivacyLedger().epsilon(1e-5, (z, 1, 1.0)))
+    assert reply.num_samples == sum(first.class_counts.values())  # the coordinator's bound
+    logits = reply.payloads["logits"]
+    bound = {int(c): n for c, n in first.class_counts.items()}
+    released = zip(logits.class_ids.tolist(), logits.counts.tolist(), strict=True)
+    assert all(n <= bound[c] for c, n in released)

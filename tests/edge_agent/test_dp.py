@@ -1,5 +1,6 @@
 """Differential privacy of the per-class sums on the edge: clipping, the Gaussian mechanism's
-noise scale, the accountant against the library, and a spent budget."""
+noise scale, the accountant against the library, a spent budget, and a registration's noised
+histogram charged to the same budget."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from edge_agent.dp import (
     clip_rows,
     noise_multiplier,
     privatize,
+    release_counts,
 )
 
 
@@ -120,3 +122,49 @@ def test_the_ledger_composes_like_the_library_persists_and_stops_at_the_budget(
     assert spent == sorted(spent) and spent[-1] == pytest.approx(3.0, rel=1e-4)
     with pytest.raises(PrivacyBudgetError, match=r"privacy budget spent: 3 releases .* no more"):
         restarted.check(settings, 2)
+
+
+def test_a_noised_registration_is_one_more_mechanism_of_the_budget_and_is_never_redrawn(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a budget for three releases of two mechanisms each, and the registration
+    settings = DpSettings(epsilon=3.0, delta=1e-5, clip=1.0, releases=3)
+    true = [40, 0, 7, 120, 1, *[30] * 20]  # enough classes that the noise moves some count
+    path = tmp_path / "privacy.json"
+    ledger = PrivacyLedger(path)
+    # Execute: register, restart, register again, then the run's three releases
+    registered = release_counts(true, settings, 2, ledger)
+    after_registration = ledger.epsilon(1e-5)
+    restarted = PrivacyLedger(path)
+    again = release_counts(true, settings, 2, restarted)
+    for _ in range(3):
+        z, _after = restarted.check(settings, 2)
+        restarted.record(z, 2)
+    # Assert: noised (held classes >= 1, the absent one 0), kept, charged once; the noise is
+    # the one z of the whole run, which composes 3 x 2 + 1 mechanisms to the budget
+    assert registered != true and again == registered
+    assert registered[1] == 0 and all(n >= 1 for c, n in enumerate(registered) if c != 1)
+    z = noise_multiplier(3.0, 1e-5, 3, 2, 1)
+    assert restarted.events == [(z, 1, 1.0)] + [(z, 2, 1.0)] * 3
+    one = rdp.RdpAccountant()
+    one.compose(dp_event.GaussianDpEvent(z), 1)
+    assert after_registration == pytest.approx(one.get_epsilon(1e-5)) and after_registration > 0
+    whole = rdp.RdpAccountant()
+    whole.compose(dp_event.GaussianDpEvent(z), 3 * 2 + 1)
+    assert restarted.epsilon(1e-5) == pytest.approx(whole.get_epsilon(1e-5))
+    assert restarted.epsilon(1e-5) <= 3.0 * (1 + 1e-6)
+    assert z > noise_multiplier(3.0, 1e-5, 3, 2)  # the registration costs every release some
+    with pytest.raises(PrivacyBudgetError, match="privacy budget spent: 4 releases"):
+        restarted.check(settings, 2)
+
+
+def test_a_registered_histogram_is_noised_at_sensitivity_one() -> None:
+    # Prepare: many held classes, so that the noise alone is measured
+    settings = DpSettings(epsilon=1.0, delta=1e-5, clip=0.1, releases=2)
+    true = [10_000] * 20_000
+    # Execute
+    registered = release_counts(true, settings, 3, PrivacyLedger())
+    # Assert: sd z (a sample moves one count by 1), whatever the clip
+    z = noise_multiplier(1.0, 1e-5, 2, 3, 1)
+    sd = torch.tensor(registered, dtype=torch.float64).std().item()
+    assert sd == pytest.approx(math.sqrt(z**2 + 1 / 12), rel=0.03)  # with the rounding's

@@ -1,6 +1,7 @@
 """FedKTL edge half: L_A + mu * L^M against hand-computed values, the set-up's digest checked,
-h' reloaded every round and trained by its own group, unit-norm prototypes, the exported
-cosine head equal to the agent's scores."""
+h' reloaded every round and trained by its own group, unit-norm prototypes (noised under
+hyper.dp, byte for byte the plain ones without), the exported cosine head equal to the agent's
+scores."""
 
 from __future__ import annotations
 
@@ -16,14 +17,21 @@ from helpers import edge_context
 import coordinator.strategies.fedktl.strategy
 import edge_agent.algorithms.fedktl  # noqa: F401  (registers both halves)
 from coordinator.strategies.fedktl.server import make_setup
-from edge_agent.algorithms.fedktl import FedKTLEdge, extractor_output
+from edge_agent.algorithms.fedktl import (
+    UNIT_CLIP,
+    FedKTLEdge,
+    extractor_output,
+    unit_embedding_sums,
+)
+from edge_agent.class_stats import ClassMeans
+from edge_agent.dp import PrivacyBudgetError, noise_multiplier
 from edge_agent.seeding import derived_seed
 from models import Classifier, create_model
 from models.checkpoint import Checkpoint, save_checkpoint
 from models.ktl import arcface_logits
 from protocol.algorithms.fedktl import FedKTLConfig, setup_digest
 from protocol.contract.messages import Task
-from protocol.contract.payloads import ImageVectorPairs, Payload, TensorMap
+from protocol.contract.payloads import ImageVectorPairs, Payload, TensorMap, pack_payloads
 from protocol.errors import ConfigError, ValidationError
 
 C, KP, H = 4, 6, 5  # classes (= K), K', latent size
@@ -225,3 +233,73 @@ def test_set_up_survives_a_restart_and_the_export_head_is_the_etf(tmp_path: Path
     scores, label = with_head(again.ctx.model, head)(x)
     torch.testing.assert_close(scores, again.scores(x))
     assert torch.equal(label, again.scores(x).argmax(1))
+
+
+# ----- hyper.dp -------------------------------------------------------------------------------
+def test_one_sample_moves_its_classs_unit_embedding_sum_by_exactly_one() -> None:
+    # Prepare: the trained-or-not model's embeddings, with and without sample i
+    edge = make_edge()
+    model, data = edge.ctx.model, edge.ctx.train
+    keep = torch.arange(len(data)) != 9
+    without = dataclasses.replace(data, x=data.x[keep], y=data.y[keep])
+    # Execute
+    with_it = unit_embedding_sums(model, data, C, clip=UNIT_CLIP)
+    less = unit_embedding_sums(model, without, C, clip=UNIT_CLIP)
+    # Assert: the sensitivity of the sums is 1 (unit vectors), of the counts 1
+    moved = (with_it.sums - less.sums).norm(dim=1)
+    assert float(moved[data.y[9]]) == pytest.approx(1.0, rel=1e-5)
+    assert float(moved.sum()) == pytest.approx(1.0, rel=1e-5)
+    assert (with_it.counts - less.counts).abs().sum().item() == 1
+
+
+@pytest.mark.parametrize("clip", [0.3, 5.0])
+def test_under_dp_the_prototypes_are_noised_unit_vectors_released_at_clip_one(clip: float) -> None:
+    # Prepare: a budget of epsilon 2 for one release; a spy on the one release seam
+    edge = make_edge()
+    released: list[tuple[float, int]] = []
+    seam = edge.release
+
+    def spy(stats: list[ClassMeans], contributions: int) -> None:
+        released.append((stats[0].clip, contributions))
+        seam(stats, contributions)
+
+    edge.release = spy  # type: ignore[method-assign]
+    dp = {"dp_epsilon": 2.0, "dp_releases": 1, "dp_clip": clip}
+    # Execute: one round releases; the next would exceed the budget
+    result = edge.handle(task({"setup": TensorMap(SETUP)}, local_epochs=0, **dp))
+    with pytest.raises(PrivacyBudgetError, match="privacy budget spent: 1 releases"):
+        edge.handle(task(local_epochs=0, **dp))
+    # Assert: released once, each sample once, at the unit bound whatever hyper.dp.clip says
+    assert released == [(UNIT_CLIP, 1)]
+    z = noise_multiplier(2.0, 1e-5, 1, 2)
+    assert edge.ctx.privacy.events == [(z, 2, 1.0)]
+    assert result.metrics["dp_epsilon"] == pytest.approx(2.0, rel=1e-3)
+    protos = result.payloads["protos"]
+    assert protos.class_ids.tolist() == [0, 1, 3]  # the held classes, not the noise's
+    np.testing.assert_allclose(np.linalg.norm(protos.vectors, axis=1), 1.0, rtol=1e-5)
+    assert all(1 <= n <= 8 for n in protos.counts.tolist())
+    plain = unit_embedding_sums(edge.ctx.model, edge.ctx.train, C)
+    exact = F.normalize(plain.sums[[0, 1, 3]], dim=1)
+    assert not torch.allclose(torch.as_tensor(protos.vectors), exact, atol=1e-3)
+
+
+def test_with_dp_off_the_prototypes_are_byte_for_byte_the_plain_ones() -> None:
+    # Prepare: two devices of one seed, one round each
+    t = task({"setup": TensorMap(SETUP), **pairs(3)}, local_epochs=1)
+    edge, again = make_edge(), make_edge()
+    # Execute
+    result, repeat = edge.handle(t), again.handle(t)
+    # Assert: no dp key travels; the prototypes are normalize(sum of normalize(g(x))) computed
+    # as the authors' collect_protos does, and a seeded run repeats them exactly
+    assert not [k for k in FedKTLConfig().task_config() if k.startswith("dp_")]
+    assert not [k for k in result.metrics if k.startswith("dp_")]
+    model, data = edge.ctx.model.eval(), edge.ctx.train
+    sums = ClassMeans(C, C, data.x.device)
+    with torch.no_grad():
+        for x, y in data.batches(256, None, shuffle=False):
+            sums.add(F.normalize(model.forward_features(x).float(), dim=1), y)
+    held = sums.present()
+    vectors = F.normalize(sums.sums[held], dim=1).numpy()
+    got = result.payloads["protos"]
+    assert np.array_equal(got.vectors, vectors) and got.counts.tolist() == [8, 8, 8]
+    assert pack_payloads(result.payloads) == pack_payloads(repeat.payloads)

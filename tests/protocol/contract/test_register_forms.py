@@ -71,3 +71,15 @@ def test_the_state_asks_for_the_histogram_unless_it_says_otherwise() -> None:
     assert state.class_counts and "class_counts" not in state.to_wire()
     asked = CoordinatorState.from_wire(state.to_wire() | {"class_counts": False})
     assert not asked.class_counts
+
+
+def test_the_state_carries_the_budget_to_noise_the_histogram_by_only_under_dp() -> None:
+    plain = CoordinatorState(state="running", run_id="r", algorithm="fd", round=0, total_rounds=2)
+    assert not [k for k in plain.to_wire() if k.startswith("dp_")]  # bytes as before DP
+    budget = {"dp_epsilon": 2.0, "dp_delta": 1e-5, "dp_releases": 2}
+    noised = CoordinatorState.from_wire(plain.to_wire() | budget)
+    assert (noised.dp_epsilon, noised.dp_delta, noised.dp_releases) == (2.0, 1e-5, 2)
+    for bad in ({"dp_epsilon": -1.0}, {"dp_epsilon": 2.0, "dp_delta": 1.0, "dp_releases": 2},
+                {"dp_epsilon": 2.0, "dp_delta": 1e-5}):  # fmt: skip
+        with pytest.raises(ValidationError, match="dp_"):
+            CoordinatorState.from_wire(plain.to_wire() | bad)
