@@ -33,8 +33,10 @@ Setting: the reference tier's (``benchmarks/reference.py``): MNIST-5k at 28x28, 
    held class's count, noised by ``privatize`` (FedProto, FedTGP, FedGH, FD: 2 mechanisms a
    release; Felo: 3). For every client of the split file, its true training histogram through
    ``privatize`` ``--releases`` times; the attacker's estimate from one release, from the mean
-   of the run's, and from the maximum of the run's (``privatize`` caps a count at the class's
-   true count, so the maximum meets it). Reported: the total-variation distance between the
+   of the run's, and from the maximum of the run's. ``privatize`` caps each count at a public bound,
+   here the device's total (what a registration of the class set and total discloses; a cap at the
+   true count would let the run's maximum meet it). Reported: the total-variation distance between
+   the
    normalised estimate and the true histogram (0: recovered exactly).
 
 Seeds vary the training (initialisation, batch order) and the non-members drawn; the noise comes
@@ -271,6 +273,7 @@ def membership(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one device, then attack each class it holds at each budget."""
     from edge_agent.class_stats import class_feature_sums
     from edge_agent.data.partition_file import global_test_of
+    from edge_agent.dp import public_bounds
 
     model, train, fit = train_device(spec)
     ds, pf = _split(spec["split"])
@@ -305,7 +308,7 @@ def membership(spec: dict[str, Any]) -> dict[str, Any]:
         for _ in range(spec["draws"] if settings is not None else 1):
             run = [
                 r[0].means(r[0].present()).numpy()
-                for r in released([sums], held, settings, spec["releases"])
+                for r in released([sums], public_bounds(held), settings, spec["releases"])
             ]
             for c in outsiders:
                 res = class_attack(
@@ -346,6 +349,7 @@ def histogram_run(
     import torch
 
     from edge_agent.class_stats import ClassMeans
+    from edge_agent.dp import public_bounds
 
     truth = np.asarray(counts, dtype=np.float64)
     stats = []
@@ -358,7 +362,7 @@ def histogram_run(
     seen = np.stack(
         [
             r[0].counts.numpy().astype(np.float64)
-            for r in released(stats, counts, settings, releases)
+            for r in released(stats, public_bounds(counts), settings, releases)
         ]
     )
     return {

@@ -52,6 +52,7 @@ __all__ = [
     "clip_rows",
     "noise_multiplier",
     "privatize",
+    "public_bounds",
     "release_counts",
 ]
 
@@ -234,6 +235,13 @@ def release_counts(
     return released
 
 
+def public_bounds(class_counts: Sequence[int]) -> list[int]:
+    """Per-class caps on released counts that disclose nothing beyond a registration of the
+    class set and the total: the total for each class the device holds, 0 for the others."""
+    total = sum(class_counts)
+    return [total if n > 0 else 0 for n in class_counts]
+
+
 def privatize(
     stats: Sequence[ClassMeans],
     held: Sequence[int],
@@ -243,9 +251,10 @@ def privatize(
 ) -> dict[str, float]:
     """Noise ``stats`` in place for release: every sum of a class the device holds
     (``held[c] > 0``), at the L2 bound its vectors were clipped to (``ClassMeans.clip``), and
-    their shared counts, which become integers in
-    ``[1, contributions * held[c]]`` (0 for other classes, so that the released class set is
-    the registered one). Returns the reply's metrics: ``dp_epsilon`` (spent in all, this release
+    their shared counts, which become integers in ``[1, contributions * held[c]]`` (0 for other
+    classes, so that the released class set is the registered one). ``held`` must be public (the
+    registered histogram, or :func:`public_bounds`): a cap at the true counts would release them.
+    Returns the reply's metrics: ``dp_epsilon`` (spent in all, this release
     included) and ``dp_epsilon_round`` (this release's share).
 
     Raises:

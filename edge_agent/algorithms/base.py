@@ -23,7 +23,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from edge_agent.class_stats import ClassMeans
 
-from edge_agent.dp import DpSettings, PrivacyLedger, privatize
+from edge_agent.dp import DpSettings, PrivacyLedger, privatize, public_bounds
 from edge_agent.dp_sgd import DpSgd, per_sample_modules
 from edge_agent.seeding import SHARED_MODEL_SEED, derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
@@ -204,9 +204,12 @@ class EdgeAlgorithm(Generic[C]):
         each sample was added at most ``contributions`` times (local epochs, or 1)."""
         settings = DpSettings.of(self.config)
         if settings is not None:
-            # a histogram registered noised is what the coordinator bounds released counts by
+            # the released counts are capped by what the coordinator already knows: the
+            # histogram registered noised, else the class set and total a count-less
+            # registration sends; a cap at the true counts would leak them (the largest
+            # count a run releases would be the true one)
             registered = self.ctx.privacy.registered
-            held = self.ctx.class_counts if registered is None else registered
+            held = public_bounds(self.ctx.class_counts) if registered is None else registered
             self._dp_metrics = privatize(stats, held, contributions, settings, self.ctx.privacy)
 
     def spend_dp_sgd(self, settings: DpSettings) -> None:

@@ -155,3 +155,30 @@ def test_a_run_that_reads_the_histogram_under_dp_gets_it_noised_once_and_charged
     bound = {int(c): n for c, n in first.class_counts.items()}
     released = zip(logits.class_ids.tolist(), logits.counts.tolist(), strict=True)
     assert all(n <= bound[c] for c, n in released)
+
+
+def test_released_counts_are_capped_by_public_bounds_never_the_true_histogram(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: FedProto registers the class set and total only; spy on what caps its counts
+    from edge_agent.algorithms import base
+
+    caps: list[list[int]] = []
+    real = base.privatize
+
+    def spy(stats, held, *args):  # type: ignore[no-untyped-def]
+        caps.append(list(held))
+        return real(stats, held, *args)
+
+    monkeypatch.setattr(base, "privatize", spy)
+    broker = MemoryBroker()
+    seen = _answers(broker)
+    agent = _agent(tmp_path, broker)
+    # Execute
+    agent.dispatch(Envelope(body=_task(1, dp_epsilon=8.0, dp_releases=4), sender="coordinator"))
+    reply = _next(seen, Reply)
+    # Assert: each held class is capped at the device's total (public), not at its own count
+    counts = agent.ctx.class_counts
+    assert isinstance(reply, Reply) and len(caps) == 1
+    assert caps[0] == [sum(counts) if n > 0 else 0 for n in counts]
+    assert caps[0] != list(counts)
