@@ -28,23 +28,18 @@ from coordinator.engine.step import OpenStep
 from coordinator.store.database import Store
 from coordinator.strategies import Step, Strategy
 from protocol.contract.messages import Task
-from protocol.errors import ConfigError
 
 __all__ = ["TASKS_KEY", "TaskBuffer", "task_buffer"]
 
 TASKS_KEY = "buffered_tasks"  # meta: device -> [task id, round, phase] of its task in flight
 
 
-def task_buffer(cfg: RunConfig, store: Store, strategy: Strategy[Any]) -> TaskBuffer:
-    """The run's task buffer (in a synchronous run one that does nothing); refuses, with the
-    reason, a strategy that cannot take replies of older rounds."""
+def task_buffer(cfg: RunConfig, store: Store) -> TaskBuffer:
+    """The run's task buffer (in a synchronous run one that does nothing). A strategy that
+    cannot take replies of older rounds never gets here: its config refuses buffered mode
+    (:func:`coordinator.strategies.check_mode`)."""
     if cfg.mode != "buffered":
         return TaskBuffer(cfg.staleness_rule(), 0, store)
-    if not strategy.stale_replies:
-        raise ConfigError(
-            f"run.mode = buffered: {strategy.name} cannot run buffered: "
-            f"{strategy.unbuffered_reason}; run it with run.mode = sync"
-        )
     return TaskBuffer(cfg.staleness_rule(), cfg.buffer_size, store, resend_after_s=cfg.deadline_s)
 
 

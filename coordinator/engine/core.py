@@ -124,7 +124,7 @@ class Coordinator(MessageHandlers):
         )
         self.agents, self.refused = self.admission.agents, self.admission.refused
         self.online = self.presence.online
-        self.buffer: TaskBuffer = task_buffer(cfg, store, strategy)  # buffered mode's tasks
+        self.buffer: TaskBuffer = task_buffer(cfg, store)  # buffered mode's tasks
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
         self.collector = Collector(
             self.desk,
