@@ -28,6 +28,7 @@ from protocol.errors import ConfigError
 from protocol.transport.base import MemoryBroker, MemoryTransport, Transport, Will
 
 if TYPE_CHECKING:
+    from coordinator.engine.observer import RunObserver
     from coordinator.sim.ray_backend import RayOptions
 
 __all__ = [
@@ -259,13 +260,15 @@ def simulate(
     logger: logging.Logger | None = None,
     backend: Literal["inprocess", "ray"] = "inprocess",
     ray: RayOptions | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
     """Run ``cfg`` with ``fleet.num_agents`` simulated agents; returns the coordinator's result.
 
     ``backend="inprocess"`` runs the agents in threads of this process; by default all parties
     share one :class:`MemoryBroker`, ``transport_factory(client_id, will) -> Transport`` selects
     a real broker. ``backend="ray"`` runs them in Ray actors over MQTT, set up by ``ray``
-    (:class:`~coordinator.sim.ray_backend.RayOptions`).
+    (:class:`~coordinator.sim.ray_backend.RayOptions`). ``observer``: told of the run's events
+    in the engine's thread (the in-process backend's; a benchmark reads the thread's CPU time).
     """
     check_fleet(cfg, fleet)
     if fleet.partition_file is not None:  # a count mismatch fails before any agent starts
@@ -294,7 +297,11 @@ def simulate(
             agents.start(i)
         coord_transport = make("coordinator", coordinator_will(cfg))
         return run_coordinator(
-            cfg, coord_transport, logger, health_check=lambda: agents.check_refusals(cfg.min_agents)
+            cfg,
+            coord_transport,
+            logger,
+            health_check=lambda: agents.check_refusals(cfg.min_agents),
+            observer=observer,
         )
     finally:
         agents.close()
