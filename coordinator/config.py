@@ -232,6 +232,10 @@ class RunConfig:
                 f"{self.buffer_size}"
             )
         self.staleness_rule()  # validates the staleness keys
+        if self.mode == "buffered":  # refused here, before any agent or broker starts
+            from coordinator.strategies import check_mode
+
+            check_mode(self.algorithm, self.mode)
         if self.mode == "buffered" and self.ingest_workers:
             raise ConfigError(
                 "run.mode = buffered takes the replies in the coordinator itself: ingest "

@@ -75,6 +75,14 @@ def add_parser(sub: Subparsers) -> None:
         help="device profiles (TOML): slower devices, link latency and bandwidth, dropout "
         "(docs/howto/simulate-a-fleet.md)",
     )
+    sim.add_argument(
+        "--clock",
+        choices=("real", "simulated"),
+        default="real",
+        help="real: a profile's delays are waited out; simulated: they are scheduled on a "
+        "simulated clock that jumps from one reply to the next (deadlines and the metrics' "
+        "times on it; in-process backend only)",
+    )
     _add_ray_options(sim)
 
 
@@ -185,7 +193,12 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
 
-    result = simulate(cfg, fleet, backend=args.backend, ray=ray)
+    clock = None
+    if args.clock == "simulated":
+        from coordinator.sim.clock import SimulatedClock
+
+        clock = SimulatedClock()
+    result = simulate(cfg, fleet, backend=args.backend, ray=ray, clock=clock)
     print(summarize(result, Path(cfg.run_dir), cfg))
     return 0
 

@@ -18,34 +18,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any
 
 from coordinator.config import RunConfig
+from coordinator.engine.clock import Clock
 from coordinator.engine.intake import Collector
 from coordinator.engine.staleness import StalenessRule
 from coordinator.engine.step import OpenStep
 from coordinator.store.database import Store
 from coordinator.strategies import Step, Strategy
 from protocol.contract.messages import Task
-from protocol.errors import ConfigError
 
 __all__ = ["TASKS_KEY", "TaskBuffer", "task_buffer"]
 
 TASKS_KEY = "buffered_tasks"  # meta: device -> [task id, round, phase] of its task in flight
 
 
-def task_buffer(cfg: RunConfig, store: Store, strategy: Strategy[Any]) -> TaskBuffer:
-    """The run's task buffer (in a synchronous run one that does nothing); refuses, with the
-    reason, a strategy that cannot take replies of older rounds."""
+def task_buffer(cfg: RunConfig, store: Store, clock: Clock | None = None) -> TaskBuffer:
+    """The run's task buffer (in a synchronous run one that does nothing). A strategy that
+    cannot take replies of older rounds never gets here: its config refuses buffered mode
+    (:func:`coordinator.strategies.check_mode`)."""
     if cfg.mode != "buffered":
         return TaskBuffer(cfg.staleness_rule(), 0, store)
-    if not strategy.stale_replies:
-        raise ConfigError(
-            f"run.mode = buffered: {strategy.name} cannot run buffered: "
-            f"{strategy.unbuffered_reason}; run it with run.mode = sync"
-        )
-    return TaskBuffer(cfg.staleness_rule(), cfg.buffer_size, store, resend_after_s=cfg.deadline_s)
+    return TaskBuffer(
+        cfg.staleness_rule(), cfg.buffer_size, store, resend_after_s=cfg.deadline_s, clock=clock
+    )
 
 
 class TaskBuffer:
@@ -58,6 +55,7 @@ class TaskBuffer:
         store: Store,
         *,
         resend_after_s: float = math.inf,
+        clock: Clock | None = None,
     ) -> None:
         self.rule = rule
         self.buffer_size = buffer_size  # 0: a synchronous run, nothing is buffered
@@ -76,6 +74,7 @@ class TaskBuffer:
         # message id), so a resend never trains twice nor counts twice.
         self.resend_after_s = resend_after_s
         self.sent_at: dict[str, float] = {}  # task id -> when it (last) went out, as seen here
+        self.clock = clock or Clock()
 
     def applies(self, step: Step) -> bool:
         """Training rounds of a buffered run are buffered; the final phases stay synchronous."""
@@ -100,7 +99,7 @@ class TaskBuffer:
         open_step.buffer_size = self.buffer_size
         open_step.max_staleness = self.rule.max_staleness
         step, again, restored = open_step.step, {}, {}
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for device, task in sorted(self.tasks.items()):
             task_id, round_, phase = _ids(task)
             if device in open_step.outcome.replies or device in open_step.gone:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.config import RunConfig
+from coordinator.engine.clock import Clock
 from coordinator.engine.intake import ReplySource
 from coordinator.engine.metrics import REFUSED, append_line, step_record
 from coordinator.engine.observer import NoObserver, RunObserver
@@ -40,8 +41,10 @@ class StepCloser:
         steps: int,
         stopping: EarlyStop,
         observer: RunObserver | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.cfg = cfg
+        self.clock = clock or Clock()  # the records' time
         self.store = store
         self.strategy = strategy
         self.endpoint = endpoint
@@ -159,6 +162,7 @@ class StepCloser:
             ordered,
             agg,
             started,
+            self.clock.time(),
             traffic,
         )
         record["bytes_progress"] = sum(progress.values())

@@ -21,6 +21,7 @@ from coordinator.config import RunConfig
 from coordinator.engine.admission import Admission
 from coordinator.engine.broadcast import KnowledgeBroadcast, build_tasks, send_tasks
 from coordinator.engine.buffered import TaskBuffer, task_buffer
+from coordinator.engine.clock import Clock
 from coordinator.engine.closing import StepCloser
 from coordinator.engine.deadlines import MISSES_REPORTED, DeadlineRule
 from coordinator.engine.dispatch import MessageTable
@@ -29,11 +30,7 @@ from coordinator.engine.ingest import new_share_group
 from coordinator.engine.intake import Collector, ReplySource, reply_source
 from coordinator.engine.liveness import Presence, StatePublisher
 from coordinator.engine.observer import LiveRun, NoObserver, RunObserver
-from coordinator.engine.replies import (
-    ReplyDesk,
-    registered_agents,
-    take_batch,
-)
+from coordinator.engine.replies import ReplyDesk, registered_agents
 from coordinator.engine.step import OpenStep, QuorumError
 from coordinator.engine.stopping import EarlyStop
 from coordinator.ops.revocation import RevocationWatch
@@ -81,8 +78,12 @@ class Coordinator(MessageHandlers):
         health_check: Callable[[], None] | None = None,
         revocations: Path | None = None,
         observer: RunObserver | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.cfg = cfg
+        # where deadlines, reply times and the metrics' timestamps are read, and how the engine
+        # waits (a simulation's clock passes a step's wait in simulated time)
+        self.clock = clock or Clock()
         # called before every wait for messages; raises to end the run (the demo uses it to stop
         # at once when one of its agent processes dies instead of waiting out a deadline)
         self.health_check = health_check
@@ -124,7 +125,7 @@ class Coordinator(MessageHandlers):
         )
         self.agents, self.refused = self.admission.agents, self.admission.refused
         self.online = self.presence.online
-        self.buffer: TaskBuffer = task_buffer(cfg, store, strategy)  # buffered mode's tasks
+        self.buffer: TaskBuffer = task_buffer(cfg, store, self.clock)  # buffered mode's tasks
         self.desk = ReplyDesk(strategy, store)  # the reply checks, shared with ingest workers
         self.collector = Collector(
             self.desk,
@@ -156,6 +157,7 @@ class Coordinator(MessageHandlers):
             steps=len(self.plan),
             stopping=self.stopping,
             observer=self.observer,
+            clock=self.clock,
         )
         self.messages = (
             MessageTable()
@@ -296,7 +298,7 @@ class Coordinator(MessageHandlers):
             rec = self._open(idx, step, attempt=0)
         while True:
             self.observer.step_opened(idx, step)
-            started, traffic0 = time.time(), self.closer.traffic_now()
+            started, traffic0 = self.clock.time(), self.closer.traffic_now()
             open_step = self.collect(rec, step)
             self._observe_deadline(open_step)
             outcome = open_step.outcome
@@ -343,7 +345,7 @@ class Coordinator(MessageHandlers):
     # ----- collecting replies ---------------------------------------------------------------
     def collect(self, rec: StepRecord, step: Step) -> OpenStep:
         """Send tasks to participants without a stored update and wait for their replies."""
-        open_step = OpenStep(rec, step)
+        open_step = OpenStep(rec, step, now=self.clock.time)
         # the dimension replies must have, from the participants' registrations (never a reply)
         self.strategy.observe_fleet(self.agents[d] for d in rec.participants if d in self.agents)
         self.collector.take_stored(open_step, worker_checked=False)  # a resumed step's: every check
@@ -352,7 +354,7 @@ class Coordinator(MessageHandlers):
         if self.deadlines.adaptive:
             self.log.info("step %d: deadline %.1f s, %s", rec.idx + 1, due.seconds, due.reason)
         open_step.deadline_s = due.seconds
-        deadline = time.time() + due.seconds
+        deadline = self.clock.time() + due.seconds
         again, restored = self.buffer.open(open_step, self.collector)  # buffered: in flight
         config = self.strategy.config.task_config()  # the same for every task of the step
         payloads = {
@@ -375,7 +377,7 @@ class Coordinator(MessageHandlers):
             )
             self.broadcast.open(knowledge)  # before the tasks that name it
             self.replies.open(open_step)  # before the tasks: their replies may come at once
-            open_step.dispatched = time.time()
+            open_step.dispatched = self.clock.time()
             again.update(TaskBuffer.rebuild(tasks, restored))
             send_tasks(self.endpoint, self.topics, open_step, tasks)
         for device, task in again.items():  # each its own round: not spliced with the step's
@@ -408,18 +410,19 @@ class Coordinator(MessageHandlers):
 
     def _wait_for_replies(self, open_step: OpenStep, end: float) -> None:
         while open_step.outstanding and not open_step.full:
-            remaining = end - time.time()
+            remaining = end - self.clock.time()
             if remaining <= 0:
                 break
-            self._pump(min(remaining, self.replies.poll_s))
+            self._pump(min(remaining, self.replies.poll_s), for_replies=True)
             self.collector.take_polled(open_step, self.replies.poll(open_step))
         # closed before the deadline's verdict: none slips in
         self.collector.take_polled(open_step, self.replies.close(open_step))
         if not open_step.full:  # a full buffered step: the others keep their tasks
             open_step.expire()
 
-    def _pump(self, timeout: float) -> None:
-        """Handle what arrived (waiting up to ``timeout`` for the first message).
+    def _pump(self, timeout: float, *, for_replies: bool = False) -> None:
+        """Handle what arrived (waiting up to ``timeout`` for the first message; ``for_replies``:
+        an open step's wait, which a simulated clock passes in simulated time).
 
         Group commit: everything already queued is handled in one transaction, and the acks
         leave only after it commits, so an acknowledged update is durable while a burst of N
@@ -431,7 +434,7 @@ class Coordinator(MessageHandlers):
         self.refusals.tick()  # a flood's summary line, once its interval is over
         self.endpoint.refusals.tick()
         self.admission.poll_revocations(self._open_step)
-        batch = take_batch(self.inbox, timeout)
+        batch = self.clock.take(self.inbox, timeout, for_replies=for_replies)
         if not batch:
             return
         now = time.time()  # the batch's agents' last_seen

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,11 @@ def step_record(  # noqa: PLR0917 - one record's parts, in order
     ordered: list[tuple[AgentInfo, Reply]],
     agg: dict[str, float],
     started: float,
+    closed: float,
     traffic: dict[str, int],
 ) -> dict[str, Any]:
-    """The record of one closed step; ``traffic`` is the step's bytes per message kind."""
+    """The record of one closed step, opened at ``started`` and closed at ``closed`` (on the
+    engine's clock); ``traffic`` is the step's bytes per message kind."""
     agents = {
         a.device_id: {
             "acc_local": r.metrics.get("acc_local"),
@@ -38,8 +39,8 @@ def step_record(  # noqa: PLR0917 - one record's parts, in order
     record: dict[str, Any] = {
         "round": step.round,
         "phase": step.phase,
-        "time": time.time(),
-        "duration_s": time.time() - started,
+        "time": closed,
+        "duration_s": closed - started,
         "participants": participants,
         "quorum_met": True,
         "failed": failed,

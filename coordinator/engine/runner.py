@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.config import RunConfig
+from coordinator.engine.clock import Clock
 from coordinator.engine.core import Coordinator, QuorumError, RunResult
 from coordinator.engine.observer import RunObserver
 from coordinator.store.connection import CHECKPOINT_S
@@ -117,6 +118,7 @@ def make_coordinator(
     signing: SigningKeys | None = None,
     revocations: Path | None = None,
     observer: RunObserver | None = None,
+    clock: Clock | None = None,
 ) -> Coordinator:
     """Lock the run directory, open its store and strategy and wire them to ``transport``.
 
@@ -124,6 +126,7 @@ def make_coordinator(
     ``signing``: sign every frame and refuse unsigned ones except the agents' wills (§7).
     ``revocations``: the coordinator kit's revocation list, watched during the run.
     ``observer``: told of the run's events (a metrics exporter).
+    ``clock``: where the engine reads the time (default: real time; a simulation's clock).
     ``run.json`` is written once, when the run starts: a resumed run keeps its record.
     """
     run_dir = Path(cfg.run_dir)
@@ -146,6 +149,7 @@ def make_coordinator(
             health_check=health_check,
             revocations=revocations,
             observer=observer,
+            clock=clock,
         )
     except BaseException:
         store.close()
@@ -161,6 +165,7 @@ def run_coordinator(
     signing: SigningKeys | None = None,
     revocations: Path | None = None,
     observer: RunObserver | None = None,
+    clock: Clock | None = None,
 ) -> RunResult:
     """Connect, run every step, disconnect.
 
@@ -178,6 +183,7 @@ def run_coordinator(
             signing=signing,
             revocations=revocations,
             observer=observer,
+            clock=clock,
         )
     except BaseException:
         if created:

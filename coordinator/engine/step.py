@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coordinator.store.database import StepRecord, Store
@@ -38,7 +39,8 @@ class OpenStep:
     rec: StepRecord
     step: Step
     outcome: StepOutcome = field(default_factory=StepOutcome)
-    dispatched: float = 0.0  # time.time() when its tasks went out (0: not yet)
+    now: Callable[[], float] = time.time  # the engine's clock (a simulation's: simulated)
+    dispatched: float = 0.0  # now() when its tasks went out (0: not yet)
     deadline_s: float = 0.0  # its deadline, seconds from dispatch
     reply_s: dict[str, float] = field(default_factory=dict)  # device -> seconds to its reply
     stragglers: list[str] = field(default_factory=list)  # devices that keep missing deadlines
@@ -102,7 +104,7 @@ class OpenStep:
 
     def _timed(self, device: str) -> None:
         if self.dispatched and device not in self.reply_s:
-            self.reply_s[device] = time.time() - self.dispatched
+            self.reply_s[device] = self.now() - self.dispatched
 
     def fail(self, device: str, reason: str) -> None:
         """``device`` will not deliver a valid reply this attempt."""

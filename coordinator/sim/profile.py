@@ -22,8 +22,10 @@ The profile acts on each simulated agent's transport (:class:`ProfiledTransport`
 in-process and Ray backends apply it the same way and the agent and coordinator code run
 unchanged: a reply leaves ``(speed - 1) x`` the time the agent took after its task arrived,
 plus both ways' latency (once per task) and its frames' upload time, later than it would have;
-with probability ``dropout`` a task's reply (and every resend of it) is never delivered. The
-waiting is real (wall-clock): runs under a profile take as long as the profile says.
+with probability ``dropout`` a task's reply (and every resend of it) is never delivered. Under
+the real clock the waiting is real (wall-clock): runs under a profile take as long as the
+profile says; under a simulated clock (:mod:`coordinator.sim.clock`) nothing is slept and each
+reply is scheduled at its simulated arrival instead.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.contract.topics import Topics
 from protocol.errors import ConfigError
@@ -47,6 +49,9 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
+
+if TYPE_CHECKING:
+    from coordinator.sim.clock import SimulatedClock
 
 __all__ = ["DeviceProfile", "FleetProfile", "ProfileGroup", "ProfiledTransport", "load_profile"]
 
@@ -176,7 +181,12 @@ class ProfiledTransport(Transport):
     """One simulated device's transport, departing from the host as its profile says: a
     task's arrival starts the clock, the reply to it is held back by
     :meth:`DeviceProfile.reply_delay`, or with probability ``dropout`` never delivered
-    (nor any resend of it, until the next task arrives). Everything else passes unchanged."""
+    (nor any resend of it, until the next task arrives). Everything else passes unchanged.
+
+    With ``simulated`` (a :class:`~coordinator.sim.clock.SimulatedClock`) nothing is slept: the
+    reply is handed to that clock to deliver at the task's simulated arrival + the compute time
+    measured here (``clock``) x ``speed`` (after the device's previous task: it computes one at
+    a time) + both ways' latency + its upload time."""
 
     def __init__(
         self,
@@ -188,6 +198,7 @@ class ProfiledTransport(Transport):
         seed: int,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        simulated: SimulatedClock | None = None,
     ) -> None:
         super().__init__()
         self.inner, self.profile = inner, profile
@@ -200,6 +211,10 @@ class ProfiledTransport(Transport):
         self._arrived: float | None = None  # when the current task arrived; None: delayed
         self._dropped = False  # the current task's reply is lost
         self.dropped_tasks = 0
+        self.device_id, self.simulated = device_id, simulated
+        self._task_at = 0.0  # simulated time of the current task's dispatch
+        self._free_at = 0.0  # simulated time at which the device ends its last computation
+        self._last_at = 0.0  # simulated arrival of its last reply frame
 
     def _on_task(self, topic: str) -> None:
         if topic == self.task_topic or self.topics.message_topic(topic) == self.task_topic:
@@ -207,6 +222,10 @@ class ProfiledTransport(Transport):
                 self._arrived = self.clock()
                 self._dropped = self.rng.random() < self.profile.dropout
                 self.dropped_tasks += self._dropped
+                if self.simulated is not None:
+                    self._task_at = self.simulated.monotonic()
+        elif self.simulated is not None:
+            self.simulated.moved(self.device_id)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
         def watched(topic: str, payload: bytes) -> None:
@@ -218,16 +237,54 @@ class ProfiledTransport(Transport):
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         if topic == self.reply_topic or self.topics.message_topic(topic) == self.reply_topic:
             with self._lock:
-                arrived, dropped = self._arrived, self._dropped
+                arrived, dropped, task_at = self._arrived, self._dropped, self._task_at
                 self._arrived = None  # the compute delay once per task, not per frame or resend
             if dropped:
                 log.debug("%s: reply dropped (profile dropout)", topic)
+                if self.simulated is not None:
+                    self.simulated.idle(self.device_id)
+                return
+            if self.simulated is not None:
+                self._hold(topic, payload, arrived, task_at, qos=qos, retain=retain)
                 return
             delay = self.profile.upload_s(len(payload))
             if arrived is not None:
                 delay += self.profile.reply_delay(self.clock() - arrived)
             self.sleep(delay)
+        elif self.simulated is not None:
+            self.simulated.moved(self.device_id)
         self.inner.publish(topic, payload, qos=qos, retain=retain)
+
+    def _hold(
+        self,
+        topic: str,
+        payload: bytes,
+        arrived: float | None,
+        task_at: float,
+        *,
+        qos: int,
+        retain: bool,
+    ) -> None:
+        """Schedule a reply frame on the simulated clock (the class docstring's sum):
+        ``arrived``: when its task arrived here (``None``: a later frame of the reply, or a
+        resend), ``task_at``: when it went out, in simulated time."""
+        sim, p = self.simulated, self.profile
+        assert sim is not None  # called only under a simulated clock
+        if arrived is not None:  # the reply's first frame: the task was computed
+            compute = self.clock() - arrived if sim.compute_s is None else sim.compute_s
+            start = max(task_at + p.delay_s, self._free_at)  # one task at a time
+            self._free_at = start + p.speed * max(compute, 0.0)
+            at = self._free_at + p.delay_s
+        else:
+            at = max(self._last_at, sim.monotonic())
+        self._last_at = at + p.upload_s(len(payload))
+        inner = self.inner
+        sim.hold(
+            self.device_id,
+            self._last_at,
+            payload,
+            lambda: inner.publish(topic, payload, qos=qos, retain=retain),
+        )
 
     def connect(self) -> None:
         self.inner.connect()

@@ -28,6 +28,8 @@ from protocol.errors import ConfigError
 from protocol.transport.base import MemoryBroker, MemoryTransport, Transport, Will
 
 if TYPE_CHECKING:
+    from coordinator.engine.observer import RunObserver
+    from coordinator.sim.clock import SimulatedClock
     from coordinator.sim.ray_backend import RayOptions
 
 __all__ = [
@@ -164,15 +166,24 @@ class AgentThreads:
     """
 
     def __init__(
-        self, cfg: RunConfig, fleet: FleetSpec, make: TransportFactory, *, networked: bool = False
+        self,
+        cfg: RunConfig,
+        fleet: FleetSpec,
+        make: TransportFactory,
+        *,
+        networked: bool = False,
+        clock: SimulatedClock | None = None,
     ) -> None:
         """``networked``: ``make`` gives network transports (a thread each), and the GIL switch
-        interval grows with the agents started (``gil_slice``) until :meth:`close`."""
+        interval grows with the agents started (``gil_slice``) until :meth:`close`. ``clock``:
+        the profile's delays are scheduled on it, not slept (every device profiled: without a
+        profile, as fast as this host)."""
         from edge_agent.factory import SplitCache
 
         self.cfg, self.fleet, self.make, self.networked = cfg, fleet, make, networked
+        self.clock = clock
         self.splits = SplitCache()  # the fleet's split, computed once for all our agents
-        profile = fleet.profile
+        profile = fleet.profile or (FleetProfile() if clock is not None else None)
         self.profiles = None if profile is None else profile.assign(fleet.num_agents, cfg.seed)
         self.stop = threading.Event()
         self.running: list[tuple[Any, Transport, threading.Thread]] = []
@@ -191,6 +202,7 @@ class AgentThreads:
                 Topics(self.cfg.federation),
                 opts.device_id,
                 seed=self.cfg.seed * 7919 + index,
+                simulated=self.clock,
             )
         agent = build_agent(opts, transport, splits=self.splits)
         transport.connect()
@@ -269,13 +281,18 @@ def simulate(
     logger: logging.Logger | None = None,
     backend: Literal["inprocess", "ray"] = "inprocess",
     ray: RayOptions | None = None,
+    observer: RunObserver | None = None,
+    clock: SimulatedClock | None = None,
 ) -> RunResult:
     """Run ``cfg`` with ``fleet.num_agents`` simulated agents; returns the coordinator's result.
 
     ``backend="inprocess"`` runs the agents in threads of this process; by default all parties
     share one :class:`MemoryBroker`, ``transport_factory(client_id, will) -> Transport`` selects
     a real broker. ``backend="ray"`` runs them in Ray actors over MQTT, set up by ``ray``
-    (:class:`~coordinator.sim.ray_backend.RayOptions`).
+    (:class:`~coordinator.sim.ray_backend.RayOptions`). ``observer``: told of the run's events
+    in the engine's thread (the in-process backend's; a benchmark reads the thread's CPU time).
+    ``clock``: a simulated clock (in-process backend only): the profile's delays are scheduled
+    on it instead of slept, and the engine reads its deadlines and timestamps on it.
     """
     check_fleet(cfg, fleet)
     if fleet.partition_file is not None:  # a count mismatch fails before any agent starts
@@ -287,6 +304,8 @@ def simulate(
 
         if transport_factory is not None:
             raise ConfigError("transport_factory: the Ray backend connects its actors over MQTT")
+        if clock is not None:
+            raise ConfigError("--clock simulated: only with the in-process backend")
         return simulate_ray(cfg, fleet, ray or RayOptions(), logger=logger)
     if backend != "inprocess":
         raise ConfigError(f"backend: expected 'inprocess' or 'ray', got {backend!r}")
@@ -297,14 +316,21 @@ def simulate(
             return transport_factory(client_id, will)
         return MemoryTransport(broker, client_id, will=will)
 
-    agents = AgentThreads(cfg, fleet, make, networked=transport_factory is not None)
+    agents = AgentThreads(cfg, fleet, make, networked=transport_factory is not None, clock=clock)
     coord_transport: Transport | None = None
     try:
         for i in range(fleet.num_agents):
             agents.start(i)
         coord_transport = make("coordinator", coordinator_will(cfg))
+        if clock is not None:  # tells the clock which device got a task, which reply came
+            coord_transport = clock.watch(coord_transport, Topics(cfg.federation))
         return run_coordinator(
-            cfg, coord_transport, logger, health_check=lambda: agents.check_refusals(cfg.min_agents)
+            cfg,
+            coord_transport,
+            logger,
+            health_check=lambda: agents.check_refusals(cfg.min_agents),
+            observer=observer,
+            clock=clock,
         )
     finally:
         agents.close()

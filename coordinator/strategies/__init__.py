@@ -19,6 +19,7 @@ from coordinator.strategies.base import (
     ServerContext,
     Step,
     Strategy,
+    check_mode,
     create_strategy,
     register_strategy,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "ServerContext",
     "Step",
     "Strategy",
+    "check_mode",
     "create_strategy",
     "register_strategy",
 ]

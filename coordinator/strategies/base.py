@@ -45,6 +45,7 @@ __all__ = [
     "Strategy",
     "Validator",
     "admit_one_input",
+    "check_mode",
     "create_strategy",
     "register_strategy",
 ]
@@ -424,3 +425,14 @@ def create_strategy(
     except KeyError:
         raise ConfigError(f"unknown algorithm {name!r}; known: {sorted(STRATEGIES)}") from None
     return cls(config, num_classes=num_classes, seed=seed)
+
+
+def check_mode(name: str, mode: str) -> None:
+    """Refuse, with the reason, ``run.mode = buffered`` for an algorithm whose server half
+    cannot fold replies of older rounds (an unknown ``name`` is left to its config's check)."""
+    cls = STRATEGIES.get(name)
+    if mode == "buffered" and cls is not None and not cls.stale_replies:
+        raise ConfigError(
+            f"run.mode = buffered: {name} cannot run buffered: {cls.unbuffered_reason}; "
+            "run it with run.mode = sync"
+        )

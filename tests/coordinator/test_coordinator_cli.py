@@ -124,3 +124,31 @@ def test_config_defaults_lists_what_a_preset_changes(capsys: pytest.CaptureFixtu
     )
     assert main(["config", "--defaults", "--preset", "no_such_preset"]) == 2
     assert "no algorithm has a preset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["simulate", "serve"])
+@pytest.mark.parametrize("algorithm", ["fedvtc", "local"])
+def test_an_algorithm_that_cannot_run_buffered_is_refused_before_anything_starts(
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command,
+    algorithm,
+) -> None:
+    import coordinator.broker.embedded
+    import coordinator.commands.serve
+    import coordinator.sim.simulate
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a broker or the fleet started before the config was refused")
+
+    monkeypatch.setattr(coordinator.broker.embedded.EmbeddedBroker, "__init__", started)
+    monkeypatch.setattr(coordinator.sim.simulate, "simulate", started)
+    monkeypatch.setattr(coordinator.commands.serve, "_serve_run", started)
+    run_dir = tmp_path / "run"
+    argv = [command, "--algorithm", algorithm, "--set", "run.mode=buffered"]
+    code = main([*argv, "--rounds", "1", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{algorithm} cannot run buffered" in err and "run.mode = sync" in err, err
+    assert "Traceback" not in err and not run_dir.exists()

@@ -3,12 +3,12 @@ may have been lost); one sent within the deadline does not."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from coordinator.engine import buffered
 from coordinator.engine.buffered import TaskBuffer
 from coordinator.engine.staleness import StalenessRule
 from coordinator.engine.step import OpenStep
@@ -50,7 +50,7 @@ def test_a_task_in_flight_past_the_deadline_is_sent_again_once_per_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(buffered.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     rule = StalenessRule("polynomial", 0.5, 4.0, 10)
     buf = TaskBuffer(rule, 2, MetaStore(), resend_after_s=30.0)  # type: ignore[arg-type]
     collector: Any = SimpleNamespace(deferred_from=set())
@@ -77,7 +77,7 @@ def test_a_synchronous_or_default_buffer_never_resends_on_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [0.0]
-    monkeypatch.setattr(buffered.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     buf = TaskBuffer(StalenessRule("constant", 0.5, 4.0, 10), 2, MetaStore())  # type: ignore[arg-type]
     first = open_step(1, ["a0"])
     first.sent("a0", task("a0", 1))
