@@ -368,14 +368,18 @@ class EdgeAgent(Membership, RoundOutputs):
         self.history.append({"round": float(task.round), **metrics})
         self.log.info("round %d %s: %s", task.round, task.phase, _fmt_metrics(metrics))
         self._save_checkpoint(task)
-        reply = Reply(
-            task_id=task.task_id,
-            round=task.round,
-            phase=task.phase,
-            num_samples=self._reported_samples(result.num_samples),
-            payloads=result.payloads,
-            metrics=metrics,
-        )
+        try:
+            reply = Reply(
+                task_id=task.task_id,
+                round=task.round,
+                phase=task.phase,
+                num_samples=self._reported_samples(result.num_samples),
+                payloads=result.payloads,
+                metrics=metrics,
+            )
+        except ValidationError as exc:  # e.g. a diverged model's NaN loss: one task fails
+            self._fail(task, reply_topic, exc)  # and says why; the device lives on
+            return
         out = Envelope(
             body=reply,
             sender=self.settings.device_id,

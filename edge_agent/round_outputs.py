@@ -55,7 +55,8 @@ class RoundOutputs:
             val = evaluate(self.ctx.model, self.ctx.validation, self.algorithm.scores)
             out.update(acc_val=val.accuracy, loss_val=val.loss)
         every = max(1, self.settings.global_eval_every)
-        if self.ctx.global_test is not None and (task.phase != "train" or task.round % every == 0):
+        due = task.phase != "train" or task.round % every == 0
+        if due and self.ctx.global_test is not None and len(self.ctx.global_test):
             glob = evaluate(self.ctx.model, self.ctx.global_test, self.algorithm.scores)
             out.update(acc_global=glob.accuracy, loss_global=glob.loss)
         return out
