@@ -39,7 +39,7 @@ from typing import TypeVar
 from coordinator.engine.clock import Clock
 from coordinator.engine.replies import take_batch
 from protocol.contract.topics import Topics
-from protocol.transport.base import Handler, Transport
+from protocol.transport.base import Handler, Transport, WrappedTransport
 
 __all__ = ["SETTLE_S", "STALL_S", "SimulatedClock"]
 
@@ -186,12 +186,12 @@ class SimulatedClock(Clock):
             self._in_flight = max(0, self._in_flight - 1)
 
 
-class _Watched(Transport):
+class _Watched(WrappedTransport):
     """The coordinator's transport, as :meth:`SimulatedClock.watch` describes."""
 
     def __init__(self, inner: Transport, topics: Topics, clock: SimulatedClock) -> None:
-        super().__init__()
-        self.inner, self.topics, self.clock = inner, topics, clock
+        super().__init__(inner)
+        self.topics, self.clock = topics, clock
 
     def _device_kind(self, topic: str) -> tuple[str, str, str] | None:
         """(device, up|down, kind) of a device's message or chunk topic, else ``None``."""
@@ -226,24 +226,3 @@ class _Watched(Transport):
                 self.clock._delivered()
 
         self.inner.subscribe(topic_filter, watched, qos)
-
-    def connect(self) -> None:
-        self.inner.connect()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def add_connect_listener(self, listener: Callable[[bool], None]) -> None:
-        self.inner.add_connect_listener(listener)
-
-    @property
-    def connected(self) -> bool:
-        return self.inner.connected
-
-    @property  # type: ignore[override]
-    def max_packet_size(self) -> int | None:
-        return self.inner.max_packet_size
-
-    @max_packet_size.setter
-    def max_packet_size(self, value: int | None) -> None:
-        pass  # the inner transport's is the one that counts

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.contract.topics import Topics
 from protocol.errors import ConfigError
-from protocol.transport.base import Handler, Transport
+from protocol.transport.base import Handler, Transport, WrappedTransport
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -177,7 +177,7 @@ def load_profile(path: str | Path) -> FleetProfile:
     )
 
 
-class ProfiledTransport(Transport):
+class ProfiledTransport(WrappedTransport):
     """One simulated device's transport, departing from the host as its profile says: a
     task's arrival starts the clock, the reply to it is held back by
     :meth:`DeviceProfile.reply_delay`, or with probability ``dropout`` never delivered
@@ -200,8 +200,8 @@ class ProfiledTransport(Transport):
         clock: Callable[[], float] = time.monotonic,
         simulated: SimulatedClock | None = None,
     ) -> None:
-        super().__init__()
-        self.inner, self.profile = inner, profile
+        super().__init__(inner)
+        self.profile = profile
         self.task_topic = topics.down(device_id, "task")
         self.reply_topic = topics.up(device_id, "reply")
         self.topics = topics
@@ -285,24 +285,3 @@ class ProfiledTransport(Transport):
             payload,
             lambda: inner.publish(topic, payload, qos=qos, retain=retain),
         )
-
-    def connect(self) -> None:
-        self.inner.connect()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def add_connect_listener(self, listener: Callable[[bool], None]) -> None:
-        self.inner.add_connect_listener(listener)
-
-    @property
-    def connected(self) -> bool:
-        return self.inner.connected
-
-    @property  # type: ignore[override]
-    def max_packet_size(self) -> int | None:
-        return self.inner.max_packet_size
-
-    @max_packet_size.setter
-    def max_packet_size(self, value: int | None) -> None:
-        pass  # the inner transport's is the one that counts

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from protocol.contract.topics import matches
 from protocol.errors import TransportError
 
-__all__ = ["Handler", "MemoryBroker", "MemoryTransport", "TlsOptions", "Transport", "Will"]
+__all__ = [
+    "Handler",
+    "MemoryBroker",
+    "MemoryTransport",
+    "TlsOptions",
+    "Transport",
+    "Will",
+    "WrappedTransport",
+]
 
 Handler = Callable[[str, bytes], None]
 
@@ -110,6 +118,45 @@ class Transport(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class WrappedTransport(Transport):
+    """A transport that passes everything to ``inner``: subclasses override only what they
+    change (a simulated device's delays, a simulated clock's watch on the coordinator's)."""
+
+    def __init__(self, inner: Transport) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def connect(self) -> None:
+        self.inner.connect()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        self.inner.subscribe(topic_filter, handler, qos)
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        self.inner.publish(topic, payload, qos=qos, retain=retain)
+
+    def publish_many(self, messages: Sequence[tuple[str, bytes]], *, qos: int = 1) -> None:
+        self.inner.publish_many(messages, qos=qos)
+
+    def add_connect_listener(self, listener: Callable[[bool], None]) -> None:
+        self.inner.add_connect_listener(listener)
+
+    @property
+    def connected(self) -> bool:
+        return self.inner.connected
+
+    @property  # type: ignore[override]
+    def max_packet_size(self) -> int | None:
+        return self.inner.max_packet_size
+
+    @max_packet_size.setter
+    def max_packet_size(self, value: int | None) -> None:
+        pass  # the inner transport's is the one that counts
 
 
 class MemoryBroker:
