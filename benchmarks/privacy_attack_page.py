@@ -149,8 +149,10 @@ def tables(results: experiment.Results) -> str:
             "distance between the normalised estimate and the true histogram (0: exact), mean ± "
             "95 % t half-width over clients, each the mean of "
             f"{hist[0]['spec']['draws']} runs. `one`: one reply; `mean`, `max`: the mean and the "
-            "maximum of the run's replies. FD and Felo also register the exact histogram "
-            "(`class_counts`), which `hyper.dp` does not cover.",
+            "maximum of the run's replies. Each count is capped at the device's total (the "
+            "public bound of a registration of the class set and total). FD and Felo also "
+            "register the histogram (`class_counts`): under `hyper.dp` it is noised once, a "
+            "release like these.",
             "",
             "| senders | ε | TVD one | TVD mean | TVD max | max exact (clients) |",
             "|---|---|---|---|---|---|",
