@@ -247,7 +247,8 @@ def clock_note(runs: list[Record]) -> str:
         if computes == {None}
         else "each task "
         + " or ".join(f"{c:g} s" for c in sorted(c for c in computes if c is not None))
-        + " of compute x the device's speed"
+        + " of compute x the device's speed, fixed so that the host's load leaves the timeline"
+        " alone"
     )
     return f"Times: simulated seconds since the first dispatch (the simulated clock: {cost}).\n"
 

@@ -134,5 +134,6 @@ def test_a_simulated_run_records_its_clock_and_the_table_says_which() -> None:
     runs = [_run("sync", 1, [(100.0, 0.5)], 0.5, clock), _run("buffered", 1, [], 0.5, clock)]
     assert async_fleet.summary(runs).startswith(
         "Times: simulated seconds since the first dispatch (the simulated clock: each task "
-        "1 s of compute x the device's speed)"
+        "1 s of compute x the device's speed, fixed so that the host's load leaves the timeline "
+        "alone)"
     )
