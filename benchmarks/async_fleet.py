@@ -10,18 +10,34 @@ stale replies weighted by the polynomial staleness weight, ``--buffered-rounds``
 by default about as many replies in all as the synchronous run's). Algorithms: FedAvg on one
 architecture (``homo_mlp``), FedProto and Felo on the heterogeneous ``tiny`` family.
 
-Recorded per run: each training step's wall-clock time since the first step's dispatch, the
-agents' mean global and local accuracy after it and its bytes (the coordinator's endpoint
-counters, progress messages included); the final step's accuracies. The markdown table compares
-the two modes of each algorithm at a common time budget (the shorter run's training time):
-the global accuracy of the last step closed by then. The waiting is real, so runs take as long
-as the profile makes them. Results: ``benchmarks/results/async_fleet.json`` (appended after
-each run, resumed on rerun), table ``benchmarks/results/async_fleet.md``.
+Clock (``--clock``). ``simulated`` (the default) runs on
+:class:`coordinator.sim.clock.SimulatedClock`: nothing is slept, each reply is scheduled at its
+simulated arrival, and the step records' ``time`` and ``duration_s`` are simulated seconds,
+free of the host's load. By default every task costs a fixed ``--compute-s`` (1 s) of compute
+times the device's speed factor (1 s on a normal device, 10 s on a slow one), not the compute
+time measured on this host: agents that train at once on a shared machine inflate each other's
+measured time, so the measured timeline would still carry the load and change from run to run;
+a fixed cost gives the same timeline for the same replies. It leaves out that tasks of
+different algorithms and architectures cost differently, so the times compare the two modes of
+one algorithm, not algorithms with each other. ``--compute-s 0`` uses the measured time.
+``real`` waits in wall-clock time (the times then include the host's load and the
+coordinator's own work). A simulated run's spec records ``clock`` and ``compute_s``; a spec
+without ``clock`` ran on the real clock. Each clock has its own default results file.
+
+Recorded per run: each training step's time since the first step's dispatch (on the run's
+clock), the agents' mean global and local accuracy after it and its bytes (the coordinator's
+endpoint counters; the agents' progress heartbeats left out); the final step's accuracies. The
+markdown tables compare the two modes per algorithm: the time and bytes the buffered run took
+to reach the synchronous run's final global accuracy, and the final accuracies. Results:
+``benchmarks/results/async_fleet_simclock.json`` (simulated clock) or
+``benchmarks/results/async_fleet.json`` (real clock), appended after each run and resumed on
+rerun; tables beside them (``.md``).
 
 Usage::
 
-    python benchmarks/async_fleet.py --agents 10 --rounds 20
+    python benchmarks/async_fleet.py --agents 20 --rounds 20 --seed S
     python benchmarks/async_fleet.py --agents 5 --rounds 2 --algorithms felo   # a smoke
+    python benchmarks/async_fleet.py --clock real --agents 10 --rounds 20 --seed S
 """
 
 from __future__ import annotations
@@ -53,6 +69,13 @@ from harness import (  # sibling
 Record = dict[str, Any]
 FAMILIES = {"fedavg": "homo_mlp", "fedproto": "tiny", "felo": "tiny"}
 MODES = ("sync", "buffered")
+CLOCKS = ("simulated", "real")
+RESULTS = {
+    "simulated": "benchmarks/results/async_fleet_simclock.json",
+    "real": "benchmarks/results/async_fleet.json",
+}
+GOAL_SHARE = 0.5  # buffered reaches sync's final global accuracy in at most this share of its time
+GOAL_POINTS = 1.0  # ...and ends at most this many points of global accuracy below it
 
 
 def profile_doc(args: argparse.Namespace) -> Record:
@@ -62,6 +85,15 @@ def profile_doc(args: argparse.Namespace) -> Record:
         "group": [{"share": args.slow_share, "speed": args.slow_factor, "dropout": args.dropout}],
         "default": {"dropout": args.dropout},
     }
+
+
+def clock_doc(args: argparse.Namespace) -> Record:
+    """The clock as the spec records it: nothing for the real clock (the specs of the results
+    measured before the simulated clock had no such key), else the clock and the fixed compute
+    time per task (``None``: measured on this host)."""
+    if args.clock == "real":
+        return {}
+    return {"clock": "simulated", "compute_s": args.compute_s or None}
 
 
 def specs(args: argparse.Namespace) -> list[Record]:
@@ -84,6 +116,7 @@ def specs(args: argparse.Namespace) -> list[Record]:
                     "seed": args.seed,
                     "deadline_s": args.deadline,
                     "profile": profile_doc(args),
+                    **clock_doc(args),
                 }
             )
     return out
@@ -110,6 +143,7 @@ def execute(spec: Record, threads: int = 1) -> Record:
     import coordinator.strategies  # noqa: F401 - registers every server half
     import edge_agent.algorithms  # noqa: F401 - registers every edge half
     from coordinator.config import load_config
+    from coordinator.sim.clock import SimulatedClock
     from coordinator.sim.simulate import simulate
     from models.families import FAMILIES as MODEL_FAMILIES
 
@@ -133,8 +167,11 @@ def execute(spec: Record, threads: int = 1) -> Record:
     try:
         cfg = load_config(None, [], **run.config_values(run_dir), **mode)
         fleet = dataclasses.replace(run.fleet(), profile=_fleet_profile(spec["profile"]))
+        clock = None
+        if spec.get("clock") == "simulated":
+            clock = SimulatedClock(compute_s=spec["compute_s"])
         t0 = time.time()
-        result = simulate(cfg, fleet)
+        result = simulate(cfg, fleet, clock=clock)
         wall = time.time() - t0
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -182,51 +219,97 @@ def setting(spec: Record) -> str:
     return spec_key({**{k: v for k, v in spec.items() if k != "seed"}, "profile": profile})
 
 
-def reach(curve: list[Record], target: float | None) -> float | None:
-    """When the curve's global accuracy first reached ``target`` (``None``: never)."""
+def reach(curve: list[Record], target: float | None) -> int | None:
+    """The index of the first step whose global accuracy reached ``target`` (``None``:
+    never)."""
     if target is None:
         return None
-    hits = [p["t_s"] for p in curve if p["acc_global"] is not None and p["acc_global"] >= target]
+    hits = [
+        i for i, p in enumerate(curve) if p["acc_global"] is not None and p["acc_global"] >= target
+    ]
     return hits[0] if hits else None
 
 
+def curve_bytes(curve: list[Record], upto: int | None = None) -> int:
+    """The bytes of the curve's steps, up to and including step ``upto`` (``None``: all)."""
+    points = curve if upto is None else curve[: upto + 1]
+    return sum(int(p.get("bytes", 0)) for p in points)
+
+
+def clock_note(runs: list[Record]) -> str:
+    """The line saying which clock the runs' times are on."""
+    clocks = {r["spec"].get("clock", "real") for r in runs}
+    if clocks != {"simulated"}:
+        return "Times: wall-clock seconds since the first dispatch (the real clock).\n"
+    computes = {r["spec"].get("compute_s") for r in runs}
+    cost = (
+        "each task's compute time measured on the host x the device's speed"
+        if computes == {None}
+        else "each task "
+        + " or ".join(f"{c:g} s" for c in sorted(c for c in computes if c is not None))
+        + " of compute x the device's speed, fixed so that the host's load leaves the timeline"
+        " alone"
+    )
+    return f"Times: simulated seconds since the first dispatch (the simulated clock: {cost}).\n"
+
+
 def summary(runs: list[Record]) -> str:
-    """Markdown: per algorithm, over the seeds run in both modes, the buffered run's time to
-    the synchronous run's final global accuracy (as a share of the synchronous run's training
-    time) and the difference of their final accuracies (mean [95 % t interval])."""
+    """Markdown: per algorithm, over the seeds run in both modes, the buffered run's time and
+    bytes to the synchronous run's final global accuracy (as shares of the synchronous run's
+    training time and bytes), the difference of their final accuracies (mean [95 % t
+    interval]) and whether the goal is met: reached in every seed, in at most
+    :data:`GOAL_SHARE` of the time on average, and at most :data:`GOAL_POINTS` below at the
+    end on average."""
     by: dict[str, dict[int, dict[str, Record]]] = {}
     for r in runs:
         s = r["spec"]
         by.setdefault(s["algorithm"], {}).setdefault(s["seed"], {})[s["mode"]] = r
     lines = [
         "| algorithm | seeds | sync training s | buffered s to sync's final acc_global "
-        "(share of sync's time) | reached in | final acc_global, buffered − sync (points) |",
-        "|---|---|---|---|---|---|",
+        "(share of sync's time) | reached in | sync training bytes | buffered bytes to it "
+        "(share of sync's bytes) | final acc_global, buffered − sync (points) | goal |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for algorithm, seeds in sorted(by.items()):
         pairs = [(m["sync"], m["buffered"]) for m in seeds.values() if len(m) == len(MODES)]
         pairs = [(a, b) for a, b in pairs if a["curve"] and b["curve"]]
         if not pairs:
             continue
-        ends = [a["curve"][-1]["t_s"] for a, _ in pairs]  # the synchronous runs' training time
-        times = [reach(b["curve"], a["final"].get("acc_global")) for a, b in pairs]
-        shares = [t / e for t, e in zip(times, ends, strict=True) if t is not None]
+        hits = [(a, b, reach(b["curve"], a["final"].get("acc_global"))) for a, b in pairs]
+        reached = [(a, b, i) for a, b, i in hits if i is not None]
+        times = [b["curve"][i]["t_s"] for _, b, i in reached]
+        shares = [b["curve"][i]["t_s"] / a["curve"][-1]["t_s"] for a, b, i in reached]
+        sent = [curve_bytes(b["curve"], i) for _, b, i in reached]
+        sent_shares = [curve_bytes(b["curve"], i) / curve_bytes(a["curve"]) for a, b, i in reached]
         diffs = [
             b["final"]["acc_global"] - a["final"]["acc_global"]
             for a, b in pairs
             if a["final"].get("acc_global") is not None and b["final"].get("acc_global") is not None
         ]
-        reached = [t for t in times if t is not None]
+        met = (
+            len(reached) == len(pairs)
+            and statistics.fmean(shares) <= GOAL_SHARE
+            and bool(diffs)
+            and 100 * statistics.fmean(diffs) >= -GOAL_POINTS
+        )
         time_cell = (
-            "-"
-            if not reached
-            else (f"{statistics.fmean(reached):.1f} ({100 * statistics.fmean(shares):.0f} %)")
+            f"{statistics.fmean(times):.1f} ({100 * statistics.fmean(shares):.0f} %)"
+            if reached
+            else "-"
         )
+        bytes_cell = (
+            f"{statistics.fmean(sent):,.0f} ({100 * statistics.fmean(sent_shares):.0f} %)"
+            if reached
+            else "-"
+        )
+        sync_bytes = statistics.fmean(curve_bytes(a["curve"]) for a, _ in pairs)
         lines.append(
-            f"| {algorithm} | {len(pairs)} | {statistics.fmean(ends):.1f} | {time_cell} "
-            f"| {len(reached)} of {len(pairs)} | {ci_cell(diffs) if diffs else '-'} |"
+            f"| {algorithm} | {len(pairs)} "
+            f"| {statistics.fmean(a['curve'][-1]['t_s'] for a, _ in pairs):.1f} | {time_cell} "
+            f"| {len(reached)} of {len(pairs)} | {sync_bytes:,.0f} | {bytes_cell} "
+            f"| {ci_cell(diffs) if diffs else '-'} | {'met' if met else 'not met'} |"
         )
-    return "\n".join(lines) + "\n"
+    return clock_note(runs) + "\n" + "\n".join(lines) + "\n"
 
 
 def table(runs: list[Record]) -> str:
@@ -280,8 +363,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dropout", type=float, default=0.1, help="per task, every device")
     ap.add_argument("--data", default="digits")
     ap.add_argument("--seed", type=int, default=0)
-    add_grid_args(ap, "benchmarks/results/async_fleet.json", jobs=False, deadline=60.0)
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="simulated",
+        help="simulated: nothing slept, times in simulated seconds; real: wall-clock waiting",
+    )
+    ap.add_argument(
+        "--compute-s",
+        type=float,
+        default=1.0,
+        help="simulated clock: each task's compute time on a speed-1 device (0: measured)",
+    )
+    add_grid_args(ap, None, jobs=False, deadline=60.0)
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = Path(RESULTS[args.clock])
+    return args
 
 
 def main() -> None:

@@ -67,10 +67,16 @@ def test_the_curve_counts_time_from_the_first_dispatch_and_stale_replies() -> No
     assert async_fleet.acc_at(out["curve"], 9.0) is None
 
 
-def _run(mode: str, seed: int, curve: list[tuple[float, float]], final: float) -> dict[str, Any]:
-    points = [{"t_s": t, "acc_global": a} for t, a in curve]
+def _run(
+    mode: str,
+    seed: int,
+    curve: list[tuple[float, float]],
+    final: float,
+    clock: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    points = [{"t_s": t, "acc_global": a, "bytes": 100} for t, a in curve]
     return {
-        "spec": {"algorithm": "fedavg", "mode": mode, "seed": seed},
+        "spec": {"algorithm": "fedavg", "mode": mode, "seed": seed, **(clock or {})},
         "curve": points,
         "final": {"acc_global": final},
     }
@@ -83,10 +89,51 @@ def test_summary_times_the_buffered_run_to_the_synchronous_runs_final_accuracy()
         _run("sync", 2, [(200.0, 0.4)], 0.4),
         _run("buffered", 2, [(30.0, 0.3), (40.0, 0.35)], 0.32),  # never reaches 0.4
     ]
-    assert async_fleet.reach(runs[1]["curve"], 0.5) == 10.0
+    assert async_fleet.reach(runs[1]["curve"], 0.5) == 1
     assert async_fleet.reach(runs[3]["curve"], 0.4) is None
-    row = async_fleet.summary(runs).splitlines()[2].split("|")
+    text = async_fleet.summary(runs)
+    assert text.startswith("Times: wall-clock seconds")  # no clock in the specs: the real one
+    row = text.splitlines()[4].split("|")
     assert row[2].strip() == "2" and row[3].strip() == "150.0"  # mean sync training time
     assert row[4].strip() == "10.0 (10 %)"  # 10 s of sync's 100 s, the seed that reached it
     assert row[5].strip() == "1 of 2"
-    assert row[6].strip().startswith("+1.0 [")  # +10 and -8 points: mean +1
+    assert row[6].strip() == "150"  # sync's bytes: 200 and 100
+    assert row[7].strip() == "200 (100 %)"  # two steps of 100 bytes, as many as sync's two
+    assert row[8].strip().startswith("+1.0 [")  # +10 and -8 points: mean +1
+    assert row[9].strip() == "not met"  # one seed never reached it
+
+
+def test_the_goal_is_half_the_time_and_at_most_a_point_lower_at_the_end() -> None:
+    def verdict(buffered_final: float, reached_at: float) -> str:
+        runs = [
+            _run("sync", 1, [(50.0, 0.3), (100.0, 0.5)], 0.5),
+            _run("buffered", 1, [(reached_at, 0.5), (120.0, 0.5)], buffered_final),
+        ]
+        return async_fleet.summary(runs).splitlines()[4].split("|")[9].strip()
+
+    assert verdict(0.495, 50.0) == "met"  # half the time, half a point lower
+    assert verdict(0.485, 50.0) == "not met"  # 1.5 points lower at the end
+    assert verdict(0.6, 51.0) == "not met"  # more than half the time
+
+
+def test_a_simulated_run_records_its_clock_and_the_table_says_which() -> None:
+    simulated = async_fleet.parse_args([])
+    assert simulated.clock == "simulated"
+    assert simulated.out == Path("benchmarks/results/async_fleet_simclock.json")
+    real = async_fleet.parse_args(["--clock", "real"])
+    assert real.out == Path("benchmarks/results/async_fleet.json")
+    sim_specs, real_specs = async_fleet.specs(simulated), async_fleet.specs(real)
+    assert {(s["clock"], s["compute_s"]) for s in sim_specs} == {("simulated", 1.0)}
+    assert all("clock" not in s for s in real_specs)  # as the real clock's results file holds
+    measured = async_fleet.specs(async_fleet.parse_args(["--compute-s", "0"]))
+    assert {s["compute_s"] for s in measured} == {None}
+    # same fleet and rounds, another clock: another run, another setting
+    pairs = zip(sim_specs, real_specs, strict=True)
+    assert all(async_fleet.setting(a) != async_fleet.setting(b) for a, b in pairs)
+    clock = {"clock": "simulated", "compute_s": 1.0}
+    runs = [_run("sync", 1, [(100.0, 0.5)], 0.5, clock), _run("buffered", 1, [], 0.5, clock)]
+    assert async_fleet.summary(runs).startswith(
+        "Times: simulated seconds since the first dispatch (the simulated clock: each task "
+        "1 s of compute x the device's speed, fixed so that the host's load leaves the timeline "
+        "alone)"
+    )
