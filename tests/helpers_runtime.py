@@ -4,7 +4,9 @@ the shipped commands as processes (:class:`Fleet`)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
+import queue
 import sqlite3
 import subprocess
 import threading
@@ -20,6 +22,10 @@ from coordinator.engine.runner import coordinator_will, make_coordinator
 from coordinator.sim.simulate import FleetSpec, agent_options, agent_will
 from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
+from protocol.algorithms import config_type
+from protocol.contract.codec import Envelope, decode
+from protocol.contract.messages import Task
+from protocol.contract.topics import Topics
 from protocol.security.credentials import ENV
 from protocol.transport.base import MemoryBroker, MemoryTransport
 
@@ -47,6 +53,43 @@ def run_config(
         run_dir=str(tmp_path / "run"),
         **defaults,
     )
+
+
+def train_task(algorithm: str, n: int, **hyper: object) -> Task:
+    """Round ``n``'s training task for agent0 of run ``t``, one local epoch, ``hyper`` over the
+    algorithm's defaults."""
+    cfg = config_type(algorithm)(local_epochs=1, **hyper)  # type: ignore[arg-type]
+    return Task(
+        task_id=f"t.{n}.0.agent0",
+        run_id="t",
+        round=n,
+        phase="train",
+        deadline=1e12,
+        algorithm=algorithm,
+        config=cfg.task_config(),
+    )
+
+
+def memory_agent(
+    tmp_path: Path, broker: MemoryBroker, algorithm: str = "fedproto", **settings: Any
+) -> EdgeAgent:
+    """:data:`FLEET`'s agent0, started on ``broker`` with its state in ``tmp_path/agent0``."""
+    opts = agent_options(run_config(tmp_path, algorithm), FLEET, 0)
+    opts = dataclasses.replace(opts, state_dir=tmp_path / "agent0", **settings)
+    transport = MemoryTransport(broker, opts.device_id)
+    agent = build_agent(opts, transport)
+    agent.start()
+    transport.connect()
+    return agent
+
+
+def device_uplink(broker: MemoryBroker) -> queue.Queue[Envelope]:
+    """Every message the devices send on ``broker``, decoded, as the coordinator receives it."""
+    seen: queue.Queue[Envelope] = queue.Queue()
+    coord = MemoryTransport(broker, "coordinator")
+    coord.connect()
+    coord.subscribe(f"{Topics().base}/dev/+/up/#", lambda _t, data: seen.put(decode(data)))
+    return seen
 
 
 def start_coordinator(cfg: RunConfig, broker: MemoryBroker, *, will: bool = True) -> Coordinator:

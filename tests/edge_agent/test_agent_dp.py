@@ -4,54 +4,29 @@ histogram it registers it noised, once, charged to the budget; with DP off nothi
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 from pathlib import Path
 
 import pytest
 
-from coordinator.sim.simulate import agent_options
 from edge_agent.class_stats import class_prototypes
 from edge_agent.dp import PrivacyLedger, noise_multiplier
-from edge_agent.factory import build_agent
-from protocol.algorithms import config_type
-from protocol.contract.codec import Envelope, decode
+from protocol.contract.codec import Envelope
 from protocol.contract.messages import CoordinatorState, ErrorReply, Register, Reply, Task
 from protocol.contract.payloads import pack_payloads
-from protocol.contract.topics import Topics
-from protocol.transport.base import MemoryBroker, MemoryTransport
-from tests.helpers_runtime import FLEET, run_config
+from protocol.transport.base import MemoryBroker
+from tests.helpers_runtime import device_uplink, memory_agent, train_task
 
 
 def _task(n: int, algorithm: str = "fedproto", **hyper: object) -> Task:
-    cfg = config_type(algorithm)(local_epochs=1, **hyper)  # type: ignore[arg-type]
-    return Task(
-        task_id=f"t.{n}.0.agent0",
-        run_id="t",
-        round=n,
-        phase="train",
-        deadline=1e12,
-        algorithm=algorithm,
-        config=cfg.task_config(),
-    )
+    return train_task(algorithm, n, **hyper)
 
 
 def _agent(tmp_path: Path, broker: MemoryBroker, algorithm: str = "fedproto", **settings: object):
-    opts = agent_options(run_config(tmp_path, algorithm), FLEET, 0)
-    opts = dataclasses.replace(opts, state_dir=tmp_path / "agent0", **settings)
-    transport = MemoryTransport(broker, opts.device_id)
-    agent = build_agent(opts, transport)
-    agent.start()
-    transport.connect()
-    return agent
+    return memory_agent(tmp_path, broker, algorithm, **settings)
 
 
-def _answers(broker: MemoryBroker) -> queue.Queue[Envelope]:
-    seen: queue.Queue[Envelope] = queue.Queue()
-    coord = MemoryTransport(broker, "coordinator")
-    coord.connect()
-    coord.subscribe(f"{Topics().base}/dev/+/up/#", lambda _t, data: seen.put(decode(data)))
-    return seen
+_answers = device_uplink
 
 
 def _next(seen: queue.Queue[Envelope], kind: type) -> object:

@@ -5,7 +5,6 @@ budget is spent."""
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import sys
 from pathlib import Path
@@ -16,17 +15,13 @@ import torch.nn.functional as F
 from dp_accounting import dp_event, rdp
 from opacus.accountants.utils import get_noise_multiplier
 
-from coordinator.sim.simulate import agent_options
 from edge_agent.dp_sgd import DpSgd, dp_sgd_noise_multiplier, per_sample_modules
-from edge_agent.factory import build_agent
 from models import create_model
-from protocol.algorithms import config_type
-from protocol.contract.codec import Envelope, decode
-from protocol.contract.messages import ErrorReply, Reply, Task
-from protocol.contract.topics import Topics
+from protocol.contract.codec import Envelope
+from protocol.contract.messages import ErrorReply, Reply
 from protocol.errors import ConfigError
-from protocol.transport.base import MemoryBroker, MemoryTransport
-from tests.helpers_runtime import FLEET, run_config
+from protocol.transport.base import MemoryBroker
+from tests.helpers_runtime import device_uplink, memory_agent, train_task
 
 
 def _epsilon(z: float, q: float, steps: int, delta: float) -> float:
@@ -121,19 +116,6 @@ def _settings():  # type: ignore[no-untyped-def]
 
 
 # ----- a device of each weight-exchanging algorithm DP-SGD covers ------------------------------
-def _task(algorithm: str, n: int, **hyper: object) -> Task:
-    cfg = config_type(algorithm)(local_epochs=1, **hyper)  # type: ignore[arg-type]
-    return Task(
-        task_id=f"t.{n}.0.agent0",
-        run_id="t",
-        round=n,
-        phase="train",
-        deadline=1e12,
-        algorithm=algorithm,
-        config=cfg.task_config(),
-    )
-
-
 def _next(seen: queue.Queue[Envelope], kind: type) -> object:
     while True:
         env = seen.get(timeout=120)
@@ -150,23 +132,15 @@ def test_a_device_reports_its_epsilon_and_stops_when_its_budget_is_spent(
 ) -> None:
     # Prepare: a budget of epsilon 2 over two rounds
     broker = MemoryBroker()
-    seen: queue.Queue[Envelope] = queue.Queue()
-    coord = MemoryTransport(broker, "coordinator")
-    coord.connect()
-    coord.subscribe(f"{Topics().base}/dev/+/up/#", lambda _t, data: seen.put(decode(data)))
-    opts = agent_options(run_config(tmp_path, algorithm=algorithm), FLEET, 0)
-    opts = dataclasses.replace(opts, state_dir=tmp_path / "agent0")
-    transport = MemoryTransport(broker, opts.device_id)
-    agent = build_agent(opts, transport)
-    agent.start()
-    transport.connect()
+    seen = device_uplink(broker)
+    agent = memory_agent(tmp_path, broker, algorithm)
     dp = {"dp_epsilon": 2.0, "dp_clip": 1.0, "dp_releases": 2, **extra}
     # Execute: two rounds spend the budget, the third would exceed it
     replies = []
     for n in (1, 2):
-        agent.dispatch(Envelope(body=_task(algorithm, n, **dp), sender="coordinator"))
+        agent.dispatch(Envelope(body=train_task(algorithm, n, **dp), sender="coordinator"))
         replies.append(_next(seen, Reply))
-    agent.dispatch(Envelope(body=_task(algorithm, 3, **dp), sender="coordinator"))
+    agent.dispatch(Envelope(body=train_task(algorithm, 3, **dp), sender="coordinator"))
     refusal = _next(seen, ErrorReply)
     # Assert: epsilon grows to the budget; the refusal names it
     first, second = replies

@@ -8,43 +8,18 @@ import dataclasses
 import queue
 from pathlib import Path
 
-from coordinator.sim.simulate import agent_options
 from edge_agent.agent import EdgeAgent
-from edge_agent.factory import build_agent
 from edge_agent.trainer import TensorData
-from protocol.algorithms import config_type
-from protocol.contract.codec import Envelope, decode
+from protocol.contract.codec import Envelope
 from protocol.contract.messages import ErrorReply, Reply, Task
-from protocol.contract.topics import Topics
-from protocol.transport.base import MemoryBroker, MemoryTransport
-from tests.helpers_runtime import FLEET, run_config
+from protocol.transport.base import MemoryBroker
+from tests.helpers_runtime import device_uplink, memory_agent, train_task
 
 
-def _task(n: int) -> Task:
-    return Task(
-        task_id=f"t.{n}.0.agent0",
-        run_id="t",
-        round=n,
-        phase="train",
-        deadline=1e12,
-        algorithm="fedproto",
-        config=config_type("fedproto")(local_epochs=1).task_config(),
-    )
-
-
-def _agent(tmp_path: Path) -> tuple[MemoryBroker, queue.Queue[Envelope], EdgeAgent]:
+def _agent(tmp_path: Path) -> tuple[queue.Queue[Envelope], EdgeAgent]:
     broker = MemoryBroker()
-    seen: queue.Queue[Envelope] = queue.Queue()
-    coord = MemoryTransport(broker, "coordinator")
-    coord.connect()
-    coord.subscribe(f"{Topics().base}/dev/+/up/#", lambda _t, data: seen.put(decode(data)))
-    opts = agent_options(run_config(tmp_path, "fedproto"), FLEET, 0)
-    opts = dataclasses.replace(opts, state_dir=tmp_path / "agent0")
-    transport = MemoryTransport(broker, opts.device_id)
-    agent = build_agent(opts, transport)
-    agent.start()
-    transport.connect()
-    return broker, seen, agent
+    seen = device_uplink(broker)
+    return seen, memory_agent(tmp_path, broker)
 
 
 def _answer(seen: queue.Queue[Envelope]) -> object:
@@ -56,11 +31,11 @@ def _answer(seen: queue.Queue[Envelope]) -> object:
 
 def test_an_empty_global_test_set_is_left_out_of_the_reply(tmp_path: Path) -> None:
     # Prepare: an agent whose global test set holds no sample
-    _, seen, agent = _agent(tmp_path)
+    seen, agent = _agent(tmp_path)
     test = agent.ctx.test
     agent.ctx.global_test = TensorData(test.x[:0], test.y[:0])
     # Execute
-    agent.dispatch(Envelope(body=_task(1), sender="coordinator"))
+    agent.dispatch(Envelope(body=train_task("fedproto", 1), sender="coordinator"))
     body = _answer(seen)
     # Assert: a reply with the local figures and no global ones
     assert isinstance(body, Reply), body
@@ -72,7 +47,7 @@ def test_a_reply_its_own_check_refuses_fails_the_task_and_the_agent_lives_on(
     tmp_path: Path,
 ) -> None:
     # Prepare: a round whose loss diverged to NaN (a Reply refuses non-finite metrics)
-    _, seen, agent = _agent(tmp_path)
+    seen, agent = _agent(tmp_path)
     handle = agent.algorithm.handle
 
     def diverged(task: Task):  # type: ignore[no-untyped-def]
@@ -81,10 +56,10 @@ def test_a_reply_its_own_check_refuses_fails_the_task_and_the_agent_lives_on(
 
     agent.algorithm.handle = diverged  # type: ignore[method-assign]
     # Execute: the diverged round, then a healthy one
-    agent.dispatch(Envelope(body=_task(1), sender="coordinator"))
+    agent.dispatch(Envelope(body=train_task("fedproto", 1), sender="coordinator"))
     first = _answer(seen)
     agent.algorithm.handle = handle  # type: ignore[method-assign]
-    agent.dispatch(Envelope(body=_task(2), sender="coordinator"))
+    agent.dispatch(Envelope(body=train_task("fedproto", 2), sender="coordinator"))
     second = _answer(seen)
     # Assert: an error reply naming the check, then a reply
     assert isinstance(first, ErrorReply) and first.code == "ValidationError", first
