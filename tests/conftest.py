@@ -39,6 +39,14 @@ from coordinator.broker.embedded import (
 from protocol.errors import EdgeFLError
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started as a background job (``cmd &`` without job control) inherits SIGINT
+    ignored, and so would every command the tests start: Ctrl-C tests would see it ignored.
+    Python's own handler here makes the commands start with the default disposition."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _missing(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set: install it instead of skipping)")
