@@ -30,6 +30,7 @@ from edge_agent.run_end import FINAL_PHASE, RunEnd
 from edge_agent.state import AgentState
 from edge_agent.trainer import TrainingStoppedError
 from models.checkpoint import ModelSpec, load_checkpoint
+from models.trace_guard import TRACE_GUARD
 from protocol.contract.codec import Envelope
 from protocol.contract.messages import (
     RATE_LIMITED,
@@ -344,10 +345,13 @@ class EdgeAgent(Membership, RoundOutputs):
         self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)
         try:
             self.split.use(self.algorithm.parse_config(task).validation_fraction)
-            result = self.algorithm.handle(task)
-            metrics = {**result.metrics, **(self._evaluate(task) if self._evaluates(task) else {})}
+            with TRACE_GUARD.running():  # not while another agent of this process exports
+                result = self.algorithm.handle(task)
+                evaluated = self._evaluate(task) if self._evaluates(task) else {}
+            metrics = {**result.metrics, **evaluated}
             if task.phase == FINAL_PHASE:
-                metrics.update(self._export_safely(task, metrics))
+                with TRACE_GUARD.tracing():  # the export's checks run the model too
+                    metrics.update(self._export_safely(task, metrics))
         except TrainingStoppedError as exc:
             self._bar.close()
             self._stopped(task, reply_topic, exc)

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,16 +42,13 @@ from export._graph import (
 from export.heads import InferenceModel, with_head
 from models import Classifier
 from models.checkpoint import HeadSpec, file_sha256, toolkit_version
+from models.trace_guard import TRACE_GUARD
 from protocol.errors import ExportError
 
 __all__ = ["DEFAULT_DYNAMO", "DEFAULT_OPSET", "PIXEL_SCALING", "ExportResult", "export_model"]
 
 PIXEL_SCALING = "[0,1] float, normalisation inside the graph"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# torch.export's tracing state (fake tensor modes, symbolic shapes) and the legacy exporter's
-# GLOBALS are process-wide: simulated agents are threads of one process, and their concurrent
-# exports failed ("s77 is not tracked with proxy", KeyError on a weakref). One at a time.
-_EXPORT_LOCK = threading.Lock()
 # onnxscript's optimiser logs a dozen INFO lines per export; an agent logging at INFO should
 # not show them. Quietened only while exporting, and only where the user set no level.
 _CHATTY_LOGGERS = ("onnxscript", "onnx_ir")
@@ -211,7 +207,7 @@ def _torch_export(
         # The legacy exporter prints the TorchScript graph to stdout when it fails; the error
         # raised below carries the cause, so the dump is kept off the CLI's output.
         with (
-            _EXPORT_LOCK,
+            TRACE_GUARD.tracing(),  # tracing state is process-wide: see models.trace_guard
             _quiet_loggers(),
             warnings.catch_warnings(),
             contextlib.redirect_stdout(io.StringIO()),

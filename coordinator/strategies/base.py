@@ -263,7 +263,14 @@ class Strategy(Generic[C]):
         that a resumed step replays the same training.
         """
         hook = self.phase_hooks().get(step.phase, NO_HOOKS).server_train
-        return {} if hook is None else hook(step, ctx)
+        if hook is None:
+            return {}
+        # imported here: the guard's package imports torch, which a strategy without server
+        # training (and the CLI) never needs
+        from models.trace_guard import TRACE_GUARD
+
+        with TRACE_GUARD.running():  # a simulated agent's export may be tracing meanwhile
+            return hook(step, ctx)
 
     def state_dict(self) -> dict[str, Payload]:
         """The global state to persist after each step."""
