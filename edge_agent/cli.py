@@ -249,6 +249,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    lock = _lock_state_dir(_state_dir(args, device_id), device_id)
     stop = StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = 0
@@ -262,7 +263,29 @@ def _run(args: argparse.Namespace) -> int:
     finally:  # main() may run inside another program (the tests)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        lock.release()
     return stop.exit_code if stop.event.is_set() else code
+
+
+AGENT_LOCK = "agent.lock"  # in the state directory; holds the pid of the agent using it
+
+
+def _state_dir(args: argparse.Namespace, device_id: str) -> Path:
+    return Path(args.state_dir or f"edgefl-agent-{device_id}")
+
+
+def _lock_state_dir(state_dir: Path, device_id: str) -> Any:
+    """One agent process per state directory. Two agents on one (two default agents in one
+    directory of one host: both named after the host) would share an outbox and checkpoints
+    and take each other's MQTT session, silently; the second one is refused at start."""
+    from protocol.dir_lock import DirBusyError, DirLock
+
+    message = (
+        f"{{directory}} is in use by another edge-agent (pid {{pid}}) as device {device_id!r}: "
+        "give each agent its own --id (every device of a federation needs a unique one) "
+        "or --state-dir"
+    )
+    return DirLock(state_dir, AGENT_LOCK, (DirBusyError, message))
 
 
 def _credentials(args: argparse.Namespace) -> Any:
@@ -397,7 +420,7 @@ def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOpt
             test_fraction=args.test_fraction,
             global_test_size=args.global_test_size,
         )
-    state_dir = args.state_dir or Path(f"edgefl-agent-{device_id}")
+    state_dir = _state_dir(args, device_id)
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")
     return AgentOptions(
         device_id=device_id,

@@ -134,3 +134,39 @@ def test_the_coordinator_announces_the_feature_size_its_algorithm_requires() -> 
     assert (
         create_strategy("fedproto", proto(feature_dim=8), num_classes=4).declared_feature_dim() == 8
     )
+
+
+@pytest.mark.network
+def test_a_second_default_agent_in_the_same_directory_is_refused_at_once(
+    mosquitto, tmp_path
+) -> None:
+    # two agents started the same way in one directory: both named after the host, one state
+    # directory; the first waits for a run, the second must not take over its session and files
+    import os
+    import socket
+    import time
+
+    from edge_agent.cli import AGENT_LOCK
+    from protocol.dir_lock import lock_holder
+    from tests.helpers_runtime import clean_env
+
+    argv = [sys.executable, "-m", "edge_agent.cli", "--broker", f"127.0.0.1:{mosquitto.port}"]
+    argv += ["--model", "mlp_s", "--data", "digits", "--no-export"]
+    env = clean_env(PYTHONPATH=os.pathsep.join(sys.path))
+    state_dir = tmp_path / f"edgefl-agent-{socket.gethostname().split('.')[0]}"
+    first = subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while lock_holder(state_dir, AGENT_LOCK) != first.pid:
+            assert first.poll() is None and time.monotonic() < deadline, "the first never started"
+            time.sleep(0.1)
+        second = subprocess.run(
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert second.returncode == 2, second.stderr
+        assert f"in use by another edge-agent (pid {first.pid})" in second.stderr
+        assert "--id" in second.stderr
+        assert first.poll() is None  # the first one is left alone
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
