@@ -194,7 +194,62 @@ def tables(results: experiment.Results) -> str:
             *rows,
             "",
         ]
-    return "\n".join(out)
+    return "\n".join([*out, noise_table(results)])
+
+
+def noise_table(results: experiment.Results) -> str:
+    """Markdown: what each budget's noise does to one device's class mean, from the accountant
+    alone (no training): the noise multiplier z for the run's releases, and the ratio of the
+    largest possible signal of a class sum (n samples clipped to C, all aligned: n * C) to the
+    norm of its noise (z * C * sqrt(d) in d dimensions), for the median class of the split."""
+    import numpy as np
+
+    from edge_agent.data import load_dataset, load_partition_file
+    from edge_agent.dp import noise_multiplier
+    from models import create_model
+    from models.families import family_models
+
+    spec = next(iter(results.specs), None)
+    if spec is None:
+        return ""
+    split = load_partition_file(ROOT / spec["split"])
+    labels = load_dataset("mnist5k").y
+    counts = [np.bincount(labels[idx], minlength=10) for idx in split.train]
+    n = float(np.median([c for row in counts for c in row if c > 0]))
+    first = family_models(spec["family"], 1)[0]
+    dim = create_model(first, num_classes=10, in_chans=1, input_size=28).num_features
+    holders = float(np.median((np.stack(counts) > 0).sum(axis=0)))  # devices holding a class
+    rounds = spec["rounds"]
+    rows = []
+    for eps in sorted({s["epsilon"] for s in results.specs} - {OFF}):
+        z = noise_multiplier(eps, 1e-5, rounds, 2)  # FedProto's release: sums and counts
+        ratio = n / (z * math.sqrt(dim))
+        rows.append(f"| {eps:g} | {z:.2f} | {ratio:.3f} | {ratio * math.sqrt(holders):.3f} |")
+    return "\n".join(
+        [
+            "### What the noise leaves of a class mean",
+            "",
+            f"From the accountant alone: each device releases its class sums and counts "
+            f"{rounds} times (FedProto: 2 Gaussian mechanisms a release, delta 1e-5) with "
+            f"noise multiplier z. A class sum of n samples clipped to C has norm at most n * C; "
+            f"its noise has norm about z * C * sqrt(d) in d = {dim} dimensions ("
+            f"`{spec['family']}`'s features). For the split's median class (n = {n:g} "
+            f"training samples on a device), the best case signal-to-noise ratio n / (z "
+            f"sqrt(d)) of one device's mean, and of the server's mean over the {holders:g} "
+            "devices that hold a class (the median class: the noise averages down by the "
+            "square root of their number, the signal does not):",
+            "",
+            "| ε | z | one device | the server's mean |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            "A ratio below 1 is a prototype that is mostly noise. FedProto's regulariser "
+            "pulls each device's features towards the server's prototypes, and under the "
+            "`htfllib` preset it also predicts by the nearest of them: both rest on that "
+            "ratio.",
+            "",
+        ]
+    )
 
 
 def _describe(r: dict[str, Any]) -> str:
