@@ -198,10 +198,12 @@ def tables(results: experiment.Results) -> str:
 
 
 def noise_table(results: experiment.Results) -> str:
-    """Markdown: what each budget's noise does to one device's class mean, from the accountant
-    alone (no training): the noise multiplier z for the run's releases, and the ratio of the
-    largest possible signal of a class sum (n samples clipped to C, all aligned: n * C) to the
-    norm of its noise (z * C * sqrt(d) in d dimensions), for the median class of the split."""
+    """Markdown: what each budget's noise leaves of a class mean, from the accountant and the
+    split alone (no training). A class sum of n samples clipped to C has norm at most n * C
+    and noise of norm about z * C * sqrt(d); the ratio of the two is the best case
+    signal-to-noise of the mean. For the server's mean over the devices holding a class: the
+    plain mean of their means (FedProto) has noise sqrt(sum 1/n_k^2) / K times a device's
+    z * C * sqrt(d), the pooled mean by count sqrt(K) / sum n_k times it."""
     import numpy as np
 
     from edge_agent.data import load_dataset, load_partition_file
@@ -214,33 +216,39 @@ def noise_table(results: experiment.Results) -> str:
         return ""
     split = load_partition_file(ROOT / spec["split"])
     labels = load_dataset("mnist5k").y
-    counts = [np.bincount(labels[idx], minlength=10) for idx in split.train]
-    n = float(np.median([c for row in counts for c in row if c > 0]))
+    table = np.stack([np.bincount(labels[idx], minlength=10) for idx in split.train])
+    held = [table[:, c][table[:, c] > 0].astype(np.float64) for c in range(table.shape[1])]
+    n = float(np.median(np.concatenate(held)))
+    # the server's mean per class, in units of one sample's noise norm z * C * sqrt(d)
+    plain = np.median([len(h) / math.sqrt(float((1 / h**2).sum())) for h in held])
+    pooled = np.median([float(h.sum()) / math.sqrt(len(h)) for h in held])
     first = family_models(spec["family"], 1)[0]
     dim = create_model(first, num_classes=10, in_chans=1, input_size=28).num_features
-    holders = float(np.median((np.stack(counts) > 0).sum(axis=0)))  # devices holding a class
     rounds = spec["rounds"]
     rows = []
     for eps in sorted({s["epsilon"] for s in results.specs} - {OFF}):
         z = noise_multiplier(eps, 1e-5, rounds, 2)  # FedProto's release: sums and counts
-        ratio = n / (z * math.sqrt(dim))
-        rows.append(f"| {eps:g} | {z:.2f} | {ratio:.3f} | {ratio * math.sqrt(holders):.3f} |")
+        unit = z * math.sqrt(dim)
+        rows.append(
+            f"| {eps:g} | {z:.2f} | {n / unit:.3f} | {plain / unit:.3f} | {pooled / unit:.3f} |"
+        )
     return "\n".join(
         [
             "### What the noise leaves of a class mean",
             "",
-            f"From the accountant alone: each device releases its class sums and counts "
-            f"{rounds} times (FedProto: 2 Gaussian mechanisms a release, delta 1e-5) with "
-            f"noise multiplier z. A class sum of n samples clipped to C has norm at most n * C; "
-            f"its noise has norm about z * C * sqrt(d) in d = {dim} dimensions ("
-            f"`{spec['family']}`'s features). For the split's median class (n = {n:g} "
-            f"training samples on a device), the best case signal-to-noise ratio n / (z "
-            f"sqrt(d)) of one device's mean, and of the server's mean over the {holders:g} "
-            "devices that hold a class (the median class: the noise averages down by the "
-            "square root of their number, the signal does not):",
+            f"From the accountant and the split file alone: each device releases its class "
+            f"sums and counts {rounds} times (FedProto: 2 Gaussian mechanisms a release, delta "
+            f"1e-5) with noise multiplier z. A class sum of n samples clipped to C has norm at "
+            f"most n * C, its noise about z * C * sqrt(d) in d = {dim} dimensions "
+            f"(`{spec['family']}`'s features): n / (z sqrt(d)) is the best case signal-to-noise "
+            f"ratio of the mean. Per budget, that ratio for the split's median class on a "
+            f"device (n = {n:g} training samples), and (median over classes) for the server's "
+            "mean over the devices holding a class: FedProto's plain mean of their means, "
+            'and the pooled mean by count (`hyper.proto_weighting = "count"`), where a '
+            "device's mean of a few samples weighs only those samples.",
             "",
-            "| ε | z | one device | the server's mean |",
-            "|---|---|---|---|",
+            "| ε | z | one device | server, plain mean | server, by count |",
+            "|---|---|---|---|---|",
             *rows,
             "",
             "A ratio below 1 is a prototype that is mostly noise. FedProto's regulariser "

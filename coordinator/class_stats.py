@@ -26,11 +26,14 @@ def mean_prototypes(
     sd: np.ndarray | None = None,
     rule: RobustRule = MEAN,
     weights: Sequence[float] | None = None,
+    by_count: bool = False,
 ) -> PrototypeSet | None:
     """Per-class plain mean over the sets holding the class (or ``rule``'s robust reduction
     over them); classes held by none keep their previous value (FedProto's and FedVTC's
     rule). ``weights``: one per set (its staleness weight in buffered mode); the mean of a
-    class is then weighted by them."""
+    class is then weighted by them. ``by_count``: each set's class mean weighted by its count
+    as well (the pooled mean of the samples, which under differential privacy averages the
+    noise of a device's few-sample classes down instead of giving it a device's share)."""
     dims = {s.dim for s in sets if s.class_ids.size}
     if not dims:
         return current
@@ -44,6 +47,9 @@ def mean_prototypes(
     rows = None  # one weight per prototype row, when the sets' weights differ from 1
     if weights is not None and any(w != 1.0 for w in weights):
         rows = np.repeat(np.asarray(weights, np.float64), [s.class_ids.size for s in sets])
+    if by_count:
+        counted = np.concatenate([np.asarray(s.counts, np.float64) for s in sets])
+        rows = counted if rows is None else rows * counted
     held = [s for s in sets if s.class_ids.size]  # an empty set's vectors may be 0 x anything
     class_ids = np.concatenate([s.class_ids for s in held]).astype(np.int64, copy=False)
     vectors = np.concatenate([s.vectors for s in held])

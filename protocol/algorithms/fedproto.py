@@ -40,6 +40,10 @@ class FedProtoConfig(AveragingConfig):
 
     proto_weight: float = 1.0  # FedProto's lambda
     proto_encoding: Literal["raw", "f16"] = "raw"
+    # how the server averages a class's prototypes: "uniform", one share per device holding
+    # the class (FedProto); "count", by each device's count of the class (the pooled mean:
+    # under hyper.dp a device's mean of a few samples is mostly noise, and gets a small share)
+    proto_weighting: Literal["uniform", "count"] = "uniform"
     predict: Literal["head", "prototype"] = "head"  # prototype: nearest global prototype
     # the prototypes' dimension (the agents' --feature-dim); 0: fixed by the first valid reply
     # of round 1, which a forger answering first could choose (docs/concepts/security.md)

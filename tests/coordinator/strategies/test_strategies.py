@@ -91,6 +91,40 @@ def test_fedproto_validates_classes_and_dimension() -> None:
         s.validate(step, a, reply({"protos": protos([0], [[1.0, 1.0, 1.0]])}))
 
 
+def test_mean_prototypes_by_count_is_the_pooled_mean() -> None:
+    a = PrototypeSet(np.array([0, 1]), np.array([[1.0], [4.0]], np.float32), np.array([3, 1]))
+    b = PrototypeSet(np.array([0]), np.array([[5.0]], np.float32), np.array([1]))
+    out = mean_prototypes(None, [a, b], num_classes=2, by_count=True)
+    assert out is not None
+    np.testing.assert_allclose(out.vectors[:, 0], [(3 * 1.0 + 5.0) / 4, 4.0])
+    uniform = mean_prototypes(None, [a, b], num_classes=2)
+    assert uniform is not None
+    np.testing.assert_allclose(uniform.vectors[:, 0], [3.0, 4.0])
+    # staleness weights multiply the counts
+    stale = mean_prototypes(None, [a, b], num_classes=2, weights=[1.0, 3.0], by_count=True)
+    assert stale is not None
+    np.testing.assert_allclose(stale.vectors[0, 0], (3 * 1.0 + 3 * 5.0) / 6)
+
+
+@pytest.mark.parametrize("count, ok", [(0, False), (1, True), (10, True), (11, False)])
+def test_fedproto_by_count_bounds_each_count_by_registered_samples(count: int, ok: bool) -> None:
+    # weighted by count, a claim of more samples than registered would take a class's weight
+    cfg = config_type("fedproto")(proto_weighting="count", local_epochs=1)
+    s = create_strategy("fedproto", cfg, num_classes=4)
+    a = agent("a", {0: 4, 1: 6})  # 10 samples registered
+    upload = PrototypeSet(np.array([0]), np.ones((1, 2), np.float32), np.array([count]))
+    r = reply({"protos": upload})
+    if ok:
+        s.validate(Step(1, "train"), a, r)
+    else:
+        with pytest.raises(ValidationError, match=r"protos\.counts"):
+            s.validate(Step(1, "train"), a, r)
+    # uniform weighting reads no count: the same reply is not refused for it
+    create_strategy("fedproto", config_type("fedproto")(), num_classes=4).validate(
+        Step(1, "train"), a, r
+    )
+
+
 def test_fedavg_weighted_by_samples() -> None:
     s = create_strategy("fedavg", config_type("fedavg")(), num_classes=4)
     a, b = agent("a", {0: 1}, "fedavg"), agent("b", {1: 1}, "fedavg")
