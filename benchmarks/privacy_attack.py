@@ -222,10 +222,10 @@ def train_device(spec: dict[str, Any]) -> tuple[Classifier, Any, dict[str, float
     import torch
 
     from edge_agent.algorithms import EdgeContext, create_edge_algorithm
-    from edge_agent.seeding import seeded
     from edge_agent.trainer import evaluate
     from models import create_model
     from models.families import family_models
+    from models.seeding import seeded
     from protocol.algorithms import config_type
     from protocol.algorithms.base import HTFLLIB_TRAINING
 

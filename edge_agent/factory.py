@@ -26,10 +26,10 @@ from edge_agent.data import (
     make_federated_split,
     split_from_file,
 )
-from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import create_model
 from models.checkpoint import ModelSpec
+from models.seeding import seeded
 from protocol.algorithms.base import DEFAULT_FEATURE_DIM
 from protocol.contract.messages import CoordinatorState
 from protocol.errors import ConfigError

@@ -20,6 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from models.seeding import blank
 from protocol.errors import ConfigError
 
 __all__ = ["CPPNGenerator", "DCGANGenerator"]
@@ -58,14 +59,16 @@ class CPPNGenerator(nn.Module):
         self.img_channels = img_channels
         self.img_resolution = img_resolution
         self.output_range = (-1.0, 1.0)
-        self.map_net = nn.Sequential(
+        # built blank: the layers' own init would draw from the global generator; the
+        # weights are drawn from `seed`'s private one below
+        self.map_net = blank(lambda: nn.Sequential(
             nn.Linear(z_dim, 64), nn.LeakyReLU(0.2), nn.Linear(64, w_dim), nn.LeakyReLU(0.2)
-        )
-        self.pix_net = nn.Sequential(
+        ))  # fmt: skip
+        self.pix_net = blank(lambda: nn.Sequential(
             nn.Linear(3 + w_dim, hidden), nn.Tanh(),
             nn.Linear(hidden, hidden), nn.Tanh(),
             nn.Linear(hidden, img_channels), nn.Tanh(),
-        )  # fmt: skip
+        ))  # fmt: skip
         rng = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for p in self.parameters():

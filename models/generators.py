@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.gen_nets import CPPNGenerator, DCGANGenerator
+from models.seeding import blank
 from protocol.errors import ConfigError
 
 __all__ = [
@@ -386,7 +387,7 @@ def _dcgan_face() -> Generator:
     if package is None:
         raise GeneratorError(_DCGAN_FACE_MISSING)
     weights = package / "weights.tar"
-    module = DCGANGenerator()
+    module = blank(DCGANGenerator)  # its weights are loaded next
     _load_state(module, _existing(weights, "gan-face-generate weights"), "netG_state_dict")
     return _from_module(module, {str(weights): sha256_file(weights)}, "bundled dcgan_face")
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
 from models.fit import fit, row_weights, seeded_init
+from models.seeding import blank
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.contract.arrays import Encoding
@@ -50,7 +51,7 @@ def shared_start_head(role: str, num_features: int, num_classes: int) -> TensorM
     """The head the ``role`` agents start from with a shared head (their ``shared_head``):
     ``Linear(D, C)`` built under the seed they derive from its shapes, the agents' own recipe,
     so that the server's first head is theirs (HtFLlib's server starts from client 0's)."""
-    from edge_agent.seeding import head_seed, seeded
+    from models.seeding import head_seed, seeded
 
     seed = head_seed(role, {"weight": (num_classes, num_features), "bias": (num_classes,)})
     with seeded(seed):  # the global generator, as the agents' draws; restored after
@@ -76,7 +77,7 @@ def fit_head(
     when ``state`` is None) with plain SGD on ``features``, each row's loss term scaled by its
     weight when ``weights`` are given; return its state and metrics."""
     gen = ctx.torch_generator() if gen is None else gen
-    head = nn.Linear(int(features.shape[1]), num_classes)
+    head = blank(lambda: nn.Linear(int(features.shape[1]), num_classes))
     if state is None:
         seeded_init(head, gen)
     else:

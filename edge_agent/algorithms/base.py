@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 
 from edge_agent.dp import DpSettings, PrivacyLedger, privatize, public_bounds
 from edge_agent.dp_sgd import DpSgd, per_sample_modules
-from edge_agent.seeding import SHARED_MODEL_SEED, derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, train_epochs
 from models import Classifier
 from models.checkpoint import Checkpoint, HeadSpec, ModelSpec
+from models.seeding import SHARED_MODEL_SEED, derived_seed, seeded
 from protocol.algorithms import TrainConfig, config_type
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload
@@ -114,7 +114,7 @@ class EdgeContext:
 @dataclass(frozen=True)
 class SharedModule:
     """A module every agent starts from identically: its weights become ``build()``'s, built
-    under :func:`edge_agent.seeding.seeded` with ``seed``, which all agents must agree on."""
+    under :func:`models.seeding.seeded` with ``seed``, which all agents must agree on."""
 
     module: nn.Module
     build: Callable[[], nn.Module]

@@ -25,6 +25,7 @@ from edge_agent.algorithms.base import (
 )
 from edge_agent.algorithms.weights import WeightExchangeEdge, load_tensormap, shared_head
 from models.feature_gen import feature_generator
+from models.seeding import blank
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import Payload, TensorMap
@@ -85,9 +86,8 @@ class FedGenEdge(WeightExchangeEdge[FedGenConfig]):
                 list(counts.shape),
             )
         cfg = self.config
-        net = build_generator(
-            cfg.noise_dim, self.ctx.num_classes, cfg.hidden_dim, self.ctx.model.num_features
-        )
+        dims = (cfg.noise_dim, self.ctx.num_classes, cfg.hidden_dim, self.ctx.model.num_features)
+        net = blank(lambda: build_generator(*dims))  # loaded next
         load_tensormap(net, gen, "payloads.generator")
         self.generator = net.to(self.ctx.device)
         self.label_probs = (counts / counts.sum()).float().to(self.ctx.device)

@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from edge_agent.algorithms.base import EdgeContext, PhaseResult, register_edge_algorithm
 from edge_agent.algorithms.shared_model import SharedModelEdge
 from edge_agent.distillation import mutual_kl
-from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup
+from models.seeding import derived_seed, seeded
 from protocol.algorithms.fedkd import FedKDConfig
 from protocol.contract.lowrank import compress, restore
 from protocol.contract.messages import Task

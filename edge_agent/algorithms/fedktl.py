@@ -32,11 +32,11 @@ from edge_agent.algorithms.base import (
     task_payloads,
 )
 from edge_agent.class_stats import ClassMeans
-from edge_agent.seeding import derived_seed
 from edge_agent.trainer import ParamGroup, TensorData
 from models import Classifier
 from models.checkpoint import HeadSpec
 from models.ktl import arcface_logits
+from models.seeding import blank, derived_seed
 from protocol.algorithms.fedktl import SETUP_KEYS, FedKTLConfig, setup_digest
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
@@ -169,7 +169,9 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
     def _reset_proj(self) -> None:
         assert self.setup is not None  # _check_setup passed
         weight, bias = self.setup["proj.weight"], self.setup["proj.bias"]
-        self.proj = nn.Linear(weight.shape[1], weight.shape[0]).to(self.ctx.device)
+        # built every round in the agent's thread: blank, so that its draws move no other
+        # agent's seeded start (the set-up's weights are copied in next)
+        self.proj = blank(lambda: nn.Linear(weight.shape[1], weight.shape[0])).to(self.ctx.device)
         with torch.no_grad():
             self.proj.weight.copy_(weight)
             self.proj.bias.copy_(bias)

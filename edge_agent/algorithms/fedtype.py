@@ -51,10 +51,10 @@ from edge_agent.conformal import (
     uniform,
 )
 from edge_agent.distillation import forward_kd
-from edge_agent.seeding import derived_seed
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models import Classifier
 from models.checkpoint import Checkpoint, HeadSpec
+from models.seeding import derived_seed
 from protocol.algorithms.fedtype import FedTypeConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from edge_agent.class_stats import class_prototypes
-from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData, evaluate, train_epochs
+from models.seeding import seeded
 
 if TYPE_CHECKING:
     from edge_agent.algorithms.fedvtc import FedVTCEdge

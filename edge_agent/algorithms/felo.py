@@ -27,7 +27,7 @@ from edge_agent.algorithms.base import (
 )
 from edge_agent.algorithms.weights import WeightExchangeEdge
 from edge_agent.class_stats import ClassMeans, ClassReservoir
-from edge_agent.seeding import derived_seed
+from models.seeding import derived_seed
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
 from protocol.contract.payloads import FeatureLogitSet, Payload

@@ -10,10 +10,10 @@ from torch import Tensor, nn
 
 from edge_agent.algorithms.base import EdgeContext, PhaseResult, SharedModule
 from edge_agent.algorithms.weights import SHARED_MODEL_SEED, WeightExchangeEdge
-from edge_agent.seeding import derived_seed, seeded
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models import Classifier, create_model
 from models.checkpoint import ModelSpec
+from models.seeding import derived_seed, seeded
 from protocol.algorithms.fml import CLIENT0_ARCH, SharedModelConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task

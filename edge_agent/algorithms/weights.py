@@ -17,7 +17,7 @@ from edge_agent.algorithms.base import (
     received,
     task_payloads,
 )
-from edge_agent.seeding import SHARED_MODEL_SEED, head_seed
+from models.seeding import SHARED_MODEL_SEED, head_seed
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms import TrainConfig
 from protocol.contract.arrays import Encoding
@@ -50,7 +50,7 @@ def fresh_copy(module: nn.Module) -> nn.Module:
 
 def shared_head(head: nn.Module, role: str) -> SharedModule:
     """``head`` as a module every agent starts from identically: seeded by ``role`` and its
-    tensor shapes (:func:`edge_agent.seeding.head_seed`), so alike across architectures."""
+    tensor shapes (:func:`models.seeding.head_seed`), so alike across architectures."""
     seed = head_seed(role, {k: v.shape for k, v in head.state_dict().items()})
     return SharedModule(head, lambda: fresh_copy(head), seed)
 

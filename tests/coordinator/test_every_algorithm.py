@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import failed_tasks
 
 from coordinator.cli import main
@@ -123,9 +124,13 @@ def test_every_algorithm_learns_an_easy_split(tmp_path: Path, name: str) -> None
         global_test_size=200,
     )
     # Execute
+    rng = torch.get_rng_state()
     result = simulate(cfg, fleet)
     # Assert: every task ran; the agents end far above chance and above their first round
     assert failed_tasks(tmp_path / name) == []
+    # no part drew from torch's global generator outside `seeded`: a draw in one agent's
+    # thread moves another's seeded start, and paired runs stop being paired
+    assert torch.equal(torch.get_rng_state(), rng)
     train = [m for m in result.metrics if m["phase"] == "train"]
     assert [m["round"] for m in train] == list(range(1, ROUNDS + 1))
     first, last = train[0]["mean_acc_global"], result.metrics[-1]["mean_acc_global"]

@@ -25,10 +25,10 @@ from edge_agent.algorithms.fedktl import (
 )
 from edge_agent.class_stats import ClassMeans
 from edge_agent.dp import PrivacyBudgetError, noise_multiplier
-from edge_agent.seeding import derived_seed
 from models import Classifier, create_model
 from models.checkpoint import Checkpoint, save_checkpoint
 from models.ktl import arcface_logits
+from models.seeding import derived_seed
 from protocol.algorithms.fedktl import FedKTLConfig, setup_digest
 from protocol.contract.messages import Task
 from protocol.contract.payloads import ImageVectorPairs, Payload, TensorMap, pack_payloads

@@ -11,9 +11,9 @@ from edge_agent.algorithms import EdgeContext
 from edge_agent.algorithms.fedavg import FedAvgEdge
 from edge_agent.data import PartitionSpec
 from edge_agent.factory import AgentOptions, build_agent
-from edge_agent.seeding import seeded
 from edge_agent.trainer import TensorData
 from models import Classifier, create_model
+from models.seeding import seeded
 from protocol.algorithms.fedavg import FedAvgConfig
 from protocol.contract.messages import Task
 from protocol.transport.base import MemoryBroker, MemoryTransport

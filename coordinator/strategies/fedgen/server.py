@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from coordinator.strategies.base import ServerContext
 from models.feature_gen import feature_generator
 from models.fit import LossFn, fit, seeded_init
+from models.seeding import blank
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.contract.payloads import TensorMap
@@ -75,7 +76,7 @@ def train_generator(
     biases = torch.stack([torch.as_tensor(h.tensors["bias"]) for h in heads]).to(dev)
     mix = torch.as_tensor(np.asarray(samples, np.float64) / np.sum(samples), dtype=torch.float32)
     gen = ctx.torch_generator()
-    net = build_generator(cfg.noise_dim, c, cfg.hidden_dim, int(weights.shape[2]))
+    net = blank(lambda: build_generator(cfg.noise_dim, c, cfg.hidden_dim, int(weights.shape[2])))
     if state is None:
         seeded_init(net, gen)
     else:

@@ -39,6 +39,7 @@ from models.ktl import (
     mmd2_rbf,
     rbf_kernel,
 )
+from models.seeding import blank
 from protocol.algorithms.fedktl import FedKTLConfig
 from protocol.contract.payloads import TensorMap
 from protocol.errors import AggregationError
@@ -172,7 +173,7 @@ def _init_from(module: nn.Module, gen: torch.Generator) -> None:
 def _build(
     state: TensorMap | None, dims: tuple[int, int, int], gen: torch.Generator
 ) -> tuple[Aligner, Tensor]:
-    aligner = Aligner(*dims)
+    aligner = blank(lambda: Aligner(*dims))
     if state is None:
         _init_from(aligner, gen)
         return aligner, torch.zeros(dims[2], dtype=torch.bool)

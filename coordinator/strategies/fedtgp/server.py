@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
 from models.fit import LossFn, fit, row_weights, seeded_init
+from models.seeding import blank
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.contract.payloads import TensorMap
@@ -86,7 +87,7 @@ def train_prototypes(
     return its state and the ``[num_classes, dim]`` global prototypes it now generates."""
     dim = int(vectors.shape[1])
     gen = ctx.torch_generator()
-    tgp = TrainablePrototypes(num_classes, dim, cfg.tgp_hidden_dim or dim)
+    tgp = blank(lambda: TrainablePrototypes(num_classes, dim, cfg.tgp_hidden_dim or dim))
     if state is None:
         seeded_init(tgp, gen)
     else:

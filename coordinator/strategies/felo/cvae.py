@@ -21,6 +21,7 @@ from coordinator.strategies.base import ServerContext
 from coordinator.strategies.felo.table import KnowledgeTable
 from models import CVAE
 from models.fit import fit, seeded_init
+from models.seeding import blank
 from models.tensormap import load_tensormap, module_to_tensormap
 from protocol.algorithms.felo import VeloConfig
 from protocol.contract.payloads import PrototypeSet, TensorMap
@@ -61,12 +62,14 @@ def _build(
     state: TensorMap | None,
     gen: torch.Generator,
 ) -> CVAE:
-    cvae = CVAE(
-        feature_dim,
-        num_classes,
-        z_dim=cfg.cvae_z_dim,
-        embed_dim=cfg.cvae_embed_dim,
-        hidden=cfg.cvae_hidden,
+    cvae = blank(
+        lambda: CVAE(
+            feature_dim,
+            num_classes,
+            z_dim=cfg.cvae_z_dim,
+            embed_dim=cfg.cvae_embed_dim,
+            hidden=cfg.cvae_hidden,
+        )
     )
     if state is not None:
         load_tensormap(cvae, state, "velo cvae state")

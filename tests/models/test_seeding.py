@@ -7,7 +7,7 @@ import threading
 import torch
 from torch import nn
 
-from edge_agent.seeding import seeded
+from models.seeding import seeded
 
 
 def _build() -> nn.Module:
@@ -45,3 +45,33 @@ def test_concurrent_threads_get_their_seeds_weights() -> None:
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_a_blank_build_leaves_the_global_generator_and_other_threads_seeds_alone() -> None:
+    from models.seeding import blank
+
+    torch.manual_seed(5)
+    expected_next = torch.rand(4)
+    torch.manual_seed(5)
+    a = blank(_build)
+    torch.manual_seed(99)  # whatever the global state, a blank build is the same
+    b = blank(_build)
+    torch.manual_seed(5)
+    blank(_build)
+    assert torch.equal(torch.rand(4), expected_next)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    # and a thread building blank modules all along does not move seeded builds elsewhere
+    reference = _weights(3)
+    stop = threading.Event()
+
+    def build_blanks() -> None:
+        while not stop.is_set():
+            blank(_build)
+
+    worker = threading.Thread(target=build_blanks, daemon=True)
+    worker.start()
+    try:
+        assert all(torch.equal(_weights(3), reference) for _ in range(10))
+    finally:
+        stop.set()
+        worker.join(10)

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
-__all__ = ["SHARED_MODEL_SEED", "derived_seed", "head_seed", "seeded", "shapes_key"]
+__all__ = ["SHARED_MODEL_SEED", "blank", "derived_seed", "head_seed", "seeded", "shapes_key"]
 
 # configs carry no seed for a shared start: every agent derives a module's initial weights from
 # this constant, the module's role and its architecture or shapes
 SHARED_MODEL_SEED = 0x5EED
 
 _LOCK = threading.RLock()
+_BLANK_SEED = 0xB1A4C  # any constant: what a blank module draws is overwritten
 
 
 @contextmanager
@@ -34,6 +36,18 @@ def seeded(seed: int) -> Iterator[None]:
     with _LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+_Built = TypeVar("_Built")
+
+
+def blank(build: Callable[[], _Built]) -> _Built:
+    """A module whose weights the caller sets next (loaded, or drawn by ``seeded_init`` from
+    a private generator). Building it draws from the global generator all the same (each
+    layer's ``reset_parameters``); under :func:`seeded` those draws come from a fixed seed, so
+    they neither shift other threads' seeded builds nor depend on them."""
+    with seeded(_BLANK_SEED):
+        return build()
 
 
 def derived_seed(base: int, key: str) -> int:
