@@ -68,12 +68,16 @@ class PrivacyBudgetError(EdgeFLError):
 @dataclass(frozen=True)
 class DpSettings:
     """The run's ``hyper.dp``: total budget ``epsilon`` at ``delta``, clip ``clip``, spread
-    over ``releases`` releases."""
+    over ``releases`` releases; the per-class sums' part of the plan: the epsilon their noise
+    is calibrated for (``statistics_epsilon``, None: all of ``epsilon``) and how many releases
+    of them the run makes (``statistics_releases``, None: ``releases``; 0: none)."""
 
     epsilon: float
     delta: float
     clip: float
     releases: int
+    statistics_epsilon: float | None = None
+    statistics_releases: int | None = None
 
     @classmethod
     def of(cls, config: Any) -> DpSettings | None:
@@ -81,7 +85,31 @@ class DpSettings:
         if not getattr(config, "dp_epsilon", 0.0):
             return None
         releases = max(1, int(config.dp_releases))
-        return cls(float(config.dp_epsilon), float(config.dp_delta), config.dp_clip, releases)
+        return cls(
+            float(config.dp_epsilon),
+            float(config.dp_delta),
+            config.dp_clip,
+            releases,
+            float(config.dp_statistics_epsilon()),
+            int(config.dp_statistics_releases(releases)),
+        )
+
+    def statistics_multiplier(self, per_release: int, extra: int) -> float:
+        """The noise multiplier of every per-class sum and count the device releases: the
+        smallest for which the run's releases of ``per_release`` mechanisms, and ``extra``
+        more (a noised registration's histogram), compose to the sums' part of the budget."""
+        epsilon = self.epsilon if self.statistics_epsilon is None else self.statistics_epsilon
+        releases = self.releases if self.statistics_releases is None else self.statistics_releases
+        return noise_multiplier(epsilon, self.delta, max(1, releases), per_release, extra)
+
+    def planned_statistics(self, per_release: int, extra: int) -> Event | None:
+        """Every per-class sum and count the run plans this device to release, as one event
+        (``None``: it releases none): what DP-SGD's calibration composes its steps with."""
+        if self.statistics_releases == 0:
+            return None
+        releases = self.releases if self.statistics_releases is None else self.statistics_releases
+        z = self.statistics_multiplier(per_release, extra)
+        return (z, releases * per_release + extra, 1.0)
 
 
 def clip_rows(x: Tensor, clip: float) -> Tensor:
@@ -131,11 +159,11 @@ class PrivacyLedger:
         """Mechanisms released outside the per-round releases: 1 for a noised registration."""
         return 0 if self.registered is None else 1
 
-    def epsilon(self, delta: float, extra: Event | None = None) -> float:
+    def epsilon(self, delta: float, *extra: Event) -> float:
         """Epsilon at ``delta`` spent by the releases so far (and ``extra``, if given)."""
         from dp_accounting import dp_event, rdp
 
-        events = [*self.events, *([extra] if extra else [])]
+        events = [*self.events, *extra]
         if not events:
             return 0.0
         accountant = rdp.RdpAccountant()
@@ -148,16 +176,15 @@ class PrivacyLedger:
         """``(z, epsilon after one more release)``; raise :class:`PrivacyBudgetError` if that
         release would exceed the budget. The tolerance is the calibration's: the last planned
         release lands on the budget, not above it."""
-        z = noise_multiplier(
-            settings.epsilon, settings.delta, settings.releases, per_release, self.extra_mechanisms
-        )
+        z = settings.statistics_multiplier(per_release, self.extra_mechanisms)
         self.check_event(settings, (z, per_release, 1.0))
         return z, self.epsilon(settings.delta, (z, per_release, 1.0))
 
-    def check_event(self, settings: DpSettings, event: Event) -> float:
-        """Epsilon after one more release of ``event``; raise :class:`PrivacyBudgetError` if
-        that exceeds the budget."""
-        after = self.epsilon(settings.delta, event)
+    def check_event(self, settings: DpSettings, *events: Event) -> float:
+        """Epsilon after one more release of ``events`` (a round's DP-SGD steps and its
+        statistics, checked together before either is spent); raise
+        :class:`PrivacyBudgetError` if that exceeds the budget."""
+        after = self.epsilon(settings.delta, *events)
         if after > settings.epsilon * (1 + 1e-6):
             spent = self.epsilon(settings.delta)
             raise PrivacyBudgetError(
@@ -224,7 +251,7 @@ def release_counts(
     """
     if ledger.registered is not None:
         return list(ledger.registered)
-    z = noise_multiplier(settings.epsilon, settings.delta, settings.releases, per_release, 1)
+    z = settings.statistics_multiplier(per_release, 1)
     ledger.check_event(settings, (z, 1, 1.0))
     rng = torch.Generator(device="cpu").manual_seed(secrets.randbits(63))
     true = torch.tensor(list(counts), dtype=torch.float32)
