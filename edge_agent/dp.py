@@ -2,23 +2,29 @@
 Gaussian mechanism on the edge, and the device's privacy accountant.
 
 A release is a group of per-class sums (prototypes' features, FD's logits, Felo's features and
-logits) with their per-class counts. Each sample's contribution to its class's sum is clipped
-to L2 norm ``C`` (``hyper.dp.clip``, :func:`clip_rows`, applied by
-:class:`~edge_agent.class_stats.ClassMeans` as it adds; FedKTL's unit-norm embeddings are
-bounded by ``C = 1`` already), and a sample is added at most ``E``
-times (once per local epoch for statistics of the training passes, once for a pass over the
-data set). Adding or removing one sample then moves one class's sum by at most ``E * C`` in L2
-norm and one count by at most ``E``: the L2 sensitivities. :func:`privatize` adds Gaussian
-noise of standard deviation ``z * E * C`` to every sum and ``z * E`` to every count, and forms
-each mean after noising (the count rounded and floored at 1). Every noised quantity is a
-Gaussian mechanism of noise multiplier ``z``; a release of ``k`` of them composes ``k``, and
-the device's releases compose over the run. The composition and the calibration of ``z`` are
-Google's ``dp_accounting`` RDP accountant's, not formulas of ours
+logits, CCVR's features and their outer products) with their per-class counts. Each sample's
+contribution to its class's sum is clipped to L2 norm ``C`` (``hyper.dp.clip``,
+:func:`clip_rows`, applied by :class:`~edge_agent.class_stats.ClassMeans` as it adds; FedKTL's
+unit-norm embeddings are bounded by ``C = 1`` already; CCVR's outer products by ``C**2``), and a
+sample is added at most ``E`` times (once per local epoch for statistics of the training passes,
+once for a pass over the data set). Adding or removing one sample then moves one class's sum by
+at most ``E * C`` in L2 norm and one count by at most ``E``: the L2 sensitivities.
+:func:`privatize` adds Gaussian noise of standard deviation ``z * E * C`` to every sum and ``z *
+E`` to every count, and forms each mean after noising (the count rounded and floored at 1).
+Every noised quantity is a Gaussian mechanism of noise multiplier ``z``; a release of ``k`` of
+them composes ``k``, and the device's releases compose over the run. The composition and the
+calibration of ``z`` are Google's ``dp_accounting`` RDP accountant's, not formulas of ours
 (``docs/concepts/privacy.md`` derives the rest).
 
 Where the run's algorithm reads each device's label histogram, the registration sends it noised
 too (:func:`release_counts`): one more Gaussian mechanism of the same ``z``, in the calibration
 and in the ledger.
+
+Where a device's replies also carry weights DP-SGD trains (:mod:`edge_agent.dp_sgd`: Felo's
+``same_arch_avg``, CCVR), both spend one budget in one ledger: the sums' ``z`` is calibrated for
+``hyper.dp.share`` of it (:attr:`DpSettings.statistics_epsilon`, over the releases of sums the
+run makes, :attr:`DpSettings.statistics_releases`), and DP-SGD's for the composition of its
+steps with every planned sum (:meth:`DpSettings.planned_statistics`) to the whole of it.
 
 The noise is drawn from a generator seeded from the operating system's entropy, never from the
 run's seed: noise the coordinator could regenerate would protect nothing.
