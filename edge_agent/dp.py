@@ -9,8 +9,8 @@ unit-norm embeddings are bounded by ``C = 1`` already; CCVR's outer products by 
 sample is added at most ``E`` times (once per local epoch for statistics of the training passes,
 once for a pass over the data set). Adding or removing one sample then moves one class's sum by
 at most ``E * C`` in L2 norm and one count by at most ``E``: the L2 sensitivities.
-:func:`privatize` adds Gaussian noise of standard deviation ``z * E * C`` to every sum and ``z *
-E`` to every count, and forms each mean after noising (the count rounded and floored at 1).
+:func:`privatize` adds Gaussian noise of standard deviation ``z * E * C`` to every sum and
+``z * E`` to every count, and forms each mean after noising (the count rounded and floored at 1).
 Every noised quantity is a Gaussian mechanism of noise multiplier ``z``; a release of ``k`` of
 them composes ``k``, and the device's releases compose over the run. The composition and the
 calibration of ``z`` are Google's ``dp_accounting`` RDP accountant's, not formulas of ours
