@@ -100,9 +100,8 @@ def stats_from_sums(
     d = first.sums.shape[1]
     mu = first.sums[present].double().cpu() / n.unsqueeze(1)
     s2 = second.sums[present].double().cpu().reshape(-1, d, d)
-    cov = (s2 - n.view(-1, 1, 1) * mu.unsqueeze(2) * mu.unsqueeze(1)) / (n - 1).clamp_min(1).view(
-        -1, 1, 1
-    )
+    denom = (n - 1).clamp_min(1).view(-1, 1, 1)
+    cov = (s2 - n.view(-1, 1, 1) * mu.unsqueeze(2) * mu.unsqueeze(1)) / denom
     cov[n <= 1] = 0.0
     vals, vecs = torch.linalg.eigh((cov + cov.transpose(1, 2)) / 2)
     cov = (vecs * vals.clamp_min(0).unsqueeze(1)) @ vecs.transpose(1, 2)
