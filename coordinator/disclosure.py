@@ -2,9 +2,9 @@
 by: the strategy's :attr:`~coordinator.strategies.Strategy.needs_class_counts` (what a
 registration carries) and the config's ``REPLY_PAYLOADS`` (what each phase's replies carry,
 checked on every reply), and whether ``hyper.dp`` covers them (the config's
-``DP_STATISTICS`` and ``dp_uncovered``). ``docs/concepts/privacy.md`` holds the table this
-module renders; ``python -m coordinator.disclosure --check`` (and a test) says whether it is
-current.
+``DP_STATISTICS``, ``dp_sgd_trains`` and ``dp_uncovered``, at its defaults).
+``docs/concepts/privacy.md`` holds the table this module renders;
+``python -m coordinator.disclosure --check`` (and a test) says whether it is current.
 """
 
 from __future__ import annotations
@@ -55,18 +55,23 @@ def _replies(name: str) -> str:
 
 
 def _dp(name: str) -> str:
-    cls = config_type(name)
-    if getattr(cls, "DP_SGD", False):
-        return "every model the step trains is trained by DP-SGD (the weights sent among them)"
-    if not getattr(cls, "DP_STATISTICS", False):
-        uncovered = cls().dp_uncovered()  # type: ignore[attr-defined]
+    cfg = config_type(name)()
+    sgd = bool(getattr(cfg, "DP_SGD", False) or cfg.dp_sgd_trains())  # type: ignore[attr-defined]
+    stats = bool(getattr(cfg, "DP_STATISTICS", False))
+    uncovered = cfg.dp_uncovered()  # type: ignore[attr-defined]
+    if not (sgd or stats):
         return f"refused: {uncovered}"
-    uncovered = cls().dp_uncovered()  # type: ignore[attr-defined]
-    return (
-        f"sums and counts noised; refused while {uncovered}"
-        if uncovered
-        else "sums and counts noised"
-    )
+    parts = []
+    if sgd:
+        parts.append(
+            "every model the step trains is trained by DP-SGD (the weights sent among them)"
+        )
+    if stats:
+        parts.append("sums and counts noised")
+    text = " and ".join(parts)
+    if sgd and stats:
+        text += ", on one budget (the sums' part: `hyper.dp.share`)"
+    return f"{text}; refused while {uncovered}" if uncovered else text
 
 
 def disclosure_table() -> str:

@@ -15,6 +15,7 @@ __all__ = [
     "ClassMeans",
     "ClassReservoir",
     "class_feature_sums",
+    "class_output_sums",
     "class_prototypes",
     "prototype_scores",
     "prototype_table",
@@ -110,13 +111,35 @@ def class_feature_sums(
 ) -> ClassMeans:
     """Per-class sums and counts of the features of ``data`` (eval mode, whole local set, each
     feature clipped to ``clip`` when it is > 0)."""
+    return class_output_sums(model, data, num_classes, batch_size, clip, logits=False)[0]
+
+
+@torch.no_grad()
+def class_output_sums(
+    model: Classifier,
+    data: TensorData,
+    num_classes: int,
+    batch_size: int = 256,
+    clip: float = 0.0,
+    *,
+    logits: bool = True,
+) -> list[ClassMeans]:
+    """Per-class sums and counts of the features of ``data`` and, with ``logits``, of the
+    logits (eval mode, one pass over the whole local set, each vector clipped to ``clip`` when
+    it is > 0): each sample is added once to each sum."""
     was_training = model.training
     model.eval()
-    means = ClassMeans(num_classes, model.num_features, data.x.device, clip)
+    dev = data.x.device
+    sums = [ClassMeans(num_classes, model.num_features, dev, clip)]
+    if logits:
+        sums.append(ClassMeans(num_classes, num_classes, dev, clip))
     for x, y in data.batches(batch_size, None, shuffle=False):
-        means.add(model.forward_features(x), y)
+        features = model.forward_features(x)
+        sums[0].add(features, y)
+        if logits:
+            sums[1].add(model.forward_head(features), y)
     model.train(was_training)
-    return means
+    return sums
 
 
 def class_prototypes(

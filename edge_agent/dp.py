@@ -2,23 +2,29 @@
 Gaussian mechanism on the edge, and the device's privacy accountant.
 
 A release is a group of per-class sums (prototypes' features, FD's logits, Felo's features and
-logits) with their per-class counts. Each sample's contribution to its class's sum is clipped
-to L2 norm ``C`` (``hyper.dp.clip``, :func:`clip_rows`, applied by
-:class:`~edge_agent.class_stats.ClassMeans` as it adds; FedKTL's unit-norm embeddings are
-bounded by ``C = 1`` already), and a sample is added at most ``E``
-times (once per local epoch for statistics of the training passes, once for a pass over the
-data set). Adding or removing one sample then moves one class's sum by at most ``E * C`` in L2
-norm and one count by at most ``E``: the L2 sensitivities. :func:`privatize` adds Gaussian
-noise of standard deviation ``z * E * C`` to every sum and ``z * E`` to every count, and forms
-each mean after noising (the count rounded and floored at 1). Every noised quantity is a
-Gaussian mechanism of noise multiplier ``z``; a release of ``k`` of them composes ``k``, and
-the device's releases compose over the run. The composition and the calibration of ``z`` are
-Google's ``dp_accounting`` RDP accountant's, not formulas of ours
+logits, CCVR's features and their outer products) with their per-class counts. Each sample's
+contribution to its class's sum is clipped to L2 norm ``C`` (``hyper.dp.clip``,
+:func:`clip_rows`, applied by :class:`~edge_agent.class_stats.ClassMeans` as it adds; FedKTL's
+unit-norm embeddings are bounded by ``C = 1`` already; CCVR's outer products by ``C**2``), and a
+sample is added at most ``E`` times (once per local epoch for statistics of the training passes,
+once for a pass over the data set). Adding or removing one sample then moves one class's sum by
+at most ``E * C`` in L2 norm and one count by at most ``E``: the L2 sensitivities.
+:func:`privatize` adds Gaussian noise of standard deviation ``z * E * C`` to every sum and
+``z * E`` to every count, and forms each mean after noising (the count rounded and floored at 1).
+Every noised quantity is a Gaussian mechanism of noise multiplier ``z``; a release of ``k`` of
+them composes ``k``, and the device's releases compose over the run. The composition and the
+calibration of ``z`` are Google's ``dp_accounting`` RDP accountant's, not formulas of ours
 (``docs/concepts/privacy.md`` derives the rest).
 
 Where the run's algorithm reads each device's label histogram, the registration sends it noised
 too (:func:`release_counts`): one more Gaussian mechanism of the same ``z``, in the calibration
 and in the ledger.
+
+Where a device's replies also carry weights DP-SGD trains (:mod:`edge_agent.dp_sgd`: Felo's
+``same_arch_avg``, CCVR), both spend one budget in one ledger: the sums' ``z`` is calibrated for
+``hyper.dp.share`` of it (:attr:`DpSettings.statistics_epsilon`, over the releases of sums the
+run makes, :attr:`DpSettings.statistics_releases`), and DP-SGD's for the composition of its
+steps with every planned sum (:meth:`DpSettings.planned_statistics`) to the whole of it.
 
 The noise is drawn from a generator seeded from the operating system's entropy, never from the
 run's seed: noise the coordinator could regenerate would protect nothing.
@@ -68,12 +74,16 @@ class PrivacyBudgetError(EdgeFLError):
 @dataclass(frozen=True)
 class DpSettings:
     """The run's ``hyper.dp``: total budget ``epsilon`` at ``delta``, clip ``clip``, spread
-    over ``releases`` releases."""
+    over ``releases`` releases; the per-class sums' part of the plan: the epsilon their noise
+    is calibrated for (``statistics_epsilon``, None: all of ``epsilon``) and how many releases
+    of them the run makes (``statistics_releases``, None: ``releases``; 0: none)."""
 
     epsilon: float
     delta: float
     clip: float
     releases: int
+    statistics_epsilon: float | None = None
+    statistics_releases: int | None = None
 
     @classmethod
     def of(cls, config: Any) -> DpSettings | None:
@@ -81,7 +91,31 @@ class DpSettings:
         if not getattr(config, "dp_epsilon", 0.0):
             return None
         releases = max(1, int(config.dp_releases))
-        return cls(float(config.dp_epsilon), float(config.dp_delta), config.dp_clip, releases)
+        return cls(
+            float(config.dp_epsilon),
+            float(config.dp_delta),
+            config.dp_clip,
+            releases,
+            float(config.dp_statistics_epsilon()),
+            int(config.dp_statistics_releases(releases)),
+        )
+
+    def statistics_multiplier(self, per_release: int, extra: int) -> float:
+        """The noise multiplier of every per-class sum and count the device releases: the
+        smallest for which the run's releases of ``per_release`` mechanisms, and ``extra``
+        more (a noised registration's histogram), compose to the sums' part of the budget."""
+        epsilon = self.epsilon if self.statistics_epsilon is None else self.statistics_epsilon
+        releases = self.releases if self.statistics_releases is None else self.statistics_releases
+        return noise_multiplier(epsilon, self.delta, max(1, releases), per_release, extra)
+
+    def planned_statistics(self, per_release: int, extra: int) -> Event | None:
+        """Every per-class sum and count the run plans this device to release, as one event
+        (``None``: it releases none): what DP-SGD's calibration composes its steps with."""
+        if self.statistics_releases == 0:
+            return None
+        releases = self.releases if self.statistics_releases is None else self.statistics_releases
+        z = self.statistics_multiplier(per_release, extra)
+        return (z, releases * per_release + extra, 1.0)
 
 
 def clip_rows(x: Tensor, clip: float) -> Tensor:
@@ -131,11 +165,11 @@ class PrivacyLedger:
         """Mechanisms released outside the per-round releases: 1 for a noised registration."""
         return 0 if self.registered is None else 1
 
-    def epsilon(self, delta: float, extra: Event | None = None) -> float:
+    def epsilon(self, delta: float, *extra: Event) -> float:
         """Epsilon at ``delta`` spent by the releases so far (and ``extra``, if given)."""
         from dp_accounting import dp_event, rdp
 
-        events = [*self.events, *([extra] if extra else [])]
+        events = [*self.events, *extra]
         if not events:
             return 0.0
         accountant = rdp.RdpAccountant()
@@ -148,16 +182,15 @@ class PrivacyLedger:
         """``(z, epsilon after one more release)``; raise :class:`PrivacyBudgetError` if that
         release would exceed the budget. The tolerance is the calibration's: the last planned
         release lands on the budget, not above it."""
-        z = noise_multiplier(
-            settings.epsilon, settings.delta, settings.releases, per_release, self.extra_mechanisms
-        )
+        z = settings.statistics_multiplier(per_release, self.extra_mechanisms)
         self.check_event(settings, (z, per_release, 1.0))
         return z, self.epsilon(settings.delta, (z, per_release, 1.0))
 
-    def check_event(self, settings: DpSettings, event: Event) -> float:
-        """Epsilon after one more release of ``event``; raise :class:`PrivacyBudgetError` if
-        that exceeds the budget."""
-        after = self.epsilon(settings.delta, event)
+    def check_event(self, settings: DpSettings, *events: Event) -> float:
+        """Epsilon after one more release of ``events`` (a round's DP-SGD steps and its
+        statistics, checked together before either is spent); raise
+        :class:`PrivacyBudgetError` if that exceeds the budget."""
+        after = self.epsilon(settings.delta, *events)
         if after > settings.epsilon * (1 + 1e-6):
             spent = self.epsilon(settings.delta)
             raise PrivacyBudgetError(
@@ -224,7 +257,7 @@ def release_counts(
     """
     if ledger.registered is not None:
         return list(ledger.registered)
-    z = noise_multiplier(settings.epsilon, settings.delta, settings.releases, per_release, 1)
+    z = settings.statistics_multiplier(per_release, 1)
     ledger.check_event(settings, (z, 1, 1.0))
     rng = torch.Generator(device="cpu").manual_seed(secrets.randbits(63))
     true = torch.tensor(list(counts), dtype=torch.float32)

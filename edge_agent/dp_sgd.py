@@ -12,8 +12,11 @@ system's entropy, never from the run's seed. The sum of the clipped gradients pl
 standard deviation ``z * clip`` is divided by the expected batch ``q * n``.
 
 ``z`` is calibrated by ``dp_accounting`` so that ``releases`` rounds of ``local_epochs *
-ceil(1 / q)`` steps compose to the budget; each round's steps are one release in the device's
-:class:`~edge_agent.dp.PrivacyLedger`, recorded before the round trains.
+ceil(1 / q)`` steps compose to the budget; where the device also releases per-class sums
+(Felo's ``same_arch_avg``, CCVR), so that those steps composed with every sum the run plans to
+release (noised at their own multiplier, calibrated for ``hyper.dp.share`` of the budget) do.
+Each round's steps are one release in the device's :class:`~edge_agent.dp.PrivacyLedger`,
+recorded before the round trains.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from edge_agent.dp import DpSettings, PrivacyLedger
+from edge_agent.dp import DpSettings, Event, PrivacyLedger
 from protocol.errors import ConfigError
 
 __all__ = ["DpSgd", "dp_sgd_noise_multiplier", "per_sample_modules"]
@@ -38,10 +41,14 @@ INSTALL_HINT = "DP-SGD needs Opacus: pip install 'edgefl[privacy]'"
 
 
 @functools.cache
-def dp_sgd_noise_multiplier(epsilon: float, delta: float, steps: int, sample_rate: float) -> float:
+def dp_sgd_noise_multiplier(
+    epsilon: float, delta: float, steps: int, sample_rate: float, statistics: Event | None = None
+) -> float:
     """The smallest ``z`` for which ``steps`` Poisson-subsampled (rate ``sample_rate``) Gaussian
-    mechanisms of noise multiplier ``z`` compose to ``(epsilon, delta)``, by the RDP
-    accountant."""
+    mechanisms of noise multiplier ``z``, composed with the run's planned per-class
+    ``statistics`` (``(z_s, mechanisms, 1)``: Gaussian mechanisms of their own multiplier,
+    :meth:`~edge_agent.dp.DpSettings.planned_statistics`), compose to ``(epsilon, delta)``, by
+    the RDP accountant."""
     import dp_accounting
     from dp_accounting import dp_event, rdp
 
@@ -49,7 +56,12 @@ def dp_sgd_noise_multiplier(epsilon: float, delta: float, steps: int, sample_rat
         step = dp_event.GaussianDpEvent(z)
         if sample_rate < 1:
             step = dp_event.PoissonSampledDpEvent(sample_rate, step)
-        return dp_event.SelfComposedDpEvent(step, steps)
+        steps_event = dp_event.SelfComposedDpEvent(step, steps)
+        if statistics is None:
+            return steps_event
+        z_s, mechanisms, _ = statistics
+        sums = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(z_s), mechanisms)
+        return dp_event.ComposedDpEvent([steps_event, sums])
 
     z = dp_accounting.calibrate_dp_mechanism(rdp.RdpAccountant, event, epsilon, delta)
     return float(z)
@@ -84,25 +96,42 @@ class DpSgd:
     _hooks: list[Any] = field(repr=False, default_factory=list)
 
     @classmethod
-    def plan(cls, settings: DpSettings, samples: int, batch_size: int, epochs: int) -> DpSgd:
+    def plan(
+        cls,
+        settings: DpSettings,
+        samples: int,
+        batch_size: int,
+        epochs: int,
+        statistics: Event | None = None,
+    ) -> DpSgd:
         """The calibration for ``settings.releases`` rounds of ``epochs`` epochs each over
-        ``samples`` samples in batches of ``batch_size`` (expected)."""
+        ``samples`` samples in batches of ``batch_size`` (expected), composed with the run's
+        planned per-class ``statistics`` where the device releases them too."""
         q = min(1.0, batch_size / max(1, samples))
         per_epoch = math.ceil(1 / q)
         steps = settings.releases * max(1, epochs) * per_epoch
-        z = dp_sgd_noise_multiplier(settings.epsilon, settings.delta, steps, q)
+        z = dp_sgd_noise_multiplier(settings.epsilon, settings.delta, steps, q, statistics)
         rng = torch.Generator().manual_seed(secrets.randbits(63))
         return cls(settings.clip, z, q, per_epoch, q * samples, rng)
 
-    def spend(self, settings: DpSettings, ledger: PrivacyLedger, epochs: int) -> dict[str, float]:
+    def spend(
+        self,
+        settings: DpSettings,
+        ledger: PrivacyLedger,
+        epochs: int,
+        statistics: Event | None = None,
+    ) -> dict[str, float]:
         """Account this round's steps before they run; the reply's ``dp_epsilon`` figures.
+        ``statistics``: the release of per-class sums the round's reply makes after the steps,
+        checked with them (recorded by its own release), so that a round never trains on a
+        budget its release would then exceed.
 
         Raises:
             PrivacyBudgetError: the round would exceed the budget (nothing is spent).
         """
         event = (self.noise_multiplier, max(1, epochs) * self.steps_per_epoch, self.sample_rate)
         before = ledger.epsilon(settings.delta)
-        after = ledger.check_event(settings, event)
+        after = ledger.check_event(settings, event, *([statistics] if statistics else []))
         ledger.record(*event)
         return {"dp_epsilon": after, "dp_epsilon_round": after - before}
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from coordinator.config import RunConfig
 from coordinator.store.database import Store
 from coordinator.strategies import Step
+from protocol.algorithms import TrainConfig
 from protocol.contract.messages import CoordinatorState, RoundDescriptor, Status
 from protocol.contract.topics import Topics
 from protocol.errors import EdgeFLError
@@ -23,13 +24,19 @@ __all__ = ["Presence", "StateName", "StatePublisher"]
 
 def _counts_dp(cfg: RunConfig) -> dict[str, Any]:
     """The run's ``hyper.dp`` budget as ``coord_state`` announces it to agents that register
-    their histogram: they noise it under that budget (empty: DP off, the histogram exact)."""
+    their histogram: they noise it under that budget (empty: DP off, the histogram exact). The
+    budget announced is the per-class sums' part (all of it, or ``hyper.dp.share`` of it where
+    DP-SGD trains weights that leave too) and their releases in the run, which the histogram's
+    noise is calibrated with."""
     algo = cfg.algorithm_config()
-    epsilon = float(getattr(algo, "dp_epsilon", 0.0))
-    if not epsilon:
+    if not isinstance(algo, TrainConfig) or not algo.dp_epsilon:
         return {}
-    delta, releases = float(algo.dp_delta), int(algo.dp_releases)  # type: ignore[attr-defined]
-    return {"dp_epsilon": epsilon, "dp_delta": delta, "dp_releases": releases}
+    releases = algo.dp_statistics_releases(max(1, algo.dp_releases))
+    return {
+        "dp_epsilon": algo.dp_statistics_epsilon(),
+        "dp_delta": algo.dp_delta,
+        "dp_releases": releases,
+    }
 
 
 class StatePublisher:

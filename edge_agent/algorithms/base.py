@@ -142,6 +142,8 @@ class EdgeAlgorithm(Generic[C]):
     TASK_PAYLOADS: ClassVar[TaskPayloads] = {}
     #: The per-class sums one training reply releases through :meth:`release` (hyper.dp).
     DP_SUMS: ClassVar[int] = 1
+    #: The phase whose reply releases the per-class sums (CCVR: its ``upload_stats``).
+    DP_RELEASE_PHASE: ClassVar[str] = "train"
 
     def __init__(self, ctx: EdgeContext) -> None:
         self.ctx = ctx
@@ -221,19 +223,27 @@ class EdgeAlgorithm(Generic[C]):
             PrivacyBudgetError: the round would exceed the budget.
         """
         per_sample_modules([g.module for g in self.param_groups() if g.loss is None])
-        cfg = self.config
-        plan = DpSgd.plan(settings, len(self.ctx.train), cfg.batch_size, cfg.local_epochs)
-        self._dp_metrics = plan.spend(settings, self.ctx.privacy, cfg.local_epochs)
+        cfg, ledger = self.config, self.ctx.privacy
+        # where the device releases per-class sums too, the steps are calibrated on their
+        # composition with every sum the run plans (one ledger, one budget), and a round whose
+        # reply releases sums checks both before it trains
+        per_release = self.DP_SUMS + 1
+        planned = settings.planned_statistics(per_release, ledger.extra_mechanisms)
+        plan = DpSgd.plan(settings, len(self.ctx.train), cfg.batch_size, cfg.local_epochs, planned)
+        now = planned is not None and self.DP_RELEASE_PHASE == "train"
+        this_round = (planned[0], per_release, 1.0) if planned is not None and now else None
+        self._dp_metrics = plan.spend(settings, ledger, cfg.local_epochs, this_round)
         self._dp_sgd = plan
 
     # ----- shared phases --------------------------------------------------------------------
     def train_phase(self, task: Task) -> PhaseResult:
         """Receive knowledge, train locally with the one loop, reply with knowledge."""
         settings = DpSettings.of(self.config)
-        dp_sgd = settings is not None and self.config.DP_SGD
+        dp_sgd = settings is not None and self.config.dp_sgd_trains()
         if settings is not None and not dp_sgd:  # a spent budget: the device does not train
             self.ctx.privacy.check(settings, self.DP_SUMS + 1)
         self._dp_metrics = {}
+        spent = 0.0 if settings is None else self.ctx.privacy.epsilon(settings.delta)
         if self.needs_shared_init():  # before receive: received knowledge wins over the init
             self.shared_init()
             self._shared_ready = True
@@ -248,6 +258,9 @@ class EdgeAlgorithm(Generic[C]):
         if settings is not None and not self._dp_metrics:
             # the config promised private statistics or weights: never send them plain
             raise RuntimeError(f"{self.name}: hyper.dp is on but no private release was made")
+        if settings is not None:  # the round's steps and its release of sums, together
+            now = self.ctx.privacy.epsilon(settings.delta)
+            self._dp_metrics = {"dp_epsilon": now, "dp_epsilon_round": now - spent}
         metrics = {
             "train_loss": stats.mean_loss,
             "train_s": stats.seconds,

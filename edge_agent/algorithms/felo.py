@@ -6,7 +6,8 @@ the server's per-class knowledge, train with the one loop on
 ``CE + kd_weight * (MSE(s, S[y]) + KL(softmax P[y] || softmax p))``, masked to samples whose
 class has server knowledge (§8-D10), while accumulating per-class sums of the features and
 logits of the training forward passes themselves (no second pass over the data), and upload
-their means with the model.
+their means with the model. Under ``hyper.dp`` with ``same_arch_avg`` the model trains by
+DP-SGD and the sums come from one pass after it (docs/concepts/privacy.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from edge_agent.algorithms.base import (
     task_payloads,
 )
 from edge_agent.algorithms.weights import WeightExchangeEdge
-from edge_agent.class_stats import ClassMeans, ClassReservoir
+from edge_agent.class_stats import ClassMeans, ClassReservoir, class_output_sums
 from models.seeding import derived_seed
 from protocol.contract.arrays import Encoding
 from protocol.contract.messages import Task
@@ -121,7 +122,7 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
         cfg = self.config
         if cfg.kd_weight > 0 and bool(mask.any()):
             ym = y[mask]
-            loss = loss + cfg.kd_weight * felo_kd_loss(
+            kd = felo_kd_loss(
                 features[mask],
                 logits[mask],
                 self.server_features[ym],
@@ -130,17 +131,36 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
                 cfg.use_logits,
                 cfg.kl_reduction,
             )
+            if self._dp_sgd is not None:
+                # DP-SGD needs a mean over the batch of each sample's own loss: the KD terms
+                # average over the masked samples, which would make one sample's gradient
+                # depend on how many others of the batch have knowledge
+                kd = kd * (int(mask.sum()) / len(y))
+            loss = loss + cfg.kd_weight * kd
         return loss
 
     def after_step(self, x: Tensor, y: Tensor, features: Tensor, logits: Tensor) -> None:
-        """Per-class sums of this step's (pre-update, train-mode) features and logits."""
-        self._features.add(features, y)
-        self._logits.add(logits, y)
+        """Per-class sums of this step's (pre-update, train-mode) features and logits (not
+        under DP-SGD: :meth:`reply_payloads` takes them in one pass after the steps)."""
+        if self._dp_sgd is None:
+            self._features.add(features, y)
+            self._logits.add(logits, y)
 
     # ----- knowledge out --------------------------------------------------------------------
     def reply_payloads(self) -> dict[str, Payload]:
-        """Class-wise means of the participation; the whole model when averaging is on."""
-        self.release([self._features, self._logits], self.config.local_epochs)
+        """Class-wise means of the participation; the whole model when averaging is on.
+
+        Under DP-SGD (``same_arch_avg`` with ``hyper.dp``) the batches were Poisson-sampled, so
+        a sample may have been drawn any number of times: the sums are taken instead in one
+        pass over the training data with the trained model (eval mode), each sample added
+        once, and released as such."""
+        contributions = self.config.local_epochs
+        if self.dp_clip() > 0 and self.config.dp_sgd_trains():
+            ctx = self.ctx
+            sums = class_output_sums(ctx.model, ctx.train, ctx.num_classes, clip=self.dp_clip())
+            self._features, self._logits = sums
+            contributions = 1
+        self.release([self._features, self._logits], contributions)
         present = self._features.present()
         out: dict[str, Payload] = {
             "knowledge": FeatureLogitSet(

@@ -201,7 +201,15 @@ TRAIN_LIMITS: dict[str, tuple[float, float]] = {
 #: Task config keys left out at their defaults (:meth:`AlgorithmConfig.task_config`): optional
 #: features whose keys an agent that predates them would refuse, and that cost no bytes off
 OMITTED_AT_DEFAULT = frozenset(
-    {"dp_epsilon", "dp_delta", "dp_clip", "dp_mechanism", "dp_releases", "validation_fraction"}
+    {
+        "dp_epsilon",
+        "dp_delta",
+        "dp_clip",
+        "dp_mechanism",
+        "dp_releases",
+        "dp_share",
+        "validation_fraction",
+    }
 )
 DP_MECHANISMS = ("gaussian",)
 
@@ -245,6 +253,10 @@ class TrainConfig(AlgorithmConfig):
     dp_clip: float = 1.0
     dp_mechanism: typing.Literal["gaussian"] = "gaussian"
     dp_releases: int = 0
+    # where a device's replies carry both (weights DP-SGD trains and per-class sums): the
+    # share of dp_epsilon the sums' noise is calibrated for; DP-SGD's noise then takes the
+    # rest, calibrated on the composition of both (edge_agent.dp)
+    dp_share: float = 0.5
     #: The algorithm's replies carry per-class sums through the edge's one private release
     #: (``edge_agent.dp``), so ``dp_epsilon`` may be set; else it is refused.
     DP_STATISTICS: typing.ClassVar[bool] = False
@@ -274,9 +286,27 @@ class TrainConfig(AlgorithmConfig):
             )
         if not 0 <= self.dp_releases <= 1_000_000:
             raise ValueError(f"dp.releases must be in [0, 1000000], got {self.dp_releases!r}")
+        if not 0 < self.dp_share < 1:
+            raise ValueError(f"dp.share must be in (0, 1), got {self.dp_share!r}")
         uncovered = self.dp_uncovered()
         if self.dp_epsilon > 0 and uncovered:
             raise ValueError(f"dp.epsilon is set, but {uncovered}")
+
+    def dp_sgd_trains(self) -> bool:
+        """Whether, under ``hyper.dp``, the main training step is DP-SGD's: weights it trains
+        leave the device (default: :attr:`DP_SGD`)."""
+        return self.DP_SGD
+
+    def dp_statistics_releases(self, releases: int) -> int:
+        """How many releases of per-class sums a device makes in a run whose budget is spread
+        over ``releases`` releases (default: one a release where :attr:`DP_STATISTICS`)."""
+        return releases if self.DP_STATISTICS else 0
+
+    def dp_statistics_epsilon(self) -> float:
+        """The part of ``dp_epsilon`` the per-class sums' noise is calibrated for: all of it,
+        or ``dp_share`` of it where DP-SGD trains weights that leave too."""
+        both = self.DP_STATISTICS and self.dp_sgd_trains()
+        return self.dp_epsilon * self.dp_share if both else self.dp_epsilon
 
     def dp_uncovered(self) -> str:
         """Why this config's replies would carry something the private release does not

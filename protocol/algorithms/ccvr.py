@@ -32,7 +32,9 @@ class CCVRConfig(FedAvgConfig):
         "train": (PayloadSpec("weights", TensorMap),),
         "upload_stats": (PayloadSpec("stats", ClassStats),),
     }
-    DP_SGD: ClassVar[bool] = False  # its class covariances are no DP-SGD output
+    # hyper.dp: FedAvg's weights by DP-SGD, and the class means and covariances are formed
+    # from noised sums of features, of their outer products and counts (edge_agent.dp)
+    DP_STATISTICS: ClassVar[bool] = True
 
     virtual_per_class: int = 200  # M_c
     calib_epochs: int = 1
@@ -44,6 +46,10 @@ class CCVRConfig(FedAvgConfig):
         "calib_epochs": (0, 10_000),
         "calib_batch_size": (1, 65_536),
     }
+
+    def dp_statistics_releases(self, releases: int) -> int:
+        """One: the statistics leave once, in ``upload_stats``, after the DP-SGD rounds."""
+        return 1
 
     def __post_init__(self) -> None:
         super().__post_init__()

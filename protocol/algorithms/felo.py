@@ -78,10 +78,13 @@ class _FeatureLogitConfig(AveragingConfig):
         """``feature_dim``: the size of the exchanged class-wise features (0: not declared)."""
         return self.feature_dim
 
+    def dp_sgd_trains(self) -> bool:
+        """With ``same_arch_avg`` the model's weights leave: DP-SGD trains it under
+        ``hyper.dp``, and the per-class sums take ``dp_share`` of the budget."""
+        return self.same_arch_avg
+
     def dp_uncovered(self) -> str:
-        """The averaged weights and Velo's individual samples are not per-class sums."""
-        if self.same_arch_avg:
-            return "same_arch_avg uploads weights (set it false)"
+        """Velo's individual samples are neither per-class sums nor DP-SGD's weights."""
         if getattr(self, "upload_samples", 0):
             return "upload_samples uploads individual features (set it to 0)"
         return ""
