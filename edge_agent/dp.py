@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import secrets
 from collections.abc import Sequence
@@ -157,6 +158,7 @@ class PrivacyLedger:
         # the label histogram this device registered noised (release_counts), once for the
         # run: every registration sends it again, since fresh noise each time would average out
         self.registered: list[int] | None = None
+        self.advised = False  # the device log's signal-to-noise advice, given once a process
         if path is not None and path.exists():
             self.events, self.registered = _load(path)
 
@@ -301,8 +303,9 @@ def privatize(
     ledger.record(z, per_release)
     first = stats[0]
     device = first.sums.device
-    rng = torch.Generator(device="cpu").manual_seed(secrets.randbits(63))
     e = float(max(1, contributions))
+    _advise(ledger, stats, z * e, settings)
+    rng = torch.Generator(device="cpu").manual_seed(secrets.randbits(63))
     upper = torch.tensor(held, dtype=torch.float32, device=device) * e
     mine = upper > 0
     noisy = first.counts.float() + _gauss(first.counts.shape, z * e, rng, device)
@@ -315,6 +318,37 @@ def privatize(
         s.sums[~mine] = 0.0
         s.counts.copy_(counts)
     return {"dp_epsilon": after, "dp_epsilon_round": after - before}
+
+
+def signal_to_noise(counts: Tensor, dim: int, noise_sd: float) -> float:
+    """The best-case signal-to-noise ratio of a released class mean at the median count of
+    the classes held: every clipped vector at the bound and aligned (signal ``clip``) against
+    the noise on the mean (``noise_sd * clip * sqrt(dim) / n``, ``noise_sd`` in units of the
+    clip). Below 1 the noise outweighs anything the mean can carry."""
+    held = counts[counts > 0].float()
+    if held.numel() == 0:
+        return math.inf
+    return float(held.quantile(0.5)) / (noise_sd * math.sqrt(dim))
+
+
+def _advise(
+    ledger: PrivacyLedger, stats: Sequence[ClassMeans], noise_sd: float, settings: DpSettings
+) -> None:
+    """Say once, in the device's own log, when the budget leaves the released means mostly
+    noise. The ratio comes from the true counts, so it never leaves the device."""
+    if ledger.advised:
+        return
+    ledger.advised = True
+    worst = min(signal_to_noise(s.counts, s.sums[0].numel(), noise_sd) for s in stats)
+    if worst < 1:
+        logging.getLogger("edgefl.dp").warning(
+            "hyper.dp: at epsilon %g the noise outweighs the signal of this device's class "
+            "means (best-case signal-to-noise %.3f at the median class count): the run may "
+            "learn little from them; a larger epsilon, fewer rounds or the server's "
+            "count-weighted means raise it (docs/concepts/privacy.md, choosing a budget)",
+            settings.epsilon,
+            worst,
+        )
 
 
 def _gauss(shape: tuple[int, ...], sd: float, rng: torch.Generator, device: torch.device) -> Tensor:

@@ -52,7 +52,7 @@ def test_each_algorithm_runs_with_the_demos_former_settings(tmp_path: Path, algo
 
 def test_the_demos_typed_values_and_the_users_set_wins(tmp_path: Path) -> None:
     cfg, _ = demo(tmp_path)
-    assert (cfg.algorithm, cfg.rounds) == ("fedktl", 8)
+    assert (cfg.algorithm, cfg.rounds) == ("fedproto", 8)
     assert cfg.hyper["lr"] == 0.05 and cfg.hyper["local_epochs"] == 2
     cfg, _ = demo(tmp_path, "--algorithm", "fedvtc", "--set", "hyper.lr=0.1")
     assert cfg.hyper["lr"] == 0.1

@@ -21,6 +21,7 @@ from edge_agent.dp import (
     noise_multiplier,
     privatize,
     release_counts,
+    signal_to_noise,
 )
 
 
@@ -168,3 +169,36 @@ def test_a_registered_histogram_is_noised_at_sensitivity_one() -> None:
     z = noise_multiplier(1.0, 1e-5, 2, 3, 1)
     sd = torch.tensor(registered, dtype=torch.float64).std().item()
     assert sd == pytest.approx(math.sqrt(z**2 + 1 / 12), rel=0.03)  # with the rounding's
+
+
+def test_the_device_is_told_once_when_its_budget_leaves_its_class_means_mostly_noise(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: one class of 16 aligned samples at the clip bound (the best case for the signal)
+    settings = DpSettings(epsilon=1.0, delta=1e-5, clip=0.5, releases=10)
+    dim, n = 4096, 16
+    sums = ClassMeans(2, dim, torch.device("cpu"), clip=0.5)
+    sums.sums[0] = 0.5 * n * torch.ones(dim) / math.sqrt(dim)
+    sums.counts[0] = n
+    true = sums.sums[0].clone()
+    ledger = PrivacyLedger()
+    # Execute
+    with caplog.at_level("WARNING", logger="edgefl.dp"):
+        privatize([sums], [n, 0], 1, settings, ledger)
+        noise_on_mean = float((sums.sums[0] - true).norm()) / n
+        sums.counts[0] = n
+        privatize([sums], [n, 0], 1, settings, ledger)
+    # Assert: the stated ratio is the one the release has (signal clip, noise on the mean)
+    z = noise_multiplier(1.0, 1e-5, 10, 2)
+    stated = signal_to_noise(torch.tensor([n, 0]), dim, z)
+    assert 0.5 / noise_on_mean == pytest.approx(stated, rel=0.05)
+    assert stated < 1
+    advice = [r for r in caplog.records if "outweighs the signal" in r.getMessage()]
+    assert len(advice) == 1 and f"{stated:.3f}" in advice[0].getMessage()
+    # and a budget that leaves the means readable says nothing
+    caplog.clear()
+    loud = DpSettings(epsilon=1e6, delta=1e-5, clip=0.5, releases=1)
+    sums.counts[0] = n
+    with caplog.at_level("WARNING", logger="edgefl.dp"):
+        privatize([sums], [n, 0], 1, loud, PrivacyLedger())
+    assert not [r for r in caplog.records if "outweighs the signal" in r.getMessage()]

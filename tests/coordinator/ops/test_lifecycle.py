@@ -268,13 +268,13 @@ def test_the_demo_honours_the_config_and_refuses_what_it_decides_itself(tmp_path
     from coordinator.commands.demo import demo_config, demo_preset
 
     toml = tmp_path / "run.toml"
-    toml.write_text('[run]\nalgorithm = "fedproto"\nrounds = 3\n')
+    toml.write_text('[run]\nalgorithm = "fd"\nrounds = 3\n')
     base = ["demo", "--run-dir", str(tmp_path / "d")]
     # Execute / Assert: the TOML's algorithm and rounds win over the demo's defaults
     cfg = demo_config(build_parser().parse_args([*base, "--config", str(toml)]))
-    assert (cfg.algorithm, cfg.rounds) == ("fedproto", 3)
+    assert (cfg.algorithm, cfg.rounds) == ("fd", 3)
     cfg = demo_config(build_parser().parse_args(base))
-    assert cfg.algorithm == demo_preset().settings["algorithm"] == "fedktl"  # nothing given
+    assert cfg.algorithm == demo_preset().settings["algorithm"] == "fedproto"  # nothing given
     # keys the demo sets itself are refused, not silently overridden
     for key in ("run.broker=h:1883", "run.min_agents=9", "run.embedded_port=1884"):
         with pytest.raises(ConfigError, match="has no effect in `coordinator demo`"):

@@ -1,4 +1,4 @@
-"""``coordinator demo`` end to end: its defaults (FedKTL on MNIST 5k), real agent processes over
+"""``coordinator demo`` end to end: its defaults (FedProto on MNIST 5k), real agent processes over
 the embedded broker, the finalisation phase and verified ONNX bundles; and its summary table."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from coordinator.engine.core import RunResult
 from coordinator.sim.demo import AgentProcessError, DemoSpec, run_demo, summarize
 
 
-def test_default_demo_runs_fedktl_to_verified_onnx(
+def test_default_demo_runs_fedproto_to_verified_onnx(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "demo"
@@ -34,10 +34,10 @@ def test_default_demo_runs_fedktl_to_verified_onnx(
     out = capsys.readouterr().out
     assert code == 0, out
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # the comparison table's pick (docs/results/common.md), FedKTL: training rounds, then the final
-    # step
+    # the reference tier's best-supported method (docs/results/reference.md), FedProto: its
+    # training rounds, then the final step
     assert [s["phase"] for s in steps] == ["train", "final"]
-    assert "algorithm fedktl" in out
+    assert "algorithm fedproto" in out
     final = steps[-1]["agents"]
     assert sorted(final) == ["agent0", "agent1"]
     assert all(0.0 <= a["acc_global"] <= 1.0 for a in final.values())
@@ -58,6 +58,7 @@ def test_the_demo_runs_without_the_generator_wheel_on_the_procedural_generator(
     monkeypatch.setattr(generators, "DCGAN_FACE_PACKAGE", "gan_face_generate_not_installed")
     run_dir = tmp_path / "demo"
     argv = ["demo", "--agents", "2", "--rounds", "1", "--data", "digits", "--no-export"]
+    argv += ["--algorithm", "fedktl"]
     # Execute
     code = main([*argv, "--run-dir", str(run_dir), "--log-level", "WARNING"])
     # Assert: it ran FedKTL to the end on the procedural generator, and said why
