@@ -55,6 +55,7 @@ PRESET = experiment.load_preset("reference")
 METHODS = PRESET.arms
 SPLITS: dict[str, str] = PRESET.other["splits"]
 BASELINE: str = PRESET.other["report"]["baseline"]
+CONTROLS: dict[str, str] = PRESET.other["report"].get("controls", {})
 PRESET_NAME = "htfllib"
 LAST = 10  # the last rounds a run's second summary averages
 KEYS = ("best_personal", "last_personal", "best_global", "last_global")
@@ -219,6 +220,16 @@ def _cell(vals: list[float | None]) -> str:
 _diff = functools.partial(ci_cell, digits=2)
 
 
+def _diff_row(by: dict[str, dict[int, dict[str, Any]]], method: str, other: str) -> str:
+    """A paired-difference row ``method`` − ``other`` over the seeds both ran ('' if none)."""
+    seeds = len(set(by.get(method, {})) & set(by.get(other, {})))
+    if not seeds:
+        return ""
+    rs, base = list(by[method].values()), list(by[other].values())
+    cols = " | ".join(_diff(paired_diffs(rs, base, k)) for k in KEYS)
+    return f"| `{method}` − `{other}` | {seeds} | {cols} |"
+
+
 def tables(results: experiment.Results) -> str:
     """Markdown: per alpha, the accuracy table and the paired differences from ``local``."""
     groups: dict[float, dict[str, dict[int, dict[str, Any]]]] = {}
@@ -274,19 +285,15 @@ def tables(results: experiment.Results) -> str:
             )
             per_round = statistics.fmean(r["s_per_round"] or 0.0 for r in rs)
             out.append(f"| `{m}` | {len(rs)} | {rounds} | {cells} | {per_round:.1f} |")
-        base = list(by.get(BASELINE, {}).values())
-        rows = []
-        for m in (m for m in METHODS if m in by and m != BASELINE and base):
-            rs = list(by[m].values())
-            seeds = len(set(by[m]) & set(by[BASELINE]))
-            if seeds:
-                cols = " | ".join(_diff(paired_diffs(rs, base, k)) for k in KEYS)
-                rows.append(f"| `{m}` − `{BASELINE}` | {seeds} | {cols} |")
+        pairs = [(m, BASELINE) for m in METHODS if m in by and m != BASELINE]
+        pairs += [(m, control) for m, control in CONTROLS.items() if m in by]
+        rows = [row for m, other in pairs if (row := _diff_row(by, m, other))]
         if rows:
             out += [
                 "",
-                f"Paired difference from `{BASELINE}`, points (mean [95 % t interval]; same "
-                "seed = same split, start and batch order):",
+                f"Paired differences, points (mean [95 % t interval]; same seed = same split, "
+                f"start and batch order): from `{BASELINE}`, then each seed method from its own "
+                "control (the same method without its exchange):",
                 "",
                 "| comparison | seeds | personalised, best | personalised, last 10 | "
                 "global, best | global, last 10 |",

@@ -77,6 +77,19 @@ def test_tables_show_both_summaries_and_paired_differences_from_local() -> None:
     assert "+2.00" in diff and "+3.00" in diff  # best +2 points, last-10 +3 points
 
 
+def test_a_seed_method_is_also_compared_with_its_own_control_on_the_seeds_both_ran() -> None:
+    runs = [run("local", s, 0.80, 0.80) for s in (1, 2, 3)]
+    runs += [run("fedktl", s, 0.85 + s / 100, 0.84) for s in (1, 2, 3)]
+    runs += [run("fedktl_mu0", s, 0.86, 0.86) for s in (1, 2)]  # seed 3 not run yet
+    args = experiment.parse_args(reference.EXPERIMENT, [])
+    text = reference.tables(experiment.Results(args, [], runs, []))
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
+    control = rows["`fedktl` − `fedktl_mu0`"].split("|")
+    assert control[2].strip() == "2"  # the seeds both ran
+    assert control[3].strip().startswith("+0.50") and control[4].strip().startswith("-2.00")
+    assert "`fedktl_mu0` − `local`" in rows  # the control is a row of its own too
+
+
 def test_plan_runs_a_whole_seed_before_the_next() -> None:
     args = experiment.parse_args(reference.EXPERIMENT, ["--seeds", "1", "2"])
     specs = experiment.plan(reference.EXPERIMENT, args)
