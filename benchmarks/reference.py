@@ -363,7 +363,9 @@ def parity(alpha: float, by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
         f"`{HTFLLIB['runs'].format(alpha=f'{alpha:.1f}')}`), on its metric: each client's model "
         "on its own test split, correct / samples over all clients (our personalised figure). "
         "HtFLlib runs a fixed number of rounds; ours stop when the best round is `patience` "
-        "rounds old.",
+        "rounds old. HtFLlib's FD takes the softmax of the averaged logits as its targets, as "
+        "its 2024-2025 versions do (the pinned commit feeds the raw logits to the cross-entropy "
+        "and diverges to NaN); every change to HtFLlib is listed in `benchmarks/htfllib/`.",
         "",
         "| HtFLlib | ours | runs (HtFLlib / ours) | HtFLlib rounds | HtFLlib best | "
         "HtFLlib last 10 | ours best | ours last 10 | best: ours − HtFLlib |",
