@@ -78,6 +78,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--device", help="where the agents train (cpu, cuda); not part of a run's identity"
     )
+    ap.add_argument(
+        "--feature-dim",
+        type=int,
+        help="every agent's feature size (default: each network's own, unless the algorithm "
+        "needs one); a family whose networks differ in it needs one for the prototype methods",
+    )
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -110,6 +116,8 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
         "rounds": args.rounds,
         "patience": args.patience,
         "global_every": args.global_every,
+        # only when set, so that the runs of a family of native features keep their identity
+        **({"feature_dim": args.feature_dim} if args.feature_dim else {}),
     }
 
 
@@ -134,9 +142,9 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         models=tuple(family_models(spec["family"], clients)),
         data="mnist5k",
         partition_file=str(split),
-        # native features (HtFLlib's 512-d), unless the algorithm needs another size (FedKTL:
-        # its ETF's K dimensions; FedVTC: its generator's latent)
-        feature_dim=needs.required_feature_dim() or None,
+        # native features (HtFLlib's 512-d) or the tier's size, unless the algorithm needs
+        # another (FedKTL: its ETF's K dimensions; FedVTC: its generator's latent)
+        feature_dim=needs.required_feature_dim() or spec.get("feature_dim"),
         global_test=0,
         deadline_s=args.deadline,
         max_retries=1,

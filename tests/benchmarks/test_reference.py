@@ -137,3 +137,12 @@ def test_the_edge_tier_is_the_same_grid_on_the_tiny_family_with_its_own_files(
     assert "HtFLlib itself" not in text
     args.family = "htfl_cnn"
     assert "HtFLlib itself" in reference.tables(experiment.Results(args, [], runs, []))
+
+
+def test_the_edge_tier_gives_its_family_one_feature_size_the_reference_tier_none() -> None:
+    # the tiny family's networks differ in their own feature size (64 to 3136): a prototype
+    # method's replies of the other sizes would be refused and the run would miss its quorum
+    edge = experiment.parse_args(reference.EXPERIMENT, ["--preset", "edge"])
+    assert reference.run_spec(edge, "fedproto", 1.0, 1)["feature_dim"] == 64
+    ref = experiment.parse_args(reference.EXPERIMENT, [])
+    assert "feature_dim" not in reference.run_spec(ref, "fedproto", 1.0, 1)  # identities kept
