@@ -12,6 +12,7 @@ import json
 import logging
 import queue
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -322,7 +323,7 @@ class Coordinator(MessageHandlers):
                 self.announcer.state = (self.announcer.state[0], step.round)  # run() publishes
                 raise QuorumError(
                     f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
-                    f"{rec.attempt + 1} times; stopping the run"
+                    f"{rec.attempt + 1} times; stopping the run{_commonest(outcome.failed)}"
                 )
             if not open_step.buffer_size:  # a buffered step keeps its replies for the next try
                 self.store.clear_updates(idx)
@@ -448,3 +449,12 @@ class Coordinator(MessageHandlers):
         self.collector.send_acks()
         if joined or heard:
             self.observer.heard([*joined, *heard], now)
+
+
+def _commonest(failed: dict[str, str]) -> str:
+    """The failure most devices of a step share, for the run's last error (a fleet that misses
+    its quorum mostly does so for one reason: a refused reply shape, a deadline)."""
+    if not failed:
+        return ""
+    reason, count = Counter(failed.values()).most_common(1)[0]
+    return f"; {count} of {len(failed)} failed devices: {reason}"

@@ -755,3 +755,12 @@ def test_what_a_batch_says_of_an_agent_is_stored_once_in_the_order_it_was_said(
     assert {d: online for d, (online, _) in rows.items()} == {"a": False, "b": True, "c": True}
     assert all(rows[d][1] >= before[d] for d in "abc")
     assert coord._online_agents() == ["b", "c"]
+
+
+def test_a_missed_quorum_names_the_failure_most_devices_share() -> None:
+    from coordinator.engine.core import _commonest
+
+    shape = "refused: reply.payloads.protos.vectors: expected dimension 3136, got 64"
+    failed = {"a": shape, "b": shape, "c": "deadline"}
+    assert _commonest(failed) == f"; 2 of 3 failed devices: {shape}"
+    assert _commonest({}) == ""
