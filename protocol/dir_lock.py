@@ -85,9 +85,10 @@ def lock_holder(directory: Path | str, name: str) -> int | None:
     """The pid of the process holding ``directory/name`` (-1: held, pid unreadable), or
     ``None`` if no process holds it."""
     path = Path(directory) / name
-    if not path.exists():
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # never held, or its holder released and removed it
         return None
-    fd = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
