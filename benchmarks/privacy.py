@@ -73,12 +73,14 @@ def run_spec(args: argparse.Namespace, method: str, epsilon: float, seed: int) -
 
     arm = METHODS[method]
     has_preset = PRESET_NAME in config_type(arm.algorithm).PRESETS
-    dp = {"dp_epsilon": epsilon, "dp_clip": args.clip} if epsilon != OFF else {}
+    hyper = dict(arm.hyper)
+    clip = hyper.pop("dp_clip", args.clip)  # an arm's own clip outranks --clip
+    dp = {"dp_epsilon": epsilon, "dp_clip": clip} if epsilon != OFF else {}
     return {
         "method": method,
         "algorithm": arm.algorithm,
         "preset": PRESET_NAME if has_preset else "",
-        "hyper": {**({} if has_preset else HTFLLIB_TRAINING), **arm.hyper, **dp},
+        "hyper": {**({} if has_preset else HTFLLIB_TRAINING), **hyper, **dp},
         "epsilon": epsilon,
         "family": args.family,
         "seed": seed,
