@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from edge_agent.dp import clip_rows
@@ -166,7 +169,14 @@ def prototype_table(
     return table, valid
 
 
-def prototype_scores(features: Tensor, table: Tensor, valid: Tensor) -> Tensor:
-    """Negative squared distance to each class prototype; invalid classes never win."""
-    d = torch.cdist(features.float(), table.float()).pow(2)
-    return (-d).masked_fill(~valid.unsqueeze(0), -1e9)
+def prototype_scores(
+    features: Tensor, table: Tensor, valid: Tensor, metric: Literal["l2", "cosine"] = "l2"
+) -> Tensor:
+    """Each class prototype's score for ``features``, what the export's ``prototype`` and
+    ``cosine`` heads compute: the negative squared distance (``l2``) or the cosine similarity
+    (``cosine``); invalid classes never win."""
+    if metric == "cosine":
+        scores = F.normalize(features.float(), dim=1) @ F.normalize(table.float(), dim=1).T
+    else:
+        scores = -torch.cdist(features.float(), table.float()).pow(2)
+    return scores.masked_fill(~valid.unsqueeze(0), -1e9)

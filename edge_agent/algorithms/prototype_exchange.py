@@ -1,6 +1,6 @@
 """The edge half of prototype exchange (FedProto, FedTGP): CE + lambda * MSE(feature, global
-prototype of its label), class prototypes up; prediction by the head or the nearest global
-prototype."""
+prototype of its label), class prototypes up; prediction by the head, or the nearest or the most
+aligned global prototype."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
 
     def predicts_by_prototype(self) -> bool:
         """Whether ``scores`` uses the prototypes now: configured so and any are known."""
-        return self.cfg is not None and self.cfg.predict == "prototype" and bool(self.valid.any())
+        return self.cfg is not None and self.cfg.predict != "head" and bool(self.valid.any())
 
     def shared_modules(self) -> dict[str, SharedModule]:
         """``shared_init``: the model from one seed per architecture (HtFLlib's start), then
@@ -131,16 +131,21 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         return {"protos": sums.prototypes(encoding)}
 
     def scores(self, x: Tensor) -> Tensor:
-        """Head logits, or distances to global prototypes when ``predict = prototype``."""
+        """Head logits, or the global prototypes' scores (``predict``: ``prototype``, negative
+        squared distances; ``cosine``, cosine similarities)."""
         if self.predicts_by_prototype():
-            return prototype_scores(self.ctx.model.forward_features(x), self.table, self.valid)
+            metric = "cosine" if self.config.predict == "cosine" else "l2"
+            features = self.ctx.model.forward_features(x)
+            return prototype_scores(features, self.table, self.valid, metric)
         out: Tensor = self.ctx.model(x)
         return out
 
     def head_spec(self) -> HeadSpec:
-        """The prototype head when the run predicts by prototype, else plain logits."""
+        """The prototype (or cosine) head when the run predicts by prototype, else plain
+        logits."""
         if self.predicts_by_prototype():
-            return HeadSpec(type="prototype", prototypes=self.table.cpu(), valid=self.valid.cpu())
+            kind = "cosine" if self.config.predict == "cosine" else "prototype"
+            return HeadSpec(type=kind, prototypes=self.table.cpu(), valid=self.valid.cpu())
         return HeadSpec(type="logits", prototypes=None, valid=None)
 
     def extra_state(self) -> dict[str, Tensor]:

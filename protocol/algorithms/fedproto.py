@@ -44,7 +44,10 @@ class FedProtoConfig(AveragingConfig):
     # the class (FedProto); "count", by each device's count of the class (the pooled mean:
     # under hyper.dp a device's mean of a few samples is mostly noise, and gets a small share)
     proto_weighting: Literal["uniform", "count"] = "uniform"
-    predict: Literal["head", "prototype"] = "head"  # prototype: nearest global prototype
+    # prototype: the nearest global prototype (L2); cosine: the most aligned one. Noise on a
+    # prototype (hyper.dp) adds its squared norm to every L2 distance to it, more for a class
+    # of fewer samples, so the nearest is mostly the least noised class; cosine has no such term
+    predict: Literal["head", "prototype", "cosine"] = "head"
     # the prototypes' dimension (the agents' --feature-dim); 0: fixed by the first valid reply
     # of round 1, which a forger answering first could choose (docs/concepts/security.md)
     feature_dim: int = 0

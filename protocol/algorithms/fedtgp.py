@@ -29,7 +29,7 @@ class FedTGPConfig(FedProtoConfig, ScreeningConfig):
     momentum: float = 0.0  # HtFLlib clients: plain SGD, lr 0.01, batch 10
     batch_size: int = 10
     proto_weight: float = 0.1  # lambda
-    predict: Literal["head", "prototype"] = "prototype"
+    predict: Literal["head", "prototype", "cosine"] = "prototype"  # as FedProto's
     # FedProto's common start is off: FedTGP has not been measured with it
     shared_init: Literal["none", "architecture", "head"] = "none"
     server_epochs: int = 100  # S: epochs over the round's uploaded prototypes

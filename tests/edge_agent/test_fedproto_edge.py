@@ -154,3 +154,19 @@ def test_uploaded_prototypes_come_from_the_trained_model_or_from_training(source
     want, other = (during, after) if source == "training" else (after, during)
     np.testing.assert_allclose(up.vectors, want, rtol=1e-5, atol=1e-6)
     assert not np.allclose(up.vectors, other, atol=1e-3)
+
+
+def test_cosine_prediction_scores_and_exports_the_most_aligned_prototype() -> None:
+    edge = make_edge()
+    edge.cfg = FedProtoConfig(predict="cosine")
+    protos = class_prototypes(edge.ctx.model, edge.ctx.train, C)
+    edge.receive({"protos": protos})
+    head = edge.head_spec()
+    assert head.type == "cosine" and head.prototypes is not None
+    x = edge.ctx.test.x
+    features = edge.ctx.model.forward_features(x)
+    want = (
+        torch.nn.functional.normalize(features, dim=1)
+        @ torch.nn.functional.normalize(head.prototypes, dim=1).T
+    )
+    assert torch.allclose(edge.scores(x), want, atol=1e-5)
