@@ -27,7 +27,7 @@ from edge_agent.class_stats import (
     prototype_table,
 )
 from edge_agent.trainer import TensorData, TrainStats, evaluate
-from models.checkpoint import HeadSpec
+from models.checkpoint import HeadSpec, HeadType
 from protocol.algorithms.fedproto import FedProtoConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload, PrototypeSet
@@ -134,9 +134,9 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         """Head logits, or the global prototypes' scores (``predict``: ``prototype``, negative
         squared distances; ``cosine``, cosine similarities)."""
         if self.predicts_by_prototype():
-            metric = "cosine" if self.config.predict == "cosine" else "l2"
             features = self.ctx.model.forward_features(x)
-            return prototype_scores(features, self.table, self.valid, metric)
+            cosine = self.config.predict == "cosine"
+            return prototype_scores(features, self.table, self.valid, "cosine" if cosine else "l2")
         out: Tensor = self.ctx.model(x)
         return out
 
@@ -144,7 +144,7 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         """The prototype (or cosine) head when the run predicts by prototype, else plain
         logits."""
         if self.predicts_by_prototype():
-            kind = "cosine" if self.config.predict == "cosine" else "prototype"
+            kind: HeadType = "cosine" if self.config.predict == "cosine" else "prototype"
             return HeadSpec(type=kind, prototypes=self.table.cpu(), valid=self.valid.cpu())
         return HeadSpec(type="logits", prototypes=None, valid=None)
 
