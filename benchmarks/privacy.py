@@ -160,7 +160,8 @@ def tables(results: experiment.Results) -> str:
     out = [
         "# Accuracy against the privacy budget",
         "",
-        "Each device's budget `hyper.dp.epsilon` over the run (delta 1e-5, clip 1.0, spread "
+        "Each device's budget `hyper.dp.epsilon` over the run (delta 1e-5, clip 1.0 where an arm "
+        "sets no `dp_clip`, spread "
         "over the run's rounds; FedKTL's unit embeddings are bounded by 1 whatever the clip), "
         "in the reference tier's setting: MNIST-5k (28x28), 20 "
         "clients, the Dirichlet 1.0 split file, `htfl_cnn`, the `htfllib` preset where the "
@@ -172,6 +173,7 @@ def tables(results: experiment.Results) -> str:
     ]
     if len(results.runs) < len(results.specs):
         out += [f"**Provisional**: {len(results.runs)} of {len(results.specs)} runs done.", ""]
+    out += ["Arms (`benchmarks/presets/privacy.toml`): " + "; ".join(map(_arm, methods)) + ".", ""]
     for key, title in KEYS.items():
         out += [f"### {title}", "", head, rule]
         for m in methods:
@@ -197,6 +199,12 @@ def tables(results: experiment.Results) -> str:
             "",
         ]
     return "\n".join([*out, noise_table(results)])
+
+
+def _arm(method: str) -> str:
+    arm = METHODS[method]
+    hyper = ", ".join(f"{k} = {v!r}" for k, v in arm.hyper.items())
+    return f"`{method}`: {arm.algorithm}" + (f" ({hyper})" if hyper else "")
 
 
 def noise_table(results: experiment.Results) -> str:
