@@ -26,6 +26,7 @@ from edge_agent.class_stats import (
     prototype_scores,
     prototype_table,
 )
+from edge_agent.dp import clip_rows
 from edge_agent.trainer import TensorData, TrainStats, evaluate
 from models.checkpoint import HeadSpec, HeadType
 from protocol.algorithms.fedproto import FedProtoConfig
@@ -48,6 +49,7 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         self.valid = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)
         self._received: dict[str, float] = {}
         self._seen: ClassMeans | None = None  # proto_source = training: this round's features
+        self._reg_clip = 0.0  # > 0: the regulariser compares features clipped to it
 
     def receive(self, payloads: dict[str, Payload]) -> None:
         """Global prototypes of (some) classes; absent classes stay masked."""
@@ -83,6 +85,7 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         if self.predicts_by_prototype() and len(self.ctx.test):
             fresh = evaluate(self.ctx.model, self.ctx.test, self.scores)
             self._received = {"acc_local_received": fresh.accuracy}
+        self._reg_clip = self.dp_clip() if self.config.dp_regulariser == "clipped" else 0.0
         if self.config.proto_source == "training":
             dim, dev = self.table.shape[1], self.ctx.device
             self._seen = ClassMeans(self.ctx.num_classes, dim, dev, self.dp_clip())
@@ -114,7 +117,10 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         loss = F.cross_entropy(logits, y)
         mask = self.valid[y]
         if bool(mask.any()):
-            loss = loss + self.config.proto_weight * F.mse_loss(features[mask], self.table[y[mask]])
+            mine = features[mask]
+            if self._reg_clip > 0:
+                mine = clip_rows(mine, self._reg_clip)
+            loss = loss + self.config.proto_weight * F.mse_loss(mine, self.table[y[mask]])
         return loss
 
     def reply_payloads(self) -> dict[str, Payload]:

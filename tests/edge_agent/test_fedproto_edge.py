@@ -13,6 +13,7 @@ from helpers import edge_algorithm, edge_context
 import coordinator.strategies.fedproto  # noqa: F401  (registers the server half)
 from edge_agent.algorithms.fedproto import FedProtoEdge
 from edge_agent.class_stats import class_prototypes
+from edge_agent.dp import clip_rows
 from edge_agent.trainer import evaluate
 from models import create_model
 from protocol.algorithms.fedproto import FedProtoConfig
@@ -170,3 +171,29 @@ def test_cosine_prediction_scores_and_exports_the_most_aligned_prototype() -> No
         @ torch.nn.functional.normalize(head.prototypes, dim=1).T
     )
     assert torch.allclose(edge.scores(x), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["raw", "clipped"])
+def test_under_dp_the_clipped_regulariser_compares_features_clipped_as_released(
+    mode: str,
+) -> None:
+    edge = make_edge()
+    edge.cfg = FedProtoConfig(
+        proto_weight=1.0,
+        dp_epsilon=8.0,
+        dp_delta=1e-5,
+        dp_clip=0.01,  # below every feature's norm: clipping changes each one
+        dp_releases=10,
+        dp_regulariser=mode,  # type: ignore[arg-type]
+    )
+    protos = PrototypeSet(np.arange(C), np.full((C, D), 0.002, np.float32), np.full(C, 6))
+    edge.receive({"protos": protos})
+    edge.local_train(edge.ctx.train, 1)
+    x, y = edge.ctx.train.x, edge.ctx.train.y
+    features = edge.ctx.model.forward_features(x)
+    logits = edge.ctx.model.forward_head(features)
+    compared = clip_rows(features, 0.01) if mode == "clipped" else features
+    want = torch.nn.functional.cross_entropy(logits, y) + torch.nn.functional.mse_loss(
+        compared, edge.table[y]
+    )
+    assert torch.allclose(edge.step_loss(x, y, features, logits), want)
