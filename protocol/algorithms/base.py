@@ -208,6 +208,7 @@ OMITTED_AT_DEFAULT = frozenset(
         "dp_mechanism",
         "dp_releases",
         "dp_share",
+        "dp_regulariser",
         "validation_fraction",
     }
 )
