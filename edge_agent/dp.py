@@ -346,9 +346,8 @@ def _advise(
             "means (best-case signal-to-noise %.3f at the median class count): the run may "
             "learn little from them; a larger epsilon, fewer rounds or the server's "
             "count-weighted means raise it, and a device that predicts by the server's "
-            'prototypes keeps the noise out of its predictions with hyper.predict = "head", '
-            "its regulariser on the released means' scale with hyper.dp_regulariser = "
-            '"clipped" (docs/concepts/privacy.md, choosing a budget)',
+            'prototypes keeps the noise out of its predictions with hyper.predict = "head" '
+            "(docs/concepts/privacy.md, choosing a budget)",
             settings.epsilon,
             worst,
         )
