@@ -170,12 +170,15 @@ def prototype_table(
 
 
 def prototype_scores(
-    features: Tensor, table: Tensor, valid: Tensor, metric: Literal["l2", "cosine"] = "l2"
+    features: Tensor,
+    table: Tensor,
+    valid: Tensor,
+    head: Literal["prototype", "cosine"] = "prototype",
 ) -> Tensor:
-    """Each class prototype's score for ``features``, what the export's ``prototype`` and
-    ``cosine`` heads compute: the negative squared distance (``l2``) or the cosine similarity
+    """Each class prototype's score for ``features``, what the export's ``head`` of that name
+    computes: the negative squared distance (``prototype``) or the cosine similarity
     (``cosine``); invalid classes never win."""
-    if metric == "cosine":
+    if head == "cosine":
         scores = F.normalize(features.float(), dim=1) @ F.normalize(table.float(), dim=1).T
     else:
         scores = -torch.cdist(features.float(), table.float()).pow(2)

@@ -4,7 +4,7 @@ aligned global prototype."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from edge_agent.class_stats import (
 )
 from edge_agent.dp import clip_rows
 from edge_agent.trainer import TensorData, TrainStats, evaluate
-from models.checkpoint import HeadSpec, HeadType
+from models.checkpoint import HeadSpec
 from protocol.algorithms.fedproto import FedProtoConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload, PrototypeSet
@@ -141,8 +141,7 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         squared distances; ``cosine``, cosine similarities)."""
         if self.predicts_by_prototype():
             features = self.ctx.model.forward_features(x)
-            cosine = self.config.predict == "cosine"
-            return prototype_scores(features, self.table, self.valid, "cosine" if cosine else "l2")
+            return prototype_scores(features, self.table, self.valid, self._prototype_head())
         out: Tensor = self.ctx.model(x)
         return out
 
@@ -150,9 +149,13 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         """The prototype (or cosine) head when the run predicts by prototype, else plain
         logits."""
         if self.predicts_by_prototype():
-            kind: HeadType = "cosine" if self.config.predict == "cosine" else "prototype"
+            kind = self._prototype_head()
             return HeadSpec(type=kind, prototypes=self.table.cpu(), valid=self.valid.cpu())
         return HeadSpec(type="logits", prototypes=None, valid=None)
+
+    def _prototype_head(self) -> Literal["prototype", "cosine"]:
+        """The export head, and the scores, of the configured prototype prediction."""
+        return "cosine" if self.config.predict == "cosine" else "prototype"
 
     def extra_state(self) -> dict[str, Tensor]:
         """The global prototype table survives restarts."""

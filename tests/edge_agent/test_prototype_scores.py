@@ -30,8 +30,11 @@ def test_the_scores_are_the_export_heads() -> None:
     torch.manual_seed(0)
     f, table = torch.randn(5, 8), torch.randn(3, 8)
     valid = torch.tensor([True, False, True])
-    for metric, head in (("l2", PrototypeHead(table, valid)), ("cosine", CosineHead(table, valid))):
-        got = prototype_scores(f, table, valid, metric)  # type: ignore[arg-type]
+    for name, head in (
+        ("prototype", PrototypeHead(table, valid)),
+        ("cosine", CosineHead(table, valid)),
+    ):
+        got = prototype_scores(f, table, valid, name)  # type: ignore[arg-type]
         want, _ = head(f)
         assert torch.equal(got.argmax(dim=1), want.argmax(dim=1))
         assert torch.allclose(got[:, valid], want[:, valid], atol=1e-4)
