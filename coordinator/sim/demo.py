@@ -224,9 +224,11 @@ def summarize(result: RunResult, run_dir: Path, cfg: RunConfig | None = None) ->
         "|---|---|---|---|---|",
     ]
     ends = sorted(final.get("agents", {}).items())
+    exported = False
     for dev, a in ends:
         b = first_seen.get(dev, {})
         bundle = run_dir / "export" / dev / "manifest.json"
+        exported |= bundle.exists()
         onnx = (
             "verified"
             if bundle.exists() and _verified(bundle)
@@ -260,7 +262,13 @@ def summarize(result: RunResult, run_dir: Path, cfg: RunConfig | None = None) ->
     lines += [
         f"| **total** | **{sum(traffic.values()):,}** |",
         "",
-        f"metrics: {run_dir / 'metrics.jsonl'}; bundles: {run_dir / 'export'}",
+        f"metrics: {run_dir / 'metrics.jsonl'}; "
+        + (
+            f"bundles: {run_dir / 'export'}"
+            if exported
+            # a "-" in every ONNX cell otherwise reads as a failed export
+            else "no ONNX bundles written (simulate --export, or edge-export per device)"
+        ),
     ]
     return "\n".join(lines)
 

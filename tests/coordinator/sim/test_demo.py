@@ -104,6 +104,19 @@ def test_summary_mean_row_skips_missing_values(tmp_path: Path) -> None:
     assert "| **mean** | | 60.0% -> 70.0% | 20.0% -> 50.0% | |" in text
 
 
+def test_summary_says_when_no_bundle_was_exported(tmp_path: Path) -> None:
+    final = {"phase": "final", "agents": {"a": {"arch": "mlp_s", "acc_local": 0.6}}}
+    result = RunResult(run_id="r", steps=1, metrics=[final], rejected={})
+    assert "no ONNX bundles written" in summarize(result, tmp_path)
+    bundle = tmp_path / "export" / "a"
+    bundle.mkdir(parents=True)
+    (bundle / "manifest.json").write_text("{}")
+    text = summarize(result, tmp_path)
+    assert "no ONNX bundles written" not in text
+    assert f"bundles: {tmp_path / 'export'}" in text
+    assert "| a | mlp_s | n/a -> 60.0% | n/a -> n/a | written |" in text
+
+
 def test_the_demo_feature_size_is_the_flag_then_the_algorithms_then_the_datasets() -> None:
     from coordinator.commands.demo import demo_feature_dim
     from coordinator.config import load_config
