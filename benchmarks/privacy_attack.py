@@ -422,10 +422,5 @@ EXPERIMENT = experiment.Experiment(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing specs, then print and write the tables."""
-    experiment.run(EXPERIMENT, experiment.parse_args(EXPERIMENT, argv))
-
-
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)

@@ -405,11 +405,5 @@ EXPERIMENT = experiment.Experiment(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the missing runs, then print and write the tables."""
-    parser_args = experiment.parse_args(EXPERIMENT, argv)
-    experiment.run(EXPERIMENT, parser_args)
-
-
 if __name__ == "__main__":
-    main()
+    experiment.main(EXPERIMENT)
