@@ -228,12 +228,9 @@ def summarize(result: RunResult, run_dir: Path, cfg: RunConfig | None = None) ->
     for dev, a in ends:
         b = first_seen.get(dev, {})
         bundle = run_dir / "export" / dev / "manifest.json"
-        exported |= bundle.exists()
-        onnx = (
-            "verified"
-            if bundle.exists() and _verified(bundle)
-            else ("written" if bundle.exists() else "-")
-        )
+        written = bundle.exists()
+        exported |= written
+        onnx = "verified" if written and _verified(bundle) else ("written" if written else "-")
         lines.append(
             f"| {dev} | {a.get('arch')} | {_pct(b.get('acc_local'))} -> {_pct(a.get('acc_local'))} "
             f"| {_pct(b.get('acc_global'))} -> {_pct(a.get('acc_global'))} | {onnx} |"
