@@ -384,7 +384,27 @@ def preset_differences(name: str) -> list[tuple[str, str, Any, Any]]:
     return out
 
 
+def hyper_keys(algorithm: str) -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, allowed range) of every [hyper] key of ``algorithm``, in
+    declaration order: what ``coordinator config --defaults --algorithm NAME`` shows."""
+    from protocol.algorithms import config_type
+    from protocol.algorithms.base import TRAIN_LIMITS
+
+    cls = config_type(algorithm)
+    hints = typing.get_type_hints(cls)
+    defaults = cls().to_dict()
+    limits: dict[str, tuple[float, float]] = {**TRAIN_LIMITS, **getattr(cls, "LIMITS", {})}
+    out = []
+    for f in dataclasses.fields(cls):
+        lo_hi = limits.get(f.name)
+        bounds = "" if lo_hi is None else f"[{lo_hi[0]:g}, {lo_hi[1]:g}]"
+        out.append((f.name, _type_name(hints[f.name]), defaults[f.name], bounds))
+    return out
+
+
 def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "|".join(str(v) for v in typing.get_args(hint))
     return hint.__name__ if isinstance(hint, type) else str(hint)
 
 

@@ -23,31 +23,48 @@ def add_parser(sub: Subparsers) -> None:
         help="also list every [hyper] value the preset NAME changes (run.preset = NAME), "
         "per algorithm: default -> preset",
     )
+    conf.add_argument(
+        "--algorithm",
+        default=None,
+        metavar="NAME",
+        help="also list every [hyper] key of algorithm NAME: type, default, allowed range",
+    )
     conf.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from coordinator.config import preset_differences, run_keys
+    from coordinator.config import hyper_keys, preset_differences, run_keys
     from protocol.errors import ConfigError
 
     keys = run_keys()
     changes = [] if args.preset is None else preset_differences(args.preset)
     if args.preset is not None and not changes:
         raise ConfigError(f"--preset {args.preset!r}: no algorithm has a preset of that name")
+    hyper = [] if args.algorithm is None else hyper_keys(args.algorithm)
     if args.json:
         out: dict[str, object] = {
             "run": [dict(key=k, type=t, default=d, meaning=m) for k, t, d, m in keys]
         }
         if args.preset is not None:
             out["preset"] = [dict(algorithm=a, key=k, default=d, value=v) for a, k, d, v in changes]
-        print(json.dumps(out if args.preset is not None else out["run"]))
+        if args.algorithm is not None:
+            out["hyper"] = [dict(key=k, type=t, default=d, range=r) for k, t, d, r in hyper]
+        extra = args.preset is not None or args.algorithm is not None
+        print(json.dumps(out if extra else out["run"], default=str))
         return 0
     print("[run] keys (TOML [run] section or --set run.KEY=VALUE):\n")
     for key, type_, default, meaning in keys:
         print(f"  {key:<16} {type_:<6} default {default!r:<12} {meaning}")
-    print("\n[hyper] keys are the algorithm's; an unknown one is an error that lists them.")
+    print(
+        "\n[hyper] keys are the algorithm's (--algorithm NAME lists them); an unknown one is an "
+        "error that lists them."
+    )
+    if hyper:
+        print(f"\n[hyper] keys of {args.algorithm} (TOML [hyper] or --set hyper.KEY=VALUE):\n")
+        for key, type_, default, bounds in hyper:
+            print(f"  {key:<24} {type_:<28} default {default!r:<14} {bounds}")
     if changes:
         print(f"\n[hyper] values run.preset = {args.preset!r} changes (default -> preset):\n")
         for algorithm, key, default, value in changes:

@@ -126,6 +126,27 @@ def test_config_defaults_lists_what_a_preset_changes(capsys: pytest.CaptureFixtu
     assert "no algorithm has a preset" in capsys.readouterr().err
 
 
+def test_config_defaults_lists_an_algorithms_hyper_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from protocol.algorithms import config_type
+
+    assert main(["config", "--defaults", "--algorithm", "velo"]) == 0
+    out = capsys.readouterr().out
+    assert "[hyper] keys of velo" in out
+    line = next(row for row in out.splitlines() if row.split()[:1] == ["upload_samples"])
+    assert line.split()[1:4] == ["int", "default", "0"] and "[0, 65536]" in line
+    assert any(row.split()[:2] == ["cvae_loss", "code|elbo"] for row in out.splitlines())
+    assert main(["config", "--defaults", "--algorithm", "fedtgp", "--json"]) == 0
+    keys = {k["key"]: k for k in json.loads(capsys.readouterr().out)["hyper"]}
+    assert set(keys) == set(config_type("fedtgp")().to_dict())
+    assert keys["proto_weight"]["default"] == config_type("fedtgp")().proto_weight
+    assert main(["config", "--defaults", "--algorithm", "no_such_algorithm"]) == 2
+    assert "unknown algorithm 'no_such_algorithm'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["simulate", "serve"])
 @pytest.mark.parametrize("algorithm", ["fedvtc", "local"])
 def test_an_algorithm_that_cannot_run_buffered_is_refused_before_anything_starts(
