@@ -28,11 +28,14 @@ def test_local_runs_once_a_seed_and_the_others_carry_their_budget() -> None:
 def test_fedktl_is_in_the_grid_with_its_budget_and_features_sized_for_its_etf() -> None:
     args = experiment.parse_args(privacy.EXPERIMENT, ["--seeds", "1", "--epsilons", "1", "0"])
     specs = {(s["method"], s["epsilon"]): s for s in privacy.plan(args)}
-    assert {"fedproto", "fedtgp", "felo", "fedktl"} <= {m for m, _ in specs}
+    # the grid runs each algorithm in the setting advised under DP
+    assert {m for m, _ in specs} == {
+        "local", "fedproto_count_head_clipped", "fedtgp_head_clipped", "felo", "fedktl",
+    }  # fmt: skip
     ktl = specs[("fedktl", 1.0)]
     assert ktl["preset"] == "htfllib" and ktl["hyper"]["dp_epsilon"] == 1.0
     assert privacy.feature_dim(ktl) == 10  # K = the MNIST classes, as the reference tier's
-    assert privacy.feature_dim(specs[("fedproto", 1.0)]) is None  # the family's own
+    assert privacy.feature_dim(specs[("felo", 1.0)]) is None  # the family's own
 
 
 def test_the_page_puts_each_method_under_its_budget() -> None:
@@ -45,9 +48,14 @@ def test_the_page_puts_each_method_under_its_budget() -> None:
     ]  # fmt: skip
     page = privacy.tables(experiment.Results(args, specs, runs, []))
     assert "| method | ε = 4 | ε = ∞ (off) |" in page
-    assert "| `fedproto` | 54.00 | 50.00 |" in page
+    assert "| `fedproto_count_head_clipped` | 54.00 | 50.00 |" in page
     assert "| `local` | – | 50.00 |" in page
     assert "Provisional" not in page
+    # a run outside the plan (a single-seed diagnostic arm) shows, and is not counted as planned
+    extra = {**runs[1], "spec": {**specs[1], "method": "fedproto", "seed": 1}}
+    page = privacy.tables(experiment.Results(args, specs, [extra, *runs[1:]], []))
+    assert "| `fedproto` | 54.00 |" in page
+    assert f"**Provisional**: {len(specs) - 1} of the {len(specs)} planned runs done." in page
 
 
 def test_the_noise_table_gives_each_budgets_multiplier_and_signal_to_noise() -> None:
