@@ -191,6 +191,29 @@ def summarize(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
         # the values of the last LAST rounds run (the global set is scored every few rounds)
         tail = [v for r, v in vals if r > len(curve) - LAST]
         out[f"last_{name}"] = statistics.fmean(tail) if tail else None
+    out.update(summarize_final(steps, sizes))
+    return out
+
+
+# what a final phase (FedVTC's fine-tuning on synthetic images) reports, by the suffix of its
+# agents' metrics: after the phase, just before it, and its noise control (diagnostics=true)
+FINAL_STAGES = {"final": "", "before_ft": "_before_ft", "noise_control": "_noise_control"}
+
+
+def summarize_final(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
+    """Both metrics after the last ``final`` step, before it and on its noise control (none
+    for an algorithm without a final phase). Personalised is weighted by the test splits, as in
+    training rounds (the final step's ``num_samples`` counts synthetic samples)."""
+    final = [s for s in steps if s["phase"] == "final" and s.get("quorum_met") is not False]
+    if not final:
+        return {}
+    agents, out = final[-1]["agents"], {}
+    weights = {f"agent{k}": n for k, n in enumerate(sizes)}
+    for stage, suffix in FINAL_STAGES.items():
+        personal = accuracy.personalised_accuracy(agents, weights, f"acc_local{suffix}")
+        glob = accuracy.round_value(final[-1], f"acc_global{suffix}")
+        if personal is not None or glob is not None:
+            out[f"{stage}_personal"], out[f"{stage}_global"] = personal, glob
     return out
 
 
@@ -308,10 +331,61 @@ def tables(results: experiment.Results) -> str:
                 "|---|---|---|---|---|---|",
                 *rows,
             ]
+        out += final_phase(by)
         if results.args.family == "htfl_cnn":  # HtFLlib ran its own networks, not ours
             out += parity(alpha, by)
         out.append("")
     return "\n".join(out)
+
+
+def final_phase(by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """Markdown: the methods with a final phase, before and after it and against its noise
+    control, with paired differences (the model it starts from is the last training round's,
+    not the best round's)."""
+    methods = [m for m in METHODS if any("final_personal" in r for r in by.get(m, {}).values())]
+    if not methods:
+        return []
+    out = [
+        "",
+        "Methods with a final phase (FedVTC: every device fine-tunes on images its averaged "
+        "generator decodes from the global prototypes), accuracy % on both metrics: just "
+        "before the phase (the last training round's model), after it, and the noise control "
+        "(the same model fine-tuned on uniform noise with the same labels and schedule); then "
+        "paired differences, points:",
+        "",
+        "| method | seeds | before, personalised | after, personalised | noise control, "
+        "personalised | before, global | after, global | noise control, global |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    diffs = []
+    for m in methods:
+        rs = [r for r in by[m].values() if "final_personal" in r]
+        cells = [
+            _cell([r.get(f"{stage}_{metric}") for r in rs])
+            for metric in ("personal", "global")
+            for stage in ("before_ft", "final", "noise_control")
+        ]
+        out.append(f"| `{m}` | {len(rs)} | {' | '.join(cells)} |")
+        others = (
+            ("before", rs, "before_ft"),
+            ("noise control", rs, "noise_control"),
+            (f"`{BASELINE}` last 10", list(by.get(BASELINE, {}).values()), "last"),
+        )
+        for label, other, key in others:
+            cols = [
+                paired_diffs(rs, other, f"final_{metric}", f"{key}_{metric}")
+                for metric in ("personal", "global")
+            ]
+            if any(cols):
+                cells = " | ".join(_diff(c) if c else "–" for c in cols)
+                diffs.append(f"| `{m}`: after − {label} | {max(map(len, cols))} | {cells} |")
+    return [
+        *out,
+        "",
+        "| comparison | seeds | personalised | global |",
+        "|---|---|---|---|",
+        *diffs,
+    ]
 
 
 # ----- HtFLlib on the same split files --------------------------------------------------------

@@ -146,3 +146,34 @@ def test_the_edge_tier_gives_its_family_one_feature_size_the_reference_tier_none
     assert reference.run_spec(edge, "fedproto", 1.0, 1)["feature_dim"] == 64
     ref = experiment.parse_args(reference.EXPERIMENT, [])
     assert "feature_dim" not in reference.run_spec(ref, "fedproto", 1.0, 1)  # identities kept
+
+
+def test_a_final_phase_is_summarised_before_after_and_against_its_noise_control() -> None:
+    steps = [step(r, [0.5, 0.5], [0.4, 0.4]) for r in range(1, 4)]
+    final = step(4, [0.6, 0.8], [0.5, 0.7], phase="final")
+    for k, agent in enumerate(final["agents"].values()):
+        agent.update(acc_local_before_ft=0.5, acc_global_before_ft=0.4 + k / 10)
+        agent.update(acc_local_noise_control=0.3, acc_global_noise_control=0.2)
+        agent["num_samples"] = 5000  # synthetic samples: not the weights
+    out = reference.summarize([*steps, final], sizes=[10, 30])
+    assert out["final_personal"] == pytest.approx(0.75)  # (10 * 0.6 + 30 * 0.8) / 40
+    assert out["final_global"] == pytest.approx(0.6)  # the mean over agents
+    assert out["before_ft_global"] == pytest.approx(0.45)
+    assert out["noise_control_personal"] == pytest.approx(0.3)
+    assert "final_personal" not in reference.summarize(steps, sizes=[10, 30])
+
+
+def test_the_final_phase_table_pairs_after_with_before_noise_and_local() -> None:
+    runs = [run("local", s, 0.80, 0.78) for s in (1, 2)]
+    for s in (1, 2):
+        r = run("fedvtc", s, 0.40, 0.38)
+        r.update(final_personal=0.50, final_global=0.30, before_ft_personal=0.38)
+        r.update(before_ft_global=0.20, noise_control_personal=0.30, noise_control_global=0.10)
+        runs.append(r)
+    args = experiment.parse_args(reference.EXPERIMENT, [])
+    text = reference.tables(experiment.Results(args, [], runs, []))
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
+    assert rows["`fedvtc`: after − before"].split("|")[3].strip().startswith("+12.00")
+    assert rows["`fedvtc`: after − noise control"].split("|")[4].strip().startswith("+20.00")
+    assert rows["`fedvtc`: after − `local` last 10"].split("|")[3].strip().startswith("-28.00")
+    assert "`local`: after" not in text  # no final phase, no row
