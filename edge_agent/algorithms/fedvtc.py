@@ -37,7 +37,7 @@ from models.vtc import VTCGenerator, vtc_for
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload, PrototypeSet, TensorMap
-from protocol.errors import ValidationError
+from protocol.errors import ConfigError, ValidationError
 
 __all__ = ["FedVTCEdge", "tc_losses", "tc_terms"]
 
@@ -80,6 +80,23 @@ def tc_losses(  # noqa: PLR0917 - the paper's symbols, in order
     return rc + kl, dm
 
 
+def _generator_for(p: int, chans: int, size: int) -> VTCGenerator:
+    """psi for ``p``-dimensional prototypes, or a refusal that names the feature size to give
+    the fleet (the model's own size rarely fits the reshape, e.g. 64 or 512 at 28x28)."""
+    try:
+        return vtc_for(p, chans, size)
+    except ConfigError as exc:
+        if size % 4:
+            raise
+        cells = (size // 4) ** 2
+        fit = -(-p // cells) * cells
+        raise ConfigError(
+            f"{exc}: fedvtc decodes the {p}-d features into {chans}x{size}x{size} images, so "
+            f"every device needs a feature size that is a multiple of {cells}: give the fleet "
+            f"--feature-dim {fit} (coordinator simulate / demo, or each edge-agent)"
+        ) from exc
+
+
 @register_edge_algorithm("fedvtc")
 class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
     """The edge half of FedVTC."""
@@ -88,7 +105,7 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         super().__init__(ctx)
         p = ctx.model.num_features
         c, h, _ = ctx.train.x.shape[1:]
-        self.generator: VTCGenerator = vtc_for(p, int(c), int(h)).to(ctx.device)
+        self.generator: VTCGenerator = _generator_for(p, int(c), int(h)).to(ctx.device)
         self.rho = torch.zeros(p, device=ctx.device, requires_grad=True)  # log sigma (D2)
         self.table = torch.zeros(ctx.num_classes, p, device=ctx.device)
         self.valid = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)

@@ -16,6 +16,7 @@ from models import create_model
 from protocol.algorithms.fedvtc import FedVTCConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload, PrototypeSet
+from protocol.errors import ConfigError
 
 C, P = 4, 64  # classes; latent p = 64 -> the toy 16x2x2 VTC at 8x8
 HELD = (0, 2)  # the client's classes; 1 and 3 are absent
@@ -387,3 +388,13 @@ def test_model_tc_weight_scales_l_tc_in_step_a_only() -> None:
     edge.noise.manual_seed(6)
     with torch.no_grad():
         assert float(edge._tc(x, y, z)) == b1
+
+
+def test_a_feature_size_the_generator_cannot_reshape_is_refused_naming_the_flag() -> None:
+    g = torch.Generator().manual_seed(0)
+    y = torch.tensor(HELD).repeat_interleave(4)
+    x = torch.rand(len(y), 1, 28, 28, generator=g)
+    net = create_model("cnn_bn3", num_classes=C, in_chans=1, feature_dim=64, input_size=28)
+    ctx = edge_context(net, x, y, num_classes=C, test_size=2, seed=0)
+    with pytest.raises(ConfigError, match=r"multiple of 49: give the fleet --feature-dim 98 "):
+        FedVTCEdge(ctx)
