@@ -56,6 +56,8 @@ METHODS = PRESET.arms
 SPLITS: dict[str, str] = PRESET.other["splits"]
 BASELINE: str = PRESET.other["report"]["baseline"]
 CONTROLS: dict[str, str] = PRESET.other["report"].get("controls", {})
+# a variant of a seed method against the paper's setting it changes
+VARIANTS: dict[str, str] = PRESET.other["report"].get("variants", {})
 PRESET_NAME = "htfllib"
 LAST = 10  # the last rounds a run's second summary averages
 KEYS = ("best_personal", "last_personal", "best_global", "last_global")
@@ -318,13 +320,15 @@ def tables(results: experiment.Results) -> str:
             out.append(f"| `{m}` | {len(rs)} | {rounds} | {cells} | {per_round:.1f} |")
         pairs = [(m, BASELINE) for m in METHODS if m in by and m != BASELINE]
         pairs += [(m, control) for m, control in CONTROLS.items() if m in by]
+        pairs += [(m, paper) for m, paper in VARIANTS.items() if m in by]
         rows = [row for m, other in pairs if (row := _diff_row(by, m, other))]
         if rows:
             out += [
                 "",
                 f"Paired differences, points (mean [95 % t interval]; same seed = same split, "
                 f"start and batch order): from `{BASELINE}`, then each seed method from its own "
-                "control (the same method without its exchange):",
+                "control (the same method without its exchange), then each variant from the "
+                "paper's setting it changes:",
                 "",
                 "| comparison | seeds | personalised, best | personalised, last 10 | "
                 "global, best | global, last 10 |",
@@ -366,11 +370,14 @@ def final_phase(by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
             for stage in ("before_ft", "final", "noise_control")
         ]
         out.append(f"| `{m}` | {len(rs)} | {' | '.join(cells)} |")
-        others = (
+        others = [
             ("before", rs, "before_ft"),
             ("noise control", rs, "noise_control"),
             (f"`{BASELINE}` last 10", list(by.get(BASELINE, {}).values()), "last"),
-        )
+        ]
+        if m in VARIANTS:
+            paper = VARIANTS[m]
+            others.append((f"`{paper}` after", list(by.get(paper, {}).values()), "final"))
         for label, other, key in others:
             cols = [
                 paired_diffs(rs, other, f"final_{metric}", f"{key}_{metric}")

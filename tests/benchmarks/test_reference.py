@@ -170,9 +170,19 @@ def test_the_final_phase_table_pairs_after_with_before_noise_and_local() -> None
         r.update(final_personal=0.50, final_global=0.30, before_ft_personal=0.38)
         r.update(before_ft_global=0.20, noise_control_personal=0.30, noise_control_global=0.10)
         runs.append(r)
+    combo = run("fedvtc_combo", 1, 0.41, 0.39)
+    combo.update(final_personal=0.70, final_global=0.65)
+    runs.append(combo)
     args = experiment.parse_args(reference.EXPERIMENT, [])
     text = reference.tables(experiment.Results(args, [], runs, []))
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
+    # the variant against the paper's setting, after the final phase, on the seed both ran
+    assert rows["`fedvtc_combo`: after − `fedvtc` after"].split("|")[2:5] == [
+        " 1 ",
+        " +20.00 ",
+        " +35.00 ",
+    ]
+    assert "`fedvtc_combo` − `fedvtc`" in rows  # and in training, in the main table
     assert rows["`fedvtc`: after − before"].split("|")[3].strip().startswith("+12.00")
     assert rows["`fedvtc`: after − noise control"].split("|")[4].strip().startswith("+20.00")
     assert rows["`fedvtc`: after − `local` last 10"].split("|")[3].strip().startswith("-28.00")
