@@ -139,7 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of partition, init and batching")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0 = torch's default, one a core; several agents on one "
+        "machine: 1 each)",
+    )
     p.add_argument(
         "--state-dir",
         type=Path,
