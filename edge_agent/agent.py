@@ -9,6 +9,7 @@ a restarted agent resends them with the same message id, and the coordinator ded
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import queue
@@ -17,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from edge_agent.algorithms import EdgeAlgorithm
 from edge_agent.best_model import BestRound, ValidationSplit
@@ -45,6 +46,7 @@ from protocol.contract.messages import (
     Progress,
     Reply,
     Task,
+    task_inputs_digest,
 )
 from protocol.contract.topics import COORDINATOR_ID, Topics
 from protocol.errors import EdgeFLError, ValidationError
@@ -53,6 +55,14 @@ from protocol.transport.endpoint import Endpoint
 __all__ = ["AgentSettings", "EdgeAgent"]
 
 IDLE_WAIT_S = 1.0  # longest wait for a message: how late a stop or an idle timeout is seen
+
+
+class _Answer(NamedTuple):
+    """The agent's last reply, the digest of its task's inputs and its message id."""
+
+    inputs: bytes
+    reply: Reply
+    msg_id: str
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,8 @@ class EdgeAgent(Membership, RoundOutputs):
         # runs whose final phase this agent answered: only they can end as completed
         self.finals_done: set[str] = set()
         self._current: Task | None = None
+        # the last reply and its task's inputs: a retry of that step gets it again
+        self._answer: _Answer | None = None
         # the round's shared payloads (WIRE.md §5, knowledge) and the tasks waiting for theirs
         self.knowledge = KnowledgeCache()
         self.fetch_policy = FetchPolicy()
@@ -214,6 +226,8 @@ class EdgeAgent(Membership, RoundOutputs):
                 self.log.debug("reply %s acknowledged", body.ref_id)
             if not body.accepted:
                 self.log.warning("coordinator refused %s: %s", body.ref_id, body.reason)
+                if self._answer is not None and self._answer.msg_id == body.ref_id:
+                    self._answer = None  # refused as it is: a retry must compute afresh
         elif isinstance(body, CoordinatorState):
             if env.sender != COORDINATOR_ID:
                 self._ignore_foreign_state(env.sender, body)
@@ -341,6 +355,10 @@ class EdgeAgent(Membership, RoundOutputs):
 
     def _run_task(self, task: Task, reply_topic: str) -> None:
         """Train or evaluate as ``task`` says, checkpoint, and reply (durably)."""
+        inputs = task_inputs_digest(task)
+        if self._answer is not None and self._answer.inputs == inputs:
+            self._answer_again(task, inputs, self._answer.reply, reply_topic)
+            return
         self._current = task
         self.log.info("round %d phase %s: %s", task.round, task.phase, task.task_id)
         try:
@@ -384,6 +402,22 @@ class EdgeAgent(Membership, RoundOutputs):
         except ValidationError as exc:  # e.g. a diverged model's NaN loss: one task fails
             self._fail(task, reply_topic, exc)  # and says why; the device lives on
             return
+        self._answer = _Answer(inputs, reply, self._send_reply(task, reply, reply_topic))
+
+    def _answer_again(self, task: Task, inputs: bytes, earlier: Reply, reply_topic: str) -> None:
+        """A later attempt of the step this agent answered last (the same inputs: the
+        coordinator retried it after a deadline or a lost reply) gets the same answer under
+        its own id. Training again would train the model twice for one round and spend a
+        second release of its privacy budget; and on a device slower than the deadline, a
+        retry queued behind the late attempt would miss it again."""
+        self.log.info(
+            "task %s has the inputs of %s: answering with its reply", task.task_id, earlier.task_id
+        )
+        reply = dataclasses.replace(earlier, task_id=task.task_id)
+        self._answer = _Answer(inputs, reply, self._send_reply(task, reply, reply_topic))
+
+    def _send_reply(self, task: Task, reply: Reply, reply_topic: str) -> str:
+        """Send ``reply`` (durably first); return its message id."""
         out = Envelope(
             body=reply,
             sender=self.settings.device_id,
@@ -393,6 +427,7 @@ class EdgeAgent(Membership, RoundOutputs):
         self.state.put_outbox(reply_topic, out)  # durable before it leaves
         self.state.mark_completed(task.task_id, out.msg_id)
         self.endpoint.send_envelope(reply_topic, out)
+        return out.msg_id
 
     def _stopped(self, task: Task, topic: str, exc: TrainingStoppedError) -> None:
         """The task was cut short by a stop: no half-trained reply. An ``error`` ``stopped``

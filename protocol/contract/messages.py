@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+import msgpack
+
 from protocol.contract.payloads import Payload, pack_payloads
 from protocol.contract.wire import WireModel
 from protocol.errors import ValidationError
@@ -43,6 +45,7 @@ __all__ = [
     "Status",
     "Task",
     "payloads_digest",
+    "task_inputs_digest",
 ]
 
 Scalar = bool | int | float | str
@@ -394,6 +397,19 @@ def payloads_digest(payloads: Mapping[str, Payload]) -> bytes:
     idempotent, so a receiver that decodes the map and hashes it again gets the sender's digest.
     """
     return hashlib.sha256(pack_payloads(payloads)).digest()
+
+
+def task_inputs_digest(task: Task) -> bytes:
+    """SHA-256 of what ``task`` asks an agent to compute from: run, round, phase, algorithm,
+    config and payloads (of a task merged with its knowledge: the merged map).
+
+    Neither the task's id nor its deadline enters: the attempts of one step differ in those
+    alone (the coordinator retries a step with the same global state and configuration).
+    """
+    head = msgpack.packb(
+        [task.run_id, task.round, task.phase, task.algorithm, sorted(task.config.items())]
+    )
+    return hashlib.sha256(head + payloads_digest(task.payloads)).digest()
 
 
 @dataclass(frozen=True, slots=True)

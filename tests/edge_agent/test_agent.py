@@ -201,3 +201,59 @@ def test_a_rate_limited_agent_registers_again_after_a_back_off_and_only_for_the_
         runner.join(timeout=30)
     # Assert: one deferral counted (the forged one ignored), and the same session again
     assert agent._rate_limited == 1 and again.body.device_id == "agent0"
+
+
+def _weights(agent) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in agent.ctx.model.state_dict().items()}
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_retry_of_the_answered_step_gets_the_same_answer_without_training(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the agent answered attempt 0 of a step
+    broker = MemoryBroker()
+    coord = FakeCoordinator(broker)
+    agent = make(tmp_path, broker)
+    agent.start()
+    agent.dispatch(Envelope(body=task("run.0.0.agent0"), sender="coordinator"))
+    first = coord.next(Reply)
+    trained, rounds = _weights(agent), len(agent.history)
+    # Execute: the coordinator retries the step (same inputs, a new task id)
+    agent.dispatch(Envelope(body=task("run.0.1.agent0"), sender="coordinator"))
+    again = coord.next(Reply)
+    # Assert: the same payloads under the new id, a new message, no second training
+    assert isinstance(again.body, Reply) and isinstance(first.body, Reply)
+    assert again.body.task_id == "run.0.1.agent0" and again.msg_id != first.msg_id
+    before, after = first.body.payloads["protos"], again.body.payloads["protos"]
+    assert isinstance(before, PrototypeSet) and isinstance(after, PrototypeSet)
+    assert np.array_equal(before.vectors, after.vectors)
+    assert again.body.metrics == first.body.metrics
+    assert _same(_weights(agent), trained) and len(agent.history) == rounds
+    # a step with other inputs trains
+    agent.dispatch(
+        Envelope(body=task("run.1.0.agent0", payloads={"protos": before}), sender="coordinator")
+    )
+    assert isinstance(coord.next(Reply).body, Reply)
+    assert not _same(_weights(agent), trained) and len(agent.history) == rounds + 1
+
+
+def test_a_refused_answer_is_computed_afresh_on_the_retry(tmp_path: Path) -> None:
+    broker = MemoryBroker()
+    coord = FakeCoordinator(broker)
+    agent = make(tmp_path, broker)
+    agent.start()
+    agent.dispatch(Envelope(body=task("run.0.0.agent0"), sender="coordinator"))
+    first = coord.next(Reply)
+    trained = _weights(agent)
+    refusal = Ack(ref_id=first.msg_id, accepted=False, reason="reply.payloads: out of bounds")
+    agent.dispatch(Envelope(body=refusal, sender="coordinator"))
+    # Execute
+    agent.dispatch(Envelope(body=task("run.0.1.agent0"), sender="coordinator"))
+    again = coord.next(Reply)
+    # Assert: trained again for the retry
+    assert isinstance(again.body, Reply) and again.body.task_id == "run.0.1.agent0"
+    assert not _same(_weights(agent), trained)
