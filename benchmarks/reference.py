@@ -345,8 +345,9 @@ def tables(results: experiment.Results) -> str:
 def final_phase(by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     """Markdown: the methods with a final phase, before and after it and against its noise
     control, with paired differences (the model it starts from is the last training round's,
-    not the best round's)."""
-    methods = [m for m in METHODS if any("final_personal" in r for r in by.get(m, {}).values())]
+    not the best round's). Every algorithm's last step scores its model: a final phase is one
+    whose agents also report the model from before it."""
+    methods = [m for m in METHODS if any("before_ft_personal" in r for r in by.get(m, {}).values())]
     if not methods:
         return []
     out = [
@@ -363,7 +364,7 @@ def final_phase(by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     ]
     diffs = []
     for m in methods:
-        rs = [r for r in by[m].values() if "final_personal" in r]
+        rs = [r for r in by[m].values() if "before_ft_personal" in r]
         cells = [
             _cell([r.get(f"{stage}_{metric}") for r in rs])
             for metric in ("personal", "global")

@@ -171,8 +171,11 @@ def test_the_final_phase_table_pairs_after_with_before_noise_and_local() -> None
         r.update(before_ft_global=0.20, noise_control_personal=0.30, noise_control_global=0.10)
         runs.append(r)
     combo = run("fedvtc_combo", 1, 0.41, 0.39)
-    combo.update(final_personal=0.70, final_global=0.65)
+    combo.update(final_personal=0.70, final_global=0.65, before_ft_personal=0.41)
     runs.append(combo)
+    plain = run("fedgen", 1, 0.45, 0.44)  # its last step scores the model: no final phase
+    plain.update(final_personal=0.45, final_global=0.30)
+    runs.append(plain)
     args = experiment.parse_args(reference.EXPERIMENT, [])
     text = reference.tables(experiment.Results(args, [], runs, []))
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
@@ -187,3 +190,4 @@ def test_the_final_phase_table_pairs_after_with_before_noise_and_local() -> None
     assert rows["`fedvtc`: after − noise control"].split("|")[4].strip().startswith("+20.00")
     assert rows["`fedvtc`: after − `local` last 10"].split("|")[3].strip().startswith("-28.00")
     assert "`local`: after" not in text  # no final phase, no row
+    assert "`fedgen`: after" not in text and "| `fedgen` | 1 | – |" not in text
