@@ -9,6 +9,7 @@ import pytest
 
 from coordinator.config import load_config
 from coordinator.engine.deadlines import MIN_OBSERVATIONS, DeadlineRule, quantile
+from coordinator.sim.clock import SimulatedClock
 from coordinator.sim.profile import DeviceProfile, FleetProfile, ProfileGroup
 from coordinator.sim.simulate import FleetSpec, simulate
 from protocol.errors import ConfigError
@@ -94,8 +95,9 @@ def test_an_adaptive_deadline_stops_waiting_for_a_straggler_and_reports_it(
     (straggler,) = [
         f"agent{i}" for i, p in enumerate(fleet.profile.assign(4, cfg.seed)) if p == slow
     ]  # type: ignore[union-attr]
-    # Execute
-    result = simulate(cfg, fleet)
+    # Execute: on a simulated clock on which every task takes 0.1 s of host time, so that the
+    # machine's load cannot make the fast devices miss the tight deadline too
+    result = simulate(cfg, fleet, clock=SimulatedClock(compute_s=0.1))
     # Assert: the first rounds wait for it under the cap; once the rule has its five reply
     # times the deadline shrinks, the straggler misses, and after three misses in a row it is
     # reported (and the run never stopped for it)
