@@ -211,16 +211,21 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_a_retry_of_the_answered_step_gets_the_same_answer_without_training(
-    tmp_path: Path,
-) -> None:
-    # Prepare: the agent answered attempt 0 of a step
+def _answered(tmp_path: Path):
+    """An agent that answered attempt 0 of a step, the coordinator's end, and the reply."""
     broker = MemoryBroker()
     coord = FakeCoordinator(broker)
     agent = make(tmp_path, broker)
     agent.start()
     agent.dispatch(Envelope(body=task("run.0.0.agent0"), sender="coordinator"))
-    first = coord.next(Reply)
+    return agent, coord, coord.next(Reply)
+
+
+def test_a_retry_of_the_answered_step_gets_the_same_answer_without_training(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the agent answered attempt 0 of a step
+    agent, coord, first = _answered(tmp_path)
     trained, rounds = _weights(agent), len(agent.history)
     # Execute: the coordinator retries the step (same inputs, a new task id)
     agent.dispatch(Envelope(body=task("run.0.1.agent0"), sender="coordinator"))
@@ -242,12 +247,7 @@ def test_a_retry_of_the_answered_step_gets_the_same_answer_without_training(
 
 
 def test_a_refused_answer_is_computed_afresh_on_the_retry(tmp_path: Path) -> None:
-    broker = MemoryBroker()
-    coord = FakeCoordinator(broker)
-    agent = make(tmp_path, broker)
-    agent.start()
-    agent.dispatch(Envelope(body=task("run.0.0.agent0"), sender="coordinator"))
-    first = coord.next(Reply)
+    agent, coord, first = _answered(tmp_path)
     trained = _weights(agent)
     refusal = Ack(ref_id=first.msg_id, accepted=False, reason="reply.payloads: out of bounds")
     agent.dispatch(Envelope(body=refusal, sender="coordinator"))
