@@ -324,6 +324,7 @@ class Coordinator(MessageHandlers):
                 raise QuorumError(
                     f"step {idx + 1} ({step.phase}, round {step.round}) missed quorum "
                     f"{rec.attempt + 1} times; stopping the run{_commonest(outcome.failed)}"
+                    f"{_deadline_hint(outcome.failed, open_step.deadline_s)}"
                 )
             if not open_step.buffer_size:  # a buffered step keeps its replies for the next try
                 self.store.clear_updates(idx)
@@ -449,6 +450,17 @@ class Coordinator(MessageHandlers):
         self.collector.send_acks()
         if joined or heard:
             self.observer.heard([*joined, *heard], now)
+
+
+def _deadline_hint(failed: dict[str, str], deadline_s: float) -> str:
+    """What to change when every failed device ran out of time (a fleet slower than the
+    deadline misses every retry of the step too)."""
+    if not failed or not all(why.startswith("deadline") for why in failed.values()):
+        return ""
+    return (
+        f" (every failed device missed the {deadline_s:g} s deadline: a fleet this slow needs "
+        "a longer run.deadline_s)"
+    )
 
 
 def _commonest(failed: dict[str, str]) -> str:

@@ -764,3 +764,15 @@ def test_a_missed_quorum_names_the_failure_most_devices_share() -> None:
     failed = {"a": shape, "b": shape, "c": "deadline"}
     assert _commonest(failed) == f"; 2 of 3 failed devices: {shape}"
     assert _commonest({}) == ""
+
+
+def test_a_quorum_every_device_missed_by_the_deadline_names_the_setting() -> None:
+    from coordinator.engine.core import _deadline_hint
+
+    late = {"a": "deadline", "b": "deadline (before it: refused reply: late)"}
+    assert _deadline_hint(late, 120.0) == (
+        " (every failed device missed the 120 s deadline: a fleet this slow needs a longer "
+        "run.deadline_s)"
+    )
+    assert _deadline_hint({**late, "c": "offline"}, 120.0) == ""
+    assert _deadline_hint({}, 120.0) == ""
