@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +39,7 @@ __all__ = [
     "BrokerFiles",
     "EmbeddedBroker",
     "MosquittoBroker",
+    "SnapshotDict",
     "free_port",
     "mosquitto_executable",
 ]
@@ -117,6 +118,22 @@ class BrokerFiles:
             elif len(words) == 2 and words[0] == "protocol" and found:
                 found[-1] = (*found[-1][:2], words[1])
         return found
+
+
+class SnapshotDict(dict[str, Any]):
+    """amqtt's map of subscriptions (``Broker._subscriptions``), walked over a snapshot.
+
+    amqtt 0.12 walks the map with an ``await`` inside the loop (a connecting client's retained
+    messages, every broadcast), so a client that subscribed meanwhile raised "dictionary
+    changed size during iteration": the connecting client was dropped, or the broadcast loop
+    ended. A snapshot holds the same entries in the same order.
+    """
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(super().keys()))
+
+    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
+        return list(super().items())
 
 
 class EmbeddedBroker:
@@ -215,6 +232,7 @@ class EmbeddedBroker:
 
         async def boot() -> Any:
             broker = broker_cls(config)  # binds to the running loop: build it on that loop
+            broker._subscriptions = SnapshotDict(broker._subscriptions)
             await broker.start()
             return broker
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers import Inbox, free_port
 
-from coordinator.broker.embedded import EmbeddedBroker, MosquittoBroker
+from coordinator.broker.embedded import EmbeddedBroker, MosquittoBroker, SnapshotDict
 from protocol.errors import EdgeFLError
 from protocol.transport.paho import MqttTransport
 
@@ -18,11 +18,25 @@ def test_missing_amqtt_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         EmbeddedBroker().start()
 
 
+def test_a_subscription_made_while_amqtt_walks_its_map_does_not_break_the_walk() -> None:
+    # amqtt awaits inside these loops: another client's subscribe lands in the middle
+    subs = SnapshotDict(a=[1])
+    seen = []
+    for topic in subs:
+        subs[f"{topic}/new"] = []
+        seen.append(topic)
+    for topic, _ in subs.items():
+        subs[f"{topic}/again"] = []
+        seen.append(topic)
+    assert seen == ["a", "a", "a/new"] and len(subs) == 4
+
+
 @pytest.mark.network
 def test_embedded_broker_on_a_given_port_serves_and_stops(embedded_broker: EmbeddedBroker) -> None:
     port = free_port()
     with EmbeddedBroker(port=port) as broker:
         assert broker.port == port and broker.running
+        assert isinstance(broker._broker._subscriptions, SnapshotDict)  # amqtt's, made safe
         t = MqttTransport(client_id="probe", port=port)
         got = Inbox()
         t.subscribe("a/b", got)
