@@ -138,16 +138,15 @@ def _fleet_profile(doc: Record) -> Any:
 
 def execute(spec: Record, threads: int = 1) -> Record:
     """Run one spec; its step records reduced to the curve and the final accuracies."""
-    import torch
-
     import coordinator.strategies  # noqa: F401 - registers every server half
     import edge_agent.algorithms  # noqa: F401 - registers every edge half
     from coordinator.config import load_config
     from coordinator.sim.clock import SimulatedClock
     from coordinator.sim.simulate import simulate
+    from models.cpu_threads import limit_cpu_threads
     from models.families import FAMILIES as MODEL_FAMILIES
 
-    torch.set_num_threads(threads)
+    limit_cpu_threads(threads)
     run = SimRun(
         algorithm=spec["algorithm"],
         hyper={},

@@ -184,11 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs of each algorithm and mode")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the process")
     args = ap.parse_args(argv)
-    import torch
-
     from coordinator.broker.embedded import MosquittoBroker
+    from models.cpu_threads import limit_cpu_threads
 
-    torch.set_num_threads(args.threads)
+    limit_cpu_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     command = "python benchmarks/bench_buffered_cpu.py " + " ".join(
         sys.argv[1:] if argv is None else argv

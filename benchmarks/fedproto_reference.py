@@ -134,14 +134,13 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
 
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """One simulation on the split file, reduced to its accuracies."""
-    import torch
-
     from coordinator.config import load_config
     from coordinator.sim.simulate import FleetSpec, simulate
     from edge_agent.data import load_partition_file
+    from models.cpu_threads import limit_cpu_threads
     from models.families import family_models
 
-    torch.set_num_threads(args.threads)
+    limit_cpu_threads(args.threads)
     split = ROOT / spec["split"]
     sizes = [len(t) for t in load_partition_file(split).test]
     run_dir = Path(tempfile.mkdtemp(prefix="fedproto-ref-"))
@@ -215,14 +214,14 @@ def probe(args: argparse.Namespace, alpha: float, shared_init: str) -> list[dict
     two classes, and the mean distance of the clients' prototypes to their class's global one
     (the aggregation is wrapped in this process only; the run is ``fedproto`` seed 0)."""
     import numpy as np
-    import torch
 
     from coordinator.config import load_config
     from coordinator.sim.simulate import FleetSpec, simulate
     from coordinator.strategies.fedproto import FedProtoStrategy
+    from models.cpu_threads import limit_cpu_threads
     from models.families import family_models
 
-    torch.set_num_threads(args.threads)
+    limit_cpu_threads(args.threads)
     rows: list[dict[str, float]] = []
     original = FedProtoStrategy.fold_prototypes
 

@@ -82,17 +82,17 @@ def hyper(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start or resume the run in ``--run-dir``; its summary (as ``fedvtc_repro``'s)."""
-    import torch
     from fedvtc_repro import summarize
 
     from coordinator.config import read_layers
     from coordinator.ops.lifecycle import resolve_config
     from coordinator.sim.simulate import FleetSpec, simulate
     from edge_agent.factory import pick_device
+    from models.cpu_threads import limit_cpu_threads
     from models.families import family_models
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        limit_cpu_threads(args.threads)
     device = str(pick_device(args.device))
     data = "mnist" if args.data_root else "mnist5k"
     layers = read_layers(

@@ -242,16 +242,16 @@ class SimRun:
 
 
 def simulate_run(run: SimRun, threads: int) -> tuple[list[Record], float]:
-    """Run ``run`` in this process with ``threads`` torch threads, in a temporary run directory
-    (removed afterwards); return the coordinator's step records and the wall time in seconds."""
-    import torch
-
+    """Run ``run`` in this process with ``threads`` CPU threads (torch's and BLAS's pools), in a
+    temporary run directory (removed afterwards); return the coordinator's step records and the
+    wall time in seconds."""
     import coordinator.strategies  # noqa: F401 - registers every server half
     import edge_agent.algorithms  # noqa: F401 - registers every edge half
     from coordinator.config import load_config
     from coordinator.sim.simulate import simulate
+    from models.cpu_threads import limit_cpu_threads
 
-    torch.set_num_threads(threads)
+    limit_cpu_threads(threads)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{run.run_id}-"))
     try:
         cfg = load_config(None, [], **run.config_values(run_dir)).replace(hyper=run.hyper)
@@ -324,7 +324,7 @@ def add_grid_args(
     ``out``; None leaves it to the script), ``--md`` and ``--table-only``."""
     if jobs:
         ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per run (torch, BLAS)")
     if deadline is not None:
         ap.add_argument("--deadline", type=float, default=deadline, help="per-step deadline (s)")
     if code:

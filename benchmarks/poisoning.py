@@ -207,12 +207,11 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """One simulation; the honest agents' final accuracies."""
-    import torch
-
     from coordinator.config import load_config
     from coordinator.sim.simulate import FleetSpec, simulate
+    from models.cpu_threads import limit_cpu_threads
 
-    torch.set_num_threads(args.threads)
+    limit_cpu_threads(args.threads)
 
     run_dir = Path(tempfile.mkdtemp(prefix="poisoning-"))
     broker = MemoryBroker()

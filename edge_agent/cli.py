@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=0,
-        help="torch CPU threads (0 = torch's default, one a core; several agents on one "
-        "machine: 1 each)",
+        help="CPU threads of torch's pool and NumPy's BLAS (0 = their defaults, one a core; "
+        "several agents on one machine: 1 each)",
     )
     p.add_argument(
         "--state-dir",
@@ -251,10 +251,10 @@ def _run(args: argparse.Namespace) -> int:
         broker, args.creds, signing=args.signing is not None, insecure=args.insecure
     )
     mode.announce(logging.getLogger("edgefl.agent"))
-    import torch
-
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from models.cpu_threads import limit_cpu_threads
+
+        limit_cpu_threads(args.threads)
     lock = _lock_state_dir(_state_dir(args, device_id), device_id)
     stop = StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -62,7 +62,8 @@ def add_parser(sub: Subparsers) -> None:
         "--threads",
         type=int,
         default=0,
-        help="torch CPU threads of the process, of each actor with --backend ray (0 = default)",
+        help="CPU threads (torch's pool and NumPy's BLAS) of the process, of each actor with "
+        "--backend ray (0 = their defaults)",
     )
     sim.add_argument(
         "--device", default="cpu", help="where the agents train: cpu, cuda[:N] or auto"
@@ -189,9 +190,9 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.sim.demo import summarize
 
     if args.threads:
-        import torch
+        from models.cpu_threads import limit_cpu_threads
 
-        torch.set_num_threads(args.threads)
+        limit_cpu_threads(args.threads)
 
     clock = None
     if args.clock == "simulated":

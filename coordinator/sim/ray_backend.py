@@ -114,9 +114,9 @@ class AgentHost:
 
         setup_logging("WARNING", "text")  # the actor's stderr goes to the driver
         if threads:
-            import torch
+            from models.cpu_threads import limit_cpu_threads
 
-            torch.set_num_threads(threads)
+            limit_cpu_threads(threads)
         cfg = build_config({"run": {}, "hyper": {}}, base=cfg_data)
         fleet = FleetSpec(**{**fleet_data, "models": tuple(fleet_data["models"])})
         host, port = broker
