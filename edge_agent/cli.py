@@ -251,10 +251,9 @@ def _run(args: argparse.Namespace) -> int:
         broker, args.creds, signing=args.signing is not None, insecure=args.insecure
     )
     mode.announce(logging.getLogger("edgefl.agent"))
-    if args.threads:
-        from models.cpu_threads import limit_cpu_threads
+    from models.cpu_threads import apply_thread_setting
 
-        limit_cpu_threads(args.threads)
+    apply_thread_setting(args.threads, agents=1)
     lock = _lock_state_dir(_state_dir(args, device_id), device_id)
     stop = StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}

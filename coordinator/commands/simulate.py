@@ -63,7 +63,7 @@ def add_parser(sub: Subparsers) -> None:
         type=int,
         default=0,
         help="CPU threads (torch's pool and NumPy's BLAS) of the process, of each actor with "
-        "--backend ray (0 = their defaults)",
+        "--backend ray (0 = torch's default; BLAS then gets 1, as the agents call it at once)",
     )
     sim.add_argument(
         "--device", default="cpu", help="where the agents train: cpu, cuda[:N] or auto"
@@ -188,11 +188,10 @@ def run(args: argparse.Namespace) -> int:
         **split_fields(args),
     )
     from coordinator.sim.demo import summarize
+    from models.cpu_threads import apply_thread_setting
 
-    if args.threads:
-        from models.cpu_threads import limit_cpu_threads
-
-        limit_cpu_threads(args.threads)
+    # with --backend ray this process runs the coordinator alone
+    apply_thread_setting(args.threads, agents=args.agents if args.backend == "inprocess" else 1)
 
     clock = None
     if args.clock == "simulated":

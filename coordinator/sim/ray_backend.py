@@ -113,10 +113,9 @@ class AgentHost:
         from protocol.logs import setup_logging
 
         setup_logging("WARNING", "text")  # the actor's stderr goes to the driver
-        if threads:
-            from models.cpu_threads import limit_cpu_threads
+        from models.cpu_threads import apply_thread_setting
 
-            limit_cpu_threads(threads)
+        apply_thread_setting(threads, agents=len(indices))
         cfg = build_config({"run": {}, "hyper": {}}, base=cfg_data)
         fleet = FleetSpec(**{**fleet_data, "models": tuple(fleet_data["models"])})
         host, port = broker
