@@ -40,6 +40,7 @@ import math
 import os
 import platform
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -242,7 +243,7 @@ def _shown(path: str | Path) -> str:
     return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else full.name
 
 
-def _cell(vals: list[float | None]) -> str:
+def _cell(vals: Sequence[float | None]) -> str:
     xs = [v for v in vals if v is not None]
     if not xs:
         return "–"
@@ -295,9 +296,9 @@ def tables(results: experiment.Results) -> str:
             "",
         ]
     for alpha, by in sorted(groups.items(), key=lambda kv: -kv[0]):
+        own = results.args.family == "htfl_cnn"  # HtFLlib ran its own networks, not ours
+        out += [f"### MNIST-5k, Dirichlet {alpha:g}", "", *glance(alpha, by, own), ""]
         out += [
-            f"### MNIST-5k, Dirichlet {alpha:g}",
-            "",
             "Accuracy, % (mean ± 95 % t half-width over seeds). Best = the run's best round "
             "(HtFLlib's summary); last 10 = the mean of its last 10 rounds. The global test set "
             "is scored every few rounds only (`global_every` in the results file): its "
@@ -336,10 +337,45 @@ def tables(results: experiment.Results) -> str:
                 *rows,
             ]
         out += final_phase(by)
-        if results.args.family == "htfl_cnn":  # HtFLlib ran its own networks, not ours
+        if own:
             out += parity(alpha, by)
         out.append("")
     return "\n".join(out)
+
+
+def glance(alpha: float, by: dict[str, dict[int, dict[str, Any]]], htfllib: bool) -> list[str]:
+    """Markdown: each method's headline figures beside its paired difference from the
+    baseline, and (``htfllib``) HtFLlib's own run of it on the same split (the tables below
+    have the rest)."""
+    base = list(by.get(BASELINE, {}).values())
+    htfl_best = {
+        arm: statistics.fmean(curve_summary(c)[0] for c in curves)
+        for algo, arm in HTFLLIB["arms"].items()
+        if htfllib and (curves := htfllib_curves(alpha).get(algo))
+    }
+    rows = []
+    for m in (m for m in METHODS if m in by):
+        rs = list(by[m].values())
+        cells = []
+        for key in ("best_personal", "last_global"):
+            diffs = paired_diffs(rs, base, key) if m != BASELINE else []
+            cells += [_cell([r.get(key) for r in rs]), _diff(diffs) if diffs else "–"]
+        if htfllib:
+            cells.append(f"{100 * htfl_best[m]:.2f}" if m in htfl_best else "–")
+        rows.append(f"| `{m}` | {len(rs)} | {' | '.join(cells)} |")
+    head = (
+        f"| method | seeds | personalised, best | − `{BASELINE}` | global, last 10 | "
+        f"− `{BASELINE}` |"
+    )
+    return [
+        f"At a glance: accuracy, % (mean ± 95 % t half-width over seeds), and the paired "
+        f"difference from `{BASELINE}`, points [95 % t interval]"
+        + ("; HtFLlib's own run on the same split, its best round." if htfllib else "."),
+        "",
+        head + (" HtFLlib, best |" if htfllib else ""),
+        "|---|---|---|---|---|---|" + ("---|" if htfllib else ""),
+        *rows,
+    ]
 
 
 def final_phase(by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
@@ -385,8 +421,8 @@ def final_phase(by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
                 for metric in ("personal", "global")
             ]
             if any(cols):
-                cells = " | ".join(_diff(c) if c else "–" for c in cols)
-                diffs.append(f"| `{m}`: after − {label} | {max(map(len, cols))} | {cells} |")
+                shown = " | ".join(_diff(c) if c else "–" for c in cols)
+                diffs.append(f"| `{m}`: after − {label} | {max(map(len, cols))} | {shown} |")
     return [
         *out,
         "",

@@ -191,3 +191,32 @@ def test_the_final_phase_table_pairs_after_with_before_noise_and_local() -> None
     assert rows["`fedvtc`: after − `local` last 10"].split("|")[3].strip().startswith("-28.00")
     assert "`local`: after" not in text  # no final phase, no row
     assert "`fedgen`: after" not in text and "| `fedgen` | 1 | – |" not in text
+
+
+def test_the_glance_table_puts_each_figure_beside_its_difference_and_htfllib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = ["algorithm\trun\tround\taccuracy\tseconds"]
+    lines += [f"FedProto\t0\t{r}\t{0.5 + r / 100:.2f}\t1.0" for r in range(0, 21)]
+    (tmp_path / "htfl_1.0.tsv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(reference, "ROOT", tmp_path)
+    monkeypatch.setitem(reference.HTFLLIB, "runs", "htfl_{alpha}.tsv")
+    by = {
+        "local": {s: run("local", s, 0.80 + s / 100, 0.78) for s in (1, 2, 3)},
+        "fedproto": {s: run("fedproto", s, 0.82 + s / 100, 0.81) for s in (1, 2, 3)},
+    }
+    text = reference.glance(1.0, by, htfllib=True)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in text if "| `" in line}
+    assert [c.strip() for c in rows["`local`"]] == [
+        "3",
+        "82.00 ± 2.48",
+        "–",
+        "39.00 ± 0.00",
+        "–",
+        "–",
+    ]
+    cells = [c.strip() for c in rows["`fedproto`"]]
+    assert cells[2].startswith("+2.00") and cells[4].startswith("+1.50")  # best; global last 10
+    assert cells[5] == "70.00"  # HtFLlib's FedProto, its best trained round
+    no_htfllib = reference.glance(1.0, by, htfllib=False)
+    assert all(line.count("|") == 7 for line in no_htfllib if line.startswith("|"))
