@@ -62,6 +62,9 @@ class FMLConfig(SharedModelConfig):
 
     alpha: float = 0.5  # private model: alpha * CE + (1 - alpha) * KL
     beta: float = 0.5  # meme model: beta * CE + (1 - beta) * KL
+    # HtFLlib's gradient path: each KL's teacher is not detached, so each model also gets the
+    # gradient of the other's KL term (false: each model minimises its own objective)
+    teacher_grad: bool = False
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "htfllib": {
             **HTFLLIB_TRAINING,

@@ -117,3 +117,27 @@ def test_training_reports_the_shared_model_accuracy() -> None:
     result = make_edge().handle(task())
     assert 0.0 <= result.metrics["shared_acc"] <= 1.0
     assert 0.0 <= result.metrics["global_shared_acc"] <= 1.0
+
+
+def test_with_teacher_grad_each_model_also_gets_the_other_kl_term() -> None:
+    edge = make_edge()
+    edge.cfg = FMLConfig(alpha=0.5, beta=0.5, teacher_grad=True)
+    x, y = torch.rand(5, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1])
+    meme = edge.shared_net()
+    logits = edge.ctx.model(x)
+    edge.step_loss(x, y, logits, logits).backward()
+    summed = [p.grad.clone() for p in meme.parameters()]  # type: ignore[union-attr]
+    meme.zero_grad()
+    logits, zm = edge.ctx.model(x), meme(x)
+    own = 0.5 * F.cross_entropy(zm, y) + 0.5 * mutual_kl(zm, logits)
+    other = 0.5 * F.kl_div(F.log_softmax(logits, 1), F.softmax(zm, 1), reduction="batchmean")
+    (own + other).backward()  # HtFLlib's path: the private model's KL reaches the meme too
+    for a, p in zip(summed, meme.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad)
+    meme.zero_grad()
+    own = 0.5 * F.cross_entropy(meme(x), y) + 0.5 * mutual_kl(meme(x), edge.ctx.model(x))
+    own.backward()
+    grads = [p.grad for p in meme.parameters()]
+    assert any(
+        not torch.allclose(a, g) for a, g in zip(summed, grads, strict=True) if g is not None
+    )
