@@ -57,7 +57,7 @@ METHODS = PRESET.arms
 SPLITS: dict[str, str] = PRESET.other["splits"]
 BASELINE: str = PRESET.other["report"]["baseline"]
 CONTROLS: dict[str, str] = PRESET.other["report"].get("controls", {})
-# a variant of a seed method against the paper's setting it changes
+# a variant against the setting it changes (a seed method's paper, a baseline's default)
 VARIANTS: dict[str, str] = PRESET.other["report"].get("variants", {})
 PRESET_NAME = "htfllib"
 LAST = 10  # the last rounds a run's second summary averages
@@ -329,7 +329,7 @@ def tables(results: experiment.Results) -> str:
                 f"Paired differences, points (mean [95 % t interval]; same seed = same split, "
                 f"start and batch order): from `{BASELINE}`, then each seed method from its own "
                 "control (the same method without its exchange), then each variant from the "
-                "paper's setting it changes:",
+                "setting it changes (the paper's, or a baseline's default):",
                 "",
                 "| comparison | seeds | personalised, best | personalised, last 10 | "
                 "global, best | global, last 10 |",
