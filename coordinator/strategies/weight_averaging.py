@@ -1,5 +1,5 @@
-"""Server halves that average model weights: the sample-weighted mean of the uploaded
-``weights`` (FedAvg, CCVR, FedType) and of one module every agent holds in one shape
+"""Server halves that average model weights: the sample-weighted (or uniform) mean of the
+uploaded ``weights`` (FedAvg, CCVR, FedType) and of one module every agent holds in one shape
 (LG-FedAvg's head, FML's and FedKD's shared model)."""
 
 from __future__ import annotations
@@ -89,11 +89,14 @@ class WeightAveragingStrategy(Strategy[Any]):
     def average_weights(
         self, step: Step, replies: list[tuple[AgentInfo, Reply]]
     ) -> dict[str, float]:
-        """Weights averaged by sample count (integer buffers: the maximum), or combined by the
-        configured robust rule."""
+        """Weights averaged by sample count, or uniformly with ``sample_weighted = false``
+        (integer buffers: the maximum), or combined by the configured robust rule."""
         replies, outliers = self.agreeing(replies)
         maps = [w for _, r in replies if isinstance(w := r.payloads["weights"], TensorMap)]
-        n = [max(r.num_samples, 1) * self.reply_weight(r) for _, r in replies]
+        by_samples = self.config.sample_weighted
+        n = [
+            (max(r.num_samples, 1) if by_samples else 1) * self.reply_weight(r) for _, r in replies
+        ]
         if self.robust.plain:  # FedAvg's own rule, bit for bit
             self.weights = weighted_mean(maps, n, self.config.weight_encoding, "fedavg weights")
         else:

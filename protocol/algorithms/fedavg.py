@@ -22,3 +22,6 @@ class FedAvgConfig(AveragingConfig):
     DP_SGD: ClassVar[bool] = True  # hyper.dp: the weights are trained by DP-SGD
 
     weight_encoding: Literal["raw", "f16", "i8"] = "raw"  # uploaded and broadcast weights
+    # true: each upload weighs its sample count (FedAvg); false: every upload weighs the same
+    # (HtFLlib's FML and FedKD servers average uniformly)
+    sample_weighted: bool = True

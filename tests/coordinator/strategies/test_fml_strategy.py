@@ -1,5 +1,5 @@
-"""FML server half with fake replies (sample-weighted meme, one input spec, layout checks);
-whole runs: test_every_algorithm.py."""
+"""FML server half with fake replies (sample-weighted or uniform meme, one input spec, layout
+checks); whole runs: test_every_algorithm.py."""
 
 import numpy as np
 import pytest
@@ -43,6 +43,16 @@ def test_memes_average_by_sample_count_across_private_architectures() -> None:
     assert isinstance(sent, TensorMap)
     np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), 3.0))  # (10 + 80) / 30
     assert int(sent.tensors["n"]) == 4  # integer buffers: the maximum
+
+
+def test_sample_weighted_false_averages_memes_uniformly() -> None:
+    s = create_strategy("fml", FMLConfig(sample_weighted=False), num_classes=C)
+    s.admit(B, [A])
+    replies = [(A, reply(meme(1.0), 10)), (B, reply(meme(4.0), 20))]
+    s.aggregate(Step(1, "train"), replies)
+    sent = s.configure(Step(2, "train"), A)["weights"]
+    assert isinstance(sent, TensorMap)
+    np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), 2.5))  # (1 + 4) / 2
 
 
 def test_another_input_is_refused_at_admission_and_another_meme_left_out_of_round_one() -> None:
