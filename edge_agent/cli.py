@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_agent.joining import Adopted, adopt, class_list, feature_size, wait_for_run
 from protocol.algorithms.base import DEFAULT_FEATURE_DIM
+from protocol.cli_args import non_negative_int
 from protocol.logs import setup_logging
 
 if TYPE_CHECKING:  # torch-free at run time: --help must stay instant
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument(
         "--threads",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="CPU threads of torch's pool and NumPy's BLAS (0 = their defaults, one a core; "
         "several agents on one machine: 1 each)",

@@ -21,10 +21,10 @@ __all__ = ["apply_thread_setting", "limit_cpu_threads"]
 def limit_cpu_threads(threads: int) -> None:
     """Give torch's intra-op pool and the process's BLAS pools ``threads`` threads each, for
     the rest of the process (``threads >= 1``)."""
-    import torch
-
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    import torch
+
     torch.set_num_threads(threads)
     threadpool_limits(limits=threads, user_api="blas")
 

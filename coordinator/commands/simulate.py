@@ -17,6 +17,7 @@ from coordinator.commands.options import (
     split_fields,
 )
 from protocol.algorithms.base import DEFAULT_FEATURE_DIM
+from protocol.cli_args import non_negative_int
 
 if TYPE_CHECKING:
     from coordinator.commands.options import Subparsers
@@ -60,7 +61,7 @@ def add_parser(sub: Subparsers) -> None:
     add_split_options(sim, global_test_default=360)
     sim.add_argument(
         "--threads",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="CPU threads (torch's pool and NumPy's BLAS) of the process, of each actor with "
         "--backend ray (0 = torch's default; BLAS then gets 1, as the agents call it at once)",

@@ -173,3 +173,12 @@ def test_an_algorithm_that_cannot_run_buffered_is_refused_before_anything_starts
     assert code == 2, err
     assert f"{algorithm} cannot run buffered" in err and "run.mode = sync" in err, err
     assert "Traceback" not in err and not run_dir.exists()
+
+
+def test_simulate_refuses_a_negative_thread_count_at_parse_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["simulate", "--threads", "-2"])
+    assert exc.value.code == 2
+    assert "--threads: must be >= 0, got -2" in capsys.readouterr().err

@@ -170,3 +170,12 @@ def test_a_second_default_agent_in_the_same_directory_is_refused_at_once(
     finally:
         first.terminate()
         first.wait(timeout=30)
+
+
+def test_a_negative_thread_count_is_refused_at_parse_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["--broker", "localhost", "--threads", "-1"])
+    assert exc.value.code == 2
+    assert "--threads: must be >= 0, got -1" in capsys.readouterr().err
