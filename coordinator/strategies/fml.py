@@ -1,8 +1,9 @@
 """FML, server half: FedAvg of the meme models; private models never leave the devices.
 
 The coordinator keeps one global meme, sends it to each selected agent and replaces it by the
-sample-weighted mean of the uploaded memes (:class:`SharedModelStrategy`, FedAvg's own
-aggregation through :func:`coordinator.aggregation.weighted_mean`). Private architectures may
+sample-weighted (or, with ``sample_weighted = false``, uniform) mean of the uploaded memes
+(:class:`SharedModelStrategy`, FedAvg's own aggregation through
+:func:`coordinator.aggregation.weighted_mean`). Private architectures may
 differ; every agent builds the same meme, so they must feed it one input.
 """
 

@@ -9,7 +9,8 @@ Locally the two learn from each other by deep mutual learning::
     L_meme    = beta  * CE(meme)    + (1 - beta)  * KL(p_private || p_meme)
 
 and only the meme travels, averaged by sample count as FedAvg averages a model (so this config
-extends :class:`FedAvgConfig`: same ``weights`` payload and ``weight_encoding``).
+extends :class:`FedAvgConfig`: same ``weights`` payload, ``weight_encoding`` and
+``sample_weighted``, whose false is HtFLlib's uniform mean).
 
 Defaults: alpha = beta = 0.5 (the paper's setting; HtFLlib's argparse default 1.0 would switch
 both KL terms off); training as HtFLlib's ``clientfml``: plain SGD at lr 0.01 for both models,
