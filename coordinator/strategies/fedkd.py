@@ -3,9 +3,9 @@ uploads and downloads (the paper's §3.3, ``protocol.contract.lowrank``).
 
 Only the shared mentee travels; the coordinator refuses an agent whose input differs from the
 fleet's (:class:`SharedModelStrategy`). Each upload's factors are checked and multiplied out
-before it is validated and averaged by sample count (HtFLlib uniformly: ``sample_weighted = false``); the global
-mentee is kept whole and compressed once per round for the tasks, at the energy of the round
-that produced it.
+before it is validated and averaged by sample count (HtFLlib's uniformly:
+``sample_weighted = false``); the global mentee is kept whole and compressed once per round
+for the tasks, at the energy of the round that produced it.
 """
 
 from __future__ import annotations
