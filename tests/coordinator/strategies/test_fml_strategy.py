@@ -34,25 +34,21 @@ def reply(w: TensorMap, n: int) -> Reply:
 A, B = agent("a", "mlp_s"), agent("b", "cnn_t1")
 
 
-def test_memes_average_by_sample_count_across_private_architectures() -> None:
-    s = create_strategy("fml", FMLConfig(), num_classes=C)
+@pytest.mark.parametrize(
+    ("sample_weighted", "mean"),
+    [(True, 3.0), (False, 2.5)],  # (10 x 1 + 20 x 4) / 30; uniform (1 + 4) / 2 (HtFLlib's)
+)
+def test_memes_average_by_sample_count_or_uniformly_across_private_architectures(
+    sample_weighted: bool, mean: float
+) -> None:
+    s = create_strategy("fml", FMLConfig(sample_weighted=sample_weighted), num_classes=C)
     s.admit(B, [A])
     replies = [(A, reply(meme(1.0), 10)), (B, reply(meme(4.0), 20))]
     s.aggregate(Step(1, "train"), replies)
     sent = s.configure(Step(2, "train"), A)["weights"]
     assert isinstance(sent, TensorMap)
-    np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), 3.0))  # (10 + 80) / 30
+    np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), mean))
     assert int(sent.tensors["n"]) == 4  # integer buffers: the maximum
-
-
-def test_sample_weighted_false_averages_memes_uniformly() -> None:
-    s = create_strategy("fml", FMLConfig(sample_weighted=False), num_classes=C)
-    s.admit(B, [A])
-    replies = [(A, reply(meme(1.0), 10)), (B, reply(meme(4.0), 20))]
-    s.aggregate(Step(1, "train"), replies)
-    sent = s.configure(Step(2, "train"), A)["weights"]
-    assert isinstance(sent, TensorMap)
-    np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), 2.5))  # (1 + 4) / 2
 
 
 def test_another_input_is_refused_at_admission_and_another_meme_left_out_of_round_one() -> None:
