@@ -350,7 +350,7 @@ def glance(alpha: float, by: dict[str, dict[int, dict[str, Any]]], htfllib: bool
     base = list(by.get(BASELINE, {}).values())
     htfl_best = {
         arm: statistics.fmean(curve_summary(c)[0] for c in curves)
-        for algo, arm in HTFLLIB["arms"].items()
+        for algo, arm in htfllib_pairs()
         if htfllib and (curves := htfllib_curves(alpha).get(algo))
     }
     rows = []
@@ -449,6 +449,17 @@ def htfllib_curves(alpha: float) -> dict[str, list[Curve]]:
     return {algo: [sorted(c) for c in by_run.values()] for algo, by_run in runs.items()}
 
 
+def htfllib_pairs() -> list[tuple[str, str]]:
+    """(HtFLlib algorithm, our arm) for each arm that matches one of its algorithms: the
+    preset's ``[htfllib.arms]`` gives one arm or a list (our default and the arm run as
+    HtFLlib runs it)."""
+    return [
+        (algo, arm)
+        for algo, arms in HTFLLIB["arms"].items()
+        for arm in ([arms] if isinstance(arms, str) else arms)
+    ]
+
+
 def curve_summary(curve: Curve) -> tuple[float, float, int]:
     """Best round after training began (round 0 is the untrained start), the mean of the last
     ``LAST`` rounds, and the last round."""
@@ -460,7 +471,7 @@ def parity(alpha: float, by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     """Markdown: HtFLlib's own runs on this split beside our matching arm, on its metric."""
     curves = htfllib_curves(alpha)
     rows = []
-    for algo, arm in HTFLLIB["arms"].items():
+    for algo, arm in htfllib_pairs():
         if not curves.get(algo):
             continue
         sums = [curve_summary(c) for c in curves[algo] if any(r >= 1 for r, _ in c)]

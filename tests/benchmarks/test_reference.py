@@ -120,6 +120,27 @@ def test_htfllib_runs_are_summarised_on_trained_rounds_beside_the_matching_arm(
     assert reference.parity(0.1, by) == []  # no HtFLlib file for that split: no section
 
 
+def test_an_htfllib_algorithm_matched_by_two_arms_gets_a_parity_row_for_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = ["algorithm\trun\tround\taccuracy\tseconds"]
+    lines += [f"FML\t0\t{r}\t{0.5 + r / 100:.2f}\t1.0" for r in range(1, 21)]
+    (tmp_path / "htfl_1.0.tsv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(reference, "ROOT", tmp_path)
+    monkeypatch.setitem(reference.HTFLLIB, "runs", "htfl_{alpha}.tsv")
+    monkeypatch.setitem(reference.HTFLLIB, "arms", {"FML": ["fml", "fml_htfllib"]})
+    by = {
+        "fml": {1: run("fml", 1, 0.69, 0.6)},
+        "fml_htfllib": {1: run("fml_htfllib", 1, 0.71, 0.6)},
+    }
+    rows = [line for line in reference.parity(1.0, by) if line.startswith("| FML")]
+    assert [r.split("|")[2].strip() for r in rows] == ["`fml`", "`fml_htfllib`"]
+    assert rows[0].endswith("| -1.00 |") and rows[1].endswith("| +1.00 |")
+    text = reference.glance(1.0, by, htfllib=True)
+    glance = {line.split("|")[1].strip(): line for line in text if "| `" in line}
+    assert glance["`fml`"].endswith("| 70.00 |") and glance["`fml_htfllib`"].endswith("| 70.00 |")
+
+
 def test_the_edge_tier_is_the_same_grid_on_the_tiny_family_with_its_own_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
