@@ -51,6 +51,17 @@ def test_a_sparse_global_curve_is_summarised_over_its_scored_rounds() -> None:
     assert out["last_global"] == pytest.approx((0.15 + 0.20) / 2)  # rounds 15 and 20
 
 
+def htfllib_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, rounds: range
+) -> None:
+    """One HtFLlib run of ``algorithm`` on the Dir 1.0 split, accuracy 0.5 + round / 100."""
+    lines = ["algorithm\trun\tround\taccuracy\tseconds"]
+    lines += [f"{algorithm}\t0\t{r}\t{0.5 + r / 100:.2f}\t1.0" for r in rounds]
+    (tmp_path / "htfl_1.0.tsv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(reference, "ROOT", tmp_path)
+    monkeypatch.setitem(reference.HTFLLIB, "runs", "htfl_{alpha}.tsv")
+
+
 def run(method: str, seed: int, best: float, last: float) -> Record:
     spec = {"method": method, "algorithm": method, "alpha": 1.0, "seed": seed}
     return {
@@ -123,11 +134,7 @@ def test_htfllib_runs_are_summarised_on_trained_rounds_beside_the_matching_arm(
 def test_an_htfllib_algorithm_matched_by_two_arms_gets_a_parity_row_for_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lines = ["algorithm\trun\tround\taccuracy\tseconds"]
-    lines += [f"FML\t0\t{r}\t{0.5 + r / 100:.2f}\t1.0" for r in range(1, 21)]
-    (tmp_path / "htfl_1.0.tsv").write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(reference, "ROOT", tmp_path)
-    monkeypatch.setitem(reference.HTFLLIB, "runs", "htfl_{alpha}.tsv")
+    htfllib_run(tmp_path, monkeypatch, "FML", range(1, 21))
     monkeypatch.setitem(reference.HTFLLIB, "arms", {"FML": ["fml", "fml_htfllib"]})
     by = {
         "fml": {1: run("fml", 1, 0.69, 0.6)},
@@ -217,11 +224,7 @@ def test_the_final_phase_table_pairs_after_with_before_noise_and_local() -> None
 def test_the_glance_table_puts_each_figure_beside_its_difference_and_htfllib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lines = ["algorithm\trun\tround\taccuracy\tseconds"]
-    lines += [f"FedProto\t0\t{r}\t{0.5 + r / 100:.2f}\t1.0" for r in range(0, 21)]
-    (tmp_path / "htfl_1.0.tsv").write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(reference, "ROOT", tmp_path)
-    monkeypatch.setitem(reference.HTFLLIB, "runs", "htfl_{alpha}.tsv")
+    htfllib_run(tmp_path, monkeypatch, "FedProto", range(0, 21))
     by = {
         "local": {s: run("local", s, 0.80 + s / 100, 0.78) for s in (1, 2, 3)},
         "fedproto": {s: run("fedproto", s, 0.82 + s / 100, 0.81) for s in (1, 2, 3)},
