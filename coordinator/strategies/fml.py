@@ -3,8 +3,8 @@
 The coordinator keeps one global meme, sends it to each selected agent and replaces it by the
 sample-weighted (or, with ``sample_weighted = false``, uniform) mean of the uploaded memes
 (:class:`SharedModelStrategy`, FedAvg's own aggregation through
-:func:`coordinator.aggregation.weighted_mean`). Private architectures may
-differ; every agent builds the same meme, so they must feed it one input.
+:func:`coordinator.aggregation.weighted_mean`). Private architectures may differ; every agent
+builds the same meme, so they must feed it one input.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ treats the other's prediction as a constant target (the teacher's logits are det
 gradient of the sum w.r.t. each model is the gradient of its own loss and each group's own
 optimiser steps it, as two optimisers on two losses would. ``teacher_grad`` leaves the teachers
 attached, as HtFLlib's two backward passes do: each model then also gets the gradient of the
-other's KL term. :class:`SharedModelEdge` holds what
-FML and FedKD share: the meme built from the task's ``shared_model`` with one fleet-wide seed,
-exchanged, checkpointed and evaluated.
+other's KL term. :class:`SharedModelEdge` holds what FML and FedKD share: the meme built from
+the task's ``shared_model`` with one fleet-wide seed, exchanged, checkpointed and evaluated.
 """
 
 from __future__ import annotations
