@@ -302,23 +302,21 @@ def tables(results: experiment.Results) -> str:
             "Accuracy, % (mean ± 95 % t half-width over seeds). Best = the run's best round "
             "(HtFLlib's summary); last 10 = the mean of its last 10 rounds. The global test set "
             "is scored every few rounds only (`global_every` in the results file): its "
-            "figures are over those rounds.",
+            "figures are over those rounds. Best round: where the personalised best fell; a "
+            "run that stopped at the cap with its best round less than `patience` rounds "
+            "before it was still improving.",
             "",
-            "| method | seeds | rounds run | personalised, best | personalised, last 10 | "
-            "global, best | global, last 10 | s/round |",
-            "|---|---|---|---|---|---|---|---|",
+            "| method | seeds | rounds run | best round | personalised, best | "
+            "personalised, last 10 | global, best | global, last 10 | s/round |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for m in (m for m in METHODS if m in by):
             rs = list(by[m].values())
             cells = " | ".join(_cell([r.get(k) for r in rs]) for k in KEYS)
-            rounds = "–".join(
-                str(n)
-                for n in sorted(
-                    {min(r["rounds_done"] for r in rs), max(r["rounds_done"] for r in rs)}
-                )
-            )
+            rounds = _span([r["rounds_done"] for r in rs])
+            best = _span([r.get("best_round_personal") for r in rs])
             per_round = statistics.fmean(r["s_per_round"] or 0.0 for r in rs)
-            out.append(f"| `{m}` | {len(rs)} | {rounds} | {cells} | {per_round:.1f} |")
+            out.append(f"| `{m}` | {len(rs)} | {rounds} | {best} | {cells} | {per_round:.1f} |")
         pairs = [(m, BASELINE) for m in METHODS if m in by and m != BASELINE]
         pairs += [(m, control) for m, control in CONTROLS.items() if m in by]
         pairs += [(m, paper) for m, paper in VARIANTS.items() if m in by]
@@ -509,6 +507,12 @@ def parity(alpha: float, by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
+
+
+def _span(values: list[int | None]) -> str:
+    """The range of ``values`` over seeds, "41–70", or the one value; "–" if none is known."""
+    known = sorted({v for v in values if v is not None})
+    return "–".join(str(v) for v in sorted({known[0], known[-1]})) if known else "–"
 
 
 def _pct(value: float | None) -> str:
