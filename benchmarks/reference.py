@@ -40,7 +40,7 @@ import math
 import os
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -221,14 +221,21 @@ def summarize_final(steps: list[dict[str, Any]], sizes: list[int]) -> dict[str, 
 
 
 # ----- the page -------------------------------------------------------------------------------
-# per family: the page's title, its networks, the command that fills it
-TIERS: dict[str, tuple[str, str, str]] = {
-    "htfl_cnn": (
+HTFL_CNN = "HtFLlib's 1-channel CNN family `htfl_cnn` (512-d pooled features)"
+# per named preset (None: the tier itself): the page's title, its networks, the command that
+# fills it
+TIERS: dict[str | None, tuple[str, str, str]] = {
+    None: (
         "The reference tier: HtFLlib's setting",
-        "HtFLlib's 1-channel CNN family `htfl_cnn` (512-d pooled features)",
+        HTFL_CNN,
         "python benchmarks/reference.py --jobs 2 --threads 1",
     ),
-    "tiny": (
+    "long": (
+        "The reference tier, trained longer",
+        HTFL_CNN,
+        "python benchmarks/reference.py --preset long --jobs 2 --threads 1",
+    ),
+    "edge": (
         "The edge tier: the reference setting on the `tiny` family",
         "the toolkit's edge family `tiny` (five BN-free networks of 55k-204k parameters, "
         "features a 64-d linear projection)",
@@ -271,7 +278,10 @@ def tables(results: experiment.Results) -> str:
         s = r["spec"]
         groups.setdefault(s["alpha"], {}).setdefault(s["method"], {})[s["seed"]] = r
     codes = sorted({str(r.get("code", "?")) for r in results.runs})
-    title, networks, command = TIERS.get(results.args.family, TIERS["htfl_cnn"])
+    title, networks, command = TIERS[results.args.preset]
+    caps, patience = (
+        _values(r["spec"].get(k) for r in results.runs) for k in ("rounds", "patience")
+    )
     out: list[str] = [
         f"# {title}",
         "",
@@ -280,8 +290,9 @@ def tables(results: experiment.Results) -> str:
         f"the clients' test splits), {networks}, every algorithm under "
         '`run.preset = "htfllib"` (HtFLlib\'s client '
         "recipe, SGD lr 0.01, batch 10, one epoch, and `total.sh`'s values), trained until "
-        "its best round (personalised) is `patience` rounds old or the round cap; seeds vary "
-        "the start and batch order, never the split. "
+        f"its best round (personalised) is {patience or '`patience`'} rounds old or the "
+        f"round cap ({caps or '`rounds`'} rounds); seeds vary the start and batch order, never "
+        "the split. "
         f"Code {', '.join(codes) or '–'}. Produced by `{command}` (results: "
         f"`{_shown(results.args.out)}`); HtFLlib's own runs on the same files: "
         "`benchmarks/htfllib/`.",
@@ -507,6 +518,11 @@ def parity(alpha: float, by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
+
+
+def _values(values: Iterable[int | None]) -> str:
+    """The distinct known ``values``, "100" or "100, 300" ('' if none is known)."""
+    return ", ".join(str(v) for v in sorted({v for v in values if v is not None}))
 
 
 def _span(values: list[int | None]) -> str:

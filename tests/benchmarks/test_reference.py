@@ -167,6 +167,20 @@ def test_the_edge_tier_is_the_same_grid_on_the_tiny_family_with_its_own_files(
     assert "HtFLlib itself" in reference.tables(experiment.Results(args, [], runs, []))
 
 
+def test_the_long_preset_is_the_reference_grid_with_a_higher_cap_and_its_own_files() -> None:
+    args = experiment.parse_args(reference.EXPERIMENT, ["--preset", "long", "--seeds", "1"])
+    base = experiment.parse_args(reference.EXPERIMENT, ["--seeds", "1"])
+    assert args.rounds > base.rounds and args.patience == base.patience
+    assert args.family == base.family and str(args.out).endswith("reference_long.json")
+    spec = reference.run_spec(args, "local", 1.0, 1)
+    assert spec == {**reference.run_spec(base, "local", 1.0, 1), "rounds": args.rounds}
+    runs = [run("local", 1, 0.8, 0.8)]
+    runs[0]["spec"] |= {"rounds": args.rounds, "patience": args.patience}
+    text = reference.tables(experiment.Results(args, [], runs, []))
+    assert text.startswith("# The reference tier, trained longer")
+    assert f"round cap ({args.rounds} rounds)" in text and "--preset long" in text
+
+
 def test_the_edge_tier_gives_its_family_one_feature_size_the_reference_tier_none() -> None:
     # the tiny family's networks differ in their own feature size (64 to 3136): a prototype
     # method's replies of the other sizes would be refused and the run would miss its quorum
