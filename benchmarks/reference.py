@@ -315,19 +315,24 @@ def tables(results: experiment.Results) -> str:
             "is scored every few rounds only (`global_every` in the results file): its "
             "figures are over those rounds. Best round: where the personalised best fell; a "
             "run that stopped at the cap with its best round less than `patience` rounds "
-            "before it was still improving.",
+            "before it was still improving. Late gain: the personalised mean of the last 10 "
+            "rounds run minus that of the 10 before them, points [95 % t interval].",
             "",
             "| method | seeds | rounds run | best round | personalised, best | "
-            "personalised, last 10 | global, best | global, last 10 | s/round |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "personalised, last 10 | global, best | global, last 10 | late gain | s/round |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for m in (m for m in METHODS if m in by):
             rs = list(by[m].values())
             cells = " | ".join(_cell([r.get(k) for r in rs]) for k in KEYS)
             rounds = _span([r["rounds_done"] for r in rs])
             best = _span([r.get("best_round_personal") for r in rs])
+            gains = [g for r in rs if (g := late_gain(r.get("curve_personal") or [])) is not None]
+            late = _diff(gains) if gains else "–"
             per_round = statistics.fmean(r["s_per_round"] or 0.0 for r in rs)
-            out.append(f"| `{m}` | {len(rs)} | {rounds} | {best} | {cells} | {per_round:.1f} |")
+            out.append(
+                f"| `{m}` | {len(rs)} | {rounds} | {best} | {cells} | {late} | {per_round:.1f} |"
+            )
         pairs = [(m, BASELINE) for m in METHODS if m in by and m != BASELINE]
         pairs += [(m, control) for m, control in CONTROLS.items() if m in by]
         pairs += [(m, paper) for m, paper in VARIANTS.items() if m in by]
@@ -518,6 +523,17 @@ def parity(alpha: float, by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
+
+
+def late_gain(curve: Sequence[float | None], window: int = LAST) -> float | None:
+    """The mean of the last ``window`` values of ``curve`` minus the mean of the ``window``
+    before them: how much a run was still improving when it stopped (None for a run shorter
+    than two windows or with a round unscored)."""
+    tail = list(curve[-2 * window :])
+    if len(tail) < 2 * window or any(v is None for v in tail):
+        return None
+    values = [float(v) for v in tail if v is not None]
+    return statistics.fmean(values[window:]) - statistics.fmean(values[:window])
 
 
 def _values(values: Iterable[int | None]) -> str:
