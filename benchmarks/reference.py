@@ -327,7 +327,7 @@ def tables(results: experiment.Results) -> str:
             cells = " | ".join(_cell([r.get(k) for r in rs]) for k in KEYS)
             rounds = _span([r["rounds_done"] for r in rs])
             best = _span([r.get("best_round_personal") for r in rs])
-            gains = [g for r in rs if (g := late_gain(r.get("curve_personal") or [])) is not None]
+            gains = [g for r in rs if (g := _late_gain(r)) is not None]
             late = _diff(gains) if gains else "–"
             per_round = statistics.fmean(r["s_per_round"] or 0.0 for r in rs)
             out.append(
@@ -525,15 +525,10 @@ def parity(alpha: float, by: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     ]
 
 
-def late_gain(curve: Sequence[float | None], window: int = LAST) -> float | None:
-    """The mean of the last ``window`` values of ``curve`` minus the mean of the ``window``
-    before them: how much a run was still improving when it stopped (None for a run shorter
-    than two windows or with a round unscored)."""
-    tail = list(curve[-2 * window :])
-    if len(tail) < 2 * window or any(v is None for v in tail):
-        return None
-    values = [float(v) for v in tail if v is not None]
-    return statistics.fmean(values[window:]) - statistics.fmean(values[:window])
+def _late_gain(run: dict[str, Any]) -> float | None:
+    """The run's personalised late gain (its curve scores every round)."""
+    curve = run.get("curve_personal") or []
+    return accuracy.late_gain([v for v in curve if v is not None], LAST)
 
 
 def _values(values: Iterable[int | None]) -> str:

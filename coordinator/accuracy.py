@@ -19,14 +19,16 @@ model on its own test split), ``acc_global`` (on the test set all agents share) 
   is scored on the same test set, so no weights.
 
 The summaries, over the training rounds: the best round (its number and value) and the mean of
-the last :data:`LAST_ROUNDS` rounds.
+the last :data:`LAST_ROUNDS` rounds; and the late gain, that mean minus the mean of the
+:data:`LAST_ROUNDS` rounds before them, which says whether a run stopped by a round cap was
+still improving.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,7 @@ __all__ = [
     "best_round",
     "check_accuracies",
     "last_mean",
+    "late_gain",
     "personalised_accuracy",
     "round_value",
     "round_values",
@@ -166,3 +169,12 @@ def last_mean(rounds: Iterable[Record], metric: str, last: int = LAST_ROUNDS) ->
     """The mean of ``metric`` over the last ``last`` rounds of ``rounds`` that have a value."""
     values = [p.value for p in round_values(rounds, metric)][-last:]
     return statistics.fmean(values) if values and last > 0 else None
+
+
+def late_gain(values: Sequence[float], last: int = LAST_ROUNDS) -> float | None:
+    """The mean of the last ``last`` of ``values`` (a metric's values in round order) minus the
+    mean of the ``last`` before them; None with fewer than ``2 * last`` values."""
+    if last < 1 or len(values) < 2 * last:
+        return None
+    tail = values[-2 * last :]
+    return statistics.fmean(tail[last:]) - statistics.fmean(tail[:last])

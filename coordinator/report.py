@@ -17,6 +17,7 @@ from coordinator.accuracy import (
     PERSONALISED,
     best_round,
     last_mean,
+    late_gain,
     round_value,
     round_values,
     sample_weights,
@@ -105,8 +106,9 @@ def _summary(records: list[dict[str, Any]]) -> list[str]:
         "",
         f"{len(rounds)} training rounds.",
         "",
-        f"| metric | best round | best | mean of the last {LAST_ROUNDS} rounds | last step |",
-        "|---|---:|---:|---:|---:|",
+        f"| metric | best round | best | mean of the last {LAST_ROUNDS} rounds | late gain "
+        "| last step |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for metric, label in SUMMARIES:
         best = best_round(rounds, metric)
@@ -116,6 +118,7 @@ def _summary(records: list[dict[str, Any]]) -> list[str]:
             f"| {label} `{metric}` | {_fmt(best.round if best else None)} "
             f"| {_fmt(best.value if best else None)} "
             f"| {_fmt(late)}{f' ({counted} rounds)' if 0 < counted < LAST_ROUNDS else ''} "
+            f"| {_fmt(late_gain([p.value for p in round_values(rounds, metric)]), signed=True)} "
             f"| {_fmt(round_value(records[-1], metric, weights) if records else None)} |"
         )
     stop = next((r["stop"] for r in reversed(rounds) if isinstance(r.get("stop"), dict)), None)

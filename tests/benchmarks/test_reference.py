@@ -167,13 +167,6 @@ def test_the_edge_tier_is_the_same_grid_on_the_tiny_family_with_its_own_files(
     assert "HtFLlib itself" in reference.tables(experiment.Results(args, [], runs, []))
 
 
-def test_the_late_gain_compares_the_last_ten_rounds_with_the_ten_before() -> None:
-    curve = [0.1] * 5 + [0.5] * 10 + [0.8] * 10
-    assert reference.late_gain(curve) == pytest.approx(0.3)
-    assert reference.late_gain(curve[:19]) is None  # shorter than two windows
-    assert reference.late_gain([*curve[:-1], None]) is None  # a round unscored
-
-
 def test_the_long_preset_is_the_reference_grid_with_a_higher_cap_and_its_own_files() -> None:
     args = experiment.parse_args(reference.EXPERIMENT, ["--preset", "long", "--seeds", "1"])
     base = experiment.parse_args(reference.EXPERIMENT, ["--seeds", "1"])

@@ -144,16 +144,30 @@ def test_summary_best_round_and_last_ten_rounds_by_hand(tmp_path: Path) -> None:
     assert "12 training rounds." in report
     assert (
         "| personalised accuracy (own test splits, sample-weighted) `acc_local_weighted` | 2 "
-        "| 0.800 | 0.510 | 0.700 |" in report
+        "| 0.800 | 0.510 | - | 0.700 |" in report  # 12 rounds: no two windows of 10
     )
     assert (
         "| global accuracy (shared test set, mean over agents) `acc_global` | 7 | 0.900 | 0.360 "
-        "| 0.500 |" in report
+        "| - | 0.500 |" in report
     )
     assert (
         "Stopped early: `acc_local_weighted` best 0.800 at round 2, not bettered by more than "
         "0.0 for 10 rounds." in report
     )
+
+
+def test_summary_late_gain_is_the_last_ten_rounds_against_the_ten_before(
+    tmp_path: Path,
+) -> None:
+    # 25 rounds: rounds 6-15 at 0.5, rounds 16-25 at 0.6 (one agent: personalised = its own)
+    xs = [0.1] * 5 + [0.5] * 10 + [0.6] * 10
+    records = [
+        _step(r, "train", {"a": {**_agent(x, 0.3), "num_samples": 100}}, {})
+        for r, x in enumerate(xs, start=1)
+    ]
+    report = render_report(_write_run(tmp_path / "run", records))
+    assert "`acc_local_weighted` | 16 | 0.600 | 0.600 | +0.100 | 0.600 |" in report
+    assert "`acc_global` | 1 | 0.300 | 0.300 | +0.000 | 0.300 |" in report
 
 
 def test_invalid_middle_lines_and_null_fields(tmp_path: Path) -> None:
