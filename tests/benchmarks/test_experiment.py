@@ -223,18 +223,22 @@ PAGES = (
     ("fedproto_reference", "fedproto_reference.json", "fedproto_reference.md", []),
     ("poisoning", "poisoning.json", "poisoning.md", []),
 )
-# (script, results file, page under docs/results): pages the docs link
-DOC_PAGES = (("reference", "reference.json", "reference.md"),)
+# (script, results file, page under docs/results, arguments): pages the docs link
+DOC_PAGES = (
+    ("reference", "reference.json", "reference.md", []),
+    ("reference", "reference_long.json", "reference_long.md", ["--preset", "long"]),
+)
 
 
-@pytest.mark.parametrize(("name", "results", "page"), DOC_PAGES)
+@pytest.mark.parametrize(("name", "results", "page", "extra"), DOC_PAGES)
 def test_a_results_page_regenerates_from_its_results_file(
-    name: str, results: str, page: str, tmp_path: Path
+    name: str, results: str, page: str, extra: list[str], tmp_path: Path
 ) -> None:
     script = importlib.import_module(name)
     md = tmp_path / page
     out = BENCH / "results" / results
-    experiment.main(script.EXPERIMENT, ["--out", str(out), "--md", str(md), "--table-only"])
+    argv = ["--out", str(out), "--md", str(md), "--table-only", *extra]
+    experiment.main(script.EXPERIMENT, argv)
     assert md.read_text() == (BENCH.parent / "docs" / "results" / page).read_text()
 
 
