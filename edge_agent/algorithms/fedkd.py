@@ -7,7 +7,9 @@ maps the mentee's features onto the mentor's (never sent). The summed loss is
 ``L_t^t + L_t^s + w * (KL(p_s || p_t) + KL(p_t || p_s) + MSE(h_t, W_h h_s))`` with
 ``w = 1 / (L_t^t + L_t^s)`` taken as a weight (no gradient) and each KL's teacher detached; the
 one hidden term sends each part the gradient of its own loss (mentor: ``h_t``; mentee and
-``W_h``: ``W_h h_s``), so each group's optimiser steps on its own objective.
+``W_h``: ``W_h h_s``), so each group's optimiser steps on its own objective. ``teacher_grad``
+follows HtFLlib's ``clientkd`` instead: it backpropagates two objectives that each hold the
+hidden term, through the teachers and through ``w``.
 
 The mentee travels SVD-compressed both ways (``protocol.contract.lowrank``): a received one is
 checked
@@ -41,17 +43,22 @@ def adaptive_kd_loss(  # noqa: PLR0917 - the terms of the two objectives, in ord
     mentor_hidden: Tensor | None = None,
     mapped_mentee_hidden: Tensor | None = None,
     kl_reduction: str = "batchmean",
+    *,
+    teacher_grad: bool = False,
 ) -> Tensor:
-    """``L_mentor + L_mentee`` of FedKD (see the module doc); hidden term when both are given."""
+    """``L_mentor + L_mentee`` of FedKD (see the module doc); hidden term when both are given.
+    ``teacher_grad``: HtFLlib's form (nothing detached, the hidden term in both objectives)."""
     ce_t = F.cross_entropy(mentor_logits, y)
     ce_s = F.cross_entropy(mentee_logits, y)
-    distil = mutual_kl(mentor_logits, mentee_logits, kl_reduction) + mutual_kl(
-        mentee_logits, mentor_logits, kl_reduction
-    )
+    detach = not teacher_grad
+    distil = mutual_kl(mentor_logits, mentee_logits, kl_reduction, detach_teacher=detach)
+    distil = distil + mutual_kl(mentee_logits, mentor_logits, kl_reduction, detach_teacher=detach)
     if mentor_hidden is not None and mapped_mentee_hidden is not None:
-        distil = distil + F.mse_loss(mentor_hidden.float(), mapped_mentee_hidden.float())
-    weight = 1.0 / (ce_t + ce_s).detach().clamp_min(1e-8)
-    return ce_t + ce_s + weight * distil
+        hidden = F.mse_loss(mentor_hidden.float(), mapped_mentee_hidden.float())
+        distil = distil + (2 * hidden if teacher_grad else hidden)
+    task = ce_t + ce_s
+    weight = 1.0 / (task if teacher_grad else task.detach()).clamp_min(1e-8)
+    return task + weight * distil
 
 
 @register_edge_algorithm("fedkd")
@@ -110,7 +117,10 @@ class FedKDEdge(SharedModelEdge[FedKDConfig]):
         z_s = mentee.forward_head(h_s)
         mapped = self.hidden_map()(h_s) if self.config.hidden_loss else None
         hidden = features if mapped is not None else None
-        return adaptive_kd_loss(logits, z_s, y, hidden, mapped, self.config.kl_reduction)
+        cfg = self.config
+        return adaptive_kd_loss(
+            logits, z_s, y, hidden, mapped, cfg.kl_reduction, teacher_grad=cfg.teacher_grad
+        )
 
     def extra_state(self) -> dict[str, Tensor]:
         """The mentee (inherited) and ``W_h`` survive restarts."""

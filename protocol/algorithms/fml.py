@@ -48,6 +48,10 @@ class SharedModelConfig(FedAvgConfig):
     # batchmean: KL summed over classes, averaged over samples (the papers' D_KL);
     # elementwise_mean: divided by B x C as well (HtFLlib's nn.KLDivLoss())
     kl_reduction: Literal["batchmean", "elementwise_mean"] = "batchmean"
+    # HtFLlib's gradient path: nothing in the distillation is detached, so each model also gets
+    # the gradient of the other's distillation terms (FedKD: and of its adaptive weight); false:
+    # each model minimises its own objective
+    teacher_grad: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,9 +67,6 @@ class FMLConfig(SharedModelConfig):
 
     alpha: float = 0.5  # private model: alpha * CE + (1 - alpha) * KL
     beta: float = 0.5  # meme model: beta * CE + (1 - beta) * KL
-    # HtFLlib's gradient path: each KL's teacher is not detached, so each model also gets the
-    # gradient of the other's KL term (false: each model minimises its own objective)
-    teacher_grad: bool = False
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "htfllib": {
             **HTFLLIB_TRAINING,

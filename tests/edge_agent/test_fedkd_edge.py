@@ -50,6 +50,27 @@ def test_the_adaptive_weight_carries_no_gradient() -> None:
     torch.testing.assert_close(mentor.grad, ref.grad)
 
 
+def test_with_teacher_grad_the_loss_is_htfllibs_two_objectives_undetached() -> None:
+    # HtFLlib's clientkd backpropagates loss + loss_g: both KLs and twice the hidden term over
+    # the undetached sum of the task losses, into both models
+    mentor = torch.tensor([[0.3, -0.2, 0.1]], requires_grad=True)
+    mentee = torch.tensor([[0.5, 0.0, -0.5]], requires_grad=True)
+    h_t, h_s = torch.tensor([[1.0, 3.0]]), torch.tensor([[0.0, 1.0]])
+    y = torch.tensor([1])
+    adaptive_kd_loss(mentor, mentee, y, h_t, h_s, teacher_grad=True).backward()
+    t, s = (
+        mentor.detach().clone().requires_grad_(True),
+        mentee.detach().clone().requires_grad_(True),
+    )
+    p_t, p_s = F.softmax(t, 1), F.softmax(s, 1)
+    kl_ts = (p_s * (p_s.log() - p_t.log())).sum()  # KL(p_s || p_t): the mentor's term
+    kl_st = (p_t * (p_t.log() - p_s.log())).sum()
+    task = F.cross_entropy(t, y) + F.cross_entropy(s, y)
+    (task + (kl_ts + kl_st + 2 * F.mse_loss(h_t, h_s)) / task).backward()
+    torch.testing.assert_close(mentor.grad, t.grad)
+    torch.testing.assert_close(mentee.grad, s.grad)
+
+
 def make_edge(seed: int = 0) -> FedKDEdge:
     g = torch.Generator().manual_seed(1)
     y = torch.arange(C).repeat(6)
