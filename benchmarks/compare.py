@@ -224,7 +224,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         device=device,
         server_device=server_device,
     )
-    steps, wall = simulate_run(run, args.threads)
+    steps, wall = simulate_run(run, args.threads, args.work_dir)
     summary = summarize(steps, client_test_sizes(run))
     host = f"{platform.node()} ({os.cpu_count()} CPUs)"
     where = {"device": device, "server_device": server_device or device}

@@ -135,7 +135,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         deadline_s=args.deadline,
         run_id="fedktl-repro",
     )
-    steps, wall = simulate_run(run, args.threads)
+    steps, wall = simulate_run(run, args.threads, args.work_dir)
     return {"spec": spec, "wall_s": wall, **summarize(steps)}
 
 

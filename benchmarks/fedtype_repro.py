@@ -175,7 +175,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         max_retries=1,
         run_id="fedtype-repro",
     )
-    steps, wall = simulate_run(run, args.threads)
+    steps, wall = simulate_run(run, args.threads, args.work_dir)
     out = {"spec": spec, "wall_s": wall, **summarize(steps)}
     out["params"] = param_counts([*models, spec["proxy"]], spec["data"])
     return out

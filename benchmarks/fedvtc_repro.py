@@ -189,7 +189,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         deadline_s=7200.0,
         run_id="repro",
     )
-    steps, wall = simulate_run(run, args.threads)
+    steps, wall = simulate_run(run, args.threads, args.work_dir)
     return {"spec": spec, "wall_s": wall, **summarize(steps, spec["T"])}
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
+from pathlib import Path
 from typing import Any
 
 import experiment
@@ -178,18 +179,20 @@ def _patch_cvae_singletons() -> None:
 
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
-    threads, deadline = args.threads, args.deadline
+    threads, deadline, work_dir = args.threads, args.deadline, args.work_dir
     if args.cvae_singleton_workaround and spec["algorithm"] == "velo":
         _patch_cvae_singletons()
         _SINGLETONS[0] = 0
-        r = _execute(spec, threads, deadline)
+        r = _execute(spec, threads, deadline, work_dir)
         r["workaround"] = "cvae_singleton_bn_eval"
         r["cvae_singleton_batches"] = _SINGLETONS[0]
         return r
-    return _execute(spec, threads, deadline)
+    return _execute(spec, threads, deadline, work_dir)
 
 
-def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, Any]:
+def _execute(
+    spec: dict[str, Any], threads: int, deadline: float, work_dir: Path | None
+) -> dict[str, Any]:
     from models.families import family_models
 
     run = SimRun.from_spec(
@@ -200,7 +203,7 @@ def _execute(spec: dict[str, Any], threads: int, deadline: float) -> dict[str, A
         max_retries=1,
         run_id="felo-repro",
     )
-    steps, wall = simulate_run(run, threads)
+    steps, wall = simulate_run(run, threads, work_dir)
     return {"spec": spec, "wall_s": wall, **summarize(steps, spec["rounds"])}
 
 

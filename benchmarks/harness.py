@@ -8,7 +8,8 @@ One implementation of what a grid of simulated runs needs:
   traceback and retried by the next invocation;
 * one run: a :class:`SimRun` executed through :func:`coordinator.sim.simulate.simulate` (the
   in-memory transport, the same code paths as a real fleet) with a per-step deadline and a
-  torch thread count;
+  torch thread count; with ``--work-dir`` a run killed midway resumes where it stopped (its
+  coordinator and agents restart on their state), to the curve it would have had;
 * reading the step records: the final step, train steps, per-round bytes as the coordinator's
   endpoint counted them (``tx`` = to agents = down, ``rx`` = from them = up);
 * table cells: mean ± sd over seeds, paired per-seed differences with two-sided 95 % Student t
@@ -23,6 +24,7 @@ file is :func:`spec_key`. Nothing here imports torch at import time.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -196,6 +198,10 @@ class SimRun:
             values["global_test"] = spec["global_test"]
         return cls(**{**values, **fields})
 
+    def key(self) -> str:
+        """A short digest of every field: the name of the run's resumable folder."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
     def config_values(self, run_dir: Path) -> dict[str, Any]:
         """The keyword values for :func:`coordinator.config.load_config`."""
         values: dict[str, Any] = {
@@ -241,10 +247,17 @@ class SimRun:
         )
 
 
-def simulate_run(run: SimRun, threads: int) -> tuple[list[Record], float]:
-    """Run ``run`` in this process with ``threads`` CPU threads (torch's and BLAS's pools), in a
-    temporary run directory (removed afterwards); return the coordinator's step records and the
-    wall time in seconds."""
+def simulate_run(
+    run: SimRun, threads: int, work_dir: Path | None = None
+) -> tuple[list[Record], float]:
+    """Run ``run`` in this process with ``threads`` CPU threads (torch's and BLAS's pools);
+    return the coordinator's step records and the wall time in seconds.
+
+    The run directory is temporary, or with ``work_dir`` the run's own folder there
+    (:meth:`SimRun.key`): a process killed midway leaves it behind, and the next call with the
+    same run resumes it from its last completed round (the wall time then counts the resumed
+    part only). The folder is removed once the run finishes or fails.
+    """
     import coordinator.strategies  # noqa: F401 - registers every server half
     import edge_agent.algorithms  # noqa: F401 - registers every edge half
     from coordinator.config import load_config
@@ -252,15 +265,24 @@ def simulate_run(run: SimRun, threads: int) -> tuple[list[Record], float]:
     from models.cpu_threads import limit_cpu_threads
 
     limit_cpu_threads(threads)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{run.run_id}-"))
+    if work_dir is None:
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{run.run_id}-"))
+    else:
+        run_dir = work_dir / f"{run.run_id}-{run.key()}"
+        run_dir.mkdir(parents=True, exist_ok=True)
     try:
         cfg = load_config(None, [], **run.config_values(run_dir)).replace(hyper=run.hyper)
         cfg.algorithm_config()  # validate the hyperparameters before starting agents
         t0 = time.time()
         result = simulate(cfg, run.fleet())
         wall = time.time() - t0
-    finally:
+    except Exception:
         shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    finally:  # an interrupt or a kill keeps a work-dir folder: the next call resumes it
+        if work_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
     return result.metrics, wall
 
 
@@ -320,11 +342,18 @@ def add_grid_args(
     code: bool = True,
 ) -> None:
     """The options every grid script shares: ``--jobs`` (when ``jobs``), ``--threads``,
-    ``--deadline`` (when a default is given), ``--code`` (when ``code``), ``--out`` (default
-    ``out``; None leaves it to the script), ``--md`` and ``--table-only``."""
+    ``--work-dir``, ``--deadline`` (when a default is given), ``--code`` (when ``code``),
+    ``--out`` (default ``out``; None leaves it to the script), ``--md`` and ``--table-only``."""
     if jobs:
         ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per run (torch, BLAS)")
+    ap.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="keep each unfinished run's directory here: a grid killed midway resumes its "
+        "runs where they stopped (default: temporary directories, a killed run starts over)",
+    )
     if deadline is not None:
         ap.add_argument("--deadline", type=float, default=deadline, help="per-step deadline (s)")
     if code:

@@ -126,7 +126,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         preset=spec["preset"],
         global_eval_every=spec["global_every"],
     )
-    steps, wall = simulate_run(run, args.threads)
+    steps, wall = simulate_run(run, args.threads, args.work_dir)
     return {"spec": spec, "wall_s": wall, "device": args.device, **summarize(steps, sizes)}
 
 

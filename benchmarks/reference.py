@@ -157,7 +157,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         patience=spec["patience"],
         global_eval_every=spec["global_every"],
     )
-    steps, wall = simulate_run(run, args.threads)
+    steps, wall = simulate_run(run, args.threads, args.work_dir)
     host = f"{platform.node()} ({os.cpu_count()} CPUs)"
     return {
         "spec": spec,

@@ -154,7 +154,7 @@ class EdgeAgent(Membership, RoundOutputs):
             if ckpt.meta.get("phase") == FINAL_PHASE:
                 self.finals_done.add(str(ckpt.meta["run_id"]))
         self.ctx.model.load_state_dict(ckpt.state_dict)
-        self.algorithm.load_extra_state(dict(ckpt.extra))
+        self.algorithm.restore_state(dict(ckpt.extra))
         self.log.info("resumed from %s (round %s)", path, ckpt.meta.get("round"))
 
     def start(self) -> None:

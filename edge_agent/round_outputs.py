@@ -83,7 +83,7 @@ class RoundOutputs:
             state_dict=model_state,
             head=self.algorithm.head_spec(),
             meta=self._meta(task, metrics),
-            extra=self.algorithm.extra_state(),
+            extra=self.algorithm.checkpoint_state(),
         )
 
     def _save_checkpoint(self, task: Task, metrics: dict[str, float] | None = None) -> None:

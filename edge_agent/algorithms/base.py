@@ -6,7 +6,8 @@ nothing to learn, just evaluate) and leaves the algorithm to fill small hooks:
 ``receive`` (payloads from the coordinator), ``param_groups``, ``step_loss`` and ``after_step``
 (what the loop trains and on which loss), ``shared_modules`` (what every agent must start from
 identically), ``reply_payloads`` (knowledge to upload), ``scores`` (how the model predicts), and
-``extra_state`` / ``load_extra_state`` (what must survive a restart besides the model).
+``extra_state`` / ``load_extra_state`` and ``random_streams`` (what must survive a restart
+besides the model).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from protocol.errors import ConfigError, ProtocolError, ValidationError
 
 __all__ = [
     "EDGE_ALGORITHMS",
+    "RNG_PREFIX",
     "EdgeAlgorithm",
     "EdgeContext",
     "PhaseResult",
@@ -46,6 +48,10 @@ __all__ = [
     "register_edge_algorithm",
     "task_payloads",
 ]
+
+#: The checkpoint-extra key prefix of a random stream's state
+#: (:meth:`EdgeAlgorithm.checkpoint_state`).
+RNG_PREFIX = "rng."
 
 C = TypeVar("C", bound=TrainConfig)
 P = TypeVar("P", bound=Payload)
@@ -377,6 +383,32 @@ class EdgeAlgorithm(Generic[C]):
         start, so the shared initialisation must not overwrite them.
         """
         self._shared_ready = True
+
+    def random_streams(self) -> dict[str, torch.Generator]:
+        """The generators the device draws from across rounds, by name: the batch order, and an
+        algorithm's own draws (overrides add theirs to ``super()``'s).
+
+        A checkpoint keeps their states, so a restarted device continues each stream where it
+        stopped instead of replaying it from its seed: a resumed run trains as one that never
+        stopped (a benchmark interrupted mid-run resumes to the same curve).
+        """
+        return {"batch_order": self.ctx.generator}
+
+    def checkpoint_state(self) -> dict[str, Tensor]:
+        """What a checkpoint keeps besides the model: :meth:`extra_state` and the state of each
+        of :meth:`random_streams`."""
+        streams = {RNG_PREFIX + name: g.get_state() for name, g in self.random_streams().items()}
+        return self.extra_state() | streams
+
+    def restore_state(self, state: dict[str, Tensor]) -> None:
+        """Restore what :meth:`checkpoint_state` saved. A stream the checkpoint lacks (one
+        written before the stream existed) stays where its seed put it."""
+        streams = self.random_streams()
+        for key, value in state.items():
+            name = key.removeprefix(RNG_PREFIX)
+            if name != key and name in streams:
+                streams[name].set_state(value)
+        self.load_extra_state({k: v for k, v in state.items() if not k.startswith(RNG_PREFIX)})
 
 
 EDGE_ALGORITHMS: dict[str, type[EdgeAlgorithm[Any]]] = {}

@@ -57,6 +57,10 @@ class FedGenEdge(WeightExchangeEdge[FedGenConfig]):
         """The classifier head."""
         return self.ctx.model.get_classifier()
 
+    def random_streams(self) -> dict[str, torch.Generator]:
+        """The batch order's and the generated features' (labels and latent noise)."""
+        return super().random_streams() | {"fedgen_noise": self.noise}
+
     def weight_encoding(self) -> Encoding:
         """As the run configures (``head_encoding``)."""
         return self.config.head_encoding

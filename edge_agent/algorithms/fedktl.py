@@ -275,6 +275,10 @@ class FedKTLEdge(EdgeAlgorithm[FedKTLConfig]):
             return HeadSpec(type="logits", prototypes=None, valid=None)
         return HeadSpec(type="cosine", prototypes=self.etf_t.cpu(), valid=None)
 
+    def random_streams(self) -> dict[str, torch.Generator]:
+        """The batch order's and the pairs' order."""
+        return super().random_streams() | {"fedktl_pairs": self._pair_order}
+
     def extra_state(self) -> dict[str, Tensor]:
         """The set-up survives restarts: it is sent to each agent once."""
         if self.setup is None:

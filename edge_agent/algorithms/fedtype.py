@@ -412,6 +412,13 @@ class FedTypeEdge(WeightExchangeEdge[FedTypeConfig]):
             return {}
         return {"proxy": self.proxy_checkpoint()}
 
+    def random_streams(self) -> dict[str, torch.Generator]:
+        """The batch order's, RAPS's randomisation and the coverage metric's draws."""
+        return super().random_streams() | {
+            "fedtype_raps": self.noise,
+            "fedtype_coverage": self._eval_noise,
+        }
+
     def extra_state(self) -> dict[str, Tensor]:
         """The local proxy and the D' accuracy of the last upload survive restarts."""
         if self.proxy is None:

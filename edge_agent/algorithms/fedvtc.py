@@ -407,6 +407,10 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
         return {k: v for k, v in out.items() if not math.isnan(v)}  # drop NaN (empty test set)
 
     # ----- state ----------------------------------------------------------------------------
+    def random_streams(self) -> dict[str, torch.Generator]:
+        """The batch order's and the generator's latent noise."""
+        return super().random_streams() | {"fedvtc_noise": self.noise}
+
     def extra_state(self) -> dict[str, Tensor]:
         """Generator, log-sigma and the prototype table survive restarts."""
         state = {f"generator.{k}": v.detach().cpu() for k, v in self.generator.state_dict().items()}

@@ -217,6 +217,10 @@ class VeloEdge(FeatureLogitEdge):
         self._sample_stream = torch.Generator().manual_seed(seed)
         self._samples: ClassReservoir | None = None
 
+    def random_streams(self) -> dict[str, torch.Generator]:
+        """The batch order's and the feature sample's."""
+        return super().random_streams() | {"velo_samples": self._sample_stream}
+
     def train_phase(self, task: Task) -> PhaseResult:
         """One participation; the sample restarts with it."""
         size = int(self.config.upload_samples)

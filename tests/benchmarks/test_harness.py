@@ -1,4 +1,5 @@
-"""The benchmark harness's pure parts: results file, resume, grid bookkeeping, table cells."""
+"""The benchmark harness: results file, resume (of a grid, and of a run killed midway), grid
+bookkeeping, table cells."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import dataclasses
 import json
 import logging
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # its own imports
 
@@ -242,3 +247,59 @@ def test_a_run_trains_on_the_server_where_told_else_where_its_agents_train(
     split = dataclasses.replace(base, server_device="cuda")
     assert split.config_values(tmp_path)["server_device"] == "cuda"
     assert split.fleet().device == "cpu"  # the agents stay where --device puts them
+
+
+# ----- a run killed midway ------------------------------------------------------------------
+RESUMABLE = harness.SimRun(
+    algorithm="fedproto",
+    hyper={"local_epochs": 1},
+    seed=3,
+    rounds=6,
+    clients=3,
+    models=("mlp_s", "cnn_t1", "mlp_m"),
+    feature_dim=16,
+    global_test=100,
+    run_id="resumable",
+)
+
+
+def _curve(steps: list[Record]) -> list[list[float]]:
+    return [[a["acc_local"] for _, a in sorted(s["agents"].items())] for s in steps]
+
+
+def test_a_run_killed_midway_resumes_from_its_work_dir_to_the_same_curve(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: the run uninterrupted, and the same run in a process killed after round 2
+    whole, _ = harness.simulate_run(RESUMABLE, 1)
+    folder = tmp_path / f"resumable-{RESUMABLE.key()}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED.format(bench=BENCH, run=repr(RESUMABLE), work=tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(BENCH.parent)},
+    )
+    try:
+        assert wait_for(lambda: _rounds(folder) >= 2, timeout=120, interval=0.02)
+    finally:
+        child.kill()
+        child.wait()
+    assert _rounds(folder) < RESUMABLE.rounds and folder.exists()
+    # Execute: the same run again, on the same work dir
+    with caplog.at_level(logging.INFO, logger="edgefl.coordinator"):
+        resumed, _ = harness.simulate_run(RESUMABLE, 1, tmp_path)
+    started = [r.getMessage() for r in caplog.records if "resuming at step" in r.getMessage()]
+    assert len(started) == 1 and not started[0].startswith("resuming at step 1 ")
+    # Assert: the rounds after the kill are the uninterrupted run's, bit for bit; folder gone
+    assert _curve(resumed) == _curve(whole) and len(whole) == RESUMABLE.rounds + 1
+    assert not folder.exists()
+
+
+BENCH = Path(harness.__file__).resolve().parent
+_KILLED = (
+    "import sys; sys.path.insert(0, '{bench}'); from pathlib import Path; import harness; "
+    "from harness import SimRun; harness.simulate_run({run}, 1, Path('{work}'))"
+)
+
+
+def _rounds(folder: Path) -> int:
+    metrics = folder / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0

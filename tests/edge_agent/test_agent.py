@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from coordinator.sim.simulate import agent_options
+from edge_agent.agent import EdgeAgent
 from edge_agent.factory import build_agent
 from protocol.algorithms import config_type
 from protocol.contract.codec import Envelope, decode
@@ -16,7 +18,7 @@ from protocol.contract.messages import Ack, ErrorReply, Register, Reply, Task
 from protocol.contract.payloads import PrototypeSet
 from protocol.contract.topics import Topics
 from protocol.transport.base import MemoryBroker, MemoryTransport
-from tests.helpers_runtime import FLEET, run_config
+from tests.helpers_runtime import FLEET, memory_agent, run_config, train_task
 
 
 class FakeCoordinator:
@@ -257,3 +259,28 @@ def test_a_refused_answer_is_computed_afresh_on_the_retry(tmp_path: Path) -> Non
     # Assert: trained again for the retry
     assert isinstance(again.body, Reply) and again.body.task_id == "run.0.1.agent0"
     assert not _same(_weights(agent), trained)
+
+
+def _trained(agent: EdgeAgent, *rounds: int) -> dict[str, torch.Tensor]:
+    for n in rounds:
+        agent.dispatch(Envelope(body=train_task("fedproto", n), sender="coordinator"))
+    return {k: v.clone() for k, v in agent.ctx.model.state_dict().items()}
+
+
+def test_a_restarted_agent_trains_its_next_round_as_one_that_never_stopped(
+    tmp_path: Path,
+) -> None:
+    # Prepare: one agent trains rounds 1 and 2; another stops after round 1 and restarts
+    steady = _trained(memory_agent(tmp_path / "steady", MemoryBroker()), 1, 2)
+    broker = MemoryBroker()
+    first = memory_agent(tmp_path / "restarted", broker)
+    _trained(first, 1)
+    first.endpoint.transport.close()
+    # Execute: a fresh process on the same state directory trains round 2
+    again = memory_agent(tmp_path / "restarted", broker)
+    restarted = _trained(again, 2)
+    # Assert: the batch order went on from where it stopped, so the weights are the same bit
+    # for bit (restarting the stream from its seed would replay round 1's batches)
+    assert again.algorithm.random_streams().keys() == {"batch_order"}
+    for k, v in steady.items():
+        assert torch.equal(restarted[k], v), k
