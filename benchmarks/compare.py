@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import platform
 import statistics
 import sys
 from collections import Counter
@@ -54,6 +52,7 @@ from harness import (
     client_test_sizes,
     final_step,
     group_by,
+    host_label,
     mean_sd,
     merge_results,
     personalised_accuracy,
@@ -226,7 +225,7 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     )
     steps, wall = simulate_run(run, args.threads, args.work_dir)
     summary = summarize(steps, client_test_sizes(run))
-    host = f"{platform.node()} ({os.cpu_count()} CPUs)"
+    host = host_label()
     where = {"device": device, "server_device": server_device or device}
     return {"spec": spec, "wall_s": wall, **where, "host": host, **summary}
 

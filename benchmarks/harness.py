@@ -28,6 +28,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -56,6 +58,7 @@ __all__ = [
     "final_step",
     "group_by",
     "guarded",
+    "host_label",
     "load_results",
     "mean_cell",
     "mean_of",
@@ -449,6 +452,20 @@ def write_markdown(path: Path | None, text: str) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def host_label() -> str:
+    """The machine a run ran on: its name, CPU count and CPU model. Float results can differ
+    in their last bits between CPU models (each picks its own vector kernels), and over many
+    rounds such bits can move a test sample: the model says which runs can agree to the bit."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{platform.node()} ({os.cpu_count()} CPUs, {model})"
 
 
 def code_label(dirty: bool = False) -> str:

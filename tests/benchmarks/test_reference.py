@@ -174,11 +174,19 @@ def test_the_long_preset_is_the_reference_grid_with_a_higher_cap_and_its_own_fil
     assert args.family == base.family and str(args.out).endswith("reference_long.json")
     spec = reference.run_spec(args, "local", 1.0, 1)
     assert spec == {**reference.run_spec(base, "local", 1.0, 1), "rounds": args.rounds}
-    runs = [run("local", 1, 0.8, 0.8)]
-    runs[0]["spec"] |= {"rounds": args.rounds, "patience": args.patience}
+    runs = [run("local", s, 0.8, 0.8) for s in (1, 2)]
+    for r, past in zip(runs, (0.02, 0.0), strict=True):  # seed 2 stopped within the 100
+        curve = [0.8] * 100 + [0.8 + past] * (20 if past else 0)
+        r["spec"] |= {"rounds": args.rounds, "patience": args.patience}
+        r |= {"curve_personal": curve, "rounds_done": len(curve), "best_personal": max(curve)}
     text = reference.tables(experiment.Results(args, [], runs, []))
     assert text.startswith("# The reference tier, trained longer")
     assert f"round cap ({args.rounds} rounds)" in text and "--preset long" in text
+    # what the rounds past the tier's cap added, within each run: +2 and 0 points
+    assert "| `local` | 2 | 1 | 80.00 ± 0.00 | 81.00 ± 12.71 | +1.00 [-11.71, +13.71] |" in text
+    for r in runs:
+        r["spec"]["rounds"] = base.rounds  # the tier's own runs: nothing past its cap
+    assert "Past the tier's cap" not in reference.tables(experiment.Results(base, [], runs, []))
 
 
 def test_the_edge_tier_gives_its_family_one_feature_size_the_reference_tier_none() -> None:
