@@ -279,12 +279,12 @@ def simulate_run(
         t0 = time.time()
         result = simulate(cfg, run.fleet())
         wall = time.time() - t0
-    except Exception:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    finally:  # an interrupt or a kill keeps a work-dir folder: the next call resumes it
-        if work_dir is None:
+    except BaseException as exc:
+        # a failed run starts afresh when retried; an interrupted one (Ctrl-C; a kill never
+        # gets here) keeps its work-dir folder for the next call to resume
+        if work_dir is None or isinstance(exc, Exception):
             shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     shutil.rmtree(run_dir, ignore_errors=True)
     return result.metrics, wall
 

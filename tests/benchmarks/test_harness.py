@@ -303,3 +303,10 @@ _KILLED = (
 def _rounds(folder: Path) -> int:
     metrics = folder / "metrics.jsonl"
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def test_a_run_that_fails_leaves_no_folder_to_resume(tmp_path: Path) -> None:
+    bad = dataclasses.replace(RESUMABLE, hyper={"local_epochs": -1})  # refused before agents
+    with pytest.raises(Exception, match="local_epochs"):
+        harness.simulate_run(bad, 1, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # retried, it starts afresh
