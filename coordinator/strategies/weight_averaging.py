@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from coordinator.aggregation import weighted_mean
@@ -172,14 +173,19 @@ class SharedModelStrategy(SharedModuleStrategy):
         admit_one_input(agent, fleet, self.config.shared_model)
         self._archs[agent.device_id] = agent.register.arch
 
-    def select(self, step_index: int, step: Step, online: list[str], fraction: float) -> list[str]:
-        """Before the step's tasks take the config: ``shared_model = client0_arch`` becomes
-        the architecture of the first agent by device id (``agent2`` before ``agent10``), the
-        one HtFLlib's client 0 would be."""
+    def observe_fleet(self, agents: Iterable[AgentInfo]) -> None:
+        """When a step opens, before its tasks take the config (a resumed step's too: a
+        restarted coordinator admits no one before it): ``shared_model = client0_arch``
+        becomes the architecture of the first agent by device id (``agent2`` before
+        ``agent10``) among those admitted and the step's participants, the one HtFLlib's
+        client 0 would be."""
+        agents = list(agents)
+        super().observe_fleet(agents)
+        for agent in agents:
+            self._archs.setdefault(agent.device_id, agent.register.arch)
         if self.config.shared_model == CLIENT0_ARCH and self._archs:
             first = min(self._archs, key=_device_order)
             self.config = self.config.replace(shared_model=self._archs[first])
-        return super().select(step_index, step, online, fraction)
 
 
 def _device_order(device_id: str) -> list[tuple[int, str]]:

@@ -15,7 +15,7 @@ import coordinator.strategies.fedgen
 import coordinator.strategies.fedgh
 import coordinator.strategies.fml
 import coordinator.strategies.local  # noqa: F401
-from coordinator.strategies.base import Step, create_strategy
+from coordinator.strategies.base import create_strategy
 from coordinator.strategies.head_training import shared_start_head
 from edge_agent.algorithms import EdgeAlgorithm
 from edge_agent.algorithms.fd import fd_kd_loss
@@ -129,9 +129,12 @@ def test_client0_arch_becomes_the_first_agents_architecture() -> None:
         info = fake_agent(device, "fml", {0: 5}, arch=arch)
         strategy.admit(info, fleet)
         fleet.append(info)
-    strategy.select(0, Step(1, "train"), [a.device_id for a in fleet], 1.0)
+    strategy.observe_fleet(fleet)  # the first step opens
     assert strategy.config.shared_model == "cnn_t2"  # agent2 comes before agent3 and agent10
+    resumed = create_strategy("fml", cfg, num_classes=4)  # a restarted coordinator: no admit
+    resumed.observe_fleet(fleet)
+    assert resumed.config.shared_model == "cnn_t2"
     plain = create_strategy("fml", FMLConfig(), num_classes=4)
     plain.admit(fleet[0], [])
-    plain.select(0, Step(1, "train"), ["agent10"], 1.0)
+    plain.observe_fleet(fleet[:1])
     assert plain.config.shared_model == "mlp_s"  # a named model stays as named

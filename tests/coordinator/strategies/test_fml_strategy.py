@@ -68,3 +68,46 @@ def test_another_input_is_refused_at_admission_and_another_meme_left_out_of_roun
     np.testing.assert_allclose(sent.tensors["w"], np.full((2, 2), 3.0))  # A and B only
     with pytest.raises(ValidationError, match="global model"):
         s.validate(Step(2, "train"), odd, reply(meme(1.0, (3,)), 10))
+
+
+class CrashOnceError(RuntimeError):
+    pass
+
+
+def test_a_resumed_run_names_client0s_architecture_in_the_resumed_steps_tasks(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    # Prepare: an FML run whose shared model is client 0's architecture; the coordinator dies
+    # having opened round 2's step but before its tasks, the agents restart (a power cut),
+    # and a new coordinator resumes that step
+    from coordinator.engine.core import Coordinator
+    from protocol.transport.base import MemoryBroker
+    from tests.helpers_runtime import InProcessAgent, crash_and_resume, run_config
+
+    cfg = run_config(tmp_path, "fml", rounds=2)
+    cfg = cfg.replace(hyper={**cfg.hyper, "shared_model": "client0_arch"})
+    broker = MemoryBroker()
+    agents = [InProcessAgent(cfg, broker, i).start() for i in range(3)]
+    original = Coordinator.collect
+    crashed: list[int] = []
+
+    def collect(self: Coordinator, rec, step):  # type: ignore[no-untyped-def]
+        if step.round == 2 and not crashed:
+            crashed.append(1)
+            raise CrashOnceError
+        return original(self, rec, step)
+
+    monkeypatch.setattr(Coordinator, "collect", collect)
+    successor = crash_and_resume(cfg, broker, CrashOnceError)
+    for a in agents:
+        a.kill()
+        a.start()  # from its checkpoint: it builds its shared model from the task's config
+    # Execute
+    result = successor.run()
+    # Assert: every agent trained every round, and no task failed on arrival for naming
+    # `client0_arch` (the step's retry would have named the architecture: too late, and on a
+    # fleet where some replies were in, only after the step's deadline)
+    assert [sorted(m["agents"]) for m in result.metrics] == [["agent0", "agent1", "agent2"]] * 3
+    assert "client0_arch" not in caplog.text
+    for a in agents:
+        a.close()
