@@ -65,7 +65,7 @@ class SharedModelEdge(WeightExchangeEdge[C]):
             if self.config.shared_model == CLIENT0_ARCH:
                 raise ConfigError(
                     f"shared_model = {CLIENT0_ARCH!r} reached the agent: the coordinator "
-                    "names the first agent's architecture before the first round"
+                    "names the first agent's architecture in every task"
                 )
             self.shared = seeded_fleet_model(self.ctx, self._role(), self.config.shared_model)
             restored = self._restored
