@@ -189,6 +189,7 @@ class FeatureLogitEdge(WeightExchangeEdge[Any]):
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
         """Restore the server knowledge if it fits this model."""
+        super().load_extra_state(state)  # restored weights: no common start over them
         f, p, v = (state.get(k) for k in ("server_features", "server_logits", "server_valid"))
         if f is None or p is None or v is None or f.shape != self.server_features.shape:
             return
