@@ -21,7 +21,7 @@ import torch
 from helpers import failed_tasks
 
 from coordinator.cli import main
-from coordinator.config import load_config
+from coordinator.config import RunConfig, load_config
 from coordinator.sim.simulate import FleetSpec, simulate
 from coordinator.strategies import STRATEGIES
 
@@ -104,27 +104,34 @@ ROUNDS = 3
 CHANCE = 0.1  # digits: 10 classes
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_every_algorithm_learns_an_easy_split(tmp_path: Path, name: str) -> None:
-    # Prepare: digits split iid over 3 agents (every agent holds every class): easy to learn
+def light_run(name: str, run_dir: Path, partition: str) -> tuple[RunConfig, FleetSpec]:
+    """``name`` on 3 digits agents for :data:`ROUNDS` rounds, trained as :data:`TRAINING` and
+    sized as :data:`LIGHT` says, split by ``partition``."""
     cfg = load_config(
         None,
         [*TRAINING, *LIGHT.get(name, [])],
         algorithm=name,
         rounds=ROUNDS,
-        run_dir=str(tmp_path / name),
+        run_dir=str(run_dir),
         min_agents=3,
-        run_id=f"learn-{name}",
+        run_id=f"light-{name}",
     )
     one = STRATEGIES[name].one_architecture
     fleet = FleetSpec(
         3,
         ("mlp_s",) if one else ("cnn_t1", "mlp_s", "cnn_t2"),
-        partition="iid",
+        partition=partition,
         feature_dim=cfg.required_feature_dim() or 32,
         global_test_size=200,
     )
+    return cfg, fleet
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_algorithm_learns_an_easy_split(tmp_path: Path, name: str) -> None:
+    # Prepare: digits split iid over 3 agents (every agent holds every class): easy to learn
+    cfg, fleet = light_run(name, tmp_path / name, "iid")
     # Execute
     rng = torch.get_rng_state()
     result = simulate(cfg, fleet)
@@ -151,24 +158,7 @@ def test_every_algorithm_interrupted_midway_resumes_to_the_uninterrupted_curve(
     from coordinator.engine.core import Coordinator
 
     def run(run_dir: Path) -> list[dict[str, Any]]:
-        cfg = load_config(
-            None,
-            [*TRAINING, *LIGHT.get(name, [])],
-            algorithm=name,
-            rounds=ROUNDS,
-            run_dir=str(run_dir),
-            min_agents=3,
-            run_id=f"resume-{name}",
-        )
-        one = STRATEGIES[name].one_architecture
-        fleet = FleetSpec(
-            3,
-            ("mlp_s",) if one else ("cnn_t1", "mlp_s", "cnn_t2"),
-            partition="dirichlet:1.0",
-            feature_dim=cfg.required_feature_dim() or 32,
-            global_test_size=200,
-        )
-        return simulate(cfg, fleet).metrics
+        return simulate(*light_run(name, run_dir, "dirichlet:1.0")).metrics
 
     whole = run(tmp_path / "whole")
     original = Coordinator.collect
