@@ -39,7 +39,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +202,16 @@ class SimRun:
         return cls(**{**values, **fields})
 
     def key(self) -> str:
-        """A short digest of every field: the name of the run's resumable folder."""
-        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+        """A short digest of every field: the name of the run's resumable folder.
+
+        The split file counts by its content, not its path, so that the same command resumes
+        the run from another checkout of the tree (a worktree, a fresh clone).
+        """
+        fields = asdict(self)
+        if self.partition_file:
+            split = Path(self.partition_file).read_bytes()
+            fields["partition_file"] = hashlib.sha256(split).hexdigest()
+        return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
 
     def config_values(self, run_dir: Path) -> dict[str, Any]:
         """The keyword values for :func:`coordinator.config.load_config`."""

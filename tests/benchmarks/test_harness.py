@@ -305,6 +305,19 @@ def _rounds(folder: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
+def test_a_runs_folder_name_follows_its_split_files_content_not_its_path(tmp_path: Path) -> None:
+    # Prepare: one split file in two checkouts, and a third with other contents
+    here, there, other = (tmp_path / d / "split.npz" for d in ("a", "b", "c"))
+    for path, content in ((here, b"same"), (there, b"same"), (other, b"changed")):
+        path.parent.mkdir()
+        path.write_bytes(content)
+    # Execute
+    runs = (dataclasses.replace(RESUMABLE, partition_file=str(p)) for p in (here, there, other))
+    keys = [run.key() for run in runs]
+    # Assert: the same run from another checkout resumes the same folder; a new split does not
+    assert keys[0] == keys[1] != keys[2] != RESUMABLE.key()
+
+
 def test_a_run_that_fails_leaves_no_folder_to_resume(tmp_path: Path) -> None:
     bad = dataclasses.replace(RESUMABLE, hyper={"local_epochs": -1})  # refused before agents
     with pytest.raises(Exception, match="local_epochs"):
