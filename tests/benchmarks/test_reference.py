@@ -179,11 +179,15 @@ def test_the_long_preset_is_the_reference_grid_with_a_higher_cap_and_its_own_fil
         curve = [0.8] * 100 + [0.8 + past] * (20 if past else 0)
         r["spec"] |= {"rounds": args.rounds, "patience": args.patience}
         r |= {"curve_personal": curve, "rounds_done": len(curve), "best_personal": max(curve)}
+        r["best_round_personal"] = curve.index(max(curve)) + 1
     text = reference.tables(experiment.Results(args, [], runs, []))
     assert text.startswith("# The reference tier, trained longer")
     assert f"round cap ({args.rounds} rounds)" in text and "--preset long" in text
     # what the rounds past the tier's cap added, within each run: +2 and 0 points
-    assert "| `local` | 2 | 1 | 80.00 ± 0.00 | 81.00 ± 12.71 | +1.00 [-11.71, +13.71] |" in text
+    assert (
+        "| `local` | 2 | 1 | 80.00 ± 0.00 | 81.00 ± 12.71 | +1.00 [-11.71, +13.71] "
+        "| 1: +2.00 (best r101 of 120) · 2: +0.00 (best r1 of 100) |"
+    ) in text
     for r in runs:
         r["spec"]["rounds"] = base.rounds  # the tier's own runs: nothing past its cap
     assert "Past the tier's cap" not in reference.tables(experiment.Results(base, [], runs, []))
