@@ -2,9 +2,11 @@
 
 Same model, same data (already on the device), same batch size, optimizer and number of steps.
 The agent loop adds the hooks, the finite-loss check, the progress callback and the parameter
-groups (it builds its own optimizer from the default group: the whole model, the config's SGD).
+groups (it builds its own optimizer from the default group: the whole model, the config's SGD
+or, with ``--optimizer adam``, Adam: Felo's, Velo's and FedType's edge default).
 
     python benchmarks/bench_trainloop.py --model cnn_t2 --image-size 28 --repeats 5
+    python benchmarks/bench_trainloop.py --model hcnn2_1024 --batch-size 10 --optimizer adam
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--amp", action="store_true", help="agent loop with mixed precision (CUDA only)")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
@@ -84,7 +87,8 @@ def main() -> None:
         torch.rand(a.samples, 1, a.image_size, a.image_size, device=dev),
         torch.randint(0, 10, (a.samples,), device=dev),
     )
-    cfg = LocalConfig(batch_size=a.batch_size, lr=0.01, mixed_precision=a.amp)
+    lr = 0.01 if a.optimizer == "sgd" else 1e-3
+    cfg = LocalConfig(batch_size=a.batch_size, lr=lr, optimizer=a.optimizer, mixed_precision=a.amp)
     results: dict[str, list[float]] = {"bare": [], "agent": []}
     for _ in range(a.repeats):  # interleaved so drift hits both equally
         for name, fn in (("bare", bare), ("agent", agent)):
@@ -100,13 +104,13 @@ def main() -> None:
     bb, gb = max(results["bare"]), max(results["agent"])
     print(
         "| model | input | batch | bare samples/s (median / best) "
-        "| agent loop samples/s (median / best) | overhead (median / best) | device |"
+        "| agent loop samples/s (median / best) | overhead (median / best) | optimizer | device |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     print(
         f"| {a.model} | {a.image_size}x{a.image_size} | {a.batch_size} | {b:,.0f} / {bb:,.0f} "
         f"| {g:,.0f} / {gb:,.0f} | {100 * (b - g) / b:+.1f}% / {100 * (bb - gb) / bb:+.1f}% "
-        f"| {a.device}{' amp' if a.amp else ''} |"
+        f"| {a.optimizer} | {a.device}{' amp' if a.amp else ''} |"
     )
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.optim import adam
 from protocol.algorithms import TrainConfig
 from protocol.errors import EdgeFLError
 
@@ -159,7 +160,7 @@ def make_optimizer(
     lr = cfg.lr if g.lr is None else g.lr
     wd = cfg.weight_decay if g.weight_decay is None else g.weight_decay
     if kind == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+        return adam(params, lr, wd)
     momentum = cfg.momentum if g.momentum is None else g.momentum
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
 

@@ -23,9 +23,10 @@ import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from models.optim import adam
 from protocol.errors import EdgeFLError
 
-__all__ = ["FitError", "FitStats", "LossFn", "adam", "fit", "row_weights", "seeded_init"]
+__all__ = ["FitError", "FitStats", "LossFn", "fit", "row_weights", "seeded_init"]
 
 # (module, one batch of the tensors, generator for any noise the loss draws) -> named terms;
 # the term "loss" is minimised, the others are averaged for logging.
@@ -113,18 +114,6 @@ def fit(
             steps, batches = steps + 1, batches + 1
         sums = {k: v / max(batches, 1) for k, v in sums.items()}
     return FitStats(epochs, steps, n * epochs - skipped, time.perf_counter() - t0, sums)
-
-
-def adam(params: Sequence[Tensor], lr: float) -> torch.optim.Optimizer:
-    """Adam with torch's fused kernel where this torch has one for the parameters' device
-    (CUDA; the CPU from torch 2.4), else the per-tensor loop. The fused step updates every
-    tensor in one kernel: on one CPU core it takes 5-6 ms for Velo's 5 M-parameter CVAE against
-    24-34 ms for the loop, about a third of each step. The update is Adam's, equal up to float
-    rounding, so a run resumed under another torch is not bit-identical past the resume."""
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, TypeError):  # no fused kernel for this device or torch
-        return torch.optim.Adam(params, lr=lr)
 
 
 def _check_tensors(tensors: Sequence[Tensor]) -> int:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from models.fit import FitError, adam, fit, row_weights
+from models.fit import FitError, fit, row_weights
 
 
 def mse(module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator) -> dict[str, Tensor]:
@@ -100,22 +100,3 @@ def test_row_weights_are_normalised_to_mean_one_and_absent_when_all_alike() -> N
     assert w is not None and w.tolist() == pytest.approx([1.6, 0.4])
     assert row_weights([0.5, 0.5, 0.5]) is None  # all alike: the plain mean
     assert row_weights(None) is None and row_weights([]) is None
-
-
-def test_adam_takes_the_fused_kernel_where_torch_has_one_and_the_loop_where_not(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    params = list(nn.Linear(4, 1).parameters())
-    assert adam(params, 0.01).defaults["fused"] is True  # torch >= 2.4 has it on the CPU
-
-    real = torch.optim.Adam
-
-    def without_fused(*args: object, fused: bool | None = None, **kwargs: object) -> object:
-        if fused:
-            raise RuntimeError("`fused=True` requires all the params to be on a supported device")
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(torch.optim, "Adam", without_fused)
-    assert not adam(params, 0.01).defaults["fused"]
-    _, last = trained(0)  # fit still trains on the loop
-    assert last < 1e-2
