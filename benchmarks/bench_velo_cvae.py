@@ -10,12 +10,14 @@ wire), or up to ``upload_samples`` individual features per (client, class) (the
 
     python benchmarks/bench_velo_cvae.py                       # CPU, one thread
     python benchmarks/bench_velo_cvae.py --device cuda         # a GPU
+    python benchmarks/bench_velo_cvae.py --md benchmarks/results/velo_cvae.md   # and a file
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from edge_agent.data.loaders import load_dataset
 from edge_agent.data.partition_file import load_partition_file
 from models import CVAE
 from models.fit import fit
+from models.optim import adam
 from protocol.algorithms.felo import VeloConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,22 +90,25 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--md", help="also write the figures to this markdown file")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     cfg = VeloConfig()
     rates = [throughput(cfg, a.feature_dim, a.entries, a.device) for _ in range(a.repeats)]
     rate = max(rates)  # interference only slows a run down: the best is the steadiest
-    params = sum(t.numel() for t in build(cfg, a.feature_dim).parameters())
-    print(
+    model = build(cfg, a.feature_dim)
+    params = sum(t.numel() for t in model.parameters())
+    kernel = "fused" if adam(model.parameters(), cfg.cvae_lr).defaults["fused"] else "loop"
+    lines = [
         f"CVAE {params / 1e6:.2f} M parameters, batch {cfg.cvae_batch_size}, {a.device} "
-        f"({a.threads} thread(s)): {rate:,.0f} sample-epochs/s (median "
-        f"{statistics.median(rates):,.0f}) over {a.entries} entries"
-    )
-    print(
-        f"\n| arm | entries added a round | table at round {a.rounds} | "
-        f"CVAE s, round {a.rounds} | CVAE h, {a.rounds} rounds |"
-    )
-    print("|---|---|---|---|---|")
+        f"({a.threads} thread(s)), Adam {kernel}, torch {torch.__version__}: {rate:,.0f} "
+        f"sample-epochs/s (best of {a.repeats}; median {statistics.median(rates):,.0f}) "
+        f"over {a.entries} entries",
+        "",
+        f"| arm | entries added a round | table at round {a.rounds} | "
+        f"CVAE s, round {a.rounds} | CVAE h, {a.rounds} rounds |",
+        "|---|---|---|---|---|",
+    ]
     arms = experiment.load_preset("reference").arms  # the tier's two Velo arms
     for arm in ("velo", "velo_samples"):
         upload = int(arms[arm].hyper.get("upload_samples", 0))
@@ -110,7 +116,14 @@ def main() -> None:
         table = int(np.minimum(cfg.history_cap, a.rounds * added).sum())
         last = cfg.cvae_epochs * table / rate
         total = run_seconds(added, cfg.history_cap, a.rounds, cfg.cvae_epochs, rate)
-        print(f"| `{arm}` | {int(added.sum()):,} | {table:,} | {last:,.0f} | {total / 3600:.1f} |")
+        lines.append(
+            f"| `{arm}` | {int(added.sum()):,} | {table:,} | {last:,.0f} | {total / 3600:.1f} |"
+        )
+    print("\n".join(lines))
+    if a.md:
+        command = "python benchmarks/bench_velo_cvae.py " + " ".join(sys.argv[1:])
+        head = f"# Velo's server CVAE: training throughput and its cost a run\n\n`{command}`\n\n"
+        Path(a.md).write_text(head + "\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
