@@ -4,7 +4,7 @@
 torch's fused kernel updates every tensor in one call where this torch has one for the
 parameters' device (CUDA; the CPU from torch 2.4), the per-tensor loop elsewhere. On one CPU
 core the update of Velo's 5.25 M-parameter CVAE takes 5-6 ms against the loop's 24-34 ms, and
-its training runs at 1.6x the sample-epochs a second (``benchmarks/bench_velo_cvae.py``); the
+its training runs at 1.4-1.6x the sample-epochs a second (``benchmarks/bench_velo_cvae.py``); the
 edge loop trains ``hcnn2_1024`` at batch 10 at 1.5x the samples a second
 (``benchmarks/bench_trainloop.py --optimizer adam``). The update is Adam's, equal to the
 loop's up to float rounding: a run replays exactly under one torch, not across one that lacks
