@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,9 +24,21 @@ import torch
 from torch import Tensor, nn
 
 from models.optim import adam
+from models.seeding import blank
+from models.tensormap import load_tensormap
+from protocol.contract.payloads import TensorMap
 from protocol.errors import EdgeFLError
 
-__all__ = ["FitError", "FitStats", "LossFn", "fit", "row_weights", "seeded_init"]
+__all__ = [
+    "FitError",
+    "FitStats",
+    "LossFn",
+    "fit",
+    "resumed",
+    "row_weights",
+    "seeded_init",
+    "with_row_weights",
+]
 
 # (module, one batch of the tensors, generator for any noise the loss draws) -> named terms;
 # the term "loss" is minimised, the others are averaged for logging.
@@ -44,6 +56,15 @@ def row_weights(weights: Sequence[float] | npt.NDArray[np.float64] | None) -> Te
     if bool((w == w[0]).all()):
         return None
     return (w / w.mean()).to(torch.float32)
+
+
+def with_row_weights(
+    tensors: tuple[Tensor, ...], weights: Sequence[float] | npt.NDArray[np.float64] | None
+) -> tuple[Tensor, ...]:
+    """A fit's training set: ``tensors``, and their :func:`row_weights` as one more tensor
+    when the weights differ (a loss reads it as the batch's last tensor)."""
+    row_weight = row_weights(weights)
+    return tensors if row_weight is None else (*tensors, row_weight)
 
 
 class FitError(EdgeFLError):
@@ -144,3 +165,20 @@ def seeded_init(module: nn.Module, gen: torch.Generator) -> None:
                 m.bias.copy_(torch.rand(m.bias.shape, generator=gen) * 2 * bound - bound)
         elif isinstance(m, nn.Embedding):
             m.weight.copy_(torch.randn(m.weight.shape, generator=gen))
+
+
+_Module = TypeVar("_Module", bound=nn.Module)
+
+
+def resumed(
+    build: Callable[[], _Module], state: TensorMap | None, gen: torch.Generator, what: str
+) -> _Module:
+    """A server module that continues across steps: built blank (:func:`models.seeding.blank`),
+    then given the previous step's ``state`` (checked; ``what`` names it in errors) or, in the
+    first step (``state`` None), weights drawn by :func:`seeded_init` from ``gen``."""
+    module = blank(build)
+    if state is None:
+        seeded_init(module, gen)
+    else:
+        load_tensormap(module, state, what)
+    return module

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import fit, row_weights, seeded_init
-from models.seeding import blank
-from models.tensormap import load_tensormap, module_to_tensormap
+from models.fit import fit, resumed, with_row_weights
+from models.tensormap import module_to_tensormap
 from protocol.algorithms.ccvr import CCVRConfig
 from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import TensorMap
@@ -77,18 +76,11 @@ def fit_head(
     when ``state`` is None) with plain SGD on ``features``, each row's loss term scaled by its
     weight when ``weights`` are given; return its state and metrics."""
     gen = ctx.torch_generator() if gen is None else gen
-    head = blank(lambda: nn.Linear(int(features.shape[1]), num_classes))
-    if state is None:
-        seeded_init(head, gen)
-    else:
-        load_tensormap(head, state, "ccvr head state")
-    data = [torch.as_tensor(features), torch.as_tensor(labels, dtype=torch.long)]
-    row_weight = row_weights(weights)
-    if row_weight is not None:
-        data.append(row_weight)
+    head = resumed(lambda: nn.Linear(int(features.shape[1]), num_classes), state, gen, "head state")
+    data = (torch.as_tensor(features), torch.as_tensor(labels, dtype=torch.long))
     stats = fit(
         head,
-        tuple(data),
+        with_row_weights(data, weights),
         head_ce_loss,
         epochs=epochs,
         batch_size=batch_size,

@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from models.fit import FitError, fit, row_weights
+from models.fit import FitError, fit, resumed, row_weights, with_row_weights
+from models.tensormap import module_to_tensormap
+from protocol.errors import ValidationError
 
 
 def mse(module: nn.Module, batch: tuple[Tensor, ...], gen: torch.Generator) -> dict[str, Tensor]:
@@ -100,3 +102,28 @@ def test_row_weights_are_normalised_to_mean_one_and_absent_when_all_alike() -> N
     assert w is not None and w.tolist() == pytest.approx([1.6, 0.4])
     assert row_weights([0.5, 0.5, 0.5]) is None  # all alike: the plain mean
     assert row_weights(None) is None and row_weights([]) is None
+
+
+def test_with_row_weights_appends_them_only_when_they_differ() -> None:
+    x, y = torch.zeros(2, 3), torch.tensor([0, 1])
+    assert with_row_weights((x, y), [1.0, 1.0]) == (x, y)
+    weighted = with_row_weights((x, y), [1.0, 3.0])
+    assert len(weighted) == 3 and weighted[2].tolist() == pytest.approx([0.5, 1.5])
+
+
+def test_resumed_seeds_the_first_step_and_continues_from_state() -> None:
+    def build() -> nn.Linear:
+        return nn.Linear(4, 2)
+
+    first = resumed(build, None, torch.Generator().manual_seed(7), "head")
+    again = resumed(build, None, torch.Generator().manual_seed(7), "head")
+    other = resumed(build, None, torch.Generator().manual_seed(8), "head")
+    assert torch.equal(first.weight, again.weight)  # the step's generator decides the start
+    assert not torch.equal(first.weight, other.weight)
+    with torch.no_grad():
+        first.weight.add_(1.0)  # trained in between
+    state = module_to_tensormap(first)
+    later = resumed(build, state, torch.Generator().manual_seed(8), "head")
+    assert torch.equal(later.weight, first.weight)  # the state wins over the generator
+    with pytest.raises(ValidationError, match="head"):
+        resumed(lambda: nn.Linear(5, 2), state, torch.Generator(), "head")

@@ -21,9 +21,8 @@ from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
 from models.feature_gen import feature_generator
-from models.fit import LossFn, fit, seeded_init
-from models.seeding import blank
-from models.tensormap import load_tensormap, module_to_tensormap
+from models.fit import LossFn, fit, resumed
+from models.tensormap import module_to_tensormap
 from protocol.algorithms.fedgen import FedGenConfig
 from protocol.contract.payloads import TensorMap
 
@@ -76,11 +75,12 @@ def train_generator(
     biases = torch.stack([torch.as_tensor(h.tensors["bias"]) for h in heads]).to(dev)
     mix = torch.as_tensor(np.asarray(samples, np.float64) / np.sum(samples), dtype=torch.float32)
     gen = ctx.torch_generator()
-    net = blank(lambda: build_generator(cfg.noise_dim, c, cfg.hidden_dim, int(weights.shape[2])))
-    if state is None:
-        seeded_init(net, gen)
-    else:
-        load_tensormap(net, state, "fedgen generator state")
+    net = resumed(
+        lambda: build_generator(cfg.noise_dim, c, cfg.hidden_dim, int(weights.shape[2])),
+        state,
+        gen,
+        "fedgen generator state",
+    )
     if cfg.server_steps == 0:
         return module_to_tensormap(net), {}
     prior = torch.as_tensor(label_counts, dtype=torch.float64)

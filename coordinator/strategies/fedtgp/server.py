@@ -18,9 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from coordinator.strategies.base import ServerContext
-from models.fit import LossFn, fit, row_weights, seeded_init
-from models.seeding import blank
-from models.tensormap import load_tensormap, module_to_tensormap
+from models.fit import LossFn, fit, resumed, with_row_weights
+from models.tensormap import module_to_tensormap
 from protocol.algorithms.fedtgp import FedTGPConfig
 from protocol.contract.payloads import TensorMap
 
@@ -87,18 +86,16 @@ def train_prototypes(
     return its state and the ``[num_classes, dim]`` global prototypes it now generates."""
     dim = int(vectors.shape[1])
     gen = ctx.torch_generator()
-    tgp = blank(lambda: TrainablePrototypes(num_classes, dim, cfg.tgp_hidden_dim or dim))
-    if state is None:
-        seeded_init(tgp, gen)
-    else:
-        load_tensormap(tgp, state, "fedtgp state")
-    data = [torch.as_tensor(vectors), torch.as_tensor(labels, dtype=torch.long)]
-    pair_weights = row_weights(weights)
-    if pair_weights is not None:
-        data.append(pair_weights)
+    tgp = resumed(
+        lambda: TrainablePrototypes(num_classes, dim, cfg.tgp_hidden_dim or dim),
+        state,
+        gen,
+        "fedtgp state",
+    )
+    data = (torch.as_tensor(vectors), torch.as_tensor(labels, dtype=torch.long))
     stats = fit(
         tgp,
-        tuple(data),
+        with_row_weights(data, weights),
         acl_loss(num_classes, margin),
         epochs=cfg.server_epochs,
         batch_size=cfg.server_batch_size,

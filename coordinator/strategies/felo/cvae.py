@@ -20,9 +20,8 @@ from coordinator.aggregation import screen_by_class
 from coordinator.strategies.base import ServerContext
 from coordinator.strategies.felo.table import KnowledgeTable
 from models import CVAE
-from models.fit import fit, seeded_init
-from models.seeding import blank
-from models.tensormap import load_tensormap, module_to_tensormap
+from models.fit import fit, resumed
+from models.tensormap import module_to_tensormap
 from protocol.algorithms.felo import VeloConfig
 from protocol.contract.payloads import PrototypeSet, TensorMap
 
@@ -62,20 +61,18 @@ def _build(
     state: TensorMap | None,
     gen: torch.Generator,
 ) -> CVAE:
-    cvae = blank(
+    return resumed(
         lambda: CVAE(
             feature_dim,
             num_classes,
             z_dim=cfg.cvae_z_dim,
             embed_dim=cfg.cvae_embed_dim,
             hidden=cfg.cvae_hidden,
-        )
+        ),
+        state,
+        gen,
+        "velo cvae state",
     )
-    if state is not None:
-        load_tensormap(cvae, state, "velo cvae state")
-    else:
-        seeded_init(cvae, gen)
-    return cvae
 
 
 def train_and_sample(
