@@ -55,18 +55,34 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out if extra else out["run"], default=str))
         return 0
     print("[run] keys (TOML [run] section or --set run.KEY=VALUE):\n")
+    kw, tw, dw = _widths(keys)
     for key, type_, default, meaning in keys:
-        print(f"  {key:<16} {type_:<6} default {default!r:<12} {meaning}")
+        print(f"  {key:<{kw}} {type_:<{tw}} default {default!r:<{dw}} {meaning}")
     print(
         "\n[hyper] keys are the algorithm's (--algorithm NAME lists them); an unknown one is an "
         "error that lists them."
     )
     if hyper:
         print(f"\n[hyper] keys of {args.algorithm} (TOML [hyper] or --set hyper.KEY=VALUE):\n")
+        kw, tw, dw = _widths(hyper)
         for key, type_, default, bounds in hyper:
-            print(f"  {key:<24} {type_:<28} default {default!r:<14} {bounds}")
+            print(f"  {key:<{kw}} {type_:<{tw}} default {default!r:<{dw}} {bounds}".rstrip())
     if changes:
         print(f"\n[hyper] values run.preset = {args.preset!r} changes (default -> preset):\n")
         for algorithm, key, default, value in changes:
             print(f"  {algorithm:<10} {key:<20} {default!r} -> {value!r}")
     return 0
+
+
+def _widths(rows: list[tuple[str, str, object, str]]) -> tuple[int, int, int]:
+    """Column widths of name, type and default: the widest cell, up to a cap past which a
+    rare long cell (an enumerated type, a long list) shifts its own row only."""
+
+    def width(cells: list[str], cap: int) -> int:
+        return min(max(map(len, cells)), cap)
+
+    return (
+        width([r[0] for r in rows], 28),
+        width([r[1] for r in rows], 16),
+        width([repr(r[2]) for r in rows], 16),
+    )

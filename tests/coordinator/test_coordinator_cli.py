@@ -147,6 +147,14 @@ def test_config_defaults_lists_an_algorithms_hyper_keys(
     assert "unknown algorithm 'no_such_algorithm'" in capsys.readouterr().err
 
 
+def test_config_defaults_aligns_its_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--defaults"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("  ")]
+    # the longest run key and the tuple type used to push their rows' columns out
+    assert {"max_registrations_per_min", "classes"} <= {r.split()[0] for r in rows}
+    assert len({r.index(" default ") for r in rows}) == 1
+
+
 @pytest.mark.parametrize("command", ["simulate", "serve"])
 @pytest.mark.parametrize("algorithm", ["fedvtc", "local"])
 def test_an_algorithm_that_cannot_run_buffered_is_refused_before_anything_starts(
