@@ -13,6 +13,7 @@ from edge_agent.trainer import TensorData
 from models import Classifier
 from protocol.contract.arrays import Encoding
 from protocol.contract.payloads import LabelledVectors, PrototypeSet
+from protocol.errors import ValidationError
 
 __all__ = [
     "ClassMeans",
@@ -20,6 +21,7 @@ __all__ = [
     "class_feature_sums",
     "class_output_sums",
     "class_prototypes",
+    "merge_prototypes",
     "prototype_scores",
     "prototype_table",
 ]
@@ -167,6 +169,21 @@ def prototype_table(
         table[ids] = torch.as_tensor(protos.vectors, device=device)
         valid[ids] = True
     return table, valid
+
+
+def merge_prototypes(
+    table: Tensor, valid: Tensor, protos: PrototypeSet, where: str = "payloads.protos"
+) -> tuple[Tensor, Tensor]:
+    """``table`` and its mask ``valid`` with the classes of the received ``protos`` replaced;
+    the other classes keep their rows (a class nobody reported this round keeps its last
+    prototype). A set of another dimension, or with a class id past the table, is refused."""
+    c, dim = table.shape
+    if protos.class_ids.size and (protos.dim != dim or int(protos.class_ids.max()) >= c):
+        raise ValidationError(
+            where, f"dim {dim}, ids < {c}", (protos.dim, protos.class_ids.tolist())
+        )
+    new, present = prototype_table(protos, c, table.device)
+    return torch.where(present.unsqueeze(1), new, table), valid | present
 
 
 def prototype_scores(

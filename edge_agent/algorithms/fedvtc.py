@@ -31,7 +31,7 @@ from edge_agent.algorithms.base import (
 )
 from edge_agent.algorithms.fedvtc_diagnostics import final_diagnostics, round_diagnostics
 from edge_agent.algorithms.weights import load_tensormap, module_to_tensormap
-from edge_agent.class_stats import class_prototypes, prototype_table
+from edge_agent.class_stats import class_prototypes, merge_prototypes
 from edge_agent.trainer import ParamGroup, TensorData, TrainStats, evaluate
 from models.vtc import VTCGenerator, vtc_for
 from protocol.algorithms.fedvtc import FedVTCConfig
@@ -143,17 +143,8 @@ class FedVTCEdge(EdgeAlgorithm[FedVTCConfig]):
             load_tensormap(self.generator, gen, "payloads.generator")
 
     def _take_prototypes(self, protos: PrototypeSet) -> None:
+        self.table, self.valid = merge_prototypes(self.table, self.valid, protos)
         p = self.table.shape[1]
-        too_big = protos.class_ids.size and int(protos.class_ids.max()) >= self.ctx.num_classes
-        if protos.class_ids.size and (protos.dim != p or too_big):
-            raise ValidationError(
-                "payloads.protos",
-                f"dim {p} and ids < {self.ctx.num_classes}",
-                (protos.dim, protos.class_ids.tolist()),
-            )
-        table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
-        self.table = torch.where(valid.unsqueeze(1), table, self.table)
-        self.valid |= valid
         if protos.sd is not None:
             if protos.sd.shape != (p,):
                 raise ValidationError("payloads.protos.sd", f"shape [{p}]", list(protos.sd.shape))

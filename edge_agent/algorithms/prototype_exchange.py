@@ -23,8 +23,8 @@ from edge_agent.algorithms.weights import SHARED_MODEL_SEED, shared_head
 from edge_agent.class_stats import (
     ClassMeans,
     class_feature_sums,
+    merge_prototypes,
     prototype_scores,
-    prototype_table,
 )
 from edge_agent.dp import clip_rows
 from edge_agent.trainer import TensorData, TrainStats, evaluate
@@ -32,7 +32,6 @@ from models.checkpoint import HeadSpec
 from protocol.algorithms.fedproto import FedProtoConfig
 from protocol.contract.messages import Task
 from protocol.contract.payloads import Payload, PrototypeSet
-from protocol.errors import ValidationError
 
 __all__ = ["PrototypeExchangeEdge"]
 
@@ -56,17 +55,7 @@ class PrototypeExchangeEdge(EdgeAlgorithm[FedProtoConfig]):
         protos = received(payloads, "protos", PrototypeSet)
         if protos is None:
             return
-        if protos.class_ids.size and (
-            protos.dim != self.table.shape[1] or int(protos.class_ids.max()) >= self.ctx.num_classes
-        ):
-            raise ValidationError(
-                "payloads.protos",
-                f"dim {self.table.shape[1]}, ids < {self.ctx.num_classes}",
-                (protos.dim, protos.class_ids.tolist()),
-            )
-        table, valid = prototype_table(protos, self.ctx.num_classes, self.ctx.device)
-        self.table = torch.where(valid.unsqueeze(1), table, self.table)
-        self.valid |= valid
+        self.table, self.valid = merge_prototypes(self.table, self.valid, protos)
 
     def train_phase(self, task: Task) -> PhaseResult:
         """The base phase, plus ``acc_local_received``: HtFLlib's evaluation order (before local
