@@ -26,6 +26,7 @@ from protocol.algorithms import config_type
 from protocol.contract.codec import Envelope, decode
 from protocol.contract.messages import Task
 from protocol.contract.topics import Topics
+from protocol.errors import TransportError
 from protocol.security.credentials import ENV
 from protocol.transport.base import MemoryBroker, MemoryTransport
 
@@ -137,6 +138,7 @@ class InProcessAgent:
         self.thread: threading.Thread | None = None
         self.agent: EdgeAgent | None = None
         self.transport: MemoryTransport | None = None
+        self.killed = False
 
     def start(self) -> InProcessAgent:
         """Build (resuming from the state dir if present), connect and run in a thread."""
@@ -149,13 +151,23 @@ class InProcessAgent:
         self.agent = build_agent(self.opts, self.transport)
         self.transport.connect()
         self.agent.start()
-        self.thread = threading.Thread(target=self.agent.run, args=(self.stop,), daemon=True)
+        self.killed = False
+        self.thread = threading.Thread(target=self._run, args=(self.agent,), daemon=True)
         self.thread.start()
         return self
+
+    def _run(self, agent: EdgeAgent) -> None:
+        try:
+            agent.run(self.stop)
+        except TransportError:
+            if not self.killed:
+                raise
+            # the power cut caught the agent mid-publish: a killed device just stops
 
     def kill(self) -> None:
         """Abrupt loss: the broker publishes the last will; the thread stops."""
         assert self.transport is not None and self.thread is not None
+        self.killed = True
         self.transport.kill()
         self.stop.set()
         self.thread.join(timeout=30)
