@@ -4,7 +4,9 @@ The in-process backend is deterministic for a seed (the engine aggregates replie
 device id; every agent seeds its own generators), so the Ray backend must give the same
 per-round metrics, except what depends on the clock: timings, and the bytes of the runtime's
 presence traffic that happens to fall inside a step (progress heartbeats, sent every second; a
-registration repeated on seeing the coordinator's state, which may arrive after step 1 began).
+registration repeated on seeing the coordinator's state, which may arrive after step 1 began;
+the coordinator's state published again every ``state_heartbeat_s``, inside any step that a
+loaded machine stretches past it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tests.conftest import _missing
 # measured, not simulated: they differ between any two runs
 TIMING_KEYS = frozenset({"samples_per_s", "train_s", "duration_s", "time", "reply_s"})
 # timed by the clock, not by the run: which step counts their bytes varies
-PRESENCE_BYTES = frozenset({"rx.register", "rx.status"})
+PRESENCE_BYTES = frozenset({"rx.register", "rx.status", "tx.coord_state"})
 RUNTIME_KEYS = TIMING_KEYS | {"bytes_progress", "bytes_total"}
 FLEET = FleetSpec(num_agents=3, models=("mlp_s",), feature_dim=32, global_test_size=200)
 
