@@ -171,16 +171,14 @@ def prototype_table(
     return table, valid
 
 
-def merge_prototypes(
-    table: Tensor, valid: Tensor, protos: PrototypeSet, where: str = "payloads.protos"
-) -> tuple[Tensor, Tensor]:
+def merge_prototypes(table: Tensor, valid: Tensor, protos: PrototypeSet) -> tuple[Tensor, Tensor]:
     """``table`` and its mask ``valid`` with the classes of the received ``protos`` replaced;
     the other classes keep their rows (a class nobody reported this round keeps its last
     prototype). A set of another dimension, or with a class id past the table, is refused."""
     c, dim = table.shape
     if protos.class_ids.size and (protos.dim != dim or int(protos.class_ids.max()) >= c):
         raise ValidationError(
-            where, f"dim {dim}, ids < {c}", (protos.dim, protos.class_ids.tolist())
+            "payloads.protos", f"dim {dim}, ids < {c}", (protos.dim, protos.class_ids.tolist())
         )
     new, present = prototype_table(protos, c, table.device)
     return torch.where(present.unsqueeze(1), new, table), valid | present
