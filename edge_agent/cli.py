@@ -110,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--client-index",
         dest="client_index",
         type=int,
-        default=0,
-        help="which shard is this device's",
+        default=None,
+        help="which shard is this device's, 0..N-1 (needed with --partition-file, and with "
+        "--partition over --clients N > 1)",
     )
     p.add_argument(
         "--global-test-size",
@@ -412,20 +413,29 @@ def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOpt
         from edge_agent.data import load_partition_file
 
         pf = load_partition_file(args.partition_file, num_clients=args.clients)
-        if not 0 <= args.client_index < pf.num_clients:
-            raise ConfigError(
-                f"--client {args.client_index}: the partition file {args.partition_file} "
-                f"holds clients 0..{pf.num_clients - 1}"
-            )
+        client = _client_index(args, pf.num_clients, f"the partition file {args.partition_file}")
     elif args.partition:
+        if args.clients is None:
+            raise ConfigError(
+                f"--partition {args.partition}: needs --clients N (how many shards the data is "
+                "split into) and --client K (this device's)"
+            )
+        client = _client_index(args, args.clients, f"--partition over --clients {args.clients}")
         partition = PartitionSpec(
             **parse_partition(args.partition),
-            num_clients=1 if args.clients is None else args.clients,
+            num_clients=args.clients,
             seed=args.seed if args.partition_seed is None else args.partition_seed,
             min_size=args.min_size,
             test_fraction=args.test_fraction,
             global_test_size=args.global_test_size,
         )
+    elif args.client_index is not None:
+        raise ConfigError(
+            f"--client {args.client_index}: picks a shard of --partition-file or --partition; "
+            "without either the agent trains on all of --data"
+        )
+    else:
+        client = 0
     state_dir = _state_dir(args, device_id)
     export_dir = None if args.no_export else (args.export_dir or state_dir / "export")
     return AgentOptions(
@@ -439,7 +449,7 @@ def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOpt
         image_size=args.image_size,
         partition=partition,
         partition_file=args.partition_file,
-        client_index=args.client_index,
+        client_index=client,
         federation=args.federation,
         state_dir=state_dir,
         export_dir=export_dir,
@@ -451,6 +461,23 @@ def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOpt
         classes=run.classes,
         class_counts=None,  # the run's state says whether its algorithm reads the histogram
     )
+
+
+def _client_index(args: argparse.Namespace, clients: int, split: str) -> int:
+    """This device's shard of a split into ``clients``: ``--client``, which only a split of
+    one shard may leave out (else every device so started would train shard 0)."""
+    from protocol.errors import ConfigError
+
+    if args.client_index is None:
+        if clients == 1:
+            return 0
+        raise ConfigError(
+            f"--client: which of the {clients} shards of {split} is this device's "
+            f"(0..{clients - 1})"
+        )
+    if not 0 <= args.client_index < clients:
+        raise ConfigError(f"--client {args.client_index}: {split} holds clients 0..{clients - 1}")
+    return int(args.client_index)
 
 
 if __name__ == "__main__":

@@ -228,9 +228,27 @@ def test_edge_agent_takes_its_client_from_the_file(tmp_path: Path) -> None:
 
 def test_edge_agent_split_knobs(tmp_path: Path) -> None:
     opts = _agent_options(
-        "--partition", "dirichlet:0.1", "--clients", "20", "--test-fraction", "0.25",
-        "--min-size", "40", "--partition-seed", "1", "--eval-every", "5",
+        "--partition", "dirichlet:0.1", "--clients", "20", "--client", "3",
+        "--test-fraction", "0.25", "--min-size", "40", "--partition-seed", "1", "--eval-every", "5",
     )  # fmt: skip
     spec = opts.partition  # type: ignore[attr-defined]
     assert (spec.num_clients, spec.test_fraction, spec.min_size, spec.seed) == (20, 0.25, 40, 1)
+    assert opts.client_index == 3  # type: ignore[attr-defined]
     assert opts.eval_every == 5  # type: ignore[attr-defined]
+
+
+def test_edge_agent_refuses_a_split_without_its_shard(tmp_path: Path) -> None:
+    """Devices started alike with a split but no --client would all train shard 0."""
+    path = save_partition_file(tmp_path / "s.npz", make_federated_split(_dataset(), _spec()))
+    with pytest.raises(ConfigError, match=r"--client: which of the 5 shards .* \(0\.\.4\)"):
+        _agent_options("--partition-file", str(path))
+    with pytest.raises(ConfigError, match=r"--client: which of the 4 shards"):
+        _agent_options("--partition", "iid", "--clients", "4")
+    with pytest.raises(ConfigError, match="needs --clients N"):
+        _agent_options("--partition", "iid", "--client", "1")
+    with pytest.raises(ConfigError, match=r"--client 7: --partition over --clients 4 holds"):
+        _agent_options("--partition", "iid", "--clients", "4", "--client", "7")
+    with pytest.raises(ConfigError, match="--client 2: picks a shard"):
+        _agent_options("--client", "2")
+    assert _agent_options("--partition", "iid", "--clients", "1").client_index == 0  # type: ignore[attr-defined]
+    assert _agent_options().client_index == 0  # type: ignore[attr-defined]
