@@ -420,7 +420,7 @@ def _options(args: argparse.Namespace, device_id: str, run: Adopted) -> AgentOpt
                 f"--partition {args.partition}: needs --clients N (how many shards the data is "
                 "split into) and --client K (this device's)"
             )
-        client = _client_index(args, args.clients, f"--partition over --clients {args.clients}")
+        client = _client_index(args, args.clients, f"the {args.partition} split")
         partition = PartitionSpec(
             **parse_partition(args.partition),
             num_clients=args.clients,

@@ -246,7 +246,7 @@ def test_edge_agent_refuses_a_split_without_its_shard(tmp_path: Path) -> None:
         _agent_options("--partition", "iid", "--clients", "4")
     with pytest.raises(ConfigError, match="needs --clients N"):
         _agent_options("--partition", "iid", "--client", "1")
-    with pytest.raises(ConfigError, match=r"--client 7: --partition over --clients 4 holds"):
+    with pytest.raises(ConfigError, match=r"--client 7: the iid split holds clients 0\.\.3"):
         _agent_options("--partition", "iid", "--clients", "4", "--client", "7")
     with pytest.raises(ConfigError, match="--client 2: picks a shard"):
         _agent_options("--client", "2")
