@@ -5,6 +5,7 @@ A plain script (not a test) that prints markdown tables::
     python benchmarks/bench_protocol.py            # everything, a few minutes on 2 cores
     python benchmarks/bench_protocol.py --quick    # fewer repetitions
     python benchmarks/bench_protocol.py --no-broker
+    python benchmarks/bench_protocol.py --sections lowrank   # one section
 
 Codec figures time ``encode``/``decode`` of a ``reply`` carrying one float32 tensor. Wire
 overhead compares the frame with the raw array bytes, next to pickle and ``np.save`` of the
@@ -26,13 +27,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 
 from coordinator.broker.embedded import EmbeddedBroker, MosquittoBroker, mosquitto_executable
 from protocol.contract.codec import Envelope, decode, encode
+from protocol.contract.lowrank import compress, is_compressed, restore
 from protocol.contract.messages import Ack, Reply
 from protocol.contract.payloads import TensorMap
 from protocol.contract.topics import Topics
@@ -231,12 +235,64 @@ def bench_broker(name: str, port: int, args: argparse.Namespace, nagle: bool) ->
     print("| " + " | ".join(row) + " |")
 
 
+# FedKD's mentee layers: htfl_cnn's first model (hcnn1, the mentee under `htfllib`), cnn4's
+# hidden layer, a convolution as [out, in * kh * kw]
+LOWRANK_SHAPES = ((512, 4608), (512, 1024), (64, 800))
+
+
+def _decaying(m: int, n: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    """An ``m x n`` matrix with singular values ``1 / sqrt(i + 1)``: a trained layer's slowly
+    decaying spectrum, which a rank well below ``min(m, n)`` keeps 95-98 % of."""
+    rng = np.random.default_rng(seed)
+    k = min(m, n)
+    u, _ = np.linalg.qr(rng.standard_normal((m, k)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, k)))
+    out: npt.NDArray[np.float32] = ((u / np.sqrt(np.arange(1, k + 1))) @ v.T).astype(np.float32)
+    return out
+
+
+def _cpu_time(fn: Callable[[], Any], repeat: int) -> float:
+    """Median process CPU seconds per call (robust to other load on the machine)."""
+    samples = []
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        samples.append(time.process_time() - t)
+    return statistics.median(samples)
+
+
+def bench_lowrank(repeat: int) -> None:
+    from threadpoolctl import threadpool_limits
+
+    print("\n### Low-rank compression (FedKD's mentee on the wire), one BLAS thread, CPU time\n")
+    print("| layer | energy | rank kept | factors / raw bytes | compress | restore |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    with threadpool_limits(limits=1, user_api="blas"):
+        for m, n in LOWRANK_SHAPES:
+            tm = TensorMap({"w": _decaying(m, n)})
+            for energy in (0.95, 0.98):
+                packed = compress(tm, energy)
+                rank = packed.tensors["w#s"].size if is_compressed(packed) else min(m, n)
+                t_c = _cpu_time(partial(compress, tm, energy), repeat)
+                t_r = _cpu_time(partial(restore, packed), repeat)
+                print(
+                    f"| {m} x {n} | {energy} | {rank} | {packed.num_bytes / tm.num_bytes:.2f} "
+                    f"| {_fmt_time(t_c)} | {_fmt_time(t_r)} |"
+                )
+
+
+SECTIONS = ("codec", "overhead", "lowrank", "mqtt")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks and print markdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--no-broker", action="store_true", help="codec and sizes only")
     parser.add_argument("--no-embedded", action="store_true", help="skip the amqtt broker")
+    parser.add_argument(
+        "--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="which to run"
+    )
     args = parser.parse_args(argv)
     args.repeat = 3 if args.quick else 7
     args.pings = 100 if args.quick else 500
@@ -245,9 +301,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {sys.version.split()[0]}, numpy {np.__version__}; "
         f"{time.strftime('%Y-%m-%d %H:%M')}"
     )
-    bench_codec(args.repeat)
-    bench_overhead()
-    if args.no_broker:
+    if "codec" in args.sections:
+        bench_codec(args.repeat)
+    if "overhead" in args.sections:
+        bench_overhead()
+    if "lowrank" in args.sections:
+        bench_lowrank(args.repeat)
+    if args.no_broker or "mqtt" not in args.sections:
         return 0
     print("\n### MQTT (loopback): QoS 1 round trip, messages/s (1 KB), 5 MB through Endpoints\n")
     print(

@@ -2,9 +2,9 @@
 
 ``torch.set_num_threads`` sizes torch's pool only. NumPy's linear algebra runs on its own
 OpenBLAS, whose pool keeps one thread a core; the low-rank compression of FedKD's uploads
-(:mod:`protocol.contract.lowrank`, an SVD in NumPy) runs there. When several threads call
+(:mod:`protocol.contract.lowrank`, linear algebra in NumPy) runs there. When several threads call
 into that pool at once (simulated agents are threads of one process), OpenBLAS's threads
-contend: four concurrent 512 x 4608 factorisations took 14.4 s on two cores with its default
+contend: four concurrent SVDs of a 512 x 4608 layer took 14.4 s on two cores with its default
 pool and 1.7 s with one thread; several agent processes on one machine each start a pool of
 one thread a core. So a thread count given to an agent or a simulation bounds both pools,
 through threadpoolctl (which finds the BLAS library NumPy actually loaded, whatever its

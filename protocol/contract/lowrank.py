@@ -48,19 +48,34 @@ def _rank_for(s: npt.NDArray[np.float64], energy: float) -> int:
 def _factorise(
     value: npt.NDArray[np.float32], energy: float
 ) -> dict[str, npt.NDArray[np.generic]] | None:
-    """The factors of ``value`` at ``energy``, or ``None`` when they would not be smaller."""
+    """The factors of ``value`` at ``energy``, or ``None`` when they would not be smaller.
+
+    The SVD comes from the eigendecomposition of the Gram matrix of the shorter side: a
+    ``k x k`` problem (``k = min(m, n)``) in place of an ``m x n`` SVD, about ten times less
+    CPU for a 512 x 4608 layer (``benchmarks/bench_protocol.py --sections lowrank``), and
+    the spectrum alone decides, before any vector is formed, whether factors would be smaller.
+    Squaring loses only singular values below about 1e-8 of the largest, whose share of the
+    squared norm (< 1e-16 each) no energy below 1 - 1e-12 keeps.
+    """
     m, n = value.shape[0], math.prod(value.shape[1:])
     matrix = value.reshape(m, n).astype(np.float64)
     if not np.any(matrix):
         return None
-    u, s, vt = np.linalg.svd(matrix, full_matrices=False)
+    wide = m <= n
+    eigval, eigvec = np.linalg.eigh(matrix @ matrix.T if wide else matrix.T @ matrix)
+    s = np.sqrt(np.clip(eigval[::-1], 0.0, None))  # descending
     r = min(_rank_for(s, energy), s.size)
     if r * (m + n + 1) + value.ndim >= m * n:
         return None
+    kept, sr = eigvec[:, ::-1][:, :r], s[:r]
+    if wide:  # kept = U[:, :r]; V^T = S^-1 U^T A
+        u, vt = kept, (kept.T @ matrix) / sr[:, None]
+    else:  # kept = V[:, :r]; U = A V S^-1
+        u, vt = (matrix @ kept) / sr, kept.T
     return {
-        "u": u[:, :r].astype(np.float32),
-        "s": s[:r].astype(np.float32),
-        "v": vt[:r].astype(np.float32),
+        "u": u.astype(np.float32),
+        "s": sr.astype(np.float32),
+        "v": vt.astype(np.float32),
         "shape": np.asarray(value.shape, dtype=np.int64),
     }
 

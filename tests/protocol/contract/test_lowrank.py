@@ -50,6 +50,33 @@ def test_the_rank_keeps_the_asked_share_of_the_squared_norm() -> None:
     assert compress(tm, 0.99).tensors["w#s"].size == 3
 
 
+@pytest.mark.parametrize("shape", [(40, 300), (300, 40)])
+def test_the_factors_are_the_truncated_svd_of_a_wide_or_tall_matrix(
+    shape: tuple[int, int],
+) -> None:
+    # Prepare: singular values 1 / (i + 1), so 0.9 of the squared norm needs several of them
+    m, n = shape
+    rng = np.random.default_rng(3)
+    u, _ = np.linalg.qr(rng.normal(size=(m, 40)))
+    v, _ = np.linalg.qr(rng.normal(size=(n, 40)))
+    w = ((u / np.arange(1, 41)) @ v.T).astype(np.float32)
+    # Execute
+    f = compress(TensorMap({"w": w}), 0.9).tensors
+    # Assert: numpy's SVD at the same rank, orthonormal factors, descending singular values
+    ref_u, ref_s, ref_vt = np.linalg.svd(w.astype(np.float64), full_matrices=False)
+    r = f["w#s"].size
+    assert 1 < r < 40
+    np.testing.assert_allclose(f["w#s"], ref_s[:r], rtol=1e-5)
+    np.testing.assert_allclose(
+        f["w#u"] @ (f["w#s"][:, None] * f["w#v"]),
+        ref_u[:, :r] @ (ref_s[:r, None] * ref_vt[:r]),
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(f["w#u"].T @ f["w#u"], np.eye(r), atol=1e-5)
+    np.testing.assert_allclose(f["w#v"] @ f["w#v"].T, np.eye(r), atol=1e-5)
+    assert np.all(np.diff(f["w#s"]) <= 0)
+
+
 def test_conv_kernels_are_factorised_as_out_by_the_rest_and_keep_their_shape() -> None:
     kernel = low_rank(32, 16 * 3 * 3, 2).reshape(32, 16, 3, 3)
     back = restore(compress(TensorMap({"conv.weight": kernel}), 0.999))
