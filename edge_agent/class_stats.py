@@ -165,8 +165,9 @@ def prototype_table(
     table = torch.zeros(num_classes, protos.dim, device=device)
     valid = torch.zeros(num_classes, dtype=torch.bool, device=device)
     if protos.class_ids.size:
-        ids = torch.as_tensor(protos.class_ids, dtype=torch.long, device=device)
-        table[ids] = torch.as_tensor(protos.vectors, device=device)
+        # copies: a received set's arrays are read-only views of the frame
+        ids = torch.tensor(protos.class_ids, dtype=torch.long, device=device)
+        table[ids] = torch.tensor(protos.vectors, device=device)
         valid[ids] = True
     return table, valid
 
