@@ -258,6 +258,11 @@ class SimRun:
         )
 
 
+def run_folder(run: SimRun, work_dir: Path) -> Path:
+    """``run``'s resumable folder in ``work_dir`` (named by :meth:`SimRun.key`)."""
+    return work_dir / f"{run.run_id}-{run.key()}"
+
+
 def simulate_run(
     run: SimRun, threads: int, work_dir: Path | None = None
 ) -> tuple[list[Record], float]:
@@ -279,7 +284,7 @@ def simulate_run(
     if work_dir is None:
         run_dir = Path(tempfile.mkdtemp(prefix=f"{run.run_id}-"))
     else:
-        run_dir = work_dir / f"{run.run_id}-{run.key()}"
+        run_dir = run_folder(run, work_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     try:
         cfg = load_config(None, [], **run.config_values(run_dir)).replace(hyper=run.hyper)
@@ -354,7 +359,8 @@ def add_grid_args(
 ) -> None:
     """The options every grid script shares: ``--jobs`` (when ``jobs``), ``--threads``,
     ``--work-dir``, ``--deadline`` (when a default is given), ``--code`` (when ``code``),
-    ``--out`` (default ``out``; None leaves it to the script), ``--md`` and ``--table-only``."""
+    ``--out`` (default ``out``; None leaves it to the script), ``--md``, ``--table-only`` and
+    ``--progress``."""
     if jobs:
         ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per run (torch, BLAS)")
@@ -374,6 +380,12 @@ def add_grid_args(
     ap.add_argument("--out", type=Path, default=None if out is None else Path(out))
     ap.add_argument("--md", type=Path, default=None, help="write the markdown tables here")
     ap.add_argument("--table-only", action="store_true", help="only print tables from --out")
+    ap.add_argument(
+        "--progress",
+        action="store_true",
+        help="print where each planned run stands (done, in progress in --work-dir with its "
+        "round and the time it may still take, to do) and exit; safe beside a running grid",
+    )
 
 
 def _fmt_head(t0: float, spec: Record) -> str:

@@ -23,6 +23,7 @@ Usage::
 
     python benchmarks/reference.py --jobs 2 --threads 1      # the grid, resumable
     python benchmarks/reference.py --table-only              # rewrite the page only
+    python benchmarks/reference.py --work-dir W --progress   # where a running grid stands
     python benchmarks/reference.py --preset edge             # the edge tier: family `tiny`
 
 Settings, arms and split files: ``benchmarks/presets/reference.toml``; results in
@@ -51,6 +52,7 @@ from harness import (
     ci_cell,
     host_label,
     paired_diffs,
+    run_folder,
     simulate_run,
     spec_key,
 )
@@ -132,8 +134,9 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """One simulation on the split file, reduced to its two summaries on both metrics."""
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> tuple[SimRun, list[int]]:
+    """The simulation of ``spec`` and each client's test-split size (the weights of the
+    personalised accuracy)."""
     from coordinator.config import load_config
     from edge_agent.data import load_partition_file
     from models.families import family_models
@@ -165,6 +168,17 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         patience=spec["patience"],
         global_eval_every=spec["global_every"],
     )
+    return run, sizes
+
+
+def folder(spec: dict[str, Any], args: argparse.Namespace) -> Path | None:
+    """``spec``'s resumable folder under ``--work-dir`` (None without one)."""
+    return None if args.work_dir is None else run_folder(sim_run(spec, args)[0], args.work_dir)
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One simulation on the split file, reduced to its two summaries on both metrics."""
+    run, sizes = sim_run(spec, args)
     steps, wall = simulate_run(run, args.threads, args.work_dir)
     host = host_label()
     return {
@@ -611,6 +625,7 @@ EXPERIMENT = experiment.Experiment(
     describe=_describe,
     tables=tables,
     add_args=add_args,
+    folder=folder,
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from harness import add_grid_args, code_label, failure_line, load_results, run_grid, write_markdown
 
+from experiment import progress
 from experiment.declare import Experiment, Record, Results
 
 
@@ -70,11 +71,17 @@ def plan(experiment: Experiment, args: argparse.Namespace) -> list[Record]:
 def run(experiment: Experiment, args: argparse.Namespace) -> Results:
     """Unless ``--table-only``, run the planned specs ``--out`` lacks (resumable, saved after
     every run, ``--jobs`` processes where the script has the option); then print the tables,
-    the failures, and write the tables to ``--md``."""
+    the failures, and write the tables to ``--md``. With ``--progress``, only print where each
+    planned run stands."""
     if experiment.prepare is not None:
         experiment.prepare(args)
     specs = plan(experiment, args)
     runs, failures = load_results(args.out)
+    if args.progress:
+        where = experiment.folder
+        folder = None if where is None else (lambda spec: where(spec, args))
+        print(progress.table(progress.states(specs, runs, failures, folder)))
+        return Results(args, specs, runs, failures)
     if not args.table_only:
         runs, failures = run_grid(
             args.out,

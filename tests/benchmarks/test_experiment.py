@@ -155,6 +155,81 @@ def test_main_runs_the_grid_resumes_it_and_writes_the_tables(
     assert json.loads(out.read_text())["commands"]
 
 
+def test_progress_reads_a_run_in_progress_from_its_folder_and_runs_nothing(
+    fake: experiment.Experiment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from experiment import progress
+
+    out, work = tmp_path / "r.json", tmp_path / "work"
+    grid = ["--out", str(out), "--rounds", "10", "--seeds", "0"]
+    experiment.main(fake, [*grid, "--methods", "base"])
+
+    def folder(spec: Record, args: argparse.Namespace) -> Path | None:
+        return args.work_dir / f"{spec['method']}-{spec['seed']}"
+
+    # better, seed 0: three of its rounds so far (the best the second), as a coordinator
+    # writes them; a step that missed its quorum is not a round
+    run = work / "better-0"
+    run.mkdir(parents=True)
+    rows = [(1, 0.4, True), (2, 0.8, True), (3, 0.6, True), (4, 0.9, False)]
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"phase": "train", "round": r, "quorum_met": met, "duration_s": 10.0 * r,
+                 "agents": {"agent0": {"acc_local": acc, "num_samples": 5}}}
+            ) + "\n"
+            for r, acc, met in rows
+        )
+    )  # fmt: skip
+    CALLS.clear()
+    capsys.readouterr()
+    tracked = experiment.Experiment(**{**vars(fake), "folder": folder})
+    argv = [*grid, "1", "--methods", "base", "better", "--work-dir", str(work), "--progress"]
+    experiment.main(tracked, argv)
+    assert CALLS == []  # --progress runs nothing
+    text = capsys.readouterr().out
+    assert "4 runs planned: 1 done, 1 in progress, 2 to do" in text
+    assert "| better a=0.5 seed=0 | in progress | 3/10 | 80.00 (r2) | 20.0 | 2 min |" in text
+
+    args = experiment.parse_args(tracked, argv)
+    states = progress.states(experiment.plan(tracked, args), *harness.load_results(out),
+                             lambda s: folder(s, args))  # fmt: skip
+    by = {(s.spec["method"], s.spec["seed"]): s for s in states}
+    assert by["base", 0].state == "done" and by["base", 1].state == "to do"
+    better = by["better", 0]
+    assert (better.state, better.rounds) == ("in progress", 3)
+    assert better.best is not None and (better.best.round, better.best.value) == (2, 0.8)
+    assert better.s_per_round == 20.0
+    # no patience in the spec: every round to the cap may still run
+    assert better.left_rounds == (7, 7)
+
+
+def test_progress_leaves_a_run_the_rounds_between_its_patience_stop_and_its_cap(
+    tmp_path: Path,
+) -> None:
+    from experiment import progress
+
+    # 45 rounds of 60 s, the best at round 40: with patience 20 the run stops at round 60
+    # unless a later round beats it, and at the cap (100) at the latest
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"phase": "train", "round": r, "duration_s": 60.0,
+                 "agents": {"a": {"acc_local": 0.9 if r == 40 else 0.5, "num_samples": 1}}}
+            ) + "\n"
+            for r in range(1, 46)
+        )
+    )  # fmt: skip
+    spec = {"method": "m", "alpha": 0.1, "seed": 1, "rounds": 100, "patience": 20}
+    (state,) = progress.states([spec], [], [], lambda s: tmp_path)
+    assert state.left_rounds == (15, 55)
+    text = progress.table([state])
+    assert (
+        "| m a=0.1 seed=1 | in progress | 45/100 | 90.00 (r40) | 60.0 | 15 min to 55 min |" in text
+    )
+    assert "need 15 min to 55 min more" in text
+
+
 # ----- the shared reductions --------------------------------------------------------------------
 def test_round_reductions_pick_the_best_and_the_late_rounds_means() -> None:
     train: list[Record] = [
