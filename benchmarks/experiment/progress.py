@@ -3,7 +3,8 @@ in progress (its folder in ``--work-dir``, read while another process trains it)
 with how long the unfinished ones may take.
 
 A run in progress ends when its best round is ``patience`` rounds old or at its cap, so the
-time left is a range: from "no better round from now on" to "every round up to the cap".
+time left is a range: from "no better round from now on" to "every round up to the cap". A run
+to do is expected to take what the finished runs of its method and alpha took (their median).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness import spec_key
 
@@ -32,12 +34,18 @@ class RunState:
     best: accuracy.RoundValue | None = None  # personalised, so far
     s_per_round: float | None = None  # median of the completed rounds
     left_rounds: tuple[int, int] | None = None  # (fewest, most) rounds still to run
+    expected_s: float | None = None  # a run to do: its method's finished runs' median time
+
+
+def _row(spec: Record) -> tuple[str, Any]:
+    """A spec's method (else its algorithm) and alpha: the runs a finished run predicts."""
+    return str(spec.get("method", spec.get("algorithm", "?"))), spec.get("alpha")
 
 
 def _label(spec: Record) -> str:
-    alpha = spec.get("alpha")
+    method, alpha = _row(spec)
     where = f" a={alpha:g}" if isinstance(alpha, (int, float)) else ""
-    return f"{spec.get('method', spec.get('algorithm', '?'))}{where} seed={spec.get('seed')}"
+    return f"{method}{where} seed={spec.get('seed')}"
 
 
 def _in_progress(spec: Record, folder: Path) -> RunState:
@@ -63,6 +71,22 @@ def _in_progress(spec: Record, folder: Path) -> RunState:
     )
 
 
+def _run_seconds(run: Record) -> float | None:
+    """A finished run's training time: its rounds at its pace (a resumed run's ``wall_s``
+    counts the resumed part only), else its wall time."""
+    pace, rounds = run.get("s_per_round"), run.get("rounds_done")
+    if isinstance(pace, int | float) and isinstance(rounds, int):
+        return float(pace) * rounds
+    wall = run.get("wall_s")
+    return float(wall) if isinstance(wall, int | float) else None
+
+
+def _expected(spec: Record, runs: list[Record]) -> float | None:
+    """The median training time of the finished runs of ``spec``'s method and alpha."""
+    same = [s for r in runs if _row(r["spec"]) == _row(spec) and (s := _run_seconds(r)) is not None]
+    return statistics.median(same) if same else None
+
+
 def states(
     specs: Iterable[Record],
     runs: list[Record],
@@ -81,10 +105,9 @@ def states(
             out.append(RunState(spec, DONE))
         elif path is not None and (path / METRICS_FILE).is_file():
             out.append(_in_progress(spec, path))
-        elif key in failed:
-            out.append(RunState(spec, FAILED))
         else:
-            out.append(RunState(spec, TODO))
+            state = FAILED if key in failed else TODO
+            out.append(RunState(spec, state, expected_s=_expected(spec, runs)))
     return out
 
 
@@ -98,7 +121,7 @@ def table(items: list[RunState]) -> str:
         "| run | state | round | best so far | s/round | time left |",
         "|---|---|---|---|---|---|",
     ]
-    low = high = 0.0
+    low = high = todo = 0.0
     for item in items:
         if item.state == DONE:
             continue
@@ -114,6 +137,9 @@ def table(items: list[RunState]) -> str:
                     few, most = (n * item.s_per_round for n in item.left_rounds)
                     low, high = low + few, high + most
                     left = _hours(most) if few == most else f"{_hours(few)} to {_hours(most)}"
+        elif item.expected_s is not None:
+            todo += item.expected_s
+            left = f"about {_hours(item.expected_s)}"
         lines.append(
             f"| {_label(item.spec)} | {item.state} | {round_} | {best} | {pace} | {left} |"
         )
@@ -121,5 +147,7 @@ def table(items: list[RunState]) -> str:
     summary = ", ".join(f"{n} {s}" for s, n in count.items() if n)
     span = _hours(high) if low == high else f"{_hours(low)} to {_hours(high)}"
     total = f"; the runs in progress need {span} more" if high else ""
+    if todo:
+        total += f"; the runs to do about {_hours(todo)} (as their methods' finished runs)"
     head = f"{len(items)} runs planned: {summary}{total}."
     return head if count[DONE] == len(items) else "\n".join([head, "", *lines])

@@ -188,7 +188,8 @@ def test_progress_reads_a_run_in_progress_from_its_folder_and_runs_nothing(
     experiment.main(tracked, argv)
     assert CALLS == []  # --progress runs nothing
     text = capsys.readouterr().out
-    assert "4 runs planned: 1 done, 1 in progress, 2 to do" in text
+    # the run to do, base seed 1, is expected to take what base seed 0 took
+    assert "4 runs planned: 1 done, 1 in progress, 2 to do; the runs in progress" in text
     assert "| better a=0.5 seed=0 | in progress | 3/10 | 80.00 (r2) | 20.0 | 2 min |" in text
 
     args = experiment.parse_args(tracked, argv)
@@ -228,6 +229,18 @@ def test_progress_leaves_a_run_the_rounds_between_its_patience_stop_and_its_cap(
         "| m a=0.1 seed=1 | in progress | 45/100 | 90.00 (r40) | 60.0 | 15 min to 55 min |" in text
     )
     assert "need 15 min to 55 min more" in text
+
+    # seed 3, to do, is expected to take its method and alpha's finished runs' median: their
+    # rounds at their pace (a resumed run's wall time counts its resumed part only)
+    finished = [
+        {"spec": {**spec, "seed": 2}, "s_per_round": 30.0, "rounds_done": 80, "wall_s": 60.0},
+        {"spec": {**spec, "seed": 4}, "wall_s": 1800.0},
+        {"spec": {**spec, "seed": 5, "alpha": 1.0}, "wall_s": 9000.0},  # another alpha
+    ]
+    todo = {**spec, "seed": 3}
+    (later,) = progress.states([todo], finished, [], lambda s: None)
+    assert (later.state, later.expected_s) == ("to do", 2100.0)  # median of 2400 and 1800
+    assert "| m a=0.1 seed=3 | to do | – | – | – | about 35 min |" in progress.table([later])
 
 
 # ----- the shared reductions --------------------------------------------------------------------
