@@ -56,6 +56,7 @@ from harness import (
     mean_sd,
     merge_results,
     personalised_accuracy,
+    run_folder,
     simulate_run,
     spec_key,
     step_bytes,
@@ -206,23 +207,32 @@ def ablation(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Run one simulation, its agents on ``--device`` and the coordinator's server-side
-    training on ``--server-device`` (default: ``--device``), and reduce its step records to the
-    table's figures."""
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
+    """The simulation of ``spec``: its agents on ``--device``, the coordinator's server-side
+    training on ``--server-device`` (default: ``--device``)."""
     from models.families import family_models
 
-    device, server_device = args.device, args.server_device
-    run = SimRun.from_spec(
+    return SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
         image_size=IMAGE_SIZE[spec["data"]],
         deadline_s=args.deadline,
         wait_agents_s=args.wait_agents,
         run_id="compare",
-        device=device,
-        server_device=server_device,
+        device=args.device,
+        server_device=args.server_device,
     )
+
+
+def folder(spec: dict[str, Any], args: argparse.Namespace) -> Path | None:
+    """``spec``'s resumable folder under ``--work-dir`` (None without one)."""
+    return None if args.work_dir is None else run_folder(sim_run(spec, args), args.work_dir)
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to the table's figures."""
+    run = sim_run(spec, args)
+    device, server_device = args.device, args.server_device
     steps, wall = simulate_run(run, args.threads, args.work_dir)
     summary = summarize(steps, client_test_sizes(run))
     host = host_label()
@@ -711,6 +721,7 @@ EXPERIMENT = experiment.Experiment(
     add_args=add_args,
     finish_args=finish_args,
     prepare=prepare,
+    folder=folder,
     dirty=True,
     deadline=900.0,
 )

@@ -4,7 +4,7 @@ with how long the unfinished ones may take.
 
 A run in progress ends when its best round is ``patience`` rounds old or at its cap, so the
 time left is a range: from "no better round from now on" to "every round up to the cap". A run
-to do is expected to take what the finished runs of its method and alpha took (their median).
+to do is expected to take what the finished runs of its row (its settings, other seeds) took.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness import spec_key
 
@@ -34,18 +33,19 @@ class RunState:
     best: accuracy.RoundValue | None = None  # personalised, so far
     s_per_round: float | None = None  # median of the completed rounds
     left_rounds: tuple[int, int] | None = None  # (fewest, most) rounds still to run
-    expected_s: float | None = None  # a run to do: its method's finished runs' median time
+    expected_s: float | None = None  # a run to do: its row's finished runs' median time
 
 
-def _row(spec: Record) -> tuple[str, Any]:
-    """A spec's method (else its algorithm) and alpha: the runs a finished run predicts."""
-    return str(spec.get("method", spec.get("algorithm", "?"))), spec.get("alpha")
+def _row(spec: Record) -> str:
+    """A spec without its seed: the runs whose finished ones predict its time."""
+    return spec_key({k: v for k, v in spec.items() if k != "seed"})
 
 
 def _label(spec: Record) -> str:
-    method, alpha = _row(spec)
+    method = spec.get("method", spec.get("algorithm", "?"))
+    alpha, data = spec.get("alpha"), spec.get("data")
     where = f" a={alpha:g}" if isinstance(alpha, (int, float)) else ""
-    return f"{method}{where} seed={spec.get('seed')}"
+    return f"{method}{f' {data}' if data else ''}{where} seed={spec.get('seed')}"
 
 
 def _in_progress(spec: Record, folder: Path) -> RunState:
@@ -82,7 +82,8 @@ def _run_seconds(run: Record) -> float | None:
 
 
 def _expected(spec: Record, runs: list[Record]) -> float | None:
-    """The median training time of the finished runs of ``spec``'s method and alpha."""
+    """The median training time of the finished runs of ``spec``'s row (every setting the
+    same, another seed)."""
     same = [s for r in runs if _row(r["spec"]) == _row(spec) and (s := _run_seconds(r)) is not None]
     return statistics.median(same) if same else None
 
@@ -148,6 +149,6 @@ def table(items: list[RunState]) -> str:
     span = _hours(high) if low == high else f"{_hours(low)} to {_hours(high)}"
     total = f"; the runs in progress need {span} more" if high else ""
     if todo:
-        total += f"; the runs to do about {_hours(todo)} (as their methods' finished runs)"
+        total += f"; the runs to do about {_hours(todo)} (as their rows' finished runs)"
     head = f"{len(items)} runs planned: {summary}{total}."
     return head if count[DONE] == len(items) else "\n".join([head, "", *lines])
