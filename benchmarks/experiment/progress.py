@@ -50,8 +50,10 @@ def _label(spec: Record) -> str:
 
 def _in_progress(spec: Record, folder: Path) -> RunState:
     """The state of a run whose folder exists: its training rounds so far, the best, the
-    median round time, and the rounds the stopping rule leaves it."""
-    rounds = accuracy.training_rounds(load_metrics(folder).records)
+    median round time, and the rounds the stopping rule leaves it (none yet before its first
+    round closes)."""
+    started = (folder / METRICS_FILE).is_file()
+    rounds = accuracy.training_rounds(load_metrics(folder).records) if started else []
     best = accuracy.best_round(rounds, accuracy.PERSONALISED)
     times = [float(r["duration_s"]) for r in rounds if isinstance(r.get("duration_s"), int | float)]
     done = max((r["round"] for r in rounds if isinstance(r.get("round"), int)), default=0)
@@ -104,7 +106,7 @@ def states(
         path = folder(spec) if folder is not None else None
         if key in done:
             out.append(RunState(spec, DONE))
-        elif path is not None and (path / METRICS_FILE).is_file():
+        elif path is not None and path.is_dir():
             out.append(_in_progress(spec, path))
         else:
             state = FAILED if key in failed else TODO

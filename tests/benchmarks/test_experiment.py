@@ -238,9 +238,19 @@ def test_progress_leaves_a_run_the_rounds_between_its_patience_stop_and_its_cap(
         {"spec": {**spec, "seed": 5, "alpha": 1.0}, "wall_s": 9000.0},  # another alpha
     ]
     todo = {**spec, "seed": 3}
-    (later,) = progress.states([todo], finished, [], lambda s: None)
+    (later,) = progress.states([todo], finished, [], lambda s: tmp_path / "not-started")
     assert (later.state, later.expected_s) == ("to do", 2100.0)  # median of 2400 and 1800
     assert "| m a=0.1 seed=3 | to do | – | – | – | about 35 min |" in progress.table([later])
+
+    # a run whose folder holds no closed round yet is in progress at round 0
+    (tmp_path / "not-started").mkdir()
+    (first,) = progress.states([todo], finished, [], lambda s: tmp_path / "not-started")
+    assert (first.state, first.rounds, first.best, first.left_rounds) == (
+        "in progress",
+        0,
+        None,
+        (100, 100),
+    )
 
 
 # ----- the shared reductions --------------------------------------------------------------------
