@@ -119,7 +119,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--device",
         help="where agents and server-side training run (cpu, cuda); recorded with each run, "
-        "not part of its identity: the same spec on another device is the same run",
+        "not part of its identity: the same spec on another device is the same run (a run "
+        "in --work-dir resumes on its own device only)",
     )
     ap.add_argument(
         "--server-device",

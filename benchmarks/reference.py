@@ -89,7 +89,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "scoring it every round took over half of each round's time)",
     )
     ap.add_argument(
-        "--device", help="where the agents train (cpu, cuda); not part of a run's identity"
+        "--device",
+        help="where the agents train (cpu, cuda); not part of a run's identity in --out (a "
+        "GPU's run fills the same row), but a run in --work-dir resumes on its own device only",
     )
     ap.add_argument(
         "--feature-dim",
