@@ -43,7 +43,8 @@ __all__ = [
 # ----- markdown ----------------------------------------------------------------------------------
 def render_report(run_dir: str | Path) -> str:
     """A markdown report: the run's summaries (best round, mean of the last rounds), one row
-    per step, a first-vs-last table per agent, traffic by kind.
+    per step, a first-vs-last table per agent, traffic by kind, and the numbers the algorithm's
+    server half reported each step.
 
     Raises:
         ConfigError: ``RUN_DIR/metrics.jsonl`` does not exist.
@@ -56,6 +57,7 @@ def render_report(run_dir: str | Path) -> str:
         out += ["## Steps", ""]
         out += [*_steps_table(log.steps), "", *_agents_table(log.steps), ""]
         out += _traffic_table(log.steps)
+        out += _server_table(log.records)
     else:
         out.append(f"No completed step in {METRICS_FILE}.")
     if log.skipped:
@@ -192,6 +194,40 @@ def _traffic_table(steps: list[StepRow]) -> list[str]:
         rows += ["| direction.kind | bytes |", "|---|---:|"]
         rows += [f"| {k} | {_fmt_bytes(n)} |" for k, n in sorted(kinds.items())]
     return rows
+
+
+def _server_table(records: list[dict[str, Any]]) -> list[str]:
+    """The numbers in each step's ``aggregate`` (the server half's diagnostics: Velo's CVAE
+    loss and KL per latent dimension, a knowledge table's size, ...), a column each, for the
+    steps that have any; nothing when no step has one."""
+    rows: list[tuple[int, dict[str, Any], dict[str, float]]] = []
+    keys: dict[str, None] = {}  # in order of first appearance
+    for i, record in enumerate(records, start=1):
+        agg = record.get("aggregate")
+        agg = agg if isinstance(agg, Mapping) else {}
+        numbers = {str(k): v for k in agg if (v := number_at(agg, k)) is not None}
+        if numbers:
+            rows.append((i, record, numbers))
+            keys.update(dict.fromkeys(numbers))
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Server",
+        "",
+        "| step | round | phase | " + " | ".join(f"`{k}`" for k in keys) + " |",
+        "|---:|---:|---|" + "---:|" * len(keys),
+    ]
+    for i, record, numbers in rows:
+        cells = " | ".join(_number(numbers[k]) if k in numbers else "-" for k in keys)
+        phase = record.get("phase") if isinstance(record.get("phase"), str) else "-"
+        out.append(f"| {i} | {_fmt(as_int(record.get('round')))} | {phase} | {cells} |")
+    return out
+
+
+def _number(value: float) -> str:
+    """A counted number whole (``11060``), any other to four significant digits."""
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
 
 
 def _fmt(value: float | None, *, signed: bool = False) -> str:

@@ -108,6 +108,30 @@ def test_traffic_by_kind_and_skipped_line(run_dir: Path) -> None:
     assert "- line 4: truncated last line" in report
 
 
+def test_server_table_shows_each_steps_aggregate_numbers_a_column_each(tmp_path: Path) -> None:
+    agents = {"a": _agent(0.5, None)}
+    records = [
+        _step(1, "train", agents, {}, aggregate={"knowledge_entries": 167.0, "classes": [1, 2]}),
+        _step(2, "train", agents, {}),  # no aggregate: no row
+        _step(
+            3,
+            "train",
+            agents,
+            {},
+            aggregate={"knowledge_entries": 11060.0, "cvae_kl_per_dim": 4.885e-08, "ok": True},
+        ),
+    ]
+    report = render_report(_write_run(tmp_path / "run", records))
+    server = report[report.index("## Server") :].splitlines()
+    # lists and booleans are not numbers; a key first seen later gets its column, "-" before
+    assert server[2] == "| step | round | phase | `knowledge_entries` | `cvae_kl_per_dim` |"
+    assert server[4:] == ["| 1 | 1 | train | 167 | - |", "| 3 | 3 | train | 11060 | 4.885e-08 |"]
+
+
+def test_no_server_table_without_aggregate_numbers(run_dir: Path) -> None:
+    assert "## Server" not in render_report(run_dir)
+
+
 def test_summary_best_round_and_last_ten_rounds_by_hand(tmp_path: Path) -> None:
     # agent a holds 100 samples, b 300: personalised = (a + 3 b) / 4 = x + 0.3 with b = a + 0.4
     # (the plain mean, x + 0.2, would differ); acc_global is the same for both agents
