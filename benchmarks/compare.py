@@ -56,7 +56,6 @@ from harness import (
     mean_sd,
     merge_results,
     personalised_accuracy,
-    run_folder,
     simulate_run,
     spec_key,
     step_bytes,
@@ -223,11 +222,6 @@ def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
         device=args.device,
         server_device=args.server_device,
     )
-
-
-def folder(spec: dict[str, Any], args: argparse.Namespace) -> Path | None:
-    """``spec``'s resumable folder under ``--work-dir`` (None without one)."""
-    return None if args.work_dir is None else run_folder(sim_run(spec, args), args.work_dir)
 
 
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -722,7 +716,7 @@ EXPERIMENT = experiment.Experiment(
     add_args=add_args,
     finish_args=finish_args,
     prepare=prepare,
-    folder=folder,
+    sim_run=sim_run,
     dirty=True,
     deadline=900.0,
 )

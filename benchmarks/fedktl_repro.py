@@ -124,18 +124,22 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Run one simulation and reduce its step records to a summary."""
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
+    """The simulation of ``spec``."""
     from models.families import family_models
 
-    run = SimRun.from_spec(
+    return SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
         image_size=IMAGE_SIZE[spec["data"]],
         deadline_s=args.deadline,
         run_id="fedktl-repro",
     )
-    steps, wall = simulate_run(run, args.threads, args.work_dir)
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a summary."""
+    steps, wall = simulate_run(sim_run(spec, args), args.threads, args.work_dir)
     return {"spec": spec, "wall_s": wall, **summarize(steps)}
 
 
@@ -307,6 +311,7 @@ EXPERIMENT = experiment.Experiment(
     add_args=add_args,
     jobs=False,
     deadline=1800.0,
+    sim_run=sim_run,
 )
 
 

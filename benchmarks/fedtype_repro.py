@@ -163,21 +163,25 @@ def param_counts(names: list[str], data: str) -> dict[str, int]:
     return out
 
 
-def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Run one simulation and reduce its step records to a small summary."""
-    models = fleet_models(spec)
-    run = SimRun.from_spec(
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
+    """The simulation of ``spec``."""
+    return SimRun.from_spec(
         spec,
-        models=tuple(models),
+        models=tuple(fleet_models(spec)),
         feature_dim=None,
         image_size=IMAGE_SIZE[spec["data"]],
         deadline_s=args.deadline,
         max_retries=1,
         run_id="fedtype-repro",
     )
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a small summary."""
+    run = sim_run(spec, args)
     steps, wall = simulate_run(run, args.threads, args.work_dir)
     out = {"spec": spec, "wall_s": wall, **summarize(steps)}
-    out["params"] = param_counts([*models, spec["proxy"]], spec["data"])
+    out["params"] = param_counts([*run.models, spec["proxy"]], spec["data"])
     return out
 
 
@@ -440,6 +444,7 @@ EXPERIMENT = experiment.Experiment(
     tables=tables,
     add_args=add_args,
     dirty=True,
+    sim_run=sim_run,
 )
 
 

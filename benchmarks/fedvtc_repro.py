@@ -176,11 +176,11 @@ def run_spec(
     }
 
 
-def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Run one simulation and reduce its step records to a small summary."""
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
+    """The simulation of ``spec``."""
     from models.families import family_models
 
-    run = SimRun.from_spec(
+    return SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
         data="mnist5k",
@@ -189,7 +189,11 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         deadline_s=7200.0,
         run_id="repro",
     )
-    steps, wall = simulate_run(run, args.threads, args.work_dir)
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Run one simulation and reduce its step records to a small summary."""
+    steps, wall = simulate_run(sim_run(spec, args), args.threads, args.work_dir)
     return {"spec": spec, "wall_s": wall, **summarize(steps, spec["T"])}
 
 
@@ -420,6 +424,7 @@ EXPERIMENT = experiment.Experiment(
     add_args=add_args,
     deadline=None,
     code=False,
+    sim_run=sim_run,
 )
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-from pathlib import Path
 from typing import Any
 
 import experiment
@@ -179,31 +178,32 @@ def _patch_cvae_singletons() -> None:
 
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run one simulation and reduce its step records to a small summary."""
-    threads, deadline, work_dir = args.threads, args.deadline, args.work_dir
     if args.cvae_singleton_workaround and spec["algorithm"] == "velo":
         _patch_cvae_singletons()
         _SINGLETONS[0] = 0
-        r = _execute(spec, threads, deadline, work_dir)
+        r = _execute(spec, args)
         r["workaround"] = "cvae_singleton_bn_eval"
         r["cvae_singleton_batches"] = _SINGLETONS[0]
         return r
-    return _execute(spec, threads, deadline, work_dir)
+    return _execute(spec, args)
 
 
-def _execute(
-    spec: dict[str, Any], threads: int, deadline: float, work_dir: Path | None
-) -> dict[str, Any]:
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
+    """The simulation of ``spec``."""
     from models.families import family_models
 
-    run = SimRun.from_spec(
+    return SimRun.from_spec(
         spec,
         models=tuple(family_models(spec["family"], spec["clients"])),
         image_size=IMAGE_SIZE[spec["data"]],
-        deadline_s=deadline,
+        deadline_s=args.deadline,
         max_retries=1,
         run_id="felo-repro",
     )
-    steps, wall = simulate_run(run, threads, work_dir)
+
+
+def _execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    steps, wall = simulate_run(sim_run(spec, args), args.threads, args.work_dir)
     return {"spec": spec, "wall_s": wall, **summarize(steps, spec["rounds"])}
 
 
@@ -368,6 +368,7 @@ EXPERIMENT = experiment.Experiment(
     tables=tables,
     add_args=add_args,
     dirty=True,
+    sim_run=sim_run,
 )
 
 

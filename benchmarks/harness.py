@@ -330,6 +330,14 @@ def client_test_sizes(run: SimRun) -> list[int]:
     return [len(split.client(k)[1]) for k in range(run.clients)]
 
 
+def split_test_sizes(split: Path) -> list[int]:
+    """Each client's test-split size in a partition file (the weights of a sample-weighted
+    personalised accuracy)."""
+    from edge_agent.data import load_partition_file
+
+    return [len(t) for t in load_partition_file(split).test]
+
+
 def guarded(execute: Callable[[Record], Record], spec: Record) -> Record:
     """``execute(spec)``, or the error record of the exception it raised (the grid goes on):
     the error, its traceback and the distinct errors logged during the run (``log``)."""

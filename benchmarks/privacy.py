@@ -30,7 +30,16 @@ import math
 from typing import Any
 
 import experiment
-from harness import ROOT, SimRun, ci95, ci_cell, paired_diffs, simulate_run, spec_key
+from harness import (
+    ROOT,
+    SimRun,
+    ci95,
+    ci_cell,
+    paired_diffs,
+    simulate_run,
+    spec_key,
+    split_test_sizes,
+)
 from reference import summarize
 
 logging.basicConfig(level=logging.ERROR)
@@ -101,14 +110,13 @@ def feature_dim(spec: dict[str, Any]) -> int | None:
     return needs.required_feature_dim() or None
 
 
-def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """One simulation on the split file, reduced like the reference tier's."""
-    from edge_agent.data import load_partition_file
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
+    """The simulation of ``spec``."""
     from models.families import family_models
 
     split = ROOT / spec["split"]
-    sizes = [len(t) for t in load_partition_file(split).test]
-    run = SimRun(
+    sizes = split_test_sizes(split)
+    return SimRun(
         algorithm=spec["algorithm"],
         hyper=spec["hyper"],
         seed=spec["seed"],
@@ -126,7 +134,12 @@ def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         preset=spec["preset"],
         global_eval_every=spec["global_every"],
     )
-    steps, wall = simulate_run(run, args.threads, args.work_dir)
+
+
+def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One simulation on the split file, reduced like the reference tier's."""
+    steps, wall = simulate_run(sim_run(spec, args), args.threads, args.work_dir)
+    sizes = split_test_sizes(ROOT / spec["split"])
     return {"spec": spec, "wall_s": wall, "device": args.device, **summarize(steps, sizes)}
 
 
@@ -289,6 +302,7 @@ EXPERIMENT = experiment.Experiment(
     describe=_describe,
     tables=tables,
     add_args=add_args,
+    sim_run=sim_run,
 )
 
 

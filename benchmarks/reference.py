@@ -52,9 +52,9 @@ from harness import (
     ci_cell,
     host_label,
     paired_diffs,
-    run_folder,
     simulate_run,
     spec_key,
+    split_test_sizes,
 )
 
 from coordinator import accuracy
@@ -136,16 +136,13 @@ def run_spec(args: argparse.Namespace, method: str, alpha: float, seed: int) -> 
     }
 
 
-def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> tuple[SimRun, list[int]]:
-    """The simulation of ``spec`` and each client's test-split size (the weights of the
-    personalised accuracy)."""
+def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> SimRun:
+    """The simulation of ``spec``."""
     from coordinator.config import load_config
-    from edge_agent.data import load_partition_file
     from models.families import family_models
 
     split = ROOT / spec["split"]
-    sizes = [len(t) for t in load_partition_file(split).test]
-    clients = len(sizes)
+    clients = len(split_test_sizes(split))
     needs = load_config(
         None, [], algorithm=spec["algorithm"], preset=spec["preset"], run_dir=str(ROOT)
     ).replace(hyper=spec["hyper"])
@@ -170,18 +167,14 @@ def sim_run(spec: dict[str, Any], args: argparse.Namespace) -> tuple[SimRun, lis
         patience=spec["patience"],
         global_eval_every=spec["global_every"],
     )
-    return run, sizes
-
-
-def folder(spec: dict[str, Any], args: argparse.Namespace) -> Path | None:
-    """``spec``'s resumable folder under ``--work-dir`` (None without one)."""
-    return None if args.work_dir is None else run_folder(sim_run(spec, args)[0], args.work_dir)
+    return run
 
 
 def execute(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """One simulation on the split file, reduced to its two summaries on both metrics."""
-    run, sizes = sim_run(spec, args)
-    steps, wall = simulate_run(run, args.threads, args.work_dir)
+    """One simulation on the split file, reduced to its two summaries on both metrics (the
+    personalised one weighted by each client's test-split size)."""
+    steps, wall = simulate_run(sim_run(spec, args), args.threads, args.work_dir)
+    sizes = split_test_sizes(ROOT / spec["split"])
     host = host_label()
     return {
         "spec": spec,
@@ -627,7 +620,7 @@ EXPERIMENT = experiment.Experiment(
     describe=_describe,
     tables=tables,
     add_args=add_args,
-    folder=folder,
+    sim_run=sim_run,
 )
 
 

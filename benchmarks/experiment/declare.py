@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import SimRun
+
 from coordinator.presets import Arm, Preset
 from coordinator.presets import load_preset as read_preset
 
@@ -44,8 +46,8 @@ class Experiment:
     ``add_args``). ``execute(spec, args)`` runs one spec and returns its summary (a dict with
     ``spec``); with ``--jobs`` it runs in worker processes, so it is a module-level function.
     ``prepare(args)`` runs before anything is read (a split to export, files to merge).
-    ``folder(spec, args)`` is the run's resumable folder under ``--work-dir`` (None without
-    one), for ``--progress`` to read a run in progress.
+    ``sim_run(spec, args)`` is the simulation ``execute`` runs, which names its resumable folder
+    under ``--work-dir``: ``--progress`` reads a run in progress there.
     """
 
     description: str  # the script's docstring (--help shows its first paragraph)
@@ -58,7 +60,7 @@ class Experiment:
     add_args: Callable[[argparse.ArgumentParser], None] | None = None
     finish_args: Callable[[argparse.Namespace], None] | None = None
     prepare: Callable[[argparse.Namespace], None] | None = None
-    folder: Callable[[Record, argparse.Namespace], Path | None] | None = None
+    sim_run: Callable[[Record, argparse.Namespace], SimRun] | None = None
     dirty: bool = False  # label runs ``-dirty`` when tracked files differ from HEAD
     jobs: bool = True  # the script has --jobs (else runs go in this process)
     deadline: float | None = 600.0  # --deadline's default; None: no such option

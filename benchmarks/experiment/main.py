@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from harness import add_grid_args, code_label, failure_line, load_results, run_grid, write_markdown
+from harness import (
+    add_grid_args,
+    code_label,
+    failure_line,
+    load_results,
+    run_folder,
+    run_grid,
+    write_markdown,
+)
 
 from experiment import progress
 from experiment.declare import Experiment, Record, Results
@@ -78,9 +88,7 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Results:
     specs = plan(experiment, args)
     runs, failures = load_results(args.out)
     if args.progress:
-        where = experiment.folder
-        folder = None if where is None else (lambda spec: where(spec, args))
-        print(progress.table(progress.states(specs, runs, failures, folder)))
+        print(progress.table(progress.states(specs, runs, failures, folder_of(experiment, args))))
         return Results(args, specs, runs, failures)
     if not args.table_only:
         runs, failures = run_grid(
@@ -98,6 +106,17 @@ def run(experiment: Experiment, args: argparse.Namespace) -> Results:
         print(failure_line(args.out, failures))
     write_markdown(args.md, text)
     return results
+
+
+def folder_of(
+    experiment: Experiment, args: argparse.Namespace
+) -> Callable[[Record], Path | None] | None:
+    """Where a spec's run keeps its resumable folder (None: no ``--work-dir``, or the script
+    declares no ``sim_run``)."""
+    build, work_dir = experiment.sim_run, args.work_dir
+    if build is None or work_dir is None:
+        return None
+    return lambda spec: run_folder(build(spec, args), work_dir)
 
 
 def main(experiment: Experiment, argv: list[str] | None = None) -> Any:

@@ -155,21 +155,30 @@ def test_main_runs_the_grid_resumes_it_and_writes_the_tables(
     assert json.loads(out.read_text())["commands"]
 
 
+def fake_sim_run(spec: Record, args: argparse.Namespace) -> harness.SimRun:
+    """The simulation a fake spec would run: what names its folder in the work directory."""
+    models = ("mlp_s",)
+    return harness.SimRun("local", {}, spec["seed"], spec["rounds"], 1, models, run_id="fake")
+
+
 def test_progress_reads_a_run_in_progress_from_its_folder_and_runs_nothing(
     fake: experiment.Experiment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from experiment import progress
+    from experiment.main import folder_of
 
     out, work = tmp_path / "r.json", tmp_path / "work"
     grid = ["--out", str(out), "--rounds", "10", "--seeds", "0"]
     experiment.main(fake, [*grid, "--methods", "base"])
-
-    def folder(spec: Record, args: argparse.Namespace) -> Path | None:
-        return args.work_dir / f"{spec['method']}-{spec['seed']}"
+    tracked = experiment.Experiment(**{**vars(fake), "sim_run": fake_sim_run})
+    argv = [*grid, "1", "--methods", "base", "better", "--work-dir", str(work), "--progress"]
+    args = experiment.parse_args(tracked, argv)
 
     # better, seed 0: three of its rounds so far (the best the second), as a coordinator
-    # writes them; a step that missed its quorum is not a round
-    run = work / "better-0"
+    # writes them in the run's folder; a step that missed its quorum is not a round
+    better_spec = fake_spec(args, "better", 0.5, 0)
+    assert better_spec is not None
+    run = harness.run_folder(fake_sim_run(better_spec, args), work)
     run.mkdir(parents=True)
     rows = [(1, 0.4, True), (2, 0.8, True), (3, 0.6, True), (4, 0.9, False)]
     (run / "metrics.jsonl").write_text(
@@ -183,18 +192,14 @@ def test_progress_reads_a_run_in_progress_from_its_folder_and_runs_nothing(
     )  # fmt: skip
     CALLS.clear()
     capsys.readouterr()
-    tracked = experiment.Experiment(**{**vars(fake), "folder": folder})
-    argv = [*grid, "1", "--methods", "base", "better", "--work-dir", str(work), "--progress"]
     experiment.main(tracked, argv)
     assert CALLS == []  # --progress runs nothing
     text = capsys.readouterr().out
-    # the run to do, base seed 1, is expected to take what base seed 0 took
     assert "4 runs planned: 1 done, 1 in progress, 2 to do; the runs in progress" in text
     assert "| better a=0.5 seed=0 | in progress | 3/10 | 80.00 (r2) | 20.0 | 2 min |" in text
 
-    args = experiment.parse_args(tracked, argv)
-    states = progress.states(experiment.plan(tracked, args), *harness.load_results(out),
-                             lambda s: folder(s, args))  # fmt: skip
+    folder = folder_of(tracked, args)
+    states = progress.states(experiment.plan(tracked, args), *harness.load_results(out), folder)
     by = {(s.spec["method"], s.spec["seed"]): s for s in states}
     assert by["base", 0].state == "done" and by["base", 1].state == "to do"
     better = by["better", 0]
