@@ -20,5 +20,7 @@ lint:
 
 typecheck:
 	$(BIN)/mypy protocol models edge_agent coordinator export
+	# the benchmark scripts import their shared modules (harness, experiment) from benchmarks/
+	MYPYPATH=benchmarks $(BIN)/mypy benchmarks/*.py benchmarks/experiment/*.py
 
 check: lint typecheck

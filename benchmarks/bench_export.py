@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from export.exporter import export_model
 from export.heads import with_head
 from export.runtime import Session, latency_ms, make_session, run_batches
-from export.variants import make_variant
+from export.variants import Variant, make_variant
 from models import create_model, list_models, model_info
 from models.checkpoint import HeadSpec
 from protocol.errors import EdgeFLError
@@ -56,7 +57,7 @@ SMALL = [
     "resnet8",
     "resnet18",
 ]
-VARIANTS = ("fp16", "int8-static", "int8-dynamic")
+VARIANTS: tuple[Variant, ...] = ("fp16", "int8-static", "int8-dynamic")
 
 
 def local_data(
@@ -88,9 +89,9 @@ def train(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, epochs: int) -> 
     gen = torch.Generator().manual_seed(0)
     model.train()
     for _ in range(epochs):
-        for idx in torch.randperm(len(yt), generator=gen).split(64):
+        for idx in torch.randperm(len(yt), generator=gen).split(64):  # type: ignore[no-untyped-call]
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            F.cross_entropy(model(xt[idx]), yt[idx]).backward()  # type: ignore[no-untyped-call]
             opt.step()
     model.eval()
     return time.perf_counter() - start
@@ -115,7 +116,10 @@ def paired_latency_ms(
     torch.set_num_threads(threads)
     x = np.random.default_rng(0).random((batch, *shape), dtype=np.float32)
     xt, feed = torch.from_numpy(x), {sess.input_name: x}
-    runs = {"ort": lambda: sess.session.run(None, feed), "eager": lambda: module(xt)}
+    runs: dict[str, Callable[[], object]] = {
+        "ort": lambda: sess.session.run(None, feed),
+        "eager": lambda: module(xt),
+    }
     times: dict[str, list[float]] = {"ort": [], "eager": []}
     try:
         with torch.inference_mode():
@@ -161,17 +165,17 @@ def bench_variants(
             }
             with torch.inference_mode():
                 row["torch_acc"] = float((ref(torch.from_numpy(xte))[1].numpy() == yte).mean())
-            files = {"fp32": res.path}
+            files: dict[str, Path] = {"fp32": res.path}
             for variant in VARIANTS:
                 files[variant] = make_variant(
                     variant, res.path, Path(tmp, f"{variant}.onnx"), calibration=xtr
                 )
-            for variant, path in files.items():
+            for label, path in files.items():
                 one = make_session(path, threads=1)
                 _, pred = run_batches(one, xte)
-                row[f"{variant}_bytes"] = path.stat().st_size
-                row[f"{variant}_acc"] = float((pred == yte).mean())
-                row[f"{variant}_b1_1t"] = latency_ms(one, shape, batch=1)
+                row[f"{label}_bytes"] = path.stat().st_size
+                row[f"{label}_acc"] = float((pred == yte).mean())
+                row[f"{label}_b1_1t"] = latency_ms(one, shape, batch=1)
             sessions = {
                 "1t": (make_session(res.path, threads=1), 1),
                 "all": (make_session(res.path, threads=all_threads), all_threads),

@@ -7,6 +7,7 @@ Run: ``PYTHONPATH=. python benchmarks/bench_prometheus.py``
 
 from __future__ import annotations
 
+import functools
 import timeit
 from collections.abc import Callable
 
@@ -47,7 +48,7 @@ def main() -> None:
     for agents in (3, 10_000):
         e = exporter(agents)
         size = len(generate_latest(e.registry))
-        seconds = timeit.timeit(lambda e=e: generate_latest(e.registry), number=20) / 20
+        seconds = timeit.timeit(functools.partial(generate_latest, e.registry), number=20) / 20
         print(f"{agents} agents: a scrape is {size} bytes and takes {seconds * 1e3:.1f} ms")
     e = exporter(3)
     events: dict[str, Callable[[], None]] = {

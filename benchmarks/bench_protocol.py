@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from coordinator.broker.embedded import EmbeddedBroker, MosquittoBroker, mosquitto_executable
+from protocol.contract.arrays import Encoding
 from protocol.contract.codec import Envelope, decode, encode
 from protocol.contract.lowrank import compress, is_compressed, restore
 from protocol.contract.messages import Ack, Reply
@@ -47,7 +48,7 @@ SIZES = {"1 KB": 1_000, "100 KB": 100_000, "8 MB": 8_000_000}
 T = Topics("bench")
 
 
-def _reply(n_bytes: int, encoding: str = "raw") -> Reply:
+def _reply(n_bytes: int, encoding: Encoding = "raw") -> Reply:
     w = np.random.default_rng(0).standard_normal(n_bytes // 4).astype(np.float32)
     return Reply(
         task_id="t",
@@ -55,7 +56,7 @@ def _reply(n_bytes: int, encoding: str = "raw") -> Reply:
         phase="train",
         num_samples=1,
         payloads={"w": TensorMap({"w": w}, encoding=encoding)},
-    )  # type: ignore[arg-type]
+    )
 
 
 def _median_time(
@@ -98,8 +99,8 @@ def bench_codec(repeat: int) -> None:
     for label, size in SIZES.items():
         env = Envelope(body=_reply(size), sender="dev-1", federation="bench")
         frame = encode(env)
-        t_enc = _median_time(lambda env=env: encode(env), repeat)
-        t_dec = _median_time(lambda frame=frame: decode(frame), repeat)
+        t_enc = _median_time(partial(encode, env), repeat)
+        t_dec = _median_time(partial(decode, frame), repeat)
         print(
             f"| {label} | {len(frame):,} | {_fmt_time(t_enc)} | {_fmt_rate(size, t_enc)} "
             f"| {_fmt_time(t_dec)} | {_fmt_rate(size, t_dec)} |"

@@ -43,10 +43,10 @@ def bare(model, data: TensorData, cfg: LocalConfig, opt, gen) -> float:  # type:
             loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         if scaler is None:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch stub
             opt.step()
         else:
-            scaler.scale(loss).backward()
+            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # torch stub
             scaler.step(opt)
             scaler.update()
     if data.x.is_cuda:  # the kernels queued by the last steps count too

@@ -316,7 +316,10 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
                 continue
             local = by_seed(groups.get(("local", alpha), []))
             proto = by_seed(groups.get(("fedproto", alpha), []))
-            seed = lambda r: r["spec"]["seed"]  # noqa: E731
+
+            def seed(r: dict[str, Any]) -> int:
+                return int(r["spec"]["seed"])
+
             cols = [
                 [_diff(r, r, "acc_global", "acc_global_before_ft") for r in rs],
                 [_diff(r, r, "acc_global", "acc_global_noise_control") for r in rs],
@@ -344,7 +347,7 @@ def paired_tables(groups: dict[tuple[str, float], list[dict[str, Any]]]) -> list
 
     def payload_mb(r: dict[str, Any], phase: str | None = None) -> float:
         phases = [phase] if phase else list(r["bytes_by_phase"])
-        return (
+        return float(
             sum(
                 n
                 for ph in phases

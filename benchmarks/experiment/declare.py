@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from harness import SimRun
 
@@ -17,6 +17,20 @@ from coordinator.presets import load_preset as read_preset
 __all__ = ["Arm", "Experiment", "Preset", "Record", "Results", "load_preset"]
 
 Record = dict[str, Any]
+
+
+class Execute(Protocol):
+    """Runs one spec (with ``--jobs``, in a worker process: a module-level function)."""
+
+    def __call__(self, spec: Record, args: argparse.Namespace) -> Record: ...
+
+
+class BuildRun(Protocol):
+    """The simulation a spec runs, which names its resumable folder."""
+
+    def __call__(self, spec: Record, args: argparse.Namespace) -> SimRun: ...
+
+
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
 
@@ -52,7 +66,7 @@ class Experiment:
 
     description: str  # the script's docstring (--help shows its first paragraph)
     preset: Preset
-    execute: Callable[[Record, argparse.Namespace], Record]
+    execute: Execute
     describe: Callable[[Record], str]
     tables: Callable[[Results], str]
     spec: Callable[[argparse.Namespace, str, float, int], Record | None] | None = None
@@ -60,7 +74,7 @@ class Experiment:
     add_args: Callable[[argparse.ArgumentParser], None] | None = None
     finish_args: Callable[[argparse.Namespace], None] | None = None
     prepare: Callable[[argparse.Namespace], None] | None = None
-    sim_run: Callable[[Record, argparse.Namespace], SimRun] | None = None
+    sim_run: BuildRun | None = None
     dirty: bool = False  # label runs ``-dirty`` when tracked files differ from HEAD
     jobs: bool = True  # the script has --jobs (else runs go in this process)
     deadline: float | None = 600.0  # --deadline's default; None: no such option
