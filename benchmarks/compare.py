@@ -79,6 +79,7 @@ SLOW_FIRST = ("fedvtc", "velo", "fedtgp", "fedktl", "fedkd", "fedgen", "fedtype"
 COMMON_TRAIN: dict[str, Any] = PRESET.other["common_train"]
 QUICK: dict[str, Any] = PRESET.named["quick"]
 FULL: dict[str, Any] = PRESET.named["full"]
+FULL_OWN: dict[str, Any] = {**FULL, **PRESET.other["own_grid"]}
 DEFAULT_ALPHAS: list[float] = PRESET.settings["alphas"]
 
 
@@ -153,7 +154,7 @@ def finish_args(args: argparse.Namespace) -> None:
     if args.md is None:  # the results pages: one recipe for every row, and each row's own
         page = "common" if args.train == "common" else "own"
         args.md = Path(f"docs/results/{page}.md")
-    preset = QUICK if args.quick else FULL
+    preset = grid_preset(args)
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -516,13 +517,13 @@ def page(
     partial = any(spec_key(s) not in done for s in planned or [])
     lines += overall_section(group_by(runs, where), partial, demo_default())
     lines += failures_section(fails)
-    lines += [*rerun_text(), *(cost_estimate(args, runs, fails) if args.quick else [])]
+    lines += [*rerun_text(args), *(cost_estimate(args, runs, fails) if args.quick else [])]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def command(args: argparse.Namespace) -> str:
     """The command line that reruns this page's grid."""
-    preset = QUICK if args.quick else FULL
+    preset = grid_preset(args)
     parts = ["python benchmarks/compare.py", "--quick" if args.quick else ""]
     parts += [f"--rounds {args.rounds}" if args.rounds != preset["rounds"] else ""]
     parts += [f"--data {' '.join(args.data)}" if args.data != preset["data"] else ""]
@@ -612,21 +613,26 @@ SETTINGS_TEXT = [
 ]
 
 
-def rerun_text() -> list[str]:
-    """How to run the full grid, and its size."""
-    n = len(registered())
-    runs = n * len(FULL["data"]) * 2 * len(FULL["seeds"])
+def rerun_text(args: argparse.Namespace) -> list[str]:
+    """How to run the full grid of the page's recipe, and its size."""
+    own = args.train == "own"
+    full = FULL_OWN if own else FULL
+    n, sets = len(registered()), len(full["data"])
+    runs = n * sets * 2 * len(full["seeds"])
+    names = {"digits": "digits", "mnist5k": "MNIST-5k (28x28)"}
+    page = "--train own --out benchmarks/results/compare_own.json --md docs/results/own.md"
     return [
         "## Full grid",
         "",
         "```bash",
         "python benchmarks/compare.py --jobs 2 --threads 1 "
-        "--out benchmarks/results/compare.json --md docs/results/common.md",
+        + (page if own else "--out benchmarks/results/compare.json --md docs/results/common.md"),
         "```",
         "",
-        f"digits and MNIST-5k (28x28), Dir 0.1 and 1.0, seeds 0-2, {FULL['rounds']} rounds "
-        f"(`--rounds 100` for HtFLlib's length): {n} algorithms x 2 datasets x 2 alphas x 3 "
-        f"seeds = {runs} runs. It resumes where it stopped (`--table-only` rewrites this page "
+        f"{' and '.join(names[d] for d in full['data'])}, Dir 0.1 and 1.0, seeds 0-2, "
+        f"{full['rounds']} rounds (`--rounds 100` for HtFLlib's length): {n} algorithms x "
+        f"{sets} dataset{'s' if sets > 1 else ''} x 2 alphas x 3 seeds = {runs} runs. It "
+        "resumes where it stopped (`--table-only` rewrites this page "
         "from the results file). The algorithms that average whole models (`fedavg`, `ccvr`) "
         "need one architecture: `--family homo_mlp --algorithms fedavg ccvr local` runs them on "
         "a homogeneous fleet.",
@@ -640,9 +646,17 @@ def demo_default() -> str:
     return str(load_preset("demo").settings["algorithm"])
 
 
+def grid_preset(args: argparse.Namespace) -> dict[str, Any]:
+    """The setting ``args`` completes: the smoke one, else its recipe's full grid (``--train
+    own``: digits only)."""
+    if args.quick:
+        return QUICK
+    return FULL_OWN if args.train == "own" else FULL
+
+
 def whole_grid(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with the preset's datasets, alphas and seeds added to its own (in order)."""
-    preset = QUICK if args.quick else FULL
+    preset = grid_preset(args)
     data = [d for d in IMAGE_SIZE if d in {*preset["data"], *args.data}]
     alphas = sorted({*DEFAULT_ALPHAS, *args.alphas})
     seeds = sorted({*preset["seeds"], *args.seeds})

@@ -159,3 +159,15 @@ def test_a_call_for_one_dataset_or_seed_keeps_the_whole_grid_on_the_page(tmp_pat
     assert "Produced by `python benchmarks/compare.py --jobs" in text  # the preset's own grid
     args = compare.whole_grid(compare.parse_args(["--quick", "--data", "mnist5k"]))
     assert args.data == ["digits", "mnist5k"] and args.seeds == [0]
+
+
+def test_the_own_recipe_grid_is_digits_and_its_page_says_how_to_rerun_it() -> None:
+    own = compare.parse_args(["--train", "own"])
+    assert own.data == ["digits"] and compare.whole_grid(own).data == ["digits"]
+    assert compare.command(own) == "python benchmarks/compare.py --train own --jobs 1 --threads 1"
+    rerun = "\n".join(compare.rerun_text(own))
+    assert "--train own --out benchmarks/results/compare_own.json" in rerun
+    assert "x 1 dataset x 2 alphas x 3 seeds" in rerun
+    common = compare.parse_args([])
+    assert compare.whole_grid(common).data == ["digits", "mnist5k"]
+    assert "x 2 datasets x 2 alphas x 3 seeds" in "\n".join(compare.rerun_text(common))
