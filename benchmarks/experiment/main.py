@@ -1,4 +1,4 @@
-"""The one main of every benchmark grid: options, grid, resumable runs, tables."""
+"""The one main of every benchmark grid: options, grid, resumable runs, progress, tables."""
 
 from __future__ import annotations
 
