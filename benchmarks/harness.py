@@ -399,10 +399,10 @@ def add_grid_args(
 def _fmt_head(t0: float, spec: Record) -> str:
     alpha = spec.get("alpha")
     where = f" a={alpha:g}" if isinstance(alpha, (int, float)) else ""
-    return f"[{time.time() - t0:7.0f}s] {_method(spec):15s}{where} seed={spec.get('seed')}"
+    return f"[{time.time() - t0:7.0f}s] {method_name(spec):15s}{where} seed={spec.get('seed')}"
 
 
-def _method(spec: Record) -> str:
+def method_name(spec: Record) -> str:
     """A spec's row name: its method, else its algorithm."""
     return str(spec.get("method", spec.get("algorithm", "?")))
 
@@ -469,7 +469,8 @@ def failure_line(out: Path, failures: list[Record]) -> str:
     if not failures:
         return ""
     names = ", ".join(
-        f"{_method(f['spec'])}/a{f['spec'].get('alpha')}/s{f['spec'].get('seed')}" for f in failures
+        f"{method_name(f['spec'])}/a{f['spec'].get('alpha')}/s{f['spec'].get('seed')}"
+        for f in failures
     )
     return f"{len(failures)} failed runs recorded in {out}: {names}"
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import spec_key
+from harness import method_name, spec_key
 
 from coordinator import accuracy
-from coordinator.metrics_log import METRICS_FILE, load_metrics
+from coordinator.metrics_log import METRICS_FILE, as_int, load_metrics, number_at
 from experiment.declare import Record
 
 DONE, FAILED, RUNNING, TODO = "done", "failed", "in progress", "to do"
@@ -42,7 +42,7 @@ def _row(spec: Record) -> str:
 
 
 def _label(spec: Record) -> str:
-    method = spec.get("method", spec.get("algorithm", "?"))
+    method = method_name(spec)
     alpha, data = spec.get("alpha"), spec.get("data")
     where = f" a={alpha:g}" if isinstance(alpha, (int, float)) else ""
     return f"{method}{f' {data}' if data else ''}{where} seed={spec.get('seed')}"
@@ -55,8 +55,8 @@ def _in_progress(spec: Record, folder: Path) -> RunState:
     started = (folder / METRICS_FILE).is_file()
     rounds = accuracy.training_rounds(load_metrics(folder).records) if started else []
     best = accuracy.best_round(rounds, accuracy.PERSONALISED)
-    times = [float(r["duration_s"]) for r in rounds if isinstance(r.get("duration_s"), int | float)]
-    done = max((r["round"] for r in rounds if isinstance(r.get("round"), int)), default=0)
+    times = [s for r in rounds if (s := number_at(r, "duration_s")) is not None]
+    done = max((n for r in rounds if (n := as_int(r.get("round"))) is not None), default=0)
     cap = spec.get("rounds")
     left = None
     if isinstance(cap, int):
@@ -76,11 +76,8 @@ def _in_progress(spec: Record, folder: Path) -> RunState:
 def _run_seconds(run: Record) -> float | None:
     """A finished run's training time: its rounds at its pace (a resumed run's ``wall_s``
     counts the resumed part only), else its wall time."""
-    pace, rounds = run.get("s_per_round"), run.get("rounds_done")
-    if isinstance(pace, int | float) and isinstance(rounds, int):
-        return float(pace) * rounds
-    wall = run.get("wall_s")
-    return float(wall) if isinstance(wall, int | float) else None
+    pace, rounds = number_at(run, "s_per_round"), as_int(run.get("rounds_done"))
+    return pace * rounds if pace is not None and rounds is not None else number_at(run, "wall_s")
 
 
 def _expected(spec: Record, runs: list[Record]) -> float | None:
